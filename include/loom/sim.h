@@ -1,0 +1,88 @@
+/*
+ * sim: N simulated GPUs on the CPU. Each device has type GPU, a private non-host buffer
+ * type (its memory is an arena that only set/get/copy reach), a worker thread that runs
+ * graphs with the CPU kernels (so devices really compute concurrently), events, async
+ * copies, a memory cap, configurable op refusals and offload batch threshold, and a link
+ * model that accounts virtual time and bytes for every copy.
+ *
+ * Spec strings: "sim:N[,key=value...]" with keys
+ *   mem=SIZE        memory cap per device (bytes, or with KiB/MiB/GiB/KB/MB/GB suffix);
+ *                   default 16GiB
+ *   link=PRESET     nvlink (NVLink 4: 150 GB/s per direction, 2 us) | pcie4 (25 GB/s,
+ *                   8 us) | pcie5 (50 GB/s, 6 us) | none (infinitely fast); default nvlink
+ *   bw=GBPS         link bandwidth override, GB/s (1e9 bytes/s)
+ *   lat=US          link latency override, microseconds
+ *   refuse=OP[+OP]  ops the devices refuse in supports_op (names as loom_op_name,
+ *                   case-insensitive: refuse=mul_mat+rope)
+ *   offload=N       offload_op batch threshold (default 32, env LOOM_OP_OFFLOAD_MIN_BATCH);
+ *                   0 disables offload
+ *   threads=N       CPU threads per device worker (default 1)
+ *   hostmem=1       the devices use the host (CPU) buffer type instead of private memory
+ *                   (an "accelerator" that computes on host memory)
+ *   p2p=0           devices cannot copy to each other directly (copies stage via host)
+ * Bad specs get LOOM_ERR_FORMAT naming the offending part.
+ */
+#ifndef LOOM_SIM_H
+#define LOOM_SIM_H
+
+#include "loom/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_sim_link {
+    double bandwidth_gbps; /* GB/s (1e9 bytes per second), <= 0: infinite */
+    double latency_us;     /* per transfer */
+} loom_sim_link;
+
+typedef struct loom_sim_config {
+    int n_devices;            /* 1..64 */
+    size_t mem_bytes;         /* cap per device */
+    loom_sim_link link;
+    char link_name[16];       /* "nvlink", "pcie4", ... or "custom" */
+    bool refuse[LOOM_OP_COUNT];
+    int64_t offload_min_batch; /* 0: never offload */
+    int threads;
+    bool host_memory;
+    bool p2p;
+} loom_sim_config;
+
+/* Link presets by name (nvlink, pcie4, pcie5, none); LOOM_ERR_NOT_FOUND otherwise. */
+LOOM_API loom_status loom_sim_link_preset(const char *name, loom_sim_link *out);
+/* Parses "sim:4,mem=2GiB,link=pcie4" (the "sim" prefix optional, "sim" alone = 1). */
+LOOM_API loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out);
+LOOM_API void loom_sim_config_default(loom_sim_config *out, int n_devices);
+
+/* A new reg of simulated devices named SIM0..SIM{N-1} (with a per-reg prefix when more
+ * than one sim reg exists: SIM0, then B-SIM0, ...). Free with loom_sim_reg_free after
+ * every backend and buffer of it is freed. */
+LOOM_API loom_status loom_sim_reg_new(const loom_sim_config *cfg, loom_reg_t *out);
+LOOM_API loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out);
+LOOM_API void loom_sim_reg_free(loom_reg_t reg);
+LOOM_API bool loom_dev_is_sim(loom_dev_t dev);
+
+typedef struct loom_sim_stats {
+    uint64_t bytes_in;        /* bytes copied into this device (host->dev, dev->dev) */
+    uint64_t bytes_out;       /* bytes copied out of it */
+    uint64_t copies;          /* transfers touching this device */
+    uint64_t graphs;          /* graph_compute calls executed */
+    uint64_t nodes;           /* graph nodes executed */
+    double link_time_us;      /* virtual time spent on its links under the link model */
+    size_t mem_used;          /* bytes allocated now */
+    size_t mem_peak;          /* most bytes allocated at once */
+} loom_sim_stats;
+
+LOOM_API void loom_sim_dev_stats(loom_dev_t dev, loom_sim_stats *out);
+LOOM_API void loom_sim_dev_reset_stats(loom_dev_t dev);
+/* Projected time of moving `bytes` over `link` (latency + bytes / bandwidth), in us. */
+LOOM_API double loom_sim_link_time_us(const loom_sim_link *link, uint64_t bytes);
+
+/* The same functions through the registry for a dynamically loaded sim module:
+ * loom_reg_get_proc_address(reg, "loom_sim_reg_new_from_spec") etc. */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_SIM_H */
