@@ -37,6 +37,13 @@ int loom_test_failures(void);
 uint32_t loom_test_rand(void);
 float loom_test_randf(float lo, float hi);
 
+/* The repository root of the source tree the test was built from (resolved through the
+ * runfiles symlink of //:WORKSPACE, which the test must list in `data`), or NULL. */
+const char *loom_test_source_root(void);
+/* A directory of shared test models: $LOOM_MODELS_DIR, else <source root>/../shared/models
+ * when it exists, else NULL (tests that need it skip). */
+const char *loom_test_models_dir(void);
+
 #define LOOM_TEST(suite, name)                                                                     \
     static void loom_test_##suite##_##name(void);                                                  \
     __attribute__((constructor)) static void loom_test_reg_##suite##_##name(void) {                \

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdarg>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <sys/stat.h>
 #include <string>
 #include <vector>
 
@@ -81,6 +84,40 @@ extern "C" uint32_t loom_test_rand(void) {
 
 extern "C" float loom_test_randf(float lo, float hi) {
     return lo + (hi - lo) * (float)(loom_test_rand() >> 8) / (float)(1u << 24);
+}
+
+extern "C" const char *loom_test_source_root(void) {
+    static std::string root;
+    static bool done = false;
+    if (!done) {
+        done = true;
+        const char *srcdir = getenv("TEST_SRCDIR");
+        const char *ws = getenv("TEST_WORKSPACE");
+        std::string link = std::string(srcdir ? srcdir : ".") + "/" + (ws ? ws : "loom") + "/WORKSPACE";
+        char buf[PATH_MAX];
+        if (realpath(link.c_str(), buf)) {
+            std::string p(buf);
+            root = p.substr(0, p.rfind('/'));
+        }
+    }
+    return root.empty() ? nullptr : root.c_str();
+}
+
+extern "C" const char *loom_test_models_dir(void) {
+    static std::string dir;
+    static bool done = false;
+    if (!done) {
+        done = true;
+        const char *env = getenv("LOOM_MODELS_DIR");
+        struct stat sb;
+        if (env && *env && stat(env, &sb) == 0) {
+            dir = env;
+        } else if (const char *root = loom_test_source_root()) {
+            std::string d = std::string(root) + "/../shared/models";
+            if (stat(d.c_str(), &sb) == 0 && S_ISDIR(sb.st_mode)) dir = d;
+        }
+    }
+    return dir.empty() ? nullptr : dir.c_str();
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,50 @@
+/* Internal layout of a parsed GGUF file, shared by the reader and its accessors. */
+#ifndef LOOM_GGUF_IMPL_H
+#define LOOM_GGUF_IMPL_H
+
+#include "loom/gguf.h"
+
+typedef struct loom__gguf_str {
+    const char *ptr; /* into the mapping; not NUL-terminated */
+    uint64_t len;
+} loom__gguf_str;
+
+typedef struct loom__gguf_kv {
+    char *key;               /* owned, NUL-terminated */
+    loom_gguf_type type;
+    size_t value_offset;     /* file offset of the value */
+    const void *data;        /* scalars and numeric arrays: into the mapping */
+    loom__gguf_str str;      /* STRING */
+    char *str_copy;          /* STRING: owned NUL-terminated copy */
+    loom_gguf_type arr_type; /* ARRAY */
+    uint64_t arr_n;
+    loom__gguf_str *strs;    /* ARRAY of STRING: owned index */
+} loom__gguf_kv;
+
+typedef struct loom__gguf_tensor {
+    char *name; /* owned */
+    int n_dims;
+    int64_t ne[LOOM_MAX_DIMS];
+    loom_type type;
+    uint64_t offset; /* from data_offset */
+    size_t size;     /* bytes */
+} loom__gguf_tensor;
+
+struct loom_gguf {
+    const uint8_t *data;
+    size_t size;
+    int fd;
+    bool mapped;
+    uint32_t version;
+    size_t alignment;
+    size_t data_offset;
+    int64_t n_kv;
+    loom__gguf_kv *kv;
+    int64_t n_tensors;
+    loom__gguf_tensor *tensors;
+};
+
+/* Bytes of one scalar of type t (0 for STRING, ARRAY and unknown types). */
+size_t loom__gguf_scalar_size(loom_gguf_type t);
+
+#endif
