@@ -1,0 +1,260 @@
+/*
+ * The llama-family forward graph (dense and MoE) and its KV cache. See include/loom/model.h
+ * for the shapes of every step. The graph only references weights and cache tensors; the
+ * caller allocates its intermediates (scheduler or a plain buffer) and fills its inputs
+ * with loom_batch_set_inputs.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "loom/cpu.h"
+#include "loom/model.h"
+
+/* ---------------------------------------------------------------- KV cache */
+
+loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_type type,
+                              const loom_model_params *p, loom_kv_cache **out) {
+    *out = NULL;
+    if (type != LOOM_TYPE_F32 && type != LOOM_TYPE_F16)
+        return loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)", loom_type_name(type));
+    if (n_ctx <= 0) return loom_error(LOOM_ERR_INVALID_ARG, "kv cache: n_ctx %lld", (long long)n_ctx);
+    const loom_hparams *hp = &m->hp;
+    loom_kv_cache *kv = loom_calloc(1, sizeof *kv);
+    if (!kv) return loom_error(LOOM_ERR_NOMEM, "kv cache: out of memory");
+    kv->n_ctx = n_ctx;
+    kv->type = type;
+    kv->ctx = loom_ctx_new((loom_ctx_params){
+        .mem_size = (size_t)(2 * hp->n_layer + 4) * loom_tensor_overhead(), .no_alloc = true});
+    kv->buffers = loom_calloc((size_t)(2 * hp->n_layer + 1), sizeof *kv->buffers);
+    if (!kv->ctx || !kv->buffers) {
+        loom_kv_cache_free(kv);
+        return loom_error(LOOM_ERR_NOMEM, "kv cache: out of memory");
+    }
+    const int64_t Dkv = hp->n_head_kv * hp->head_dim;
+    loom_status st = LOOM_OK;
+    for (int il = 0; il < hp->n_layer && st == LOOM_OK; il++) {
+        for (int which = 0; which < 2; which++) {
+            loom_tensor *t = loom_new_tensor_2d(kv->ctx, type, Dkv, n_ctx);
+            if (!t) {
+                st = loom_error(LOOM_ERR_NOMEM, "kv cache: %s", loom_last_error());
+                break;
+            }
+            loom_format_name(t, "cache_%c_l%d", which ? 'v' : 'k', il);
+            (which ? kv->v : kv->k)[il] = t;
+            loom_buft_t buft = p && p->placement ? p->placement(t->name, il, p->placement_user_data) : NULL;
+            if (!buft) buft = p && p->default_buft ? p->default_buft : loom_cpu_buffer_type();
+            loom_buffer_t buf = loom_buft_alloc_buffer(buft, loom_buft_alloc_size(buft, t));
+            if (!buf) {
+                st = loom_error(loom_last_status() ? loom_last_status() : LOOM_ERR_DEVICE_OOM,
+                                "kv cache: cannot allocate %s on %s: %s", t->name,
+                                loom_buft_name(buft), loom_last_error());
+                break;
+            }
+            kv->buffers[kv->n_buffers++] = buf;
+            if ((st = loom_buffer_alloc_tensor(buf, t, 0))) break;
+            loom_buffer_clear(buf, 0);
+        }
+    }
+    if (st) {
+        loom_kv_cache_free(kv);
+        return st;
+    }
+    *out = kv;
+    return LOOM_OK;
+}
+
+void loom_kv_cache_free(loom_kv_cache *kv) {
+    if (!kv) return;
+    for (int i = 0; i < kv->n_buffers; i++) loom_buffer_free(kv->buffers[i]);
+    loom_free(kv->buffers);
+    loom_ctx_free(kv->ctx);
+    loom_free(kv);
+}
+
+/* ---------------------------------------------------------------- graph */
+
+size_t loom_model_graph_ctx_size(const loom_model *m) {
+    size_t per_layer = 96 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
+    size_t n = 64 + per_layer * (size_t)m->hp.n_layer;
+    return n * loom_tensor_overhead() + loom_graph_overhead(n * 2);
+}
+
+static loom_tensor *add_bias(loom_ctx *ctx, loom_tensor *x, loom_tensor *b) {
+    return b ? loom_add(ctx, x, b) : x;
+}
+
+/* x [E, T] -> [E, T], attention with the KV cache of layer il. */
+static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
+                              loom_graph *gf, int il, loom_tensor *h, loom_tensor *pos,
+                              loom_tensor *mask, int64_t T, int64_t n_past, int64_t n_kv) {
+    const loom_hparams *hp = &m->hp;
+    const loom_layer *L = &m->layers[il];
+    const int64_t D = hp->head_dim, H = hp->n_head, Hk = hp->n_head_kv;
+    loom_tensor *q, *k, *v;
+    if (L->wqkv) {
+        loom_tensor *qkv = add_bias(ctx, loom_mul_mat(ctx, L->wqkv, h), L->bqkv); /* [Dq+2Dkv, T] */
+        if (!qkv) return NULL;
+        size_t es = loom_element_size(qkv);
+        q = loom_view_3d(ctx, qkv, D, H, T, D * es, qkv->nb[1], 0);
+        k = loom_view_3d(ctx, qkv, D, Hk, T, D * es, qkv->nb[1], (size_t)(D * H) * es);
+        v = loom_view_3d(ctx, qkv, D, Hk, T, D * es, qkv->nb[1], (size_t)(D * (H + Hk)) * es);
+        q = loom_cont(ctx, q);
+        k = loom_cont(ctx, k);
+        v = loom_cont(ctx, v);
+    } else {
+        q = add_bias(ctx, loom_mul_mat(ctx, L->wq, h), L->bq); /* [D*H, T] */
+        k = add_bias(ctx, loom_mul_mat(ctx, L->wk, h), L->bk); /* [D*Hk, T] */
+        v = add_bias(ctx, loom_mul_mat(ctx, L->wv, h), L->bv); /* [D*Hk, T] */
+        q = loom_reshape_3d(ctx, q, D, H, T);
+        k = loom_reshape_3d(ctx, k, D, Hk, T);
+    }
+    q = loom_rope_ext(ctx, q, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
+                      hp->rope_freq_scale); /* [D, H, T] */
+    k = loom_rope_ext(ctx, k, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
+                      hp->rope_freq_scale); /* [D, Hk, T] */
+    if (!q || !k || !v) return NULL;
+    loom_format_name(q, "Qcur-%d", il);
+    loom_format_name(k, "Kcur-%d", il);
+
+    /* write rows n_past.. of the cache; the write nodes go into the graph first so that
+     * they run before the attention reads the cache */
+    loom_tensor *ks = loom_set_rows(ctx, kv->k[il], loom_reshape_2d(ctx, k, D * Hk, T), pos);
+    loom_tensor *vs = loom_set_rows(ctx, kv->v[il], loom_reshape_2d(ctx, v, D * Hk, T), pos);
+    if (!ks || !vs) return NULL;
+    if (loom_graph_build_forward(gf, ks) || loom_graph_build_forward(gf, vs)) return NULL;
+    (void)n_past;
+
+    const loom_tensor *kc = kv->k[il], *vc = kv->v[il];
+    size_t kes = loom_element_size(kc);
+    /* views of the first n_kv rows through the write nodes: [D, Hk, K] -> [D, K, Hk] */
+    loom_tensor *K = loom_view_3d(ctx, ks, D, Hk, n_kv, D * kes, kc->nb[1], 0);
+    loom_tensor *Vv = loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes, vc->nb[1], 0);
+    K = loom_permute(ctx, K, 0, 2, 1, 3);
+    Vv = loom_permute(ctx, Vv, 0, 2, 1, 3);
+    loom_tensor *Q = loom_permute(ctx, q, 0, 2, 1, 3); /* [D, T, H] */
+    loom_tensor *a = loom_flash_attn_ext(ctx, Q, K, Vv, mask, NULL, 1.0f / sqrtf((float)D), 0.0f,
+                                         0.0f); /* [D, H, T] */
+    a = loom_reshape_2d(ctx, a, D * H, T);
+    if (!a) return NULL;
+    loom_format_name(a, "kqv_out-%d", il);
+    loom_tensor *o = add_bias(ctx, loom_mul_mat(ctx, L->wo, a), L->bo); /* [E, T] */
+    if (o) loom_format_name(o, "attn_out-%d", il);
+    return o;
+}
+
+/* h [E, T] -> [E, T] */
+static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor *h, int64_t T) {
+    const loom_hparams *hp = &m->hp;
+    const loom_layer *L = &m->layers[il];
+    if (hp->n_expert == 0) {
+        loom_tensor *g = loom_mul_mat(ctx, L->ffn_gate, h); /* [F, T] */
+        loom_tensor *u = loom_mul_mat(ctx, L->ffn_up, h);   /* [F, T] */
+        loom_tensor *x = loom_swiglu_split(ctx, g, u);
+        loom_tensor *d = loom_mul_mat(ctx, L->ffn_down, x); /* [E, T] */
+        if (d) loom_format_name(d, "ffn_out-%d", il);
+        return d;
+    }
+    const int64_t E = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used;
+    loom_tensor *logits = loom_mul_mat(ctx, L->ffn_gate_inp, h);       /* [X, T] */
+    loom_tensor *probs = loom_soft_max(ctx, logits);                    /* [X, T] */
+    loom_tensor *sel = loom_top_k(ctx, probs, (int)U);                  /* I32 [U, T] */
+    loom_tensor *w = loom_get_rows(ctx, loom_reshape_3d(ctx, probs, 1, X, T), sel); /* [1, U, T] */
+    if (hp->norm_topk) {
+        loom_tensor *ws = loom_sum_rows(ctx, loom_reshape_2d(ctx, w, U, T)); /* [1, T] */
+        w = loom_div(ctx, loom_reshape_2d(ctx, w, U, T), ws);               /* [U, T] */
+        w = loom_reshape_3d(ctx, w, 1, U, T);
+    }
+    loom_tensor *h3 = loom_reshape_3d(ctx, h, E, 1, T);
+    loom_tensor *g = loom_mul_mat_id(ctx, L->ffn_gate_exps, h3, sel); /* [F, U, T] */
+    if (L->ffn_gate_exps_b) g = loom_add_id(ctx, g, L->ffn_gate_exps_b, sel);
+    loom_tensor *u = loom_mul_mat_id(ctx, L->ffn_up_exps, h3, sel);   /* [F, U, T] */
+    if (L->ffn_up_exps_b) u = loom_add_id(ctx, u, L->ffn_up_exps_b, sel);
+    loom_tensor *x = loom_swiglu_split(ctx, g, u);                    /* [F, U, T] */
+    loom_tensor *d = loom_mul_mat_id(ctx, L->ffn_down_exps, x, sel);  /* [E, U, T] */
+    if (L->ffn_down_exps_b) d = loom_add_id(ctx, d, L->ffn_down_exps_b, sel);
+    d = loom_mul(ctx, d, w);                                          /* [E, U, T] */
+    if (!d) return NULL;
+    /* sum over the U experts: views [E, T] of each slot, added in a chain */
+    loom_tensor *sum = loom_view_2d(ctx, d, E, T, d->nb[2], 0);
+    for (int64_t k = 1; k < U; k++)
+        sum = loom_add(ctx, sum, loom_view_2d(ctx, d, E, T, d->nb[2], (size_t)k * d->nb[1]));
+    if (U == 1) sum = loom_cont(ctx, sum);
+    if (sum) loom_format_name(sum, "ffn_moe_out-%d", il);
+    return sum;
+}
+
+loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
+                                   int64_t n_tokens, int64_t n_past, bool all_logits,
+                                   loom_batch_graph *out) {
+    memset(out, 0, sizeof *out);
+    const loom_hparams *hp = &m->hp;
+    if (n_tokens <= 0 || n_past < 0 || n_past + n_tokens > kv->n_ctx)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "model: batch of %lld tokens at position %lld does not fit the context "
+                          "of %lld",
+                          (long long)n_tokens, (long long)n_past, (long long)kv->n_ctx);
+    const int64_t T = n_tokens, n_kv = n_past + n_tokens;
+    size_t graph_size = loom_model_graph_ctx_size(m) / loom_tensor_overhead();
+    loom_graph *gf = loom_graph_new(ctx, graph_size);
+    loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
+    loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
+    loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T);
+    if (!gf || !tokens || !pos || !mask)
+        return loom_error(LOOM_ERR_NOMEM, "model: graph context too small: %s", loom_last_error());
+    loom_set_name(tokens, "inp_tokens");
+    loom_set_name(pos, "inp_pos");
+    loom_set_name(mask, "kq_mask");
+    loom_set_input(tokens);
+    loom_set_input(pos);
+    loom_set_input(mask);
+
+    loom_tensor *x = loom_get_rows(ctx, m->tok_embd, tokens); /* [E, T] */
+    if (x) loom_set_name(x, "inp_embd");
+    for (int il = 0; il < hp->n_layer && x; il++) {
+        loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].attn_norm);
+        if (h) loom_format_name(h, "attn_norm-%d", il);
+        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, T, n_past, n_kv) : NULL;
+        x = loom_add(ctx, x, a);
+        if (x) loom_format_name(x, "ffn_inp-%d", il);
+        h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].ffn_norm);
+        if (h) loom_format_name(h, "ffn_norm-%d", il);
+        loom_tensor *f = h ? ffn(m, ctx, il, h, T) : NULL;
+        x = loom_add(ctx, x, f);
+        if (x) loom_format_name(x, "l_out-%d", il);
+    }
+    if (x && !all_logits && T > 1) x = loom_view_2d(ctx, x, hp->n_embd, 1, x->nb[1], (size_t)(T - 1) * x->nb[1]);
+    x = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->output_norm);
+    if (x) loom_set_name(x, "result_norm");
+    loom_tensor *logits = loom_mul_mat(ctx, m->output, x); /* [V, T or 1] */
+    if (!logits) return loom_error(loom_last_status() ? loom_last_status() : LOOM_ERR_INTERNAL,
+                                   "model: building the graph failed: %s", loom_last_error());
+    loom_set_name(logits, "result_output");
+    loom_set_output(logits);
+    loom_status st = loom_graph_build_forward(gf, logits);
+    if (st) return loom_error(st, "model: %s", loom_last_error());
+    *out = (loom_batch_graph){.graph = gf, .tokens = tokens, .pos = pos, .mask = mask,
+                              .logits = logits, .n_tokens = T, .n_past = n_past, .n_kv = n_kv};
+    return LOOM_OK;
+}
+
+loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tokens) {
+    const int64_t T = bg->n_tokens, K = bg->n_kv;
+    int32_t *pos = loom_malloc((size_t)T * sizeof *pos);
+    float *mask = loom_malloc((size_t)(T * K) * sizeof *mask);
+    if (!pos || !mask) {
+        loom_free(pos);
+        loom_free(mask);
+        return loom_error(LOOM_ERR_NOMEM, "model: out of memory for the inputs of %lld tokens", (long long)T);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        pos[t] = (int32_t)(bg->n_past + t);
+        for (int64_t j = 0; j < K; j++) mask[t * K + j] = j <= bg->n_past + t ? 0.0f : -INFINITY;
+    }
+    loom_tensor_set(bg->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
+    loom_tensor_set(bg->pos, pos, 0, (size_t)T * sizeof(int32_t));
+    loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
+    loom_free(pos);
+    loom_free(mask);
+    return LOOM_OK;
+}

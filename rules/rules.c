@@ -1,0 +1,341 @@
+/*
+ * Split tables: parsing (PCRE2 patterns, anchored to the whole name), the built-in tables
+ * per architecture, matching, and turning a matched rule into an exact split state.
+ */
+#define _GNU_SOURCE
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <errno.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom/rules.h"
+
+typedef struct rule_impl {
+    loom_rule pub;
+    char *pattern;
+    char *source;
+    pcre2_code *re;
+} rule_impl;
+
+struct loom_rules {
+    rule_impl *v;
+    int n, cap;
+};
+
+/* ---------------------------------------------------------------- built-in tables */
+
+#define COMMON_ATTN                                                                                \
+    "token_embd\\.weight            mirrored\n"                                                    \
+    "output_norm\\.weight           mirrored\n"                                                    \
+    "output\\.weight                1\n"                                                           \
+    "blk\\.\\d+\\.attn_norm\\.weight  mirrored\n"                                                  \
+    "blk\\.\\d+\\.ffn_norm\\.weight   mirrored\n"                                                  \
+    "# attention: query heads in groups that share a KV head, so every device keeps\n"           \
+    "# whole groups (fewer KV heads than devices leaves some devices empty)\n"                   \
+    "blk\\.\\d+\\.attn_q\\.weight     1  qgroup\n"                                                 \
+    "blk\\.\\d+\\.attn_[kv]\\.weight  1  kvhead\n"                                                 \
+    "blk\\.\\d+\\.attn_qkv\\.weight   fused_qkv\n"                                                 \
+    "blk\\.\\d+\\.attn_output\\.weight 0 qgroup\n"                                                 \
+    "cache_[kv]_l\\d+               0  kvhead\n"
+
+#define DENSE_FFN                                                                                  \
+    "blk\\.\\d+\\.ffn_(gate|up)\\.weight  1\n"                                                     \
+    "blk\\.\\d+\\.ffn_down\\.weight       0\n"
+
+static const char LLAMA_RULES[] = "# llama / mistral: tensor-parallel split table\n" COMMON_ATTN
+    DENSE_FFN;
+
+static const char QWEN2_RULES[] = "# qwen2: llama's table plus attention biases\n" COMMON_ATTN
+    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
+    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
+    "blk\\.\\d+\\.attn_qkv\\.bias     fused_qkv\n"
+    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n" DENSE_FFN;
+
+static const char MOE_RULES[] = "# mixtral-style MoE: experts split along their FFN dim\n" COMMON_ATTN
+    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
+    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
+    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
+    "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1\n"
+    "blk\\.\\d+\\.ffn_down_exps\\.weight        0\n"
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0\n"
+    "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n" DENSE_FFN;
+
+const char *loom_rules_builtin_text(const char *arch, bool moe) {
+    if (moe || strcmp(arch, "mixtral") == 0 || strcmp(arch, "qwen2moe") == 0) return MOE_RULES;
+    if (strcmp(arch, "llama") == 0 || strcmp(arch, "mistral") == 0) return LLAMA_RULES;
+    if (strcmp(arch, "qwen2") == 0) return QWEN2_RULES;
+    return NULL;
+}
+
+loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
+    const char *text = loom_rules_builtin_text(arch, moe);
+    if (!text)
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "rules: no split table for architecture '%s' (llama, mistral, qwen2, "
+                          "mixtral, qwen2moe)",
+                          arch);
+    char source[64];
+    snprintf(source, sizeof source, "builtin:%s", moe ? "moe" : arch);
+    return loom_rules_parse(text, source, out);
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+void loom_rules_free(loom_rules *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n; i++) {
+        loom_free(r->v[i].pattern);
+        loom_free(r->v[i].source);
+        pcre2_code_free(r->v[i].re);
+    }
+    loom_free(r->v);
+    loom_free(r);
+}
+
+static loom_status parse_line(loom_rules *r, char *line, const char *source, int lineno) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char *fields[4];
+    int nf = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(line, " \t\r", &save); tok; tok = strtok_r(NULL, " \t\r", &save)) {
+        if (nf == 3)
+            return loom_error(LOOM_ERR_FORMAT, "%s:%d: too many fields (PATTERN SPLIT [GRANULARITY])",
+                              source, lineno);
+        fields[nf++] = tok;
+    }
+    if (nf == 0) return LOOM_OK;
+    if (nf < 2)
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: missing split for pattern '%s'", source, lineno,
+                          fields[0]);
+    rule_impl ri = {0};
+    const char *sp = fields[1];
+    if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;
+    else if (strcmp(sp, "fused_qkv") == 0) ri.pub.split = LOOM_RULE_FUSED_QKV;
+    else if (sp[0] >= '0' && sp[0] <= '3' && sp[1] == 0) ri.pub.split = (loom_rule_split)(sp[0] - '0');
+    else
+        return loom_error(LOOM_ERR_FORMAT,
+                          "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored or fused_qkv)", source,
+                          lineno, sp);
+    ri.pub.unit = LOOM_RULE_UNIT_ELEMENTS;
+    ri.pub.granularity = 1;
+    if (nf == 3) {
+        const char *g = fields[2];
+        if (strcmp(g, "head") == 0) ri.pub.unit = LOOM_RULE_UNIT_HEAD;
+        else if (strcmp(g, "kvhead") == 0) ri.pub.unit = LOOM_RULE_UNIT_KVHEAD;
+        else if (strcmp(g, "qgroup") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP;
+        else {
+            char *end;
+            errno = 0;
+            long long v = strtoll(g, &end, 10);
+            if (*end || errno || v <= 0)
+                return loom_error(LOOM_ERR_FORMAT,
+                                  "%s:%d: bad granularity '%s' (a positive integer, head, kvhead "
+                                  "or qgroup)",
+                                  source, lineno, g);
+            ri.pub.granularity = v;
+        }
+        if (ri.pub.split == LOOM_RULE_MIRRORED || ri.pub.split == LOOM_RULE_FUSED_QKV)
+            return loom_error(LOOM_ERR_FORMAT, "%s:%d: '%s' takes no granularity", source, lineno, sp);
+    }
+    /* anchor the pattern to the whole name */
+    size_t plen = strlen(fields[0]);
+    char *anchored = loom_malloc(plen + 8);
+    if (!anchored) return loom_error(LOOM_ERR_NOMEM, "rules: out of memory");
+    snprintf(anchored, plen + 8, "^(?:%s)$", fields[0]);
+    int err;
+    PCRE2_SIZE off;
+    ri.re = pcre2_compile((PCRE2_SPTR)anchored, PCRE2_ZERO_TERMINATED, 0, &err, &off, NULL);
+    loom_free(anchored);
+    if (!ri.re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        size_t at = off >= 4 ? off - 4 : 0;
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: bad pattern '%s' at offset %zu: %s", source,
+                          lineno, fields[0], at, (const char *)msg);
+    }
+    ri.pattern = loom_strdup(fields[0]);
+    ri.source = loom_strdup(source);
+    if (r->n == r->cap) {
+        int cap = r->cap ? r->cap * 2 : 16;
+        rule_impl *v = loom_realloc(r->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            pcre2_code_free(ri.re);
+            loom_free(ri.pattern);
+            loom_free(ri.source);
+            return loom_error(LOOM_ERR_NOMEM, "rules: out of memory");
+        }
+        r->v = v;
+        r->cap = cap;
+    }
+    if (!ri.pattern || !ri.source) {
+        pcre2_code_free(ri.re);
+        loom_free(ri.pattern);
+        loom_free(ri.source);
+        return loom_error(LOOM_ERR_NOMEM, "rules: out of memory");
+    }
+    ri.pub.pattern = ri.pattern;
+    ri.pub.source = ri.source;
+    ri.pub.line = lineno;
+    r->v[r->n++] = ri;
+    return LOOM_OK;
+}
+
+loom_status loom_rules_parse(const char *text, const char *source, loom_rules **out) {
+    *out = NULL;
+    loom_rules *r = loom_calloc(1, sizeof *r);
+    char *copy = loom_strdup(text);
+    if (!r || !copy) {
+        loom_free(r);
+        loom_free(copy);
+        return loom_error(LOOM_ERR_NOMEM, "rules: out of memory");
+    }
+    int lineno = 0;
+    loom_status st = LOOM_OK;
+    for (char *p = copy; p && st == LOOM_OK;) {
+        char *nl = strchr(p, '\n');
+        if (nl) *nl = 0;
+        lineno++;
+        st = parse_line(r, p, source, lineno);
+        p = nl ? nl + 1 : NULL;
+    }
+    loom_free(copy);
+    if (st) {
+        loom_rules_free(r);
+        return st;
+    }
+    *out = r;
+    return LOOM_OK;
+}
+
+loom_status loom_rules_load_file(const char *path, loom_rules **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = loom_malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fclose(f);
+            return loom_error(LOOM_ERR_NOMEM, "rules: out of memory reading '%s'", path);
+        }
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        cap *= 2;
+        char *nb = loom_realloc(buf, cap);
+        if (!nb) loom_free(buf);
+        buf = nb;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        loom_free(buf);
+        return loom_error(LOOM_ERR_IO, "rules: error reading '%s'", path);
+    }
+    buf[n] = 0;
+    loom_status st = loom_rules_parse(buf, path, out);
+    loom_free(buf);
+    return st;
+}
+
+void loom_rules_prepend(loom_rules *base, loom_rules *user) {
+    if (!user) return;
+    int n = base->n + user->n;
+    rule_impl *v = loom_malloc((size_t)(n ? n : 1) * sizeof *v);
+    LOOM_ASSERT(v != NULL || n == 0); /* tables are tiny */
+    memcpy(v, user->v, (size_t)user->n * sizeof *v);
+    memcpy(v + user->n, base->v, (size_t)base->n * sizeof *v);
+    loom_free(base->v);
+    base->v = v;
+    base->n = base->cap = n;
+    loom_free(user->v);
+    loom_free(user);
+}
+
+int loom_rules_count(const loom_rules *r) { return r->n; }
+const loom_rule *loom_rules_get(const loom_rules *r, int i) { return &r->v[i].pub; }
+
+const loom_rule *loom_rules_match(const loom_rules *r, const char *name) {
+    pcre2_match_data *md = NULL;
+    const loom_rule *hit = NULL;
+    for (int i = 0; i < r->n && !hit; i++) {
+        if (!md) md = pcre2_match_data_create_from_pattern(r->v[i].re, NULL);
+        if (!md) return NULL;
+        if (pcre2_match(r->v[i].re, (PCRE2_SPTR)name, PCRE2_ZERO_TERMINATED, 0, 0, md, NULL) >= 0)
+            hit = &r->v[i].pub;
+    }
+    if (md) pcre2_match_data_free(md);
+    return hit;
+}
+
+/* ---------------------------------------------------------------- split states */
+
+static int layer_of(const char *name) {
+    const char *p = strstr(name, "blk.");
+    if (p) return atoi(p + 4);
+    p = strstr(name, "_l");
+    if (p && p[2] >= '0' && p[2] <= '9') return atoi(p + 2);
+    return 0;
+}
+
+static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
+    switch (rule->unit) {
+    case LOOM_RULE_UNIT_HEAD:
+    case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim;
+    case LOOM_RULE_UNIT_QGROUP: return hp->head_dim * (hp->n_head / hp->n_head_kv);
+    default: return rule->granularity;
+    }
+}
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
+                                   const loom_tensor *t, int n_devices, loom_split_state *out,
+                                   const loom_rule **matched) {
+    const loom_rule *rule = loom_rules_match(r, t->name);
+    if (matched) *matched = rule;
+    if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1) {
+        loom_split_state_init(out, LOOM_SPLIT_MIRRORED, n_devices);
+        return LOOM_OK;
+    }
+    int rotation = layer_of(t->name) % n_devices;
+    int64_t blck = loom_blck_size(t->type);
+    loom_status st;
+    if (rule->split == LOOM_RULE_FUSED_QKV) {
+        const int64_t D = hp->head_dim, Dq = hp->n_head * D, Dkv = hp->n_head_kv * D;
+        int axis = loom_n_dims(t) == 1 ? 0 : 1;
+        if (t->ne[axis] != Dq + 2 * Dkv)
+            return loom_error(LOOM_ERR_SHAPE,
+                              "rules: '%s' (%s:%d fused_qkv): ne[%d] = %lld, expected %lld + 2 x %lld",
+                              t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
+                              (long long)Dq, (long long)Dkv);
+        loom_split_state_init(out, (loom_split_axis)axis, n_devices);
+        int64_t qg = D * (hp->n_head / hp->n_head_kv);
+        if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)))
+            return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
+                              loom_last_error());
+        return LOOM_OK;
+    }
+    int axis = (int)rule->split;
+    if (axis >= LOOM_MAX_DIMS || (t->ne[axis] == 1 && axis > 0 && loom_n_dims(t) <= axis))
+        return loom_error(LOOM_ERR_SHAPE, "rules: '%s' (%s:%d) splits axis %d of a %d-d tensor",
+                          t->name, rule->source, rule->line, axis, loom_n_dims(t));
+    int64_t g = unit_elems(rule, hp);
+    if (axis == 0 && blck > 1) g = g / gcd64(g, blck) * blck; /* lcm: whole blocks */
+    if ((st = loom_split_state_even(out, (loom_split_axis)axis, n_devices, t->ne[axis], g, rotation)))
+        return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
+                          loom_last_error());
+    return LOOM_OK;
+}
