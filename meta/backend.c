@@ -1,0 +1,505 @@
+/*
+ * The meta backend: N real backends and one reducer. graph_compute maps every tensor of
+ * the graph to its per-device slices, cuts the node list into subgraphs at PARTIAL nodes
+ * (delaying each reduction past elementwise work against MIRRORED operands and past the
+ * MoE expert sum when that is exact), then issues subgraph k on all devices concurrently
+ * and AllReduces its last node before subgraph k+1. The built plan is cached per graph
+ * (several entries, keyed by a fingerprint of the graph's tensors and addresses),
+ * so re-running a graph only re-issues work.
+ *
+ * A device whose slice of a source is empty computes nothing for a node that would read
+ * it; if the node itself is whole-shaped (a matmul over an empty contraction) its value is
+ * "dead" on that device, and the reduction treats the device as contributing exact zeros.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "meta/meta-impl.h"
+
+#define PLAN_CACHE 8
+
+typedef struct plan_sub {
+    int first, last;    /* node range [first, last] */
+    int reduce;         /* node to reduce after the subgraph, or -1 */
+    loom_graph graph[LOOM_META_MAX_DEVICES];
+    loom_tensor *red[LOOM_META_MAX_DEVICES];
+    bool empty[LOOM_META_MAX_DEVICES];
+} plan_sub;
+
+typedef struct plan {
+    uint64_t key;
+    uint64_t used;           /* LRU stamp */
+    int n_tensors, cap;
+    const loom_tensor **meta;         /* [cap] meta tensor of each mapped index */
+    loom_tensor *dev[LOOM_META_MAX_DEVICES]; /* [cap] headers per device */
+    bool *dead[LOOM_META_MAX_DEVICES];       /* [cap] */
+    int *slot;               /* open addressing: meta tensor -> index */
+    int slot_cap;
+    plan_sub *subs;
+    int n_subs;
+    int n_delayed;
+} plan;
+
+typedef struct meta_backend {
+    meta_dev *md;
+    loom_backend_t be[LOOM_META_MAX_DEVICES];
+    loom_reducer *reducer;
+    plan *cache[PLAN_CACHE];
+    uint64_t clock;
+    loom_meta_stats stats;
+    char name[256];
+} meta_backend;
+
+/* ---------------------------------------------------------------- plan bookkeeping */
+
+static void plan_free(plan *p, int n) {
+    if (!p) return;
+    for (int s = 0; s < p->n_subs; s++)
+        for (int j = 0; j < n; j++) loom_free(p->subs[s].graph[j].nodes);
+    loom_free(p->subs);
+    for (int j = 0; j < n; j++) {
+        loom_free(p->dev[j]);
+        loom_free(p->dead[j]);
+    }
+    loom_free(p->meta);
+    loom_free(p->slot);
+    loom_free(p);
+}
+
+static uint64_t ptr_hash(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int plan_find(const plan *p, const loom_tensor *t) {
+    int mask = p->slot_cap - 1;
+    for (int k = (int)(ptr_hash(t) & (uint64_t)mask);; k = (k + 1) & mask) {
+        if (p->slot[k] < 0) return -1;
+        if (p->meta[p->slot[k]] == t) return p->slot[k];
+    }
+}
+
+static void plan_insert(plan *p, const loom_tensor *t, int idx) {
+    int mask = p->slot_cap - 1;
+    int k = (int)(ptr_hash(t) & (uint64_t)mask);
+    while (p->slot[k] >= 0) k = (k + 1) & mask;
+    p->slot[k] = idx;
+}
+
+/* Maps t (and, first, its view source and sources) to per-device headers. */
+static loom_status plan_map(meta_backend *mb, plan *p, const loom_tensor *t, int *out) {
+    int idx = plan_find(p, t);
+    if (idx >= 0) {
+        *out = idx;
+        return LOOM_OK;
+    }
+    const int n = mb->md->n;
+    int vsrc = -1, srcs[LOOM_MAX_SRC];
+    loom_status st;
+    if (t->view_src && (st = plan_map(mb, p, t->view_src, &vsrc))) return st;
+    for (int k = 0; k < LOOM_MAX_SRC; k++) {
+        srcs[k] = -1;
+        if (t->src[k] && (st = plan_map(mb, p, t->src[k], &srcs[k]))) return st;
+    }
+    if (p->n_tensors >= p->cap)
+        return loom_error(LOOM_ERR_FULL, "meta: more than %d tensors reachable from the graph", p->cap);
+    idx = p->n_tensors++;
+    p->meta[idx] = t;
+    plan_insert(p, t, idx);
+    loom_split_state s;
+    if ((st = loom__meta_state(mb->md, t, true, &s))) return st;
+    for (int j = 0; j < n; j++) {
+        loom_tensor *d = &p->dev[j][idx];
+        st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL, d);
+        if (st) return st;
+        if (vsrc >= 0) {
+            d->view_src = &p->dev[j][vsrc];
+            d->view_offs = (size_t)((char *)d->data - (char *)d->view_src->data);
+        }
+        for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
+        p->dead[j][idx] = false;
+    }
+    *out = idx;
+    return LOOM_OK;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * 1099511628211ull; }
+
+static uint64_t tensor_key(uint64_t h, const loom_tensor *t) {
+    h = mix(h, ptr_hash(t));
+    h = mix(h, ptr_hash(t->data));
+    h = mix(h, (uint64_t)t->op * 31 + (uint64_t)t->type);
+    for (int d = 0; d < 4; d++) h = mix(mix(h, (uint64_t)t->ne[d]), t->nb[d]);
+    h = mix(h, t->view_offs);
+    h = mix(h, ptr_hash(t->view_src));
+    for (size_t w = 0; w < LOOM_MAX_OP_PARAMS / sizeof(int32_t); w++) h = mix(h, (uint32_t)t->op_params[w]);
+    return h;
+}
+
+/* A fingerprint of everything a plan is derived from: every node and source (address,
+ * data, op, shape, strides, params, view). Equal fingerprints mean the cached plan is
+ * valid, whatever the graph's uid. */
+static uint64_t graph_key(const loom_graph *g) {
+    uint64_t h = mix(0, (uint64_t)g->n_nodes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        h = tensor_key(h, t);
+        for (int k = 0; k < LOOM_MAX_SRC; k++)
+            h = t->src[k] ? tensor_key(h, t->src[k]) : mix(h, (uint64_t)k);
+    }
+    return h;
+}
+
+/* ---------------------------------------------------------------- delayed reduction */
+
+static int use_count(const loom_graph *g, const loom_tensor *t, int from) {
+    int n = 0;
+    for (int i = from; i < g->n_nodes; i++)
+        for (int k = 0; k < LOOM_MAX_SRC; k++) n += g->nodes[i]->src[k] == t;
+    return n;
+}
+
+static bool state_is(meta_backend *mb, const loom_tensor *t, bool sync, loom_split_axis axis) {
+    loom_split_state s;
+    return t && loom__meta_state(mb->md, t, sync, &s) == LOOM_OK && s.axis == axis;
+}
+
+/* The last node at or after i up to which the reduction of node i can be delayed. */
+static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
+    const loom_tensor *cur = g->nodes[i];
+    int r = i;
+    for (;;) {
+        if ((cur->flags & LOOM_TENSOR_FLAG_OUTPUT) || use_count(g, cur, r + 1) == 0) return r;
+        /* the next node that consumes cur; nodes in between must not be new partials */
+        int k = r + 1;
+        while (k < g->n_nodes) {
+            const loom_tensor *n = g->nodes[k];
+            bool uses = false;
+            for (int s = 0; s < LOOM_MAX_SRC; s++) uses |= n->src[s] == cur;
+            if (uses) break;
+            if (state_is(mb, n, false, LOOM_SPLIT_PARTIAL)) return r;
+            k++;
+        }
+        if (k >= g->n_nodes) return r;
+        const loom_tensor *n = g->nodes[k];
+        bool single = use_count(g, cur, r + 1) == 1;
+        /* a product with a mirrored gate distributes over the sum */
+        if (single && n->op == LOOM_OP_MUL && n->src[0] == cur && n->src[1] != cur &&
+            state_is(mb, n->src[1], true, LOOM_SPLIT_MIRRORED)) {
+            cur = n;
+            r = k;
+            continue;
+        }
+        /* a bias stored as PARTIAL (b/N per device) belongs before the sum */
+        if (single && (n->op == LOOM_OP_ADD_ID || n->op == LOOM_OP_ADD) && n->src[0] == cur &&
+            state_is(mb, n->src[1], false, LOOM_SPLIT_PARTIAL) && n->src[1]->op == LOOM_OP_NONE &&
+            (n->op == LOOM_OP_ADD || state_is(mb, n->src[2], true, LOOM_SPLIT_MIRRORED))) {
+            cur = n;
+            r = k;
+            continue;
+        }
+        /* MoE expert sum: U views of cur (one per expert slot), added in a chain */
+        int64_t U = cur->ne[1];
+        int uses = use_count(g, cur, r + 1);
+        if (U >= 2 && uses == U) {
+            const loom_tensor *acc = NULL;
+            int views = 0, last = -1;
+            bool ok = true;
+            const loom_tensor *vset[64];
+            for (int q = r + 1; q < g->n_nodes && ok && views < U; q++) {
+                const loom_tensor *n2 = g->nodes[q];
+                if (n2->op == LOOM_OP_VIEW && n2->src[0] == cur) {
+                    if (views >= 64 || use_count(g, n2, q + 1) != 1) ok = false;
+                    else vset[views++] = n2;
+                    continue;
+                }
+                bool touches = false;
+                for (int s = 0; s < LOOM_MAX_SRC; s++)
+                    for (int v = 0; v < views; v++) touches |= n2->src[s] == vset[v] || (acc && n2->src[s] == acc);
+                if (!touches) continue;
+                if (n2->op != LOOM_OP_ADD) {
+                    ok = false;
+                    break;
+                }
+                acc = n2;
+                last = q;
+            }
+            if (ok && views == U && last > r) {
+                /* the chain must have consumed every view and end in one add */
+                int consumed = 0;
+                for (int q = r + 1; q <= last; q++)
+                    if (g->nodes[q]->op == LOOM_OP_ADD)
+                        for (int s = 0; s < 2; s++)
+                            for (int v = 0; v < views; v++) consumed += g->nodes[q]->src[s] == vset[v];
+                if (consumed == U) {
+                    cur = acc;
+                    r = last;
+                    continue;
+                }
+            }
+        }
+        return r;
+    }
+}
+
+/* ---------------------------------------------------------------- building a plan */
+
+static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
+    const int n = mb->md->n;
+    plan *p = loom_calloc(1, sizeof *p);
+    if (!p) return loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+    int cap = g->n_nodes * (LOOM_MAX_SRC + 2) + 16;
+    p->cap = cap;
+    p->slot_cap = 16;
+    while (p->slot_cap < cap * 2) p->slot_cap <<= 1;
+    p->meta = loom_calloc((size_t)cap, sizeof *p->meta);
+    p->slot = loom_malloc((size_t)p->slot_cap * sizeof *p->slot);
+    p->subs = loom_calloc((size_t)g->n_nodes + 1, sizeof *p->subs);
+    bool ok = p->meta && p->slot && p->subs;
+    for (int j = 0; j < n && ok; j++) {
+        p->dev[j] = loom_calloc((size_t)cap, sizeof(loom_tensor));
+        p->dead[j] = loom_calloc((size_t)cap, sizeof(bool));
+        ok = p->dev[j] && p->dead[j];
+    }
+    if (!ok) {
+        plan_free(p, n);
+        return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning %d nodes", g->n_nodes);
+    }
+    for (int k = 0; k < p->slot_cap; k++) p->slot[k] = -1;
+    loom_status st = LOOM_OK;
+    int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
+    if (!idx) st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+    loom_split_ctx_begin(mb->md->split);
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) st = plan_map(mb, p, g->nodes[i], &idx[i]);
+
+    /* cut into subgraphs */
+    int start = 0;
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_tensor *t = g->nodes[i];
+        bool partial = t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
+                       state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
+        if (!partial && i + 1 < g->n_nodes) continue;
+        int r = partial && n > 1 ? delay_reduction(mb, g, i) : i;
+        if (r > i) p->n_delayed++;
+        plan_sub *sub = &p->subs[p->n_subs++];
+        sub->first = start;
+        sub->last = r;
+        sub->reduce = partial && n > 1 ? r : -1;
+        start = r + 1;
+        i = r;
+    }
+    loom_split_ctx_end(mb->md->split);
+
+    /* per-device node lists, skipping what a device has no data for */
+    for (int s = 0; s < p->n_subs && st == LOOM_OK; s++) {
+        plan_sub *sub = &p->subs[s];
+        int len = sub->last - sub->first + 1;
+        for (int j = 0; j < n && st == LOOM_OK; j++) {
+            loom_graph *dg = &sub->graph[j];
+            dg->nodes = loom_malloc((size_t)len * sizeof(loom_tensor *));
+            if (!dg->nodes) {
+                st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+                break;
+            }
+            dg->size = len;
+            dg->uid = loom_graph_next_uid();
+            for (int i = sub->first; i <= sub->last; i++) {
+                int x = idx[i];
+                loom_tensor *d = &p->dev[j][x];
+                bool dead = false;
+                if (loom_nelements(d) == 0) continue; /* nothing of it lives here */
+                for (int k = 0; k < LOOM_MAX_SRC; k++) {
+                    const loom_tensor *sd = d->src[k];
+                    if (!sd) continue;
+                    int sx = plan_find(p, g->nodes[i]->src[k]);
+                    if (loom_nelements(sd) == 0 || (sx >= 0 && p->dead[j][sx])) dead = true;
+                }
+                if (d->view_src) {
+                    int vx = plan_find(p, g->nodes[i]->view_src);
+                    if (vx >= 0 && p->dead[j][vx]) dead = true;
+                }
+                if (dead && !loom_op_is_view(d->op)) {
+                    p->dead[j][x] = true;
+                    d->flags &= ~LOOM_TENSOR_FLAG_COMPUTE;
+                    continue;
+                }
+                if (dead) p->dead[j][x] = true;
+                dg->nodes[dg->n_nodes++] = d;
+            }
+            if (sub->reduce >= 0) {
+                int x = idx[sub->reduce];
+                sub->red[j] = &p->dev[j][x];
+                sub->empty[j] = p->dead[j][x];
+            }
+        }
+        if (sub->reduce >= 0) {
+            const loom_tensor *t = g->nodes[sub->reduce];
+            if (t->type != LOOM_TYPE_F32 || !loom_is_contiguous(t))
+                st = loom_error(LOOM_ERR_UNSUPPORTED,
+                                "meta: cannot reduce '%s' (%s %s): partial sums must be "
+                                "contiguous F32",
+                                t->name, loom_op_name(t->op), loom_type_name(t->type));
+            /* after the reduction every device holds the value */
+            for (int j = 0; j < n; j++) p->dead[j][idx[sub->reduce]] = false;
+        }
+    }
+    loom_free(idx);
+    if (st) {
+        plan_free(p, n);
+        return st;
+    }
+    *out = p;
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- backend interface */
+
+static const char *mbe_name(loom_backend_t backend) {
+    return ((meta_backend *)backend->context)->name;
+}
+
+static void mbe_synchronize(loom_backend_t backend) {
+    meta_backend *mb = backend->context;
+    for (int j = 0; j < mb->md->n; j++) loom_backend_synchronize(mb->be[j]);
+}
+
+static void mbe_free(loom_backend_t backend) {
+    meta_backend *mb = backend->context;
+    mbe_synchronize(backend);
+    for (int c = 0; c < PLAN_CACHE; c++) plan_free(mb->cache[c], mb->md->n);
+    loom_reducer_free(mb->reducer);
+    for (int j = 0; j < mb->md->n; j++) loom_backend_free(mb->be[j]);
+    loom_free(mb);
+    loom_free(backend);
+}
+
+static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
+    meta_backend *mb = backend->context;
+    const int n = mb->md->n;
+    uint64_t key = graph_key(g);
+    plan *p = NULL;
+    int victim = 0;
+    for (int c = 0; c < PLAN_CACHE; c++) {
+        if (mb->cache[c] && mb->cache[c]->key == key) {
+            p = mb->cache[c];
+            break;
+        }
+        if (!mb->cache[c]) victim = c;
+        else if (mb->cache[victim] && mb->cache[c]->used < mb->cache[victim]->used) victim = c;
+    }
+    if (!p) {
+        loom_status st = plan_build(mb, g, &p);
+        if (st) return st;
+        p->key = key;
+        if (mb->cache[victim]) {
+            mbe_synchronize(backend); /* its graphs may still be queued */
+            plan_free(mb->cache[victim], n);
+        }
+        mb->cache[victim] = p;
+        mb->stats.plans_built++;
+    }
+    p->used = ++mb->clock;
+    mb->stats.graphs++;
+    mb->stats.last_subgraphs = 0;
+    mb->stats.last_reductions = 0;
+    mb->stats.last_bytes_reduced = 0;
+    for (int s = 0; s < p->n_subs; s++) {
+        plan_sub *sub = &p->subs[s];
+        for (int j = 0; j < n; j++) {
+            if (sub->graph[j].n_nodes == 0) continue;
+            loom_status st = loom_backend_graph_compute_async(mb->be[j], &sub->graph[j]);
+            if (st) return loom_error(st, "%s: device %s: %s", mb->name, loom_backend_name(mb->be[j]), loom_last_error());
+        }
+        mb->stats.subgraphs++;
+        mb->stats.last_subgraphs++;
+        if (sub->reduce < 0) continue;
+        loom_status st = loom_reducer_allreduce(mb->reducer, sub->red, sub->empty);
+        if (st) return loom_error(st, "%s: reducing '%s': %s", mb->name, g->nodes[sub->reduce]->name, loom_last_error());
+        size_t bytes = loom_nbytes(g->nodes[sub->reduce]);
+        mb->stats.reductions++;
+        mb->stats.last_reductions++;
+        mb->stats.bytes_reduced += bytes;
+        mb->stats.last_bytes_reduced += bytes;
+    }
+    mb->stats.delayed += (uint64_t)p->n_delayed;
+    loom_reducer_stats rs;
+    loom_reducer_get_stats(mb->reducer, &rs);
+    mb->stats.last_algo = rs.last_algo;
+    return LOOM_OK;
+}
+
+static const struct loom_backend_i meta_backend_i = {
+    .get_name = mbe_name,
+    .free = mbe_free,
+    .synchronize = mbe_synchronize,
+    .graph_compute = mbe_compute,
+};
+
+loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
+    meta_backend *mb = loom_calloc(1, sizeof *mb);
+    loom_backend_t b = loom_calloc(1, sizeof *b);
+    if (!mb || !b) {
+        loom_free(mb);
+        loom_free(b);
+        loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+        return NULL;
+    }
+    mb->md = md;
+    size_t o = (size_t)snprintf(mb->name, sizeof mb->name, "Meta(");
+    for (int j = 0; j < md->n; j++) {
+        mb->be[j] = loom_dev_init(md->devs[j], params);
+        if (!mb->be[j]) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            for (int k = 0; k < j; k++) loom_backend_free(mb->be[k]);
+            loom_free(mb);
+            loom_free(b);
+            loom_error(LOOM_ERR_DEVICE, "meta: cannot start a backend on %s: %s",
+                       loom_dev_name(md->devs[j]), why);
+            return NULL;
+        }
+        if (o < sizeof mb->name)
+            o += (size_t)snprintf(mb->name + o, sizeof mb->name - o, "%s%s", j ? "," : "",
+                                  loom_backend_name(mb->be[j]));
+    }
+    if (o < sizeof mb->name) snprintf(mb->name + o, sizeof mb->name - o, ")");
+    mb->reducer = loom_reducer_new(mb->be, md->n, NULL);
+    if (!mb->reducer) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        for (int j = 0; j < md->n; j++) loom_backend_free(mb->be[j]);
+        loom_free(mb);
+        loom_free(b);
+        loom_error(LOOM_ERR_DEVICE, "meta: cannot set up the AllReduce: %s", why);
+        return NULL;
+    }
+    *b = (struct loom_backend){.iface = &meta_backend_i, .device = &md->dev, .context = mb};
+    return b;
+}
+
+bool loom_backend_is_meta(loom_backend_t backend) {
+    return backend && backend->iface == &meta_backend_i;
+}
+
+loom_backend_t loom_meta_backend_member(loom_backend_t backend, int i) {
+    LOOM_ASSERT(loom_backend_is_meta(backend));
+    return ((meta_backend *)backend->context)->be[i];
+}
+
+void loom_meta_backend_set_allreduce(loom_backend_t backend, loom_allreduce_algo algo) {
+    LOOM_ASSERT(loom_backend_is_meta(backend));
+    loom_reducer_set_algorithm(((meta_backend *)backend->context)->reducer, algo);
+}
+
+void loom_meta_backend_get_stats(loom_backend_t backend, loom_meta_stats *out) {
+    LOOM_ASSERT(loom_backend_is_meta(backend));
+    *out = ((meta_backend *)backend->context)->stats;
+}
+
+void loom_meta_backend_reset_stats(loom_backend_t backend) {
+    LOOM_ASSERT(loom_backend_is_meta(backend));
+    memset(&((meta_backend *)backend->context)->stats, 0, sizeof(loom_meta_stats));
+}

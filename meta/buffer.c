@@ -1,0 +1,242 @@
+/*
+ * A meta buffer: one real buffer of the same size per device. A tensor at offset o of the
+ * meta buffer has its slice at offset o of each device buffer (the meta address space is
+ * device 0's). Reads and writes scatter and gather by the tensor's true split state:
+ *   split axis  every device's pieces (partial byte ranges too), chunk by chunk;
+ *   MIRRORED    writes go to every device, reads come from the first device;
+ *   PARTIAL     a write puts the value on device 0 and zeros elsewhere (exact: the sum is
+ *               the value); a read returns the sum over devices.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "meta/meta-impl.h"
+
+static char g_empty_base[64]; /* the base of a zero-size meta buffer */
+
+static void mb_free(loom_buffer_t buf) {
+    meta_buffer *mb = buf->context;
+    for (int j = 0; j < mb->md->n; j++) loom_buffer_free(mb->bufs[j]);
+    loom_free(mb);
+}
+
+static void *mb_base(loom_buffer_t buf) {
+    meta_buffer *mb = buf->context;
+    void *b = mb->bufs[0] ? loom_buffer_base(mb->bufs[0]) : NULL;
+    return b ? b : g_empty_base;
+}
+
+static loom_status mb_init_tensor(loom_buffer_t buf, loom_tensor *t) {
+    meta_buffer *mb = buf->context;
+    loom_split_state s;
+    /* surface an unsplittable tensor at allocation, with the table's message */
+    return loom__meta_state(mb->md, t, true, &s);
+}
+
+/* Calls fn(dev, dev_byte_offset_in_slice, full_byte_offset, size) for every run of bytes
+ * of t's split layout that intersects [offset, offset + size) of the full tensor. */
+typedef void (*run_fn)(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off, size_t full_off,
+                       size_t n, void *ud);
+
+static void for_each_run(meta_buffer *mb, const loom_tensor *t, const loom_split_state *s,
+                         size_t offset, size_t size, run_fn fn, void *ud) {
+    size_t lo = offset, hi = offset + size;
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_tensor dev;
+        if (loom__meta_slice(mb->md, t, s, j, NULL, &dev) != LOOM_OK) continue;
+        for (int seg = 0; seg < s->n_segments; seg++) {
+            for (int64_t rep = 0; rep < s->nr[seg]; rep++) {
+                loom_split_range r;
+                if (loom_split_state_range(s, t, seg, rep, j, &r) != LOOM_OK || r.size_bytes == 0)
+                    continue;
+                for (int64_t c = 0; c < r.n_chunks; c++) {
+                    size_t f0 = (size_t)c * r.chunk_bytes + r.offset_bytes;
+                    size_t f1 = f0 + r.size_bytes;
+                    if (f1 <= lo || f0 >= hi) continue;
+                    size_t a = f0 > lo ? f0 : lo, b = f1 < hi ? f1 : hi;
+                    size_t d0 = (size_t)c * r.dev_chunk_bytes + r.dev_offset_bytes + (a - f0);
+                    fn(mb, j, &dev, d0, a, b - a, ud);
+                }
+            }
+        }
+    }
+}
+
+typedef struct io {
+    const char *src; /* set: caller's bytes for [offset, offset+size) */
+    char *dst;       /* get */
+    size_t offset;
+    uint8_t value;   /* memset */
+} io;
+
+static void run_set(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off, size_t full_off,
+                    size_t n, void *ud) {
+    (void)mb;
+    (void)j;
+    io *x = ud;
+    loom_tensor_set(dev, x->src + (full_off - x->offset), dev_off, n);
+}
+
+static void run_get(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off, size_t full_off,
+                    size_t n, void *ud) {
+    (void)mb;
+    (void)j;
+    io *x = ud;
+    loom_tensor_get(dev, x->dst + (full_off - x->offset), dev_off, n);
+}
+
+static void run_memset(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off, size_t full_off,
+                       size_t n, void *ud) {
+    (void)mb;
+    (void)j;
+    (void)full_off;
+    io *x = ud;
+    loom_tensor_memset(dev, x->value, dev_off, n);
+}
+
+static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *s) {
+    loom_status st = loom__meta_state(mb->md, t, false, s);
+    if (st) {
+        LOOM_LOG_ERROR("meta: %s", loom_last_error());
+        return false;
+    }
+    /* a computed PARTIAL tensor has been reduced by the time anyone reads it */
+    if (s->axis == LOOM_SPLIT_PARTIAL && t->op != LOOM_OP_NONE) loom_split_state_assume_sync(t, s);
+    return true;
+}
+
+/* Device j's copy of a tensor that is whole on every device (MIRRORED or PARTIAL). */
+static void whole(meta_buffer *mb, const loom_tensor *t, int j, loom_tensor *dev) {
+    loom_split_state m;
+    loom_split_state_init(&m, LOOM_SPLIT_MIRRORED, mb->md->n);
+    loom_tensor owner;
+    const loom_tensor *src = t->view_src ? t->view_src : t;
+    loom_status st = loom__meta_slice(mb->md, src, &m, j, NULL, &owner);
+    LOOM_ASSERT(st == LOOM_OK);
+    if (!t->view_src) {
+        *dev = owner;
+        return;
+    }
+    st = loom__meta_slice(mb->md, t, &m, j, &owner, dev);
+    LOOM_ASSERT(st == LOOM_OK);
+}
+
+static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t offset, size_t size) {
+    meta_buffer *mb = buf->context;
+    LOOM_ASSERT(t->view_src == NULL || loom_is_contiguous(t));
+    loom_split_state s;
+    if (!true_state(mb, t, &s)) return;
+    if (loom_split_axis_is_dim(s.axis)) {
+        LOOM_ASSERT(t->view_src == NULL); /* split views are written through their owner */
+        io x = {.src = data, .offset = offset};
+        for_each_run(mb, t, &s, offset, size, run_set, &x);
+        return;
+    }
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_tensor dev;
+        whole(mb, t, j, &dev);
+        if (s.axis == LOOM_SPLIT_PARTIAL && j > 0) loom_tensor_memset(&dev, 0, offset, size);
+        else loom_tensor_set(&dev, data, offset, size);
+    }
+}
+
+static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t offset, size_t size) {
+    meta_buffer *mb = buf->context;
+    loom_split_state s;
+    if (!true_state(mb, t, &s)) return;
+    if (loom_split_axis_is_dim(s.axis)) {
+        LOOM_ASSERT(t->view_src == NULL);
+        io x = {.dst = data, .offset = offset};
+        for_each_run(mb, t, &s, offset, size, run_get, &x);
+        return;
+    }
+    loom_tensor dev;
+    whole(mb, t, 0, &dev);
+    loom_tensor_get(&dev, data, offset, size);
+    if (s.axis != LOOM_SPLIT_PARTIAL) return;
+    /* a PARTIAL leaf: the value is the sum over devices */
+    LOOM_ASSERT(t->type == LOOM_TYPE_F32 && offset % 4 == 0 && size % 4 == 0);
+    float *acc = data, *tmp = loom_malloc(size ? size : 1);
+    if (!tmp) {
+        LOOM_LOG_ERROR("meta: out of memory reading PARTIAL tensor '%s'", t->name);
+        return;
+    }
+    for (int j = 1; j < mb->md->n; j++) {
+        whole(mb, t, j, &dev);
+        loom_tensor_get(&dev, tmp, offset, size);
+        for (size_t i = 0; i < size / 4; i++) acc[i] += tmp[i];
+    }
+    loom_free(tmp);
+}
+
+static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t offset, size_t size) {
+    meta_buffer *mb = buf->context;
+    loom_split_state s;
+    if (!true_state(mb, t, &s)) return;
+    if (loom_split_axis_is_dim(s.axis)) {
+        io x = {.value = value, .offset = offset};
+        for_each_run(mb, t, &s, offset, size, run_memset, &x);
+        return;
+    }
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_tensor dev;
+        whole(mb, t, j, &dev);
+        loom_tensor_memset(&dev, s.axis == LOOM_SPLIT_PARTIAL && j > 0 ? 0 : value, offset, size);
+    }
+}
+
+static void mb_clear(loom_buffer_t buf, uint8_t value) {
+    meta_buffer *mb = buf->context;
+    for (int j = 0; j < mb->md->n; j++) loom_buffer_clear(mb->bufs[j], value);
+}
+
+static void mb_reset(loom_buffer_t buf) {
+    meta_buffer *mb = buf->context;
+    for (int j = 0; j < mb->md->n; j++)
+        if (mb->bufs[j]->iface->reset) mb->bufs[j]->iface->reset(mb->bufs[j]);
+}
+
+const struct loom_buffer_i loom__meta_buffer_i = {
+    .free_buffer = mb_free,
+    .get_base = mb_base,
+    .init_tensor = mb_init_tensor,
+    .memset_tensor = mb_memset,
+    .set_tensor = mb_set,
+    .get_tensor = mb_get,
+    .clear = mb_clear,
+    .reset = mb_reset,
+};
+
+loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
+    meta_buffer *mb = loom_calloc(1, sizeof *mb);
+    if (!mb) {
+        loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+        return NULL;
+    }
+    mb->md = md;
+    for (int j = 0; j < md->n; j++) {
+        mb->bufs[j] = loom_buft_alloc_buffer(loom_dev_buffer_type(md->devs[j]), size);
+        if (!mb->bufs[j]) {
+            loom_status st = loom_last_status() ? loom_last_status() : LOOM_ERR_DEVICE_OOM;
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            for (int k = 0; k < j; k++) loom_buffer_free(mb->bufs[k]);
+            loom_free(mb);
+            loom_error(st, "%s: allocating %zu bytes on %s failed: %s", md->name, size,
+                       loom_dev_name(md->devs[j]), why);
+            return NULL;
+        }
+    }
+    loom_buffer_t buf = loom_buffer_init(&md->buft, &loom__meta_buffer_i, mb, size);
+    if (!buf) {
+        for (int j = 0; j < md->n; j++) loom_buffer_free(mb->bufs[j]);
+        loom_free(mb);
+        loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+    }
+    return buf;
+}
+
+loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i) {
+    LOOM_ASSERT(buf->iface == &loom__meta_buffer_i);
+    return ((meta_buffer *)buf->context)->bufs[i];
+}

@@ -1,0 +1,184 @@
+/*
+ * The meta device and its buffer type: everything is delegated to the member devices.
+ * supports_op needs every member AND the split rule table; memory is summed; caps are
+ * ANDed; the name lists the members. The buffer type sizes a tensor by its largest slice.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "meta/meta-impl.h"
+
+meta_dev *loom__meta_dev(loom_dev_t dev) { return (meta_dev *)dev->context; }
+
+loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_sync,
+                             loom_split_state *out) {
+    return loom_split_ctx_get(md->split, t, assume_sync, out);
+}
+
+/* ---------------------------------------------------------------- buffer type */
+
+static const char *buft_name(loom_buft_t buft) { return ((meta_dev *)buft->context)->name; }
+
+static loom_buffer_t buft_alloc(loom_buft_t buft, size_t size) {
+    return loom__meta_buffer_new((meta_dev *)buft->context, size);
+}
+
+static size_t buft_alignment(loom_buft_t buft) {
+    meta_dev *md = buft->context;
+    size_t a = 1;
+    for (int j = 0; j < md->n; j++) {
+        size_t aj = loom_buft_alignment(loom_dev_buffer_type(md->devs[j]));
+        if (aj > a) a = aj;
+    }
+    return a;
+}
+
+static size_t buft_max_size(loom_buft_t buft) {
+    meta_dev *md = buft->context;
+    size_t m = SIZE_MAX;
+    for (int j = 0; j < md->n; j++) {
+        size_t mj = loom_buft_max_size(loom_dev_buffer_type(md->devs[j]));
+        if (mj < m) m = mj;
+    }
+    return m;
+}
+
+size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t) {
+    loom_split_state s;
+    if (loom__meta_state(md, t, true, &s) != LOOM_OK || !loom_split_axis_is_dim(s.axis))
+        return loom_nbytes(t);
+    size_t best = 0;
+    for (int j = 0; j < md->n; j++) {
+        size_t b = loom_split_state_slice_nbytes(&s, t, j);
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+static size_t buft_alloc_size(loom_buft_t buft, const loom_tensor *t) {
+    return loom__meta_alloc_size((meta_dev *)buft->context, t);
+}
+
+static const struct loom_buft_i meta_buft_i = {
+    .get_name = buft_name,
+    .alloc_buffer = buft_alloc,
+    .get_alignment = buft_alignment,
+    .get_max_size = buft_max_size,
+    .get_alloc_size = buft_alloc_size,
+};
+
+/* ---------------------------------------------------------------- device */
+
+static const char *dev_name(loom_dev_t dev) { return loom__meta_dev(dev)->name; }
+
+static void dev_memory(loom_dev_t dev, size_t *free_b, size_t *total_b) {
+    meta_dev *md = loom__meta_dev(dev);
+    size_t f = 0, t = 0;
+    for (int j = 0; j < md->n; j++) {
+        size_t fj, tj;
+        loom_dev_memory(md->devs[j], &fj, &tj);
+        f += fj;
+        t += tj;
+    }
+    *free_b = f;
+    *total_b = t;
+}
+
+static loom_dev_type dev_type(loom_dev_t dev) {
+    (void)dev;
+    return LOOM_DEV_TYPE_META;
+}
+
+static void dev_props(loom_dev_t dev, loom_dev_props *p) {
+    meta_dev *md = loom__meta_dev(dev);
+    p->name = md->name;
+    p->description = md->name;
+    dev_memory(dev, &p->memory_free, &p->memory_total);
+    p->type = LOOM_DEV_TYPE_META;
+    p->caps = (loom_dev_caps){.async = true, .host_buffer = false, .events = false};
+    for (int j = 0; j < md->n; j++) {
+        loom_dev_props pj;
+        loom_dev_get_props(md->devs[j], &pj);
+        p->caps.async = p->caps.async && pj.caps.async;
+    }
+}
+
+static loom_backend_t dev_init(loom_dev_t dev, const char *params) {
+    return loom__meta_backend_new(loom__meta_dev(dev), params);
+}
+
+static loom_buft_t dev_buft(loom_dev_t dev) { return &loom__meta_dev(dev)->buft; }
+
+static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
+    meta_dev *md = loom__meta_dev(dev);
+    for (int j = 0; j < md->n; j++)
+        if (!loom_dev_supports_op(md->devs[j], op)) return false;
+    if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */
+    return loom_split_ctx_can_split(md->split, op);
+}
+
+static bool dev_supports_buft(loom_dev_t dev, loom_buft_t buft) {
+    return buft == &loom__meta_dev(dev)->buft;
+}
+
+static const struct loom_dev_i meta_dev_i = {
+    .get_name = dev_name,
+    .get_memory = dev_memory,
+    .get_type = dev_type,
+    .get_props = dev_props,
+    .init_backend = dev_init,
+    .get_buffer_type = dev_buft,
+    .supports_op = dev_supports_op,
+    .supports_buft = dev_supports_buft,
+};
+
+loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get_split_state,
+                                 void *user_data, loom_dev_t *out) {
+    *out = NULL;
+    if (n < 1 || n > LOOM_META_MAX_DEVICES || !devs)
+        return loom_error(LOOM_ERR_INVALID_ARG, "meta device: %d devices (1..%d)", n,
+                          LOOM_META_MAX_DEVICES);
+    for (int j = 0; j < n; j++) {
+        if (!devs[j]) return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %d is NULL", j);
+        if (loom_dev_get_type(devs[j]) == LOOM_DEV_TYPE_META)
+            return loom_error(LOOM_ERR_INVALID_ARG, "meta device: member %d is itself a meta device", j);
+        for (int k = 0; k < j; k++)
+            if (devs[k] == devs[j])
+                return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %s listed twice",
+                                  loom_dev_name(devs[j]));
+    }
+    meta_dev *md = loom_calloc(1, sizeof *md);
+    if (!md) return loom_error(LOOM_ERR_NOMEM, "meta device: out of memory");
+    md->n = n;
+    memcpy(md->devs, devs, sizeof(loom_dev_t) * (size_t)n);
+    md->split = loom_split_ctx_new(n, get_split_state, user_data);
+    if (!md->split) {
+        loom_free(md);
+        return loom_last_status();
+    }
+    size_t o = (size_t)snprintf(md->name, sizeof md->name, "Meta(");
+    for (int j = 0; j < n && o < sizeof md->name; j++)
+        o += (size_t)snprintf(md->name + o, sizeof md->name - o, "%s%s", j ? "," : "",
+                              loom_dev_name(devs[j]));
+    if (o < sizeof md->name) snprintf(md->name + o, sizeof md->name - o, ")");
+    md->dev = (struct loom_dev){.iface = &meta_dev_i, .reg = NULL, .context = md};
+    md->buft = (struct loom_buft){.iface = &meta_buft_i, .device = &md->dev, .context = md};
+    *out = &md->dev;
+    return LOOM_OK;
+}
+
+void loom_meta_device_free(loom_dev_t dev) {
+    if (!dev) return;
+    meta_dev *md = loom__meta_dev(dev);
+    loom_split_ctx_free(md->split);
+    loom_free(md);
+}
+
+bool loom_dev_is_meta(loom_dev_t dev) { return dev && dev->iface == &meta_dev_i; }
+int loom_meta_n_devices(loom_dev_t dev) { return loom__meta_dev(dev)->n; }
+loom_dev_t loom_meta_member(loom_dev_t dev, int i) { return loom__meta_dev(dev)->devs[i]; }
+
+loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t, bool assume_sync,
+                                   loom_split_state *out) {
+    return loom__meta_state(loom__meta_dev(dev), t, assume_sync, out);
+}

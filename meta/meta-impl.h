@@ -1,0 +1,44 @@
+/*
+ * meta/ internals: the device, buffer type, buffer and backend contexts, and the mapping
+ * of a meta tensor to its per-device slices (map.c). Not part of the public API.
+ */
+#ifndef LOOM_META_IMPL_H
+#define LOOM_META_IMPL_H
+
+#include "backends/backend-impl.h"
+#include "loom/meta.h"
+
+typedef struct meta_dev {
+    int n;
+    loom_dev_t devs[LOOM_META_MAX_DEVICES];
+    loom_split_ctx *split; /* states of every tensor this device sees */
+    char name[256];
+    struct loom_dev dev;
+    struct loom_buft buft;
+} meta_dev;
+
+typedef struct meta_buffer {
+    meta_dev *md;
+    loom_buffer_t bufs[LOOM_META_MAX_DEVICES];
+} meta_buffer;
+
+meta_dev *loom__meta_dev(loom_dev_t dev);
+/* The true (assume_sync false) or consumer (true) state of t; errors from the table. */
+loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_sync,
+                             loom_split_state *out);
+
+/* The slice of meta tensor t on device j, written into *out (a header: type, ne, nb, op,
+ * op_params, flags, name; data/buffer pointing into device j's buffer; src[] and
+ * view_src NOT set). `state` is t's consumer state (assume_sync). For a view, the slice of
+ * its view_src on device j must be given (vsrc_dev); NULL otherwise. */
+loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_split_state *state,
+                             int j, const loom_tensor *vsrc_dev, loom_tensor *out);
+
+/* Bytes of t's largest slice (what the meta buffer type allocates for it). */
+size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t);
+
+extern const struct loom_buffer_i loom__meta_buffer_i;
+loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size);
+loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params);
+
+#endif
