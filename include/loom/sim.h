@@ -60,6 +60,11 @@ LOOM_API void loom_sim_config_default(loom_sim_config *out, int n_devices);
 LOOM_API loom_status loom_sim_reg_new(const loom_sim_config *cfg, loom_reg_t *out);
 LOOM_API loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out);
 LOOM_API void loom_sim_reg_free(loom_reg_t reg);
+/* The process-wide default sim reg (static, never freed; loom_sim_reg_free ignores it),
+ * built on first use from env LOOM_SIM_DEVICES or "sim:2". NULL (with loom_last_error)
+ * when that spec does not parse. Registered by loom_registry_load_all when sim is linked,
+ * and returned by libloom-sim.so's loom_backend_init. */
+LOOM_API loom_reg_t loom_sim_reg_default(void);
 LOOM_API bool loom_dev_is_sim(loom_dev_t dev);
 
 typedef struct loom_sim_stats {

@@ -1,0 +1,256 @@
+/*
+ * CPU backend internals, shared by the kernel files of backends/cpu/ only.
+ *
+ * The graph executor (graph.c) runs every node on every thread of a pool; each op kernel
+ * takes its share of the work from loom__cpu_params (thread index, scratch memory, SIMD
+ * table) and may synchronise with loom__cpu_barrier. Scratch is sized before the run by
+ * loom__cpu_op_work (per op), so kernels never allocate. Kernels report data errors (an
+ * out-of-range row index) through loom__cpu_fail; the executor raises them on the caller's
+ * thread afterwards.
+ *
+ * SIMD: the hot inner loops live behind loom__cpu_simd, a table with a portable-C version
+ * (simd.c) and AVX2+FMA / AVX-512 versions (simd-avx2.c, simd-avx512.c) compiled with
+ * target attributes and chosen at run time (LOOM_CPU_SIMD caps the choice).
+ */
+#ifndef LOOM_CPU_IMPL_H
+#define LOOM_CPU_IMPL_H
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "backends/backend-impl.h"
+#include "loom/core.h"
+#include "loom/cpu.h"
+
+/* ---------------------------------------------------------------- activations as Q8 */
+
+/* One block of 32 activations quantised as Q8_0 for the integer dot products of
+ * quantised matmuls. Same values as loom_block_q8_0 (d = max|x| / 127, q = round(x / d)),
+ * but d kept in f32 and with s = d * sum(q) precomputed for the Q4_0 offset. 40 bytes. */
+typedef struct loom__q8a {
+    float d;
+    float s;
+    int8_t qs[LOOM_QK8_0];
+} loom__q8a;
+
+/* ---------------------------------------------------------------- SIMD table */
+
+/* Register tile of the F32 GEMM micro-kernel: MR output rows (of a) by NR columns (rows of
+ * b); see ops-matmul.c for the packed layouts. */
+typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp, float *c,
+                                   size_t ldc, int first, int mvalid, int nvalid);
+
+typedef struct loom__cpu_simd {
+    const char *name; /* "scalar", "avx2", "avx512" */
+
+    /* out[j] = dot(a[0:k], b + j * ldb) for j < nb (1 <= nb <= 4); a typed as named. */
+    void (*dot_f32)(int64_t k, const float *a, const float *b, size_t ldb, int nb, float *out);
+    void (*dot_f16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                    float *out);
+    void (*dot_bf16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                     float *out);
+    /* nblk blocks of a against nb rows of quantised activations, ldb blocks apart. */
+    void (*dot_q8_0)(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
+                     int nb, float *out);
+    void (*dot_q4_0)(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
+                     int nb, float *out);
+    /* k a multiple of 32. */
+    void (*quantize_q8a)(const float *x, loom__q8a *y, int64_t k);
+
+    /* F32 GEMM micro-kernel (NULL: the portable path uses dot products only). */
+    loom__gemm_tile_fn gemm_tile;
+    int gemm_mr, gemm_nr;
+
+    /* Elementwise hot paths over contiguous rows (z may alias x). */
+    void (*vec_add)(int64_t n, float *z, const float *x, const float *y);
+    void (*vec_mul)(int64_t n, float *z, const float *x, const float *y);
+    void (*vec_scale)(int64_t n, float *y, const float *x, float s, float b);
+    void (*vec_silu)(int64_t n, float *y, const float *x);
+    void (*vec_swiglu)(int64_t n, float *y, const float *x, const float *g);
+    /* y[i] = exp(x[i] - max); returns the sum (exp(-INF) = 0). */
+    double (*vec_exp_sum)(int64_t n, float *y, const float *x, float max);
+    /* y += x * s */
+    void (*vec_mad_f32)(int64_t n, float *y, const float *x, float s);
+    void (*vec_mad_f16)(int64_t n, float *y, const uint16_t *x, float s);
+    void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
+    void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
+} loom__cpu_simd;
+
+extern const loom__cpu_simd loom__cpu_simd_scalar;
+extern const loom__cpu_simd loom__cpu_simd_avx2;
+extern const loom__cpu_simd loom__cpu_simd_avx512;
+/* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so
+ * a test can switch paths with setenv between graph computes). */
+const loom__cpu_simd *loom__cpu_simd_get(void);
+bool loom__cpu_has_avx2(void);
+bool loom__cpu_has_avx512(void);
+
+/* ---------------------------------------------------------------- execution */
+
+typedef struct loom__cpu_state {
+    loom_threadpool *tp; /* NULL when single-threaded */
+    int nth;
+    _Atomic int failed;   /* first failing thread wins */
+    loom_status status;
+    char message[256];
+} loom__cpu_state;
+
+typedef struct loom__cpu_params {
+    int ith, nth;
+    void *wshared;        /* scratch shared by all threads for this node */
+    size_t wshared_size;
+    void *wthread;        /* this thread's private scratch */
+    size_t wthread_size;
+    const loom__cpu_simd *simd;
+    loom__cpu_state *state;
+} loom__cpu_params;
+
+/* Scratch bytes a node needs: shared by all threads, and private per thread. */
+typedef struct loom__cpu_work {
+    size_t shared;
+    size_t per_thread;
+} loom__cpu_work;
+
+void loom__cpu_barrier(const loom__cpu_params *p);
+/* Records a data error for the whole graph compute (first one wins). */
+void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, ...)
+    LOOM_PRINTF(3, 4);
+static inline bool loom__cpu_failed(const loom__cpu_params *p) {
+    return atomic_load_explicit(&p->state->failed, memory_order_relaxed) != 0;
+}
+
+/* Runs a graph with a caller-provided work buffer cache (*work, *work_size grow with
+ * loom_malloc/loom_free); the backend keeps one per backend, loom_cpu_graph_compute one
+ * per call. */
+loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **work,
+                                    size_t *work_size);
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Every kernel: computes its share of `dst` (ith of nth). */
+typedef void (*loom__cpu_kernel_fn)(const loom__cpu_params *p, loom_tensor *dst);
+
+void loom__cpu_op_dup(const loom__cpu_params *p, loom_tensor *dst); /* DUP, CONT, CPY */
+void loom__cpu_op_get_rows(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_set_rows(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_concat(const loom__cpu_params *p, loom_tensor *dst);
+
+void loom__cpu_op_binary(const loom__cpu_params *p, loom_tensor *dst); /* ADD SUB MUL DIV */
+void loom__cpu_op_add_id(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_unary_map(const loom__cpu_params *p, loom_tensor *dst); /* SCALE SQR ... */
+void loom__cpu_op_glu(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_fill(const loom__cpu_params *p, loom_tensor *dst);
+
+void loom__cpu_op_reduce_rows(const loom__cpu_params *p, loom_tensor *dst); /* SUM_ROWS MEAN */
+void loom__cpu_op_argmax(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_norm(const loom__cpu_params *p, loom_tensor *dst); /* NORM, RMS_NORM */
+void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_argsort(const loom__cpu_params *p, loom_tensor *dst); /* ARGSORT, TOP_K */
+
+void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst);
+loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
+                                      const loom__cpu_simd *simd);
+loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
+                                         const loom__cpu_simd *simd);
+
+void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);
+void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst);
+
+/* ---------------------------------------------------------------- row conversion */
+
+/* x (n values of `type` starting at element i0 of a row whose elements/blocks are nb0
+ * bytes apart; quantised rows must be block-contiguous) -> y[0:n] as f32. */
+void loom__cpu_row_to_f32(loom_type type, const void *row, size_t nb0, int64_t i0, int64_t n,
+                          float *y);
+/* x[0:n] f32 -> a row of `type` (elements nb0 bytes apart; quantised: n a multiple of 32,
+ * blocks contiguous). */
+void loom__cpu_row_from_f32(loom_type type, const float *x, void *row, size_t nb0, int64_t n);
+void loom__cpu_quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n);
+void loom__cpu_quantize_row_q4_0(const float *x, loom_block_q4_0 *y, int64_t n);
+void loom__cpu_dequantize_row_q8_0(const loom_block_q8_0 *x, float *y, int64_t n);
+void loom__cpu_dequantize_row_q4_0(const loom_block_q4_0 *x, float *y, int64_t n);
+
+/* ---------------------------------------------------------------- helpers */
+
+static inline void loom__range(int64_t n, int ith, int nth, int64_t *i0, int64_t *i1) {
+    int64_t per = (n + nth - 1) / nth;
+    int64_t a = per * ith;
+    int64_t b = a + per;
+    *i0 = a < n ? a : n;
+    *i1 = b < n ? b : n;
+}
+
+/* Address of element (i0, i1, i2, i3) (for blocks, i0 counts blocks). */
+static inline void *loom__at(const loom_tensor *t, int64_t i0, int64_t i1, int64_t i2,
+                             int64_t i3) {
+    return (char *)t->data + i0 * (int64_t)t->nb[0] + i1 * (int64_t)t->nb[1] +
+           i2 * (int64_t)t->nb[2] + i3 * (int64_t)t->nb[3];
+}
+
+static inline float loom__f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t loom__f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* IEEE half -> float, exact (denormals, infinities and NaNs included). */
+static inline float loom__fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) return loom__f32_from_bits(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        /* zero or denormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    return loom__f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* float -> IEEE half, round to nearest even (as F16C's vcvtps2ph with rounding mode 0). */
+static inline uint16_t loom__fp32_to_fp16(float f) {
+    uint32_t x = loom__f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf or NaN (NaN stays quiet NaN) */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+    if (ax < 0x38800000u) {
+        /* result denormal or zero: value = ax_float; half denormal unit 2^-24 */
+        if (ax < 0x33000000u) return (uint16_t)sign; /* < 2^-25: rounds to 0 */
+        uint32_t e = ax >> 23;
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126 - e; /* 14 + (113 - e) - 1 */
+        uint32_t r = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = ((ax >> 13) - (112u << 10));
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+static inline float loom__bf16_to_fp32(uint16_t h) {
+    return loom__f32_from_bits((uint32_t)h << 16);
+}
+
+/* Round to nearest even; NaN stays NaN (quiet). */
+static inline uint16_t loom__fp32_to_bf16(float f) {
+    uint32_t x = loom__f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+#endif /* LOOM_CPU_IMPL_H */

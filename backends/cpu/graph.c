@@ -1,0 +1,482 @@
+/*
+ * The CPU graph executor: which op/type combinations the kernels implement
+ * (loom_cpu_supports_op), validation of a graph before it runs, scratch sizing, and the
+ * threaded run itself.
+ *
+ * One loom_threadpool_run covers the whole graph: every thread walks the node list, does
+ * its share of each node (rows, or output columns for a one-row matmul) and meets the
+ * others at a barrier before the next node. View ops compute nothing and get no barrier.
+ * All scratch is sized up front from every node's needs and allocated once (loom_malloc),
+ * so an allocation failure is reported before anything runs and kernels never allocate.
+ */
+#include <stdio.h>
+
+#include "backends/cpu/cpu-impl.h"
+
+/* ---------------------------------------------------------------- errors, barrier */
+
+void loom__cpu_barrier(const loom__cpu_params *p) {
+    if (p->nth > 1) loom_threadpool_barrier(p->state->tp);
+}
+
+void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, ...) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&p->state->failed, &expected, 1)) return;
+    p->state->status = s;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->state->message, sizeof p->state->message, fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------- supported ops */
+
+static bool is_float(loom_type t) {
+    return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16;
+}
+
+static bool is_quant(loom_type t) {
+    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+}
+
+/* Types the matmul kernels take as weights. */
+static bool is_mm_weight(loom_type t) {
+    return is_float(t) || is_quant(t);
+}
+
+/* Quantised tensors must keep whole blocks contiguous along dim 0. */
+static bool blocks_ok(const loom_tensor *t) {
+    if (!is_quant(t->type)) return true;
+    return t->nb[0] == loom_type_size(t->type) && t->ne[0] % LOOM_QK8_0 == 0;
+}
+
+static bool all_f32(const loom_tensor *op, int n_src) {
+    if (op->type != LOOM_TYPE_F32) return false;
+    for (int i = 0; i < n_src; i++)
+        if (!op->src[i] || op->src[i]->type != LOOM_TYPE_F32) return false;
+    return true;
+}
+
+static bool cpy_types_ok(const loom_tensor *src, const loom_tensor *dst) {
+    if (!loom_type_is_valid((int)src->type) || !loom_type_is_valid((int)dst->type)) return false;
+    if (!blocks_ok(src) || !blocks_ok(dst)) return false;
+    if (src->type == dst->type) return true;
+    if (src->type == LOOM_TYPE_F32)
+        return dst->type == LOOM_TYPE_F16 || dst->type == LOOM_TYPE_BF16 || is_quant(dst->type);
+    if (dst->type == LOOM_TYPE_F32)
+        return src->type == LOOM_TYPE_F16 || src->type == LOOM_TYPE_BF16 || is_quant(src->type);
+    return false;
+}
+
+bool loom_cpu_supports_op(const loom_tensor *op) {
+    if (!op) return false;
+    const loom_tensor *a = op->src[0], *b = op->src[1], *c = op->src[2];
+    switch (op->op) {
+    case LOOM_OP_NONE:
+    case LOOM_OP_RESHAPE:
+    case LOOM_OP_VIEW:
+    case LOOM_OP_PERMUTE:
+    case LOOM_OP_TRANSPOSE:
+        return true;
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+        return a && a->type == op->type && cpy_types_ok(a, op);
+    case LOOM_OP_CPY:
+        return a && b && b->type == op->type && cpy_types_ok(a, op);
+    case LOOM_OP_ADD:
+    case LOOM_OP_SUB:
+    case LOOM_OP_MUL:
+    case LOOM_OP_DIV:
+        return all_f32(op, 2);
+    case LOOM_OP_ADD_ID:
+        return all_f32(op, 2) && c && c->type == LOOM_TYPE_I32;
+    case LOOM_OP_SCALE:
+    case LOOM_OP_SQR:
+    case LOOM_OP_SQRT:
+    case LOOM_OP_SUM_ROWS:
+    case LOOM_OP_MEAN:
+    case LOOM_OP_NORM:
+    case LOOM_OP_RMS_NORM:
+    case LOOM_OP_CLAMP:
+        return all_f32(op, 1);
+    case LOOM_OP_UNARY: {
+        int u = loom_get_op_params_i32(op, 0);
+        return all_f32(op, 1) && u >= 0 && u < LOOM_UNARY_COUNT;
+    }
+    case LOOM_OP_GLU: {
+        int g = loom_get_op_params_i32(op, 0);
+        return all_f32(op, 1) && (!b || b->type == LOOM_TYPE_F32) && g >= 0 && g < LOOM_GLU_COUNT;
+    }
+    case LOOM_OP_ARGMAX:
+    case LOOM_OP_ARGSORT:
+    case LOOM_OP_TOP_K:
+        return a && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_I32;
+    case LOOM_OP_FILL:
+        return op->type == LOOM_TYPE_F32;
+    case LOOM_OP_MUL_MAT:
+        return a && b && is_mm_weight(a->type) && blocks_ok(a) && b->type == LOOM_TYPE_F32 &&
+               op->type == LOOM_TYPE_F32;
+    case LOOM_OP_MUL_MAT_ID:
+        return a && b && c && is_mm_weight(a->type) && blocks_ok(a) &&
+               b->type == LOOM_TYPE_F32 && c->type == LOOM_TYPE_I32 && op->type == LOOM_TYPE_F32;
+    case LOOM_OP_GET_ROWS:
+        if (!a || !b || b->type != LOOM_TYPE_I32) return false;
+        if (a->type == LOOM_TYPE_I32) return op->type == LOOM_TYPE_I32;
+        return is_mm_weight(a->type) && blocks_ok(a) && op->type == LOOM_TYPE_F32;
+    case LOOM_OP_SET_ROWS:
+        return a && b && a->type == LOOM_TYPE_F32 &&
+               (b->type == LOOM_TYPE_I32 || b->type == LOOM_TYPE_I64) && is_mm_weight(op->type) &&
+               blocks_ok(op);
+    case LOOM_OP_SOFT_MAX:
+        return a && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
+               (!b || b->type == LOOM_TYPE_F32 || b->type == LOOM_TYPE_F16) &&
+               (!c || c->type == LOOM_TYPE_F32);
+    case LOOM_OP_ROPE: {
+        int mode = loom_get_op_params_i32(op, 1);
+        return a && b && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
+               b->type == LOOM_TYPE_I32 && (!c || c->type == LOOM_TYPE_F32) &&
+               (mode == LOOM_ROPE_TYPE_NORMAL || mode == LOOM_ROPE_TYPE_NEOX);
+    }
+    case LOOM_OP_FLASH_ATTN_EXT: {
+        const loom_tensor *mask = op->src[3], *sinks = op->src[4];
+        return a && b && c && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
+               (b->type == LOOM_TYPE_F32 || b->type == LOOM_TYPE_F16) &&
+               (c->type == LOOM_TYPE_F32 || c->type == LOOM_TYPE_F16) &&
+               (!mask || mask->type == LOOM_TYPE_F32 || mask->type == LOOM_TYPE_F16) &&
+               (!sinks || sinks->type == LOOM_TYPE_F32);
+    }
+    case LOOM_OP_CONCAT:
+        return a && b && a->type == b->type && op->type == a->type &&
+               loom_type_is_valid((int)a->type) && !loom_type_traits_get((int)a->type)->is_quantized;
+    default:
+        return false;
+    }
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *tname(const loom_tensor *t) {
+    return t->name[0] ? t->name : "(unnamed)";
+}
+
+static loom_status unsupported(const loom_tensor *t) {
+    char types[160];
+    int n = 0;
+    types[0] = 0;
+    for (int i = 0; i < LOOM_MAX_SRC && n < (int)sizeof types - 16; i++) {
+        if (!t->src[i]) continue;
+        n += snprintf(types + n, sizeof types - (size_t)n, "%s%s", n ? ", " : "",
+                      loom_type_is_valid((int)t->src[i]->type) ? loom_type_name(t->src[i]->type)
+                                                               : "?");
+    }
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "CPU backend: op %s (tensor '%s') is not implemented for sources (%s) -> %s",
+                      (unsigned)t->op < LOOM_OP_COUNT ? loom_op_name(t->op) : "?", tname(t), types,
+                      loom_type_is_valid((int)t->type) ? loom_type_name(t->type) : "?");
+}
+
+static loom_status bad_shape(const loom_tensor *t, const char *what) {
+    return loom_error(LOOM_ERR_SHAPE, "CPU backend: op %s (tensor '%s'): %s", loom_op_name(t->op),
+                      tname(t), what);
+}
+
+static bool same_ne(const loom_tensor *a, const loom_tensor *b) {
+    return a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] &&
+           a->ne[3] == b->ne[3];
+}
+
+/* Shape rules whose violation would make a kernel read or write out of bounds (the
+ * builders enforce them; a hand-made node might not). */
+static loom_status check_shapes(const loom_tensor *t) {
+    const loom_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
+    switch (t->op) {
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+    case LOOM_OP_CPY:
+        if (loom_nelements(a) != loom_nelements(t)) return bad_shape(t, "element counts differ");
+        break;
+    case LOOM_OP_ADD:
+    case LOOM_OP_SUB:
+    case LOOM_OP_MUL:
+    case LOOM_OP_DIV:
+        if (!same_ne(a, t) || !loom_can_repeat(b, a)) return bad_shape(t, "b does not repeat into a");
+        break;
+    case LOOM_OP_ADD_ID:
+        if (!same_ne(a, t) || b->ne[0] != a->ne[0] || c->ne[0] != a->ne[1] || c->ne[1] != a->ne[2])
+            return bad_shape(t, "expected a [n,U,T], b [n,E], ids [U,T]");
+        break;
+    case LOOM_OP_MUL_MAT:
+        if (a->ne[0] != b->ne[0] || t->ne[0] != a->ne[1] || t->ne[1] != b->ne[1] ||
+            t->ne[2] != b->ne[2] || t->ne[3] != b->ne[3] || a->ne[2] <= 0 || a->ne[3] <= 0 ||
+            b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0)
+            return bad_shape(t, "expected a [K,M,A2,A3] x b [K,N,B2,B3] -> [M,N,B2,B3]");
+        break;
+    case LOOM_OP_MUL_MAT_ID:
+        if (a->ne[0] != b->ne[0] || t->ne[0] != a->ne[1] || c->ne[0] != t->ne[1] ||
+            c->ne[1] != t->ne[2] || b->ne[2] != t->ne[2] || b->ne[1] <= 0 ||
+            (b->ne[1] != 1 && b->ne[1] != c->ne[0]))
+            return bad_shape(t, "expected as [K,M,E], b [K,U or 1,T], ids [U,T] -> [M,U,T]");
+        break;
+    case LOOM_OP_GET_ROWS:
+        if (t->ne[0] != a->ne[0] || t->ne[1] != b->ne[0] || t->ne[2] != b->ne[1] ||
+            t->ne[3] != b->ne[2] || b->ne[1] % a->ne[2] != 0 || b->ne[2] % a->ne[3] != 0)
+            return bad_shape(t, "expected a [n,R,A2,A3], ids [X,B1,B2] -> [n,X,B1,B2]");
+        break;
+    case LOOM_OP_SET_ROWS:
+        if (t->ne[0] != a->ne[0] || b->ne[0] != a->ne[1] || b->ne[1] != a->ne[2] ||
+            b->ne[2] != a->ne[3] || t->ne[2] % a->ne[2] != 0 || t->ne[3] % a->ne[3] != 0)
+            return bad_shape(t, "expected dst [n,R,D2,D3], b [n,X,B2,B3], ids [X,B2,B3]");
+        break;
+    case LOOM_OP_SOFT_MAX:
+        if (!same_ne(a, t)) return bad_shape(t, "result shape differs from a");
+        if (b && (b->ne[0] != a->ne[0] || b->ne[1] < a->ne[1] || a->ne[2] % b->ne[2] != 0 ||
+                  a->ne[3] % b->ne[3] != 0))
+            return bad_shape(t, "mask must be [ne0, >= ne1, ne2 or 1, ne3 or 1]");
+        if (c && loom_nelements(c) < a->ne[2]) return bad_shape(t, "sinks need ne2 values");
+        break;
+    case LOOM_OP_ROPE: {
+        int n_dims = loom_get_op_params_i32(t, 0);
+        if (!same_ne(a, t) || b->ne[0] < a->ne[2] || n_dims < 0 || n_dims % 2 || n_dims > a->ne[0])
+            return bad_shape(t, "expected a [D,H,T], pos [T], even n_dims <= D");
+        if (c && loom_nelements(c) < n_dims / 2)
+            return bad_shape(t, "freq_factors need n_dims/2 values");
+        break;
+    }
+    case LOOM_OP_FLASH_ATTN_EXT: {
+        const loom_tensor *k = b, *v = c, *mask = t->src[3], *sinks = t->src[4];
+        if (k->ne[0] != a->ne[0] || v->ne[1] != k->ne[1] || k->ne[2] <= 0 ||
+            a->ne[2] % k->ne[2] != 0 || v->ne[2] != k->ne[2] || k->ne[3] != a->ne[3] ||
+            v->ne[3] != a->ne[3] || t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] ||
+            t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
+            return bad_shape(t, "expected q [D,Nq,H,S], k [D,Nkv,Hk,S], v [Dv,Nkv,Hk,S]");
+        if (mask && (mask->ne[0] < k->ne[1] || mask->ne[1] < a->ne[1] ||
+                     a->ne[2] % mask->ne[2] != 0 || a->ne[3] % mask->ne[3] != 0))
+            return bad_shape(t, "mask must be [Nkv, >= Nq, 1, 1]");
+        if (sinks && loom_nelements(sinks) < a->ne[2]) return bad_shape(t, "sinks need H values");
+        break;
+    }
+    case LOOM_OP_CONCAT: {
+        int dim = loom_get_op_params_i32(t, 0);
+        if (dim < 0 || dim >= LOOM_MAX_DIMS) return bad_shape(t, "bad concat dim");
+        for (int d = 0; d < LOOM_MAX_DIMS; d++) {
+            int64_t want = d == dim ? a->ne[d] + b->ne[d] : a->ne[d];
+            if (t->ne[d] != want || (d != dim && b->ne[d] != a->ne[d]))
+                return bad_shape(t, "a and b must agree except along dim");
+        }
+        break;
+    }
+    case LOOM_OP_GLU:
+        if (b && (!same_ne(a, b) || !same_ne(a, t))) return bad_shape(t, "split GLU needs equal shapes");
+        if (!b && (a->ne[0] != 2 * t->ne[0] || a->ne[1] != t->ne[1] || a->ne[2] != t->ne[2] ||
+                   a->ne[3] != t->ne[3]))
+            return bad_shape(t, "fused GLU needs a [2n, ...] -> [n, ...]");
+        break;
+    case LOOM_OP_TOP_K: {
+        if (t->ne[0] < 1 || t->ne[0] > a->ne[0] || t->ne[1] != a->ne[1] || t->ne[2] != a->ne[2] ||
+            t->ne[3] != a->ne[3])
+            return bad_shape(t, "need 1 <= k <= ne0");
+        break;
+    }
+    case LOOM_OP_ARGMAX:
+        if (loom_nelements(t) != loom_nrows(a)) return bad_shape(t, "result needs one value per row");
+        break;
+    case LOOM_OP_SUM_ROWS:
+    case LOOM_OP_MEAN:
+        if (t->ne[0] != 1 || t->ne[1] != a->ne[1] || t->ne[2] != a->ne[2] || t->ne[3] != a->ne[3])
+            return bad_shape(t, "result must be [1, ne1, ne2, ne3]");
+        break;
+    case LOOM_OP_FILL:
+        break;
+    default:
+        if (a && !same_ne(a, t)) return bad_shape(t, "result shape differs from a");
+        break;
+    }
+    return LOOM_OK;
+}
+
+static loom__cpu_kernel_fn kernel_for(const loom_tensor *t) {
+    switch (t->op) {
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+    case LOOM_OP_CPY: return loom__cpu_op_dup;
+    case LOOM_OP_ADD:
+    case LOOM_OP_SUB:
+    case LOOM_OP_MUL:
+    case LOOM_OP_DIV: return loom__cpu_op_binary;
+    case LOOM_OP_ADD_ID: return loom__cpu_op_add_id;
+    case LOOM_OP_SCALE:
+    case LOOM_OP_SQR:
+    case LOOM_OP_SQRT:
+    case LOOM_OP_UNARY:
+    case LOOM_OP_CLAMP: return loom__cpu_op_unary_map;
+    case LOOM_OP_GLU: return loom__cpu_op_glu;
+    case LOOM_OP_FILL: return loom__cpu_op_fill;
+    case LOOM_OP_SUM_ROWS:
+    case LOOM_OP_MEAN: return loom__cpu_op_reduce_rows;
+    case LOOM_OP_ARGMAX: return loom__cpu_op_argmax;
+    case LOOM_OP_NORM:
+    case LOOM_OP_RMS_NORM: return loom__cpu_op_norm;
+    case LOOM_OP_SOFT_MAX: return loom__cpu_op_soft_max;
+    case LOOM_OP_ARGSORT:
+    case LOOM_OP_TOP_K: return loom__cpu_op_argsort;
+    case LOOM_OP_MUL_MAT: return loom__cpu_op_mul_mat;
+    case LOOM_OP_MUL_MAT_ID: return loom__cpu_op_mul_mat_id;
+    case LOOM_OP_GET_ROWS: return loom__cpu_op_get_rows;
+    case LOOM_OP_SET_ROWS: return loom__cpu_op_set_rows;
+    case LOOM_OP_ROPE: return loom__cpu_op_rope;
+    case LOOM_OP_FLASH_ATTN_EXT: return loom__cpu_op_flash_attn;
+    case LOOM_OP_CONCAT: return loom__cpu_op_concat;
+    default: return NULL;
+    }
+}
+
+/* Scratch a node needs (see each kernel for the layout). */
+static loom__cpu_work node_work(const loom_tensor *t, int nth, const loom__cpu_simd *simd) {
+    loom__cpu_work w = {0, 0};
+    const loom_tensor *a = t->src[0];
+    switch (t->op) {
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+    case LOOM_OP_CPY:
+    case LOOM_OP_GET_ROWS:
+    case LOOM_OP_SET_ROWS:
+        w.per_thread = ((size_t)t->ne[0] + LOOM_QK8_0) * sizeof(float) * 2;
+        break;
+    case LOOM_OP_SOFT_MAX:
+        w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(float);
+        break;
+    case LOOM_OP_ARGSORT:
+    case LOOM_OP_TOP_K:
+        w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(int32_t) * 2;
+        break;
+    case LOOM_OP_ROPE:
+        w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(float);
+        break;
+    case LOOM_OP_FLASH_ATTN_EXT:
+        w.per_thread = ((size_t)a->ne[0] * 2 + (size_t)t->src[2]->ne[0] * 2 + 64) * sizeof(float);
+        break;
+    case LOOM_OP_MUL_MAT:
+        w = loom__cpu_mul_mat_work(t, nth, simd);
+        break;
+    case LOOM_OP_MUL_MAT_ID:
+        w = loom__cpu_mul_mat_id_work(t, nth, simd);
+        break;
+    default:
+        break;
+    }
+    return w;
+}
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+/* ---------------------------------------------------------------- run */
+
+typedef struct exec_ctx {
+    loom_graph *g;
+    loom__cpu_state *state;
+    char *work;
+    size_t shared_size;     /* aligned */
+    size_t per_thread_size; /* aligned */
+    const loom__cpu_simd *simd;
+} exec_ctx;
+
+static void exec_worker(int ith, int nth, void *user_data) {
+    exec_ctx *x = user_data;
+    loom__cpu_params p = {
+        .ith = ith,
+        .nth = nth,
+        .wshared = x->work,
+        .wshared_size = x->shared_size,
+        .wthread = x->work ? x->work + x->shared_size + (size_t)ith * x->per_thread_size : NULL,
+        .wthread_size = x->per_thread_size,
+        .simd = x->simd,
+        .state = x->state,
+    };
+    for (int i = 0; i < x->g->n_nodes; i++) {
+        loom_tensor *t = x->g->nodes[i];
+        loom__cpu_kernel_fn fn = kernel_for(t);
+        if (!fn || loom_nelements(t) == 0) continue;
+        fn(&p, t);
+        loom__cpu_barrier(&p);
+        if (loom__cpu_failed(&p)) break;
+    }
+}
+
+static loom_status check_node(const loom_tensor *t) {
+    if (!loom_cpu_supports_op(t)) return unsupported(t);
+    if (loom_op_is_view(t->op) || loom_nelements(t) == 0) return LOOM_OK;
+    if (!t->data)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "CPU backend: tensor '%s' (op %s) has no data (not allocated)", tname(t),
+                          loom_op_name(t->op));
+    for (int s = 0; s < LOOM_MAX_SRC; s++) {
+        const loom_tensor *src = t->src[s];
+        if (!src || t->op == LOOM_OP_FILL) continue;
+        if (!src->data && loom_nelements(src) > 0)
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "CPU backend: source %d '%s' of %s '%s' has no data (not allocated)",
+                              s, tname(src), loom_op_name(t->op), tname(t));
+    }
+    return check_shapes(t);
+}
+
+loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **work,
+                                    size_t *work_size) {
+    if (!g) return loom_error(LOOM_ERR_INVALID_ARG, "CPU backend: graph is NULL");
+    int nth = tp ? loom_threadpool_size(tp) : 1;
+    if (nth < 1) nth = 1;
+    const loom__cpu_simd *simd = loom__cpu_simd_get();
+
+    size_t shared = 0, per_thread = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (!t) return loom_error(LOOM_ERR_INVALID_ARG, "CPU backend: graph node %d is NULL", i);
+        loom_status s = check_node(t);
+        if (s != LOOM_OK) return s;
+        if (loom_op_is_view(t->op) || loom_nelements(t) == 0) continue;
+        loom__cpu_work w = node_work(t, nth, simd);
+        if (w.shared > shared) shared = w.shared;
+        if (w.per_thread > per_thread) per_thread = w.per_thread;
+    }
+    shared = align64(shared);
+    per_thread = align64(per_thread);
+    size_t need = shared + per_thread * (size_t)nth;
+    if (need > *work_size) {
+        void *p = loom_malloc(need + 64);
+        if (!p)
+            return loom_error(LOOM_ERR_NOMEM, "CPU backend: cannot allocate %zu bytes of scratch",
+                              need + 64);
+        loom_free(*work);
+        *work = p;
+        *work_size = need;
+    }
+    /* 64-byte alignment for the packed matmul panels */
+    char *base = *work ? (char *)(((uintptr_t)*work + 63) & ~(uintptr_t)63) : NULL;
+
+    loom__cpu_state state = {.tp = tp, .nth = nth};
+    atomic_init(&state.failed, 0);
+    exec_ctx x = {
+        .g = g,
+        .state = &state,
+        .work = base,
+        .shared_size = shared,
+        .per_thread_size = per_thread,
+        .simd = simd,
+    };
+    if (nth > 1)
+        loom_threadpool_run(tp, exec_worker, &x);
+    else
+        exec_worker(0, 1, &x);
+    if (atomic_load(&state.failed)) return loom_error(state.status, "%s", state.message);
+    return LOOM_OK;
+}
+
+loom_status loom_cpu_graph_compute(loom_graph *g, loom_threadpool *tp) {
+    void *work = NULL;
+    size_t work_size = 0;
+    loom_status s = loom__cpu_graph_compute(g, tp, &work, &work_size);
+    loom_free(work);
+    return s;
+}

@@ -1,0 +1,487 @@
+/*
+ * MUL_MAT and MUL_MAT_ID: dst[m, n] = sum_k a[k, m] * b[k, n] (a: weights of any matmul
+ * type, b: f32 activations), with batch broadcasting of a over b.
+ *
+ * Three paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ *   GEMM  float weights and N >= MM_GEMM_MIN_N on a SIMD table with a micro-kernel: b is
+ *         packed once into NR-wide panels ([k][NR], shared), each thread packs MC x KC
+ *         blocks of a into MR-wide panels ([k][MR], converted to f32) and runs the
+ *         register-tiled micro-kernel over them (BLIS loop order: KC, then B panels kept
+ *         in L1, then A panels from L2).
+ *   QUANT Q8_0/Q4_0 weights: b is quantised to Q8 activations once (shared), then
+ *         integer dot products, each weight row against up to 4 activation rows.
+ *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
+ *         products, each weight row against up to 4 rows of b.
+ * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
+ * split by output columns; b is walked in blocks that fit L2 so every weight row is read
+ * from memory once per block.
+ */
+#include "backends/cpu/cpu-impl.h"
+
+enum {
+    MM_GEMM_MIN_N = 8, /* columns (rows of b) from which the tiled GEMM pays */
+    MM_KC = 512,       /* k block of the GEMM */
+    MM_MC = 256,       /* rows of a per GEMM unit (a multiple of every MR) */
+    MM_NBLK_BYTES = 256 * 1024,
+};
+
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_GEMM } mm_path;
+
+static bool is_quant(loom_type t) {
+    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+}
+
+static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    if (is_quant(a->type)) return MM_QUANT;
+    if (simd->gemm_tile && b->ne[1] >= MM_GEMM_MIN_N && dst->nb[0] == sizeof(float) &&
+        dst->nb[1] % sizeof(float) == 0)
+        return MM_GEMM;
+    return MM_DOT;
+}
+
+/* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
+static bool b_in_place(const loom_tensor *b) {
+    return b->nb[0] == sizeof(float) && b->nb[1] % sizeof(float) == 0;
+}
+
+/* a rows are readable in place by the typed dot kernels. */
+static bool a_in_place(const loom_tensor *a) {
+    return a->nb[0] == loom_type_size(a->type);
+}
+
+static size_t align64(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+/* Rows of b per block, so a block stays in L2 (a multiple of 4, at least 4). */
+static int64_t nblk_rows(size_t row_bytes, int64_t n) {
+    int64_t r = (int64_t)(MM_NBLK_BYTES / (row_bytes ? row_bytes : 1));
+    r = r < 4 ? 4 : r & ~(int64_t)3;
+    return r < n ? r : n;
+}
+
+/* ---------------------------------------------------------------- dot products */
+
+/* What the dot loop reads: typed weight rows and b rows (f32 or Q8 activations) at a
+ * constant stride `ldb` (elements or blocks) between consecutive columns. */
+typedef struct mm_dot_args {
+    const loom_tensor *a;
+    loom_type atype;
+    int64_t K;
+    size_t ldb;
+    size_t b_row_bytes;
+    const loom__cpu_simd *simd;
+    float *a_tmp; /* K floats when a rows must be converted first, else NULL */
+} mm_dot_args;
+
+/* out[j] = a_row . b_rows[j] for j < nb. */
+static void dot_rows(const mm_dot_args *x, const void *arow, const void *brows, int nb,
+                     float *out) {
+    const loom__cpu_simd *s = x->simd;
+    if (x->a_tmp) {
+        loom__cpu_row_to_f32(x->a->type, arow, x->a->nb[0], 0, x->K, x->a_tmp);
+        s->dot_f32(x->K, x->a_tmp, brows, x->ldb, nb, out);
+        return;
+    }
+    switch (x->atype) {
+    case LOOM_TYPE_F32: s->dot_f32(x->K, arow, brows, x->ldb, nb, out); break;
+    case LOOM_TYPE_F16: s->dot_f16(x->K, arow, brows, x->ldb, nb, out); break;
+    case LOOM_TYPE_BF16: s->dot_bf16(x->K, arow, brows, x->ldb, nb, out); break;
+    case LOOM_TYPE_Q8_0: s->dot_q8_0(x->K / LOOM_QK8_0, arow, brows, x->ldb, nb, out); break;
+    case LOOM_TYPE_Q4_0: s->dot_q4_0(x->K / LOOM_QK4_0, arow, brows, x->ldb, nb, out); break;
+    default: LOOM_ASSERT(!"matmul weight type");
+    }
+}
+
+/* ---------------------------------------------------------------- mul_mat */
+
+typedef struct mm_shape {
+    int64_t K, M, N, B2, B3, r2, r3;
+} mm_shape;
+
+static mm_shape shape_of(const loom_tensor *dst) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    mm_shape s = {
+        .K = a->ne[0],
+        .M = a->ne[1],
+        .N = b->ne[1],
+        .B2 = b->ne[2],
+        .B3 = b->ne[3],
+        .r2 = b->ne[2] / a->ne[2],
+        .r3 = b->ne[3] / a->ne[3],
+    };
+    return s;
+}
+
+loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
+                                      const loom__cpu_simd *simd) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    mm_shape s = shape_of(dst);
+    loom__cpu_work w = {0, 0};
+    const size_t brows = (size_t)(s.N * s.B2 * s.B3);
+    (void)nth;
+    switch (choose_path(dst, simd)) {
+    case MM_QUANT:
+        w.shared = brows * (size_t)(s.K / LOOM_QK8_0) * sizeof(loom__q8a);
+        w.per_thread = (size_t)s.K * sizeof(float);
+        break;
+    case MM_DOT:
+        if (!b_in_place(b)) w.shared = brows * (size_t)s.K * sizeof(float);
+        if (!a_in_place(a)) w.per_thread = (size_t)s.K * sizeof(float);
+        break;
+    case MM_GEMM: {
+        const int64_t npan = ceil_div(s.N, simd->gemm_nr);
+        w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
+        w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) + MM_KC * sizeof(float) + 64;
+        break;
+    }
+    }
+    return w;
+}
+
+static float *dst_at(const loom_tensor *dst, int64_t m, int64_t n, int64_t i2, int64_t i3) {
+    return loom__at(dst, m, n, i2, i3);
+}
+
+/* DOT / QUANT: (batch, m) pairs split across threads; b walked in L2-sized blocks. */
+static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s,
+                        const mm_dot_args *x, const char *bbase, size_t bstride_n,
+                        size_t bstride2, size_t bstride3) {
+    const loom_tensor *a = dst->src[0];
+    const int64_t items = s->B2 * s->B3 * s->M;
+    int64_t t0, t1;
+    loom__range(items, p->ith, p->nth, &t0, &t1);
+    const int64_t nblk = nblk_rows(x->b_row_bytes, s->N);
+    float out[4];
+    for (int64_t n0 = 0; n0 < s->N; n0 += nblk) {
+        const int64_t n1 = n0 + nblk < s->N ? n0 + nblk : s->N;
+        for (int64_t it = t0; it < t1; it++) {
+            const int64_t m = it % s->M, batch = it / s->M;
+            const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+            const void *arow = loom__at(a, 0, m, i2 / s->r2, i3 / s->r3);
+            const char *bb = bbase + i2 * (int64_t)bstride2 + i3 * (int64_t)bstride3;
+            for (int64_t n = n0; n < n1; n += 4) {
+                int nb = n1 - n < 4 ? (int)(n1 - n) : 4;
+                dot_rows(x, arow, bb + n * bstride_n, nb, out);
+                for (int j = 0; j < nb; j++) *dst_at(dst, m, n + j, i2, i3) = out[j];
+            }
+        }
+    }
+}
+
+/* Rows [r0, r1) of b (flat over n, i2, i3) -> contiguous f32 rows of K in out. */
+static void pack_b_rows(const loom_tensor *b, int64_t r0, int64_t r1, float *out) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r % N, i2 = (r / N) % B2, i3 = r / (N * B2);
+        loom__cpu_row_to_f32(LOOM_TYPE_F32, loom__at(b, 0, n, i2, i3), b->nb[0], 0, K, out + r * K);
+    }
+}
+
+static void mm_path_dot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .simd = p->simd,
+        .a_tmp = a_in_place(a) ? NULL : p->wthread,
+        .b_row_bytes = (size_t)s->K * sizeof(float),
+    };
+    if (b_in_place(b)) {
+        x.ldb = b->nb[1] / sizeof(float);
+        mm_dot_loop(p, dst, s, &x, b->data, b->nb[1], b->nb[2], b->nb[3]);
+        return;
+    }
+    float *packed = p->wshared;
+    int64_t r0, r1;
+    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    pack_b_rows(b, r0, r1, packed);
+    loom__cpu_barrier(p);
+    x.ldb = (size_t)s->K;
+    const size_t rb = (size_t)s->K * sizeof(float);
+    mm_dot_loop(p, dst, s, &x, (const char *)packed, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
+}
+
+/* Quantises rows [r0, r1) of b (flat over n, i2, i3) to Q8 activations. */
+static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int64_t r0,
+                            int64_t r1, loom__q8a *out) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nblk = K / LOOM_QK8_0;
+    float *tmp = p->wthread;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r % N, i2 = (r / N) % B2, i3 = r / (N * B2);
+        const float *row = loom__at(b, 0, n, i2, i3);
+        if (b->nb[0] != sizeof(float)) {
+            loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
+            row = tmp;
+        }
+        p->simd->quantize_q8a(row, out + r * nblk, K);
+    }
+}
+
+static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t nblk = s->K / LOOM_QK8_0;
+    loom__q8a *qb = p->wshared;
+    int64_t r0, r1;
+    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    quantize_b_rows(p, b, r0, r1, qb);
+    loom__cpu_barrier(p);
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .ldb = (size_t)nblk,
+        .b_row_bytes = (size_t)nblk * sizeof(loom__q8a),
+        .simd = p->simd,
+    };
+    const size_t rb = (size_t)nblk * sizeof(loom__q8a);
+    mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+/* Panels [p0, p1) of b (flat over batch, panel) -> [k][NR] f32, zero past N. */
+static void gemm_pack_b(const loom_tensor *b, const mm_shape *s, int nr, int64_t p0, int64_t p1,
+                        float *bp) {
+    const int64_t npan = ceil_div(s->N, nr);
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int64_t batch = pi / npan, pn = pi % npan;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        float *dstp = bp + pi * s->K * nr;
+        for (int j = 0; j < nr; j++) {
+            const int64_t n = pn * nr + j;
+            if (n >= s->N) {
+                for (int64_t k = 0; k < s->K; k++) dstp[k * nr + j] = 0.0f;
+                continue;
+            }
+            const char *row = loom__at(b, 0, n, i2, i3);
+            if (b->nb[0] == sizeof(float)) {
+                const float *r = (const float *)row;
+                for (int64_t k = 0; k < s->K; k++) dstp[k * nr + j] = r[k];
+            } else {
+                for (int64_t k = 0; k < s->K; k++)
+                    memcpy(&dstp[k * nr + j], row + k * (int64_t)b->nb[0], sizeof(float));
+            }
+        }
+    }
+}
+
+/* Rows [m0, m0 + mlen) of a, k in [k0, k0 + kc) -> MR-wide panels [k][MR], zero past M. */
+static void gemm_pack_a(const loom__cpu_params *p, const loom_tensor *a, int64_t i2a,
+                        int64_t i3a, int64_t m0, int64_t mlen, int64_t k0, int64_t kc, int mr,
+                        float *ap, float *line) {
+    const int64_t mpan = ceil_div(mlen, mr);
+    for (int64_t mp = 0; mp < mpan; mp++) {
+        float *panel = ap + mp * kc * mr;
+        for (int i = 0; i < mr; i++) {
+            const int64_t m = mp * mr + i;
+            if (m >= mlen) {
+                for (int64_t k = 0; k < kc; k++) panel[k * mr + i] = 0.0f;
+                continue;
+            }
+            const char *row = loom__at(a, 0, m0 + m, i2a, i3a);
+            const float *src = line;
+            if (a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float))
+                src = (const float *)row + k0;
+            else if (a->type == LOOM_TYPE_F16 && a->nb[0] == sizeof(uint16_t))
+                p->simd->f16_to_f32((const uint16_t *)row + k0, line, kc);
+            else
+                loom__cpu_row_to_f32(a->type, row, a->nb[0], k0, kc, line);
+            for (int64_t k = 0; k < kc; k++) panel[k * mr + i] = src[k];
+        }
+    }
+}
+
+static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const int mr = p->simd->gemm_mr, nr = p->simd->gemm_nr;
+    const int64_t npan = ceil_div(s->N, nr);
+    const int64_t batches = s->B2 * s->B3;
+    float *bp = p->wshared;
+    int64_t p0, p1;
+    loom__range(batches * npan, p->ith, p->nth, &p0, &p1);
+    gemm_pack_b(b, s, nr, p0, p1, bp);
+    loom__cpu_barrier(p);
+
+    float *ap = p->wthread;
+    float *line = (float *)((char *)p->wthread + align64((size_t)MM_MC * MM_KC * sizeof(float)));
+    const size_t ldc = dst->nb[1] / sizeof(float);
+    const int64_t mblocks = ceil_div(s->M, MM_MC);
+    int64_t u0, u1;
+    loom__range(batches * mblocks, p->ith, p->nth, &u0, &u1);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t batch = u / mblocks, mc0 = (u % mblocks) * MM_MC;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        const int64_t mlen = s->M - mc0 < MM_MC ? s->M - mc0 : MM_MC;
+        const int64_t mpan = ceil_div(mlen, mr);
+        const float *bpan = bp + batch * npan * s->K * nr;
+        for (int64_t k0 = 0; k0 < s->K; k0 += MM_KC) {
+            const int64_t kc = s->K - k0 < MM_KC ? s->K - k0 : MM_KC;
+            gemm_pack_a(p, a, i2 / s->r2, i3 / s->r3, mc0, mlen, k0, kc, mr, ap, line);
+            for (int64_t pn = 0; pn < npan; pn++) {
+                const float *bpk = bpan + pn * s->K * nr + k0 * nr;
+                const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int64_t m = mc0 + mp * mr;
+                    const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
+                    p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, dst_at(dst, m, pn * nr, i2, i3),
+                                       ldc, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+    }
+}
+
+static void zero_dst(const loom__cpu_params *p, loom_tensor *dst) {
+    int64_t r0, r1;
+    loom__range(loom_nrows(dst), p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t i1 = r % dst->ne[1], i2 = (r / dst->ne[1]) % dst->ne[2];
+        int64_t i3 = r / (dst->ne[1] * dst->ne[2]);
+        for (int64_t i = 0; i < dst->ne[0]; i++) *dst_at(dst, i, i1, i2, i3) = 0.0f;
+    }
+}
+
+void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
+    mm_shape s = shape_of(dst);
+    if (s.K == 0) {
+        zero_dst(p, dst);
+        return;
+    }
+    switch (choose_path(dst, p->simd)) {
+    case MM_GEMM: mm_path_gemm(p, dst, &s); break;
+    case MM_QUANT: mm_path_quant(p, dst, &s); break;
+    case MM_DOT: mm_path_dot(p, dst, &s); break;
+    }
+}
+
+/* ---------------------------------------------------------------- mul_mat_id */
+
+/* Shared scratch of MUL_MAT_ID: the (u, t) slots grouped by expert (counting sort), then
+ * b's rows in that order, contiguous (f32, or Q8 activations for quantised experts). */
+typedef struct mmid_layout {
+    size_t off_count, off_start, off_slots, off_rows, total;
+    size_t row_bytes;
+} mmid_layout;
+
+static mmid_layout mmid_layout_of(const loom_tensor *dst) {
+    const loom_tensor *as = dst->src[0], *ids = dst->src[2];
+    const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
+    mmid_layout l;
+    l.row_bytes = is_quant(as->type) ? (size_t)(K / LOOM_QK8_0) * sizeof(loom__q8a)
+                                     : (size_t)K * sizeof(float);
+    l.off_count = 0;
+    l.off_start = align64((size_t)E * sizeof(int64_t));
+    l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));
+    l.off_rows = l.off_slots + align64((size_t)slots * 2 * sizeof(int32_t));
+    l.total = l.off_rows + (size_t)slots * l.row_bytes;
+    return l;
+}
+
+loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
+                                         const loom__cpu_simd *simd) {
+    (void)nth;
+    (void)simd;
+    loom__cpu_work w = {mmid_layout_of(dst).total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
+    return w;
+}
+
+void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
+    const loom_tensor *as = dst->src[0], *b = dst->src[1], *ids = dst->src[2];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const int64_t U = ids->ne[0], T = ids->ne[1], B1 = b->ne[1];
+    const int64_t slots = U * T;
+    const mmid_layout l = mmid_layout_of(dst);
+    char *w = p->wshared;
+    int64_t *count = (int64_t *)(w + l.off_count), *start = (int64_t *)(w + l.off_start);
+    int32_t *slot = (int32_t *)(w + l.off_slots); /* (u, t) pairs by expert */
+    char *rows = w + l.off_rows;
+
+    if (p->ith == 0) {
+        memset(count, 0, (size_t)E * sizeof *count);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t u = 0; u < U; u++) {
+                int32_t e;
+                memcpy(&e, loom__at(ids, u, t, 0, 0), sizeof e);
+                if (e < 0 || e >= E) {
+                    loom__cpu_fail(p, LOOM_ERR_INVALID_ARG,
+                                   "MUL_MAT_ID '%s': expert id %d (ids[%lld, %lld]) out of "
+                                   "range [0, %lld)",
+                                   dst->name, e, (long long)u, (long long)t, (long long)E);
+                    goto done;
+                }
+                count[e]++;
+            }
+        }
+        start[0] = 0;
+        for (int64_t e = 0; e < E; e++) start[e + 1] = start[e] + count[e];
+        memset(count, 0, (size_t)E * sizeof *count);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t u = 0; u < U; u++) {
+                int32_t e;
+                memcpy(&e, loom__at(ids, u, t, 0, 0), sizeof e);
+                int64_t at = start[e] + count[e]++;
+                slot[2 * at] = (int32_t)u;
+                slot[2 * at + 1] = (int32_t)t;
+            }
+        }
+    }
+done:
+    loom__cpu_barrier(p);
+    if (loom__cpu_failed(p)) return;
+
+    /* b's rows in expert order: converted (f32) or quantised */
+    int64_t r0, r1;
+    loom__range(slots, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t u = slot[2 * r], t = slot[2 * r + 1];
+        const char *row = loom__at(b, 0, u % B1, t, 0);
+        float *tmp = p->wthread;
+        loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
+        if (is_quant(as->type))
+            p->simd->quantize_q8a(tmp, (loom__q8a *)(rows + r * l.row_bytes), K);
+        else
+            memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
+    }
+    loom__cpu_barrier(p);
+
+    /* (expert, m) pairs of the experts in use, split across threads */
+    int64_t active = 0;
+    for (int64_t e = 0; e < E; e++) active += start[e + 1] > start[e];
+    mm_dot_args x = {
+        .a = as,
+        .atype = as->type,
+        .K = K,
+        .ldb = is_quant(as->type) ? (size_t)(K / LOOM_QK8_0) : (size_t)K,
+        .b_row_bytes = l.row_bytes,
+        .simd = p->simd,
+        .a_tmp = a_in_place(as) ? NULL : p->wthread,
+    };
+    int64_t t0, t1;
+    loom__range(active * M, p->ith, p->nth, &t0, &t1);
+    int64_t e = -1, e_rank = -1;
+    float out[4];
+    for (int64_t it = t0; it < t1; it++) {
+        const int64_t rank = it / M, m = it % M;
+        while (e_rank < rank) { /* advance to the rank-th active expert */
+            e++;
+            if (start[e + 1] > start[e]) e_rank++;
+        }
+        const void *arow = loom__at(as, 0, m, e, 0);
+        const int64_t s0 = start[e], s1 = start[e + 1];
+        for (int64_t s = s0; s < s1; s += 4) {
+            int nb = s1 - s < 4 ? (int)(s1 - s) : 4;
+            dot_rows(&x, arow, rows + s * l.row_bytes, nb, out);
+            for (int j = 0; j < nb; j++)
+                *dst_at(dst, m, slot[2 * (s + j)], slot[2 * (s + j) + 1], 0) = out[j];
+        }
+    }
+}

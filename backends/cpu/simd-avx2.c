@@ -1,0 +1,411 @@
+/*
+ * AVX2 + FMA + F16C kernels: the table loom__cpu_simd_avx2.
+ *
+ * Compiled with target attributes so the rest of the library stays portable; chosen at
+ * run time when the processor has AVX2, FMA and F16C but not the AVX-512 set (or when
+ * LOOM_CPU_SIMD=avx2 caps the choice). Same results as the portable twins in simd.c up to
+ * float summation order.
+ */
+#include "backends/cpu/cpu-impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define I256 static inline __attribute__((always_inline)) T256
+
+/* ---------------------------------------------------------------- helpers */
+
+I256 float hsum256(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+I256 __m256 load_f16(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+I256 __m256 load_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+I256 __m256 loadu_f32(const float *p) {
+    return _mm256_loadu_ps(p);
+}
+
+/* exp(x), about 1 ulp (Cephes polynomial); 0 below -87.3 (and for -INF). */
+I256 __m256 exp256(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33f);
+    __m256 live = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(live, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+I256 __m256 silu256(__m256 x) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+/* ---------------------------------------------------------------- float dot products */
+
+#define DOT_BODY(LOAD, SCALAR)                                                                     \
+    __m256 acc[4][2];                                                                              \
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                          \
+        acc[j][0] = _mm256_setzero_ps();                                                           \
+        acc[j][1] = _mm256_setzero_ps();                                                           \
+    }                                                                                              \
+    int64_t i = 0;                                                                                 \
+    for (; i + 16 <= k; i += 16) {                                                                 \
+        __m256 a0 = LOAD(a + i), a1 = LOAD(a + i + 8);                                             \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                     \
+            acc[j][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + j * ldb + i), acc[j][0]);          \
+            acc[j][1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + j * ldb + i + 8), acc[j][1]);      \
+        }                                                                                          \
+    }                                                                                              \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                         \
+        float s = hsum256(_mm256_add_ps(acc[j][0], acc[j][1]));                                    \
+        for (int64_t l = i; l < k; l++) s += SCALAR(a[l]) * b[j * ldb + l];                        \
+        out[j] = s;                                                                                \
+    }
+
+I256 float id_f32(float x) {
+    return x;
+}
+
+I256 void dot_f32_n(int64_t k, const float *a, const float *b, size_t ldb, float *out,
+                    const int NB) {
+    DOT_BODY(loadu_f32, id_f32)
+}
+I256 void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                    const int NB) {
+    DOT_BODY(load_f16, loom__fp16_to_fp32)
+}
+I256 void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                     const int NB) {
+    DOT_BODY(load_bf16, loom__bf16_to_fp32)
+}
+
+static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= k; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < k; i++) s += a[i] * b[i];
+    out[0] = s;
+}
+
+static T256 void avx2_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
+                              float *out) {
+    switch (nb) {
+    case 1: dot1_f32(k, a, b, out); break;
+    case 2: dot_f32_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_f32_n(k, a, b, ldb, out, 3); break;
+    default: dot_f32_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+static T256 void avx2_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
+                              int nb, float *out) {
+    switch (nb) {
+    case 1: dot_f16_n(k, a, b, ldb, out, 1); break;
+    case 2: dot_f16_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_f16_n(k, a, b, ldb, out, 3); break;
+    default: dot_f16_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+static T256 void avx2_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
+                               int nb, float *out) {
+    switch (nb) {
+    case 1: dot_bf16_n(k, a, b, ldb, out, 1); break;
+    case 2: dot_bf16_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_bf16_n(k, a, b, ldb, out, 3); break;
+    default: dot_bf16_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+/* ---------------------------------------------------------------- quantised dots */
+
+/* 32 products of unsigned u and signed s, summed into 8 int32 lanes (no overflow:
+ * |u| <= 128, |s| <= 127, pairs fit int16). */
+I256 __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+I256 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
+                     float *out, const int NB) {
+    __m256 acc[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nblk; i++) {
+        __m256i va = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        __m256i ax = _mm256_sign_epi8(va, va);
+        float da = _cvtsh_ss(a[i].d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            const loom__q8a *y = b + j * ldb + i;
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(ax, sy)),
+                                     _mm256_set1_ps(da * y->d), acc[j]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] = hsum256(acc[j]);
+}
+
+I256 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
+                     float *out, const int NB) {
+    __m256 acc[4];
+    float corr[4] = {0, 0, 0, 0};
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nblk; i++) {
+        __m128i t = _mm_loadu_si128((const __m128i *)a[i].qs);
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), low4);
+        float da = _cvtsh_ss(a[i].d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            const loom__q8a *y = b + j * ldb + i;
+            __m256i dot = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)y->qs));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d), acc[j]);
+            corr[j] += da * y->s;
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] = hsum256(acc[j]) - 8.0f * corr[j];
+}
+
+static T256 void avx2_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
+                               size_t ldb, int nb, float *out) {
+    switch (nb) {
+    case 1: dot_q8_0_n(nblk, a, b, ldb, out, 1); break;
+    case 2: dot_q8_0_n(nblk, a, b, ldb, out, 2); break;
+    case 3: dot_q8_0_n(nblk, a, b, ldb, out, 3); break;
+    default: dot_q8_0_n(nblk, a, b, ldb, out, 4); break;
+    }
+}
+
+static T256 void avx2_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
+                               size_t ldb, int nb, float *out) {
+    switch (nb) {
+    case 1: dot_q4_0_n(nblk, a, b, ldb, out, 1); break;
+    case 2: dot_q4_0_n(nblk, a, b, ldb, out, 2); break;
+    case 3: dot_q4_0_n(nblk, a, b, ldb, out, 3); break;
+    default: dot_q4_0_n(nblk, a, b, ldb, out, 4); break;
+    }
+}
+
+static T256 void avx2_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int l = 0; l < 4; l++) {
+            v[l] = _mm256_loadu_ps(x + i * 32 + l * 8);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[l]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        float d = _mm_cvtss_f32(h) / 127.0f;
+        y[i].d = d;
+        if (d == 0.0f) {
+            memset(y[i].qs, 0, sizeof y[i].qs);
+            y[i].s = 0.0f;
+            continue;
+        }
+        __m256 vd = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int l = 0; l < 4; l++) q[l] = _mm256_cvtps_epi32(_mm256_div_ps(v[l], vd));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        /* packs interleave 128-bit lanes; the permute restores element order */
+        __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+        __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[i].qs, p8);
+        y[i].s = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+/* ---------------------------------------------------------------- GEMM micro-kernel */
+
+#define MR 16
+#define NR 6
+
+static T256 void avx2_gemm_tile(int64_t kc, const float *ap, const float *bp, float *c,
+                                size_t ldc, int first, int mvalid, int nvalid) {
+    __m256 c0[NR], c1[NR];
+    _Pragma("GCC unroll 6") for (int j = 0; j < NR; j++) {
+        c0[j] = _mm256_setzero_ps();
+        c1[j] = _mm256_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 a0 = _mm256_load_ps(ap), a1 = _mm256_load_ps(ap + 8);
+        _Pragma("GCC unroll 6") for (int j = 0; j < NR; j++) {
+            __m256 bj = _mm256_broadcast_ss(bp + j);
+            c0[j] = _mm256_fmadd_ps(a0, bj, c0[j]);
+            c1[j] = _mm256_fmadd_ps(a1, bj, c1[j]);
+        }
+        ap += MR;
+        bp += NR;
+    }
+    if (mvalid == MR) {
+        _Pragma("GCC unroll 6") for (int j = 0; j < NR; j++) {
+            if (j >= nvalid) break;
+            float *cj = c + j * ldc;
+            if (!first) {
+                c0[j] = _mm256_add_ps(c0[j], _mm256_loadu_ps(cj));
+                c1[j] = _mm256_add_ps(c1[j], _mm256_loadu_ps(cj + 8));
+            }
+            _mm256_storeu_ps(cj, c0[j]);
+            _mm256_storeu_ps(cj + 8, c1[j]);
+        }
+    } else {
+        float tile[NR][MR];
+        _Pragma("GCC unroll 6") for (int j = 0; j < NR; j++) {
+            _mm256_storeu_ps(tile[j], c0[j]);
+            _mm256_storeu_ps(tile[j] + 8, c1[j]);
+        }
+        for (int j = 0; j < nvalid; j++)
+            for (int i = 0; i < mvalid; i++)
+                c[j * ldc + i] = first ? tile[j][i] : c[j * ldc + i] + tile[j][i];
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+static T256 void avx2_vec_add(int64_t n, float *z, const float *x, const float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(z + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) z[i] = x[i] + y[i];
+}
+
+static T256 void avx2_vec_mul(int64_t n, float *z, const float *x, const float *y) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(z + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) z[i] = x[i] * y[i];
+}
+
+static T256 void avx2_vec_scale(int64_t n, float *y, const float *x, float s, float b) {
+    __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, vb));
+    for (; i < n; i++) y[i] = fmaf(x[i], s, b);
+}
+
+static T256 void avx2_vec_silu(int64_t n, float *y, const float *x) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu256(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static T256 void avx2_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu256(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+}
+
+static T256 double avx2_vec_exp_sum(int64_t n, float *y, const float *x, float max) {
+    __m256 vmax = _mm256_set1_ps(max);
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        _mm256_storeu_ps(y + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double t[4];
+    _mm256_storeu_pd(t, _mm256_add_pd(s0, s1));
+    double sum = t[0] + t[1] + t[2] + t[3];
+    for (; i < n; i++) {
+        float e = expf(x[i] - max);
+        y[i] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+static T256 void avx2_vec_mad_f32(int64_t n, float *y, const float *x, float s) {
+    __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += x[i] * s;
+}
+
+static T256 void avx2_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
+    __m256 vs = _mm256_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(load_f16(x + i), vs, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += loom__fp16_to_fp32(x[i]) * s;
+}
+
+static T256 void avx2_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(x + i));
+    for (; i < n; i++) y[i] = loom__fp16_to_fp32(x[i]);
+}
+
+static T256 void avx2_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = loom__fp32_to_fp16(x[i]);
+}
+
+const loom__cpu_simd loom__cpu_simd_avx2 = {
+    .name = "avx2",
+    .dot_f32 = avx2_dot_f32,
+    .dot_f16 = avx2_dot_f16,
+    .dot_bf16 = avx2_dot_bf16,
+    .dot_q8_0 = avx2_dot_q8_0,
+    .dot_q4_0 = avx2_dot_q4_0,
+    .quantize_q8a = avx2_quantize_q8a,
+    .gemm_tile = avx2_gemm_tile,
+    .gemm_mr = MR,
+    .gemm_nr = NR,
+    .vec_add = avx2_vec_add,
+    .vec_mul = avx2_vec_mul,
+    .vec_scale = avx2_vec_scale,
+    .vec_silu = avx2_vec_silu,
+    .vec_swiglu = avx2_vec_swiglu,
+    .vec_exp_sum = avx2_vec_exp_sum,
+    .vec_mad_f32 = avx2_vec_mad_f32,
+    .vec_mad_f16 = avx2_vec_mad_f16,
+    .f16_to_f32 = avx2_f16_to_f32,
+    .f32_to_f16 = avx2_f32_to_f16,
+};
+
+#else /* not x86-64 GCC/Clang: never selected */
+
+const loom__cpu_simd loom__cpu_simd_avx2 = {.name = "scalar"};
+
+#endif

@@ -1,0 +1,473 @@
+/*
+ * AVX-512 kernels (F, BW, VL and VNNI): the table loom__cpu_simd_avx512.
+ *
+ * Compiled with target attributes so the rest of the library stays portable; chosen at
+ * run time by loom__cpu_simd_get only when the processor has every feature used here.
+ * Each function computes exactly what its portable twin in simd.c computes, up to float
+ * summation order (tests compare the two).
+ */
+#include "backends/cpu/cpu-impl.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define I512 static inline __attribute__((always_inline)) T512
+
+/* ---------------------------------------------------------------- helpers */
+
+I512 __mmask16 tail_mask(int64_t n) {
+    return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1u);
+}
+
+I512 __m512 load_f16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+I512 __m512 maskload_f16(__mmask16 m, const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+I512 __m512 load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+I512 __m512 maskload_bf16(__mmask16 m, const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* exp(x), about 1 ulp (Cephes polynomial); 0 below -87.3 (and for -INF). */
+I512 __m512 exp512(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.72f);
+    const __m512 lo = _mm512_set1_ps(-87.33f);
+    __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+    __m512 r2 = _mm512_mul_ps(r, r);
+    __m512 y = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
+}
+
+I512 __m512 silu512(__m512 x) {
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* ---------------------------------------------------------------- float dot products */
+
+/* NB rows of b at once; a is read once. LOAD converts 16 elements of a to f32. */
+#define DOT_BODY(LOAD, MASKLOAD)                                                                   \
+    __m512 acc[4][2];                                                                              \
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                          \
+        acc[j][0] = _mm512_setzero_ps();                                                           \
+        acc[j][1] = _mm512_setzero_ps();                                                           \
+    }                                                                                              \
+    int64_t i = 0;                                                                                 \
+    for (; i + 32 <= k; i += 32) {                                                                 \
+        __m512 a0 = LOAD(a + i), a1 = LOAD(a + i + 16);                                            \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                     \
+            acc[j][0] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b + j * ldb + i), acc[j][0]);          \
+            acc[j][1] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b + j * ldb + i + 16), acc[j][1]);     \
+        }                                                                                          \
+    }                                                                                              \
+    for (; i < k; i += 16) {                                                                       \
+        __mmask16 m = tail_mask(k - i);                                                            \
+        __m512 a0 = MASKLOAD(m, a + i);                                                            \
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) acc[j][0] =                           \
+            _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(m, b + j * ldb + i), acc[j][0]);             \
+    }                                                                                              \
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] =                                  \
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]));
+
+I512 __m512 loadu_f32(const float *p) {
+    return _mm512_loadu_ps(p);
+}
+I512 __m512 maskload_f32(__mmask16 m, const float *p) {
+    return _mm512_maskz_loadu_ps(m, p);
+}
+
+I512 void dot_f32_n(int64_t k, const float *a, const float *b, size_t ldb, float *out,
+                    const int NB) {
+    DOT_BODY(loadu_f32, maskload_f32)
+}
+I512 void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                    const int NB) {
+    DOT_BODY(load_f16, maskload_f16)
+}
+I512 void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                     const int NB) {
+    DOT_BODY(load_bf16, maskload_bf16)
+}
+
+/* One row: four independent chains so the FMA latency is hidden. */
+static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= k; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i < k; i += 16) {
+        __mmask16 m = tail_mask(k - i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static T512 void avx512_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
+                                float *out) {
+    switch (nb) {
+    case 1: dot1_f32(k, a, b, out); break;
+    case 2: dot_f32_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_f32_n(k, a, b, ldb, out, 3); break;
+    default: dot_f32_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+static T512 void avx512_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
+                                int nb, float *out) {
+    switch (nb) {
+    case 1: dot_f16_n(k, a, b, ldb, out, 1); break;
+    case 2: dot_f16_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_f16_n(k, a, b, ldb, out, 3); break;
+    default: dot_f16_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+static T512 void avx512_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
+                                 int nb, float *out) {
+    switch (nb) {
+    case 1: dot_bf16_n(k, a, b, ldb, out, 1); break;
+    case 2: dot_bf16_n(k, a, b, ldb, out, 2); break;
+    case 3: dot_bf16_n(k, a, b, ldb, out, 3); break;
+    default: dot_bf16_n(k, a, b, ldb, out, 4); break;
+    }
+}
+
+/* ---------------------------------------------------------------- quantised dots */
+
+I512 float fp16_1(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+/* Q8_0 x Q8: |a| (unsigned) times b with a's sign, summed by VNNI into 8 int32 lanes. */
+I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
+                     float *out, const int NB) {
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        acc[j][0] = _mm256_setzero_ps();
+        acc[j][1] = _mm256_setzero_ps();
+    }
+    int64_t i = 0;
+    for (; i + 2 <= nblk; i += 2) {
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+            __m256i va = _mm256_loadu_si256((const __m256i *)a[i + u].qs);
+            __m256i ax = _mm256_sign_epi8(va, va);
+            float da = fp16_1(a[i + u].d);
+            _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+                const loom__q8a *y = b + j * ldb + i + u;
+                __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
+                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+                acc[j][u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d),
+                                            acc[j][u]);
+            }
+        }
+    }
+    for (; i < nblk; i++) {
+        __m256i va = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        __m256i ax = _mm256_sign_epi8(va, va);
+        float da = fp16_1(a[i].d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            const loom__q8a *y = b + j * ldb + i;
+            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
+            __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+            acc[j][0] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d), acc[j][0]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+        __m256 s = _mm256_add_ps(acc[j][0], acc[j][1]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        out[j] = _mm_cvtss_f32(h);
+    }
+}
+
+/* Q4_0 x Q8: the nibbles (0..15, unsigned) times b by VNNI; the -8 offset is applied once
+ * per block through b's precomputed s = d * sum(q). */
+I512 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
+                     float *out, const int NB) {
+    __m256 acc[4][2];
+    float corr[4] = {0, 0, 0, 0};
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        acc[j][0] = _mm256_setzero_ps();
+        acc[j][1] = _mm256_setzero_ps();
+    }
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t i = 0; i < nblk; i++) {
+        int u = (int)(i & 1);
+        __m128i t = _mm_loadu_si128((const __m128i *)a[i].qs);
+        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), low4);
+        float da = fp16_1(a[i].d);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            const loom__q8a *y = b + j * ldb + i;
+            __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q,
+                                              _mm256_loadu_si256((const __m256i *)y->qs));
+            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d));
+            if (u)
+                acc[j][1] = _mm256_add_ps(v, acc[j][1]);
+            else
+                acc[j][0] = _mm256_add_ps(v, acc[j][0]);
+            corr[j] += da * y->s;
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+        __m256 s = _mm256_add_ps(acc[j][0], acc[j][1]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        out[j] = _mm_cvtss_f32(h) - 8.0f * corr[j];
+    }
+}
+
+static T512 void avx512_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
+                                 size_t ldb, int nb, float *out) {
+    switch (nb) {
+    case 1: dot_q8_0_n(nblk, a, b, ldb, out, 1); break;
+    case 2: dot_q8_0_n(nblk, a, b, ldb, out, 2); break;
+    case 3: dot_q8_0_n(nblk, a, b, ldb, out, 3); break;
+    default: dot_q8_0_n(nblk, a, b, ldb, out, 4); break;
+    }
+}
+
+static T512 void avx512_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
+                                 size_t ldb, int nb, float *out) {
+    switch (nb) {
+    case 1: dot_q4_0_n(nblk, a, b, ldb, out, 1); break;
+    case 2: dot_q4_0_n(nblk, a, b, ldb, out, 2); break;
+    case 3: dot_q4_0_n(nblk, a, b, ldb, out, 3); break;
+    default: dot_q4_0_n(nblk, a, b, ldb, out, 4); break;
+    }
+}
+
+static T512 void avx512_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
+    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+        __m512 v0 = _mm512_loadu_ps(x + i * 32), v1 = _mm512_loadu_ps(x + i * 32 + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        float d = amax / 127.0f;
+        y[i].d = d;
+        if (d == 0.0f) {
+            memset(y[i].qs, 0, sizeof y[i].qs);
+            y[i].s = 0.0f;
+            continue;
+        }
+        __m512 vd = _mm512_set1_ps(d);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, vd));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, vd));
+        _mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(q1));
+        y[i].s = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+/* ---------------------------------------------------------------- GEMM micro-kernel */
+
+#define MR 32
+#define NR 12
+
+/* c[j * ldc + i] (+)= sum_k ap[k * MR + i] * bp[k * NR + j], i < mvalid, j < nvalid. */
+static T512 void avx512_gemm_tile(int64_t kc, const float *ap, const float *bp, float *c,
+                                  size_t ldc, int first, int mvalid, int nvalid) {
+    __m512 c0[NR], c1[NR];
+    _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
+        c0[j] = _mm512_setzero_ps();
+        c1[j] = _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 a0 = _mm512_load_ps(ap), a1 = _mm512_load_ps(ap + 16);
+        _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
+            __m512 bj = _mm512_set1_ps(bp[j]);
+            c0[j] = _mm512_fmadd_ps(a0, bj, c0[j]);
+            c1[j] = _mm512_fmadd_ps(a1, bj, c1[j]);
+        }
+        ap += MR;
+        bp += NR;
+    }
+    __mmask16 m0 = tail_mask(mvalid), m1 = tail_mask(mvalid > 16 ? mvalid - 16 : 0);
+    if (mvalid == MR) {
+        _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
+            if (j >= nvalid) break;
+            float *cj = c + j * ldc;
+            if (!first) {
+                c0[j] = _mm512_add_ps(c0[j], _mm512_loadu_ps(cj));
+                c1[j] = _mm512_add_ps(c1[j], _mm512_loadu_ps(cj + 16));
+            }
+            _mm512_storeu_ps(cj, c0[j]);
+            _mm512_storeu_ps(cj + 16, c1[j]);
+        }
+    } else {
+        _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
+            if (j >= nvalid) break;
+            float *cj = c + j * ldc;
+            if (!first) {
+                c0[j] = _mm512_add_ps(c0[j], _mm512_maskz_loadu_ps(m0, cj));
+                c1[j] = _mm512_add_ps(c1[j], _mm512_maskz_loadu_ps(m1, cj + 16));
+            }
+            _mm512_mask_storeu_ps(cj, m0, c0[j]);
+            _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+static T512 void avx512_vec_add(int64_t n, float *z, const float *x, const float *y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(z + i, _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(
+            z + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T512 void avx512_vec_mul(int64_t n, float *z, const float *x, const float *y) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(z + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(
+            z + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T512 void avx512_vec_scale(int64_t n, float *y, const float *x, float s, float b) {
+    __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, vb));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vb));
+    }
+}
+
+static T512 void avx512_vec_silu(int64_t n, float *y, const float *x) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, silu512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static T512 void avx512_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = silu512(_mm512_maskz_loadu_ps(m, x + i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, g + i)));
+    }
+}
+
+static T512 double avx512_vec_exp_sum(int64_t n, float *y, const float *x, float max) {
+    __m512 vmax = _mm512_set1_ps(max);
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
+        _mm512_mask_storeu_ps(y + i, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
+static T512 void avx512_vec_mad_f32(int64_t n, float *y, const float *x, float s) {
+    __m512 vs = _mm512_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m,
+                              _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs,
+                                              _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T512 void avx512_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
+    __m512 vs = _mm512_set1_ps(s);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(load_f16(x + i), vs, _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m,
+                              _mm512_fmadd_ps(maskload_f16(m, x + i), vs,
+                                              _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T512 void avx512_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load_f16(x + i));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, maskload_f16(m, x + i));
+    }
+}
+
+static T512 void avx512_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm256_mask_storeu_epi16(
+            y + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+const loom__cpu_simd loom__cpu_simd_avx512 = {
+    .name = "avx512",
+    .dot_f32 = avx512_dot_f32,
+    .dot_f16 = avx512_dot_f16,
+    .dot_bf16 = avx512_dot_bf16,
+    .dot_q8_0 = avx512_dot_q8_0,
+    .dot_q4_0 = avx512_dot_q4_0,
+    .quantize_q8a = avx512_quantize_q8a,
+    .gemm_tile = avx512_gemm_tile,
+    .gemm_mr = MR,
+    .gemm_nr = NR,
+    .vec_add = avx512_vec_add,
+    .vec_mul = avx512_vec_mul,
+    .vec_scale = avx512_vec_scale,
+    .vec_silu = avx512_vec_silu,
+    .vec_swiglu = avx512_vec_swiglu,
+    .vec_exp_sum = avx512_vec_exp_sum,
+    .vec_mad_f32 = avx512_vec_mad_f32,
+    .vec_mad_f16 = avx512_vec_mad_f16,
+    .f16_to_f32 = avx512_f16_to_f32,
+    .f32_to_f16 = avx512_f32_to_f16,
+};
+
+#else /* not x86-64 GCC/Clang: never selected */
+
+const loom__cpu_simd loom__cpu_simd_avx512 = {.name = "scalar"};
+
+#endif

@@ -1,0 +1,209 @@
+/*
+ * SIMD dispatch and the portable-C kernel table.
+ *
+ * The portable table is the plainest correct version of every hot loop: it is what
+ * LOOM_CPU_SIMD=scalar runs and what the AVX2/AVX-512 tables are compared with. The
+ * choice is made per call from what the processor supports (__builtin_cpu_supports),
+ * capped by the environment variable LOOM_CPU_SIMD=scalar|avx2|avx512, so tests can switch
+ * paths inside one process with setenv.
+ */
+#include <stdlib.h>
+
+#include "backends/cpu/cpu-impl.h"
+
+/* ---------------------------------------------------------------- dot products */
+
+static void scalar_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
+                           float *out) {
+    for (int j = 0; j < nb; j++) {
+        const float *y = b + j * ldb;
+        float s = 0.0f;
+        for (int64_t i = 0; i < k; i++) s += a[i] * y[i];
+        out[j] = s;
+    }
+}
+
+static void scalar_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                           float *out) {
+    for (int j = 0; j < nb; j++) {
+        const float *y = b + j * ldb;
+        float s = 0.0f;
+        for (int64_t i = 0; i < k; i++) s += loom__fp16_to_fp32(a[i]) * y[i];
+        out[j] = s;
+    }
+}
+
+static void scalar_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                            float *out) {
+    for (int j = 0; j < nb; j++) {
+        const float *y = b + j * ldb;
+        float s = 0.0f;
+        for (int64_t i = 0; i < k; i++) s += loom__bf16_to_fp32(a[i]) * y[i];
+        out[j] = s;
+    }
+}
+
+static void scalar_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
+                            size_t ldb, int nb, float *out) {
+    for (int j = 0; j < nb; j++) {
+        const loom__q8a *y = b + j * ldb;
+        float s = 0.0f;
+        for (int64_t i = 0; i < nblk; i++) {
+            int32_t acc = 0;
+            for (int l = 0; l < LOOM_QK8_0; l++) acc += (int32_t)a[i].qs[l] * y[i].qs[l];
+            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * y[i].d);
+        }
+        out[j] = s;
+    }
+}
+
+static void scalar_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
+                            size_t ldb, int nb, float *out) {
+    for (int j = 0; j < nb; j++) {
+        const loom__q8a *y = b + j * ldb;
+        float s = 0.0f;
+        for (int64_t i = 0; i < nblk; i++) {
+            int32_t acc = 0;
+            for (int l = 0; l < LOOM_QK4_0 / 2; l++) {
+                int lo = (a[i].qs[l] & 0x0f) - 8;
+                int hi = (a[i].qs[l] >> 4) - 8;
+                acc += lo * y[i].qs[l] + hi * y[i].qs[l + LOOM_QK4_0 / 2];
+            }
+            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * y[i].d);
+        }
+        out[j] = s;
+    }
+}
+
+static void scalar_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
+    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+        const float *v = x + i * LOOM_QK8_0;
+        float amax = 0.0f;
+        for (int l = 0; l < LOOM_QK8_0; l++) amax = fmaxf(amax, fabsf(v[l]));
+        float d = amax / 127.0f;
+        int32_t sum = 0;
+        for (int l = 0; l < LOOM_QK8_0; l++) {
+            /* nearest-even, as the SIMD paths (cvtps2dq) round */
+            int q = d != 0.0f ? (int)lrintf(v[l] / d) : 0;
+            y[i].qs[l] = (int8_t)q;
+            sum += q;
+        }
+        y[i].d = d;
+        y[i].s = d * (float)sum;
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+static void scalar_vec_add(int64_t n, float *z, const float *x, const float *y) {
+    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
+}
+
+static void scalar_vec_mul(int64_t n, float *z, const float *x, const float *y) {
+    for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
+}
+
+static void scalar_vec_scale(int64_t n, float *y, const float *x, float s, float b) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * s + b;
+}
+
+static void scalar_vec_silu(int64_t n, float *y, const float *x) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void scalar_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+}
+
+static double scalar_vec_exp_sum(int64_t n, float *y, const float *x, float max) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        float e = expf(x[i] - max);
+        y[i] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+static void scalar_vec_mad_f32(int64_t n, float *y, const float *x, float s) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i] * s;
+}
+
+static void scalar_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
+    for (int64_t i = 0; i < n; i++) y[i] += loom__fp16_to_fp32(x[i]) * s;
+}
+
+static void scalar_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = loom__fp16_to_fp32(x[i]);
+}
+
+static void scalar_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = loom__fp32_to_fp16(x[i]);
+}
+
+const loom__cpu_simd loom__cpu_simd_scalar = {
+    .name = "scalar",
+    .dot_f32 = scalar_dot_f32,
+    .dot_f16 = scalar_dot_f16,
+    .dot_bf16 = scalar_dot_bf16,
+    .dot_q8_0 = scalar_dot_q8_0,
+    .dot_q4_0 = scalar_dot_q4_0,
+    .quantize_q8a = scalar_quantize_q8a,
+    .gemm_tile = NULL,
+    .gemm_mr = 0,
+    .gemm_nr = 0,
+    .vec_add = scalar_vec_add,
+    .vec_mul = scalar_vec_mul,
+    .vec_scale = scalar_vec_scale,
+    .vec_silu = scalar_vec_silu,
+    .vec_swiglu = scalar_vec_swiglu,
+    .vec_exp_sum = scalar_vec_exp_sum,
+    .vec_mad_f32 = scalar_vec_mad_f32,
+    .vec_mad_f16 = scalar_vec_mad_f16,
+    .f16_to_f32 = scalar_f16_to_f32,
+    .f32_to_f16 = scalar_f32_to_f16,
+};
+
+/* ---------------------------------------------------------------- dispatch */
+
+bool loom__cpu_has_avx2(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+bool loom__cpu_has_avx512(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    /* The AVX-512 table also uses 256-bit VNNI and BW/VL byte ops for the Q8 dots. */
+    return loom__cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
+const loom__cpu_simd *loom__cpu_simd_get(void) {
+    const char *cap = getenv("LOOM_CPU_SIMD");
+    int level = 2; /* 0 scalar, 1 avx2, 2 avx512 */
+    if (cap && cap[0]) {
+        if (strcmp(cap, "scalar") == 0)
+            level = 0;
+        else if (strcmp(cap, "avx2") == 0)
+            level = 1;
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (level >= 2 && loom__cpu_has_avx512()) return &loom__cpu_simd_avx512;
+    if (level >= 1 && loom__cpu_has_avx2()) return &loom__cpu_simd_avx2;
+#endif
+    return &loom__cpu_simd_scalar;
+}
+
+const char *loom_cpu_simd_name(void) {
+    return loom__cpu_simd_get()->name;
+}

@@ -1,0 +1,537 @@
+/*
+ * The global backend registry: every reg (loaded module or statically linked backend) and
+ * the flattened list of their devices, behind one mutex so lookups may come from any
+ * thread. Modules are shared objects exporting `loom_backend_init` (dlopen'ed with
+ * RTLD_NOW | RTLD_LOCAL); load_all also registers the statically linked backends through
+ * weak references, so this file depends on no backend library. Device specs ("cpu",
+ * "sim:N,...", "cuda:0,1") resolve here too; sim regs created for a spec are owned by the
+ * registry and freed by loom_registry_reset.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include <ctype.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backends/backend-impl.h"
+
+/* Statically linked backends, when present (weak: NULL when not linked). */
+extern loom_reg_t loom_cpu_reg(void) __attribute__((weak));
+extern loom_reg_t loom_sim_reg_default(void) __attribute__((weak));
+extern loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out)
+    __attribute__((weak));
+extern void loom_sim_reg_free(loom_reg_t reg) __attribute__((weak));
+
+typedef loom_status (*loom__sim_new_fn)(const char *spec, loom_reg_t *out);
+typedef void (*loom__sim_free_fn)(loom_reg_t reg);
+typedef const char *(*loom__last_error_fn)(void);
+typedef loom_status (*loom__last_status_fn)(void);
+
+typedef struct loom__reg_entry {
+    loom_reg_t reg;
+    void *handle;              /* dlopen handle, or NULL for a static reg */
+    loom__sim_free_fn free_fn; /* set for sim regs created by a device spec */
+} loom__reg_entry;
+
+static pthread_mutex_t loom__reg_mutex = PTHREAD_MUTEX_INITIALIZER;
+static loom__reg_entry *loom__regs;
+static size_t loom__n_regs, loom__cap_regs;
+static loom_dev_t *loom__devs;
+static size_t loom__n_devs, loom__cap_devs;
+
+/* ---------------------------------------------------------------- internals (locked) */
+
+static loom__reg_entry *loom__find_reg_locked(loom_reg_t reg) {
+    for (size_t i = 0; i < loom__n_regs; i++) {
+        if (loom__regs[i].reg == reg) return &loom__regs[i];
+    }
+    return NULL;
+}
+
+static loom_reg_t loom__find_name_locked(const char *name) {
+    for (size_t i = 0; i < loom__n_regs; i++) {
+        if (strcasecmp(loom_reg_name(loom__regs[i].reg), name) == 0) return loom__regs[i].reg;
+    }
+    return NULL;
+}
+
+/* Appends reg and its devices. The caller checked it is not registered. */
+static loom_status loom__add_locked(loom_reg_t reg, void *handle, loom__sim_free_fn free_fn) {
+    if (reg->api_version != LOOM_BACKEND_API_VERSION) {
+        return loom_error(LOOM_ERR_FORMAT, "backend '%s': API version %d, expected %d",
+                          loom_reg_name(reg), reg->api_version, LOOM_BACKEND_API_VERSION);
+    }
+    size_t n = loom_reg_dev_count(reg);
+    if (loom__n_regs == loom__cap_regs) {
+        size_t cap = loom__cap_regs ? 2 * loom__cap_regs : 8;
+        loom__reg_entry *p = loom_realloc(loom__regs, cap * sizeof *p);
+        if (!p) return loom_error(LOOM_ERR_NOMEM, "registry: out of host memory");
+        loom__regs = p;
+        loom__cap_regs = cap;
+    }
+    if (loom__n_devs + n > loom__cap_devs) {
+        size_t cap = loom__cap_devs ? 2 * loom__cap_devs : 16;
+        while (cap < loom__n_devs + n)
+            cap *= 2;
+        loom_dev_t *p = loom_realloc(loom__devs, cap * sizeof *p);
+        if (!p) return loom_error(LOOM_ERR_NOMEM, "registry: out of host memory");
+        loom__devs = p;
+        loom__cap_devs = cap;
+    }
+    for (size_t i = 0; i < n; i++)
+        loom__devs[loom__n_devs++] = loom_reg_dev_get(reg, i);
+    loom__regs[loom__n_regs++] = (loom__reg_entry){reg, handle, free_fn};
+    LOOM_LOG_DEBUG("registry: added backend '%s' with %zu device(s)", loom_reg_name(reg), n);
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- public: add / lookup */
+
+loom_status loom_registry_add(loom_reg_t reg) {
+    if (!reg) return loom_error(LOOM_ERR_INVALID_ARG, "loom_registry_add: NULL reg");
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom_status s = LOOM_OK;
+    if (!loom__find_reg_locked(reg)) s = loom__add_locked(reg, NULL, NULL);
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return s;
+}
+
+size_t loom_registry_reg_count(void) {
+    pthread_mutex_lock(&loom__reg_mutex);
+    size_t n = loom__n_regs;
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return n;
+}
+
+loom_reg_t loom_registry_reg_get(size_t index) {
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom_reg_t r = index < loom__n_regs ? loom__regs[index].reg : NULL;
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return r;
+}
+
+loom_reg_t loom_registry_reg_by_name(const char *name) {
+    if (!name) return NULL;
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom_reg_t r = loom__find_name_locked(name);
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return r;
+}
+
+size_t loom_registry_dev_count(void) {
+    pthread_mutex_lock(&loom__reg_mutex);
+    size_t n = loom__n_devs;
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return n;
+}
+
+loom_dev_t loom_registry_dev_get(size_t index) {
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom_dev_t d = index < loom__n_devs ? loom__devs[index] : NULL;
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return d;
+}
+
+loom_dev_t loom_registry_dev_by_name(const char *name) {
+    if (!name) return NULL;
+    loom_dev_t d = NULL;
+    pthread_mutex_lock(&loom__reg_mutex);
+    for (size_t i = 0; i < loom__n_devs && !d; i++) {
+        if (strcasecmp(loom_dev_name(loom__devs[i]), name) == 0) d = loom__devs[i];
+    }
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return d;
+}
+
+loom_dev_t loom_registry_dev_by_type(loom_dev_type type) {
+    loom_dev_t d = NULL;
+    pthread_mutex_lock(&loom__reg_mutex);
+    for (size_t i = 0; i < loom__n_devs && !d; i++) {
+        if (loom_dev_get_type(loom__devs[i]) == type) d = loom__devs[i];
+    }
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return d;
+}
+
+/* ---------------------------------------------------------------- modules */
+
+/* Copies a module's own last error (it has its own core) into this thread's slot. */
+static void loom__import_reg_error(loom_reg_t reg, loom_status fallback, const char *what) {
+    loom__last_error_fn err_fn =
+        (loom__last_error_fn)loom_reg_get_proc_address(reg, "loom_last_error");
+    loom__last_status_fn st_fn =
+        (loom__last_status_fn)loom_reg_get_proc_address(reg, "loom_last_status");
+    if (err_fn && st_fn && err_fn != loom_last_error && st_fn() != LOOM_OK) {
+        loom_error(st_fn(), "%s", err_fn());
+    } else if (loom_last_status() == LOOM_OK) {
+        loom_error(fallback, "%s failed", what);
+    }
+}
+
+/* Loads one module. A module whose reg (or reg name) is already registered is unloaded
+ * again, *out_reg is the registered one and *skipped is set: not an error. */
+static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipped) {
+    if (out_reg) *out_reg = NULL;
+    if (skipped) *skipped = false;
+    if (!path || !path[0]) {
+        return loom_error(LOOM_ERR_INVALID_ARG, "loom_registry_load: empty module path");
+    }
+    dlerror();
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        const char *why = dlerror();
+        struct stat st;
+        bool exists = stat(path, &st) == 0;
+        return loom_error(exists ? LOOM_ERR_FORMAT : LOOM_ERR_NOT_FOUND,
+                          "cannot load backend module '%s': %s", path,
+                          why ? why : (exists ? "dlopen failed" : "no such file"));
+    }
+    loom_backend_init_fn init = NULL;
+    void *sym = dlsym(handle, LOOM_BACKEND_INIT_SYMBOL);
+    memcpy(&init, &sym, sizeof init);
+    if (!init) {
+        dlclose(handle);
+        return loom_error(LOOM_ERR_FORMAT, "backend module '%s': no %s symbol", path,
+                          LOOM_BACKEND_INIT_SYMBOL);
+    }
+    loom_reg_t reg = init();
+    if (!reg) {
+        dlclose(handle);
+        return loom_error(LOOM_ERR_NOT_FOUND, "backend module '%s': %s returned no backend", path,
+                          LOOM_BACKEND_INIT_SYMBOL);
+    }
+    if (reg->api_version != LOOM_BACKEND_API_VERSION) {
+        int v = reg->api_version;
+        dlclose(handle);
+        return loom_error(LOOM_ERR_FORMAT, "backend module '%s': API version %d, expected %d", path,
+                          v, LOOM_BACKEND_API_VERSION);
+    }
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom_status s = LOOM_OK;
+    loom_reg_t known = loom__find_reg_locked(reg) ? reg : NULL;
+    if (!known) known = loom__find_name_locked(loom_reg_name(reg));
+    if (known) {
+        /* Registering twice is a no-op: same module (dlopen gave the same handle) or a
+         * backend of that name already present (e.g. statically linked). */
+        LOOM_LOG_DEBUG("registry: backend '%s' already registered; '%s' not added",
+                       loom_reg_name(known), path);
+        if (skipped) *skipped = true;
+        reg = known;
+    } else {
+        s = loom__add_locked(reg, handle, NULL);
+    }
+    pthread_mutex_unlock(&loom__reg_mutex);
+    if (known || s != LOOM_OK) {
+        if (s != LOOM_OK) reg = NULL;
+        dlclose(handle);
+    }
+    if (s == LOOM_OK && out_reg) *out_reg = reg;
+    return s;
+}
+
+loom_status loom_registry_load(const char *path, loom_reg_t *out_reg) {
+    return loom__load(path, out_reg, NULL);
+}
+
+/* The registry's own directory: where the loom library (or the executable linking it
+ * statically) lives. Writes "" when unknown. */
+static void loom__self_dir(char *out, size_t size) {
+    out[0] = '\0';
+    Dl_info info;
+    void *self = NULL;
+    loom_status (*fn)(const char *, loom_reg_t *) = loom_registry_load;
+    memcpy(&self, &fn, sizeof self);
+    const char *file = NULL;
+    char exe[4096];
+    if (dladdr(self, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
+        file = info.dli_fname;
+    } else {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        if (n > 0) {
+            exe[n] = '\0';
+            file = exe;
+        }
+    }
+    if (!file) return;
+    const char *slash = strrchr(file, '/');
+    size_t len = (size_t)(slash - file);
+    if (len == 0) len = 1; /* "/libloom.so" */
+    if (len >= size) return;
+    memcpy(out, file, len);
+    out[len] = '\0';
+}
+
+static int loom__cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Loads every libloom-*.so of dir (sorted), skipping names already registered. */
+static size_t loom__scan_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        LOOM_LOG_DEBUG("registry: cannot open backend directory '%s': %s", dir, strerror(errno));
+        return 0;
+    }
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len <= 11 || strncmp(e->d_name, "libloom-", 8) != 0 ||
+            strcmp(e->d_name + len - 3, ".so") != 0) {
+            continue;
+        }
+        if (n == cap) {
+            size_t nc = cap ? 2 * cap : 8;
+            char **p = loom_realloc(names, nc * sizeof *p);
+            if (!p) break;
+            names = p;
+            cap = nc;
+        }
+        names[n] = loom_strdup(e->d_name);
+        if (names[n]) n++;
+    }
+    closedir(d);
+    if (n > 1) qsort(names, n, sizeof *names, loom__cmp_str);
+
+    size_t loaded = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* libloom-<name>.so: skip before loading when <name> is registered already. */
+        char stem[256];
+        size_t len = strlen(names[i]) - 11;
+        if (len < sizeof stem) {
+            memcpy(stem, names[i] + 8, len);
+            stem[len] = '\0';
+            if (loom_registry_reg_by_name(stem)) {
+                LOOM_LOG_DEBUG("registry: '%s/%s' skipped: backend '%s' already registered", dir,
+                               names[i], stem);
+                loom_free(names[i]);
+                continue;
+            }
+        }
+        size_t plen = strlen(dir) + 1 + strlen(names[i]) + 1;
+        char *path = loom_malloc(plen);
+        if (path) {
+            snprintf(path, plen, "%s/%s", dir, names[i]);
+            bool skipped = false;
+            loom_status s = loom__load(path, NULL, &skipped);
+            if (s != LOOM_OK) {
+                LOOM_LOG_WARN("registry: skipping backend module: %s", loom_last_error());
+            } else if (!skipped) {
+                loaded++;
+            }
+            loom_free(path);
+        }
+        loom_free(names[i]);
+    }
+    loom_free(names);
+    return loaded;
+}
+
+size_t loom_registry_load_all(void) {
+    size_t loaded = 0;
+    size_t before = loom_registry_reg_count();
+    if (loom_cpu_reg) {
+        loom_reg_t r = loom_cpu_reg();
+        if (r && loom_registry_add(r) != LOOM_OK) {
+            LOOM_LOG_WARN("registry: cannot register the CPU backend: %s", loom_last_error());
+        }
+    }
+    if (loom_sim_reg_default) {
+        loom_reg_t r = loom_sim_reg_default();
+        if (!r) {
+            LOOM_LOG_WARN("registry: no default sim backend: %s", loom_last_error());
+        } else if (loom_registry_add(r) != LOOM_OK) {
+            LOOM_LOG_WARN("registry: cannot register the sim backend: %s", loom_last_error());
+        }
+    }
+    loaded += loom_registry_reg_count() - before;
+
+    char self[4096];
+    loom__self_dir(self, sizeof self);
+    if (self[0]) loaded += loom__scan_dir(self);
+
+    const char *env = getenv("LOOM_BACKEND_PATH");
+    if (env && env[0]) {
+        char *copy = loom_strdup(env);
+        if (copy) {
+            char *save = NULL;
+            for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+                if (!dir[0] || strcmp(dir, self) == 0) continue;
+                loaded += loom__scan_dir(dir);
+            }
+            loom_free(copy);
+        }
+    }
+    return loaded;
+}
+
+void loom_registry_reset(void) {
+    pthread_mutex_lock(&loom__reg_mutex);
+    /* Owned sim regs first: their free function may live in a module unloaded below. */
+    for (size_t i = loom__n_regs; i-- > 0;) {
+        if (loom__regs[i].free_fn) loom__regs[i].free_fn(loom__regs[i].reg);
+    }
+    for (size_t i = loom__n_regs; i-- > 0;) {
+        if (loom__regs[i].handle) dlclose(loom__regs[i].handle);
+    }
+    loom_free(loom__regs);
+    loom_free(loom__devs);
+    loom__regs = NULL;
+    loom__devs = NULL;
+    loom__n_regs = loom__cap_regs = 0;
+    loom__n_devs = loom__cap_devs = 0;
+    pthread_mutex_unlock(&loom__reg_mutex);
+}
+
+/* ---------------------------------------------------------------- device specs */
+
+/* "sim spec 'X': reason" -> "reason", so the device-spec prefix is not doubled. */
+static const char *loom__strip_sim_prefix(const char *msg) {
+    if (strncmp(msg, "sim spec '", 10) == 0) {
+        const char *p = strstr(msg + 10, "': ");
+        if (p) return p + 3;
+    }
+    return msg;
+}
+
+static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap, size_t *n_out) {
+    loom__sim_new_fn new_fn = NULL;
+    loom__sim_free_fn free_fn = NULL;
+    loom_reg_t provider = NULL;
+    /* A registered sim reg (static or from libloom-sim.so) provides the constructor. */
+    pthread_mutex_lock(&loom__reg_mutex);
+    for (size_t i = 0; i < loom__n_regs && !new_fn; i++) {
+        void *p = loom_reg_get_proc_address(loom__regs[i].reg, "loom_sim_reg_new_from_spec");
+        void *q = loom_reg_get_proc_address(loom__regs[i].reg, "loom_sim_reg_free");
+        if (p && q) {
+            memcpy(&new_fn, &p, sizeof new_fn);
+            memcpy(&free_fn, &q, sizeof free_fn);
+            provider = loom__regs[i].reg;
+        }
+    }
+    pthread_mutex_unlock(&loom__reg_mutex);
+    if (!new_fn && loom_sim_reg_new_from_spec && loom_sim_reg_free) {
+        new_fn = loom_sim_reg_new_from_spec;
+        free_fn = loom_sim_reg_free;
+    }
+    if (!new_fn) {
+        return loom_error(LOOM_ERR_NOT_FOUND,
+                          "device spec '%s': no sim backend (link it or load libloom-sim.so)",
+                          spec);
+    }
+    loom_reg_t reg = NULL;
+    loom_clear_error();
+    loom_status s = new_fn(spec, &reg);
+    if (s != LOOM_OK) {
+        if (provider) loom__import_reg_error(provider, s, "sim reg creation");
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", loom__strip_sim_prefix(loom_last_error()));
+        return loom_error(s, "device spec '%s': %s", spec, msg);
+    }
+    pthread_mutex_lock(&loom__reg_mutex);
+    s = loom__add_locked(reg, NULL, free_fn);
+    pthread_mutex_unlock(&loom__reg_mutex);
+    if (s != LOOM_OK) {
+        free_fn(reg);
+        return s;
+    }
+    size_t n = loom_reg_dev_count(reg);
+    for (size_t i = 0; i < n && i < cap; i++)
+        devs[i] = loom_reg_dev_get(reg, i);
+    *n_out = n;
+    return LOOM_OK;
+}
+
+static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
+                                   size_t *n_out) {
+    loom_reg_t reg = loom_registry_reg_by_name("CUDA");
+    size_t count = reg ? loom_reg_dev_count(reg) : 0;
+    if (count == 0)
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices", spec);
+    if (!list) {
+        for (size_t i = 0; i < count && i < cap; i++)
+            devs[i] = loom_reg_dev_get(reg, i);
+        *n_out = count;
+        return LOOM_OK;
+    }
+    size_t n = 0;
+    const char *p = list;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char part[32];
+        if (len == 0 || len >= sizeof part) {
+            return loom_error(LOOM_ERR_FORMAT, "device spec '%s': '%.*s' is not a device index",
+                              spec, (int)len, p);
+        }
+        memcpy(part, p, len);
+        part[len] = '\0';
+        char *stop = NULL;
+        errno = 0;
+        unsigned long idx = strtoul(part, &stop, 10);
+        if (!isdigit((unsigned char)part[0]) || *stop || errno) {
+            return loom_error(LOOM_ERR_FORMAT, "device spec '%s': '%s' is not a device index", spec,
+                              part);
+        }
+        if (idx >= count) {
+            return loom_error(LOOM_ERR_NOT_FOUND,
+                              "device spec '%s': CUDA device %lu does not exist (%zu device%s)",
+                              spec, idx, count, count == 1 ? "" : "s");
+        }
+        if (n < cap) devs[n] = loom_reg_dev_get(reg, idx);
+        n++;
+        if (!end) break;
+        p = end + 1;
+    }
+    *n_out = n;
+    return LOOM_OK;
+}
+
+loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap, size_t *n_out) {
+    if (n_out) *n_out = 0;
+    if (!spec || !n_out || (cap > 0 && !devs)) {
+        return loom_error(LOOM_ERR_INVALID_ARG, "loom_devices_from_spec: NULL argument");
+    }
+    size_t kind_len = strcspn(spec, ":,");
+    if (kind_len == 0) return loom_error(LOOM_ERR_FORMAT, "device spec '%s' is empty", spec);
+
+    if (kind_len == 3 && strncasecmp(spec, "cpu", 3) == 0 && spec[3] == '\0') {
+        loom_reg_t reg = loom_registry_reg_by_name("CPU");
+        if (!reg && loom_cpu_reg) {
+            reg = loom_cpu_reg();
+            if (loom_registry_add(reg) != LOOM_OK) return loom_last_status();
+        }
+        if (!reg || loom_reg_dev_count(reg) == 0) {
+            return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CPU backend", spec);
+        }
+        if (cap > 0) devs[0] = loom_reg_dev_get(reg, 0);
+        *n_out = 1;
+        return LOOM_OK;
+    }
+    if (kind_len == 3 && strncasecmp(spec, "sim", 3) == 0) {
+        return loom__spec_sim(spec, devs, cap, n_out);
+    }
+    if (kind_len == 4 && strncasecmp(spec, "cuda", 4) == 0) {
+        if (spec[4] == '\0') return loom__spec_cuda(spec, NULL, devs, cap, n_out);
+        if (spec[4] == ':') return loom__spec_cuda(spec, spec + 5, devs, cap, n_out);
+    }
+    /* A registered device by name ("SIM1", "CPU"). */
+    loom_dev_t d = loom_registry_dev_by_name(spec);
+    if (d) {
+        if (cap > 0) devs[0] = d;
+        *n_out = 1;
+        return LOOM_OK;
+    }
+    return loom_error(LOOM_ERR_FORMAT,
+                      "device spec '%s': unknown device kind '%.*s' (expected cpu, sim:N[,...], "
+                      "cuda[:I,...] or a device name)",
+                      spec, (int)kind_len, spec);
+}

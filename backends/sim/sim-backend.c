@@ -1,0 +1,506 @@
+/*
+ * sim command streams (backends) and events.
+ *
+ * Each backend owns a worker thread and a FIFO of commands (set, get, copy, graph compute,
+ * event record, event wait), so the devices of a reg really compute concurrently and a
+ * caller only blocks in synchronize. Graphs run with loom_cpu_graph_compute on the
+ * backend's own thread pool. An event counts records issued and completed: record
+ * enqueues "complete record #n", wait enqueues "block until record #n (the latest issued
+ * at wait time) completes", synchronize blocks the caller the same way. A direct copy
+ * between two devices of one reg records an internal event on the source stream and makes
+ * the destination stream wait for it, so it sees all the source's work issued so far.
+ * Events are reference counted (user + each pending command), so freeing one with
+ * commands still queued is safe.
+ *
+ * If a command cannot be allocated (host out of memory), the stream is drained and the
+ * command runs on the calling thread: same result, only not asynchronous.
+ */
+#define _POSIX_C_SOURCE 200809L /* strtok_r, pthread */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "backends/sim/sim-impl.h"
+#include "loom/cpu.h"
+
+/* ---------------------------------------------------------------- events */
+
+typedef struct loom__sim_event {
+    struct loom_event ev; /* ev.context = this */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t issued;    /* records issued */
+    uint64_t completed; /* highest record completed */
+    int refs;
+} loom__sim_event;
+
+static loom__sim_event *loom__sim_event_alloc(loom_dev_t dev) {
+    loom__sim_event *se = loom_calloc(1, sizeof *se);
+    if (!se) return NULL;
+    if (pthread_mutex_init(&se->mu, NULL) != 0) {
+        loom_free(se);
+        return NULL;
+    }
+    if (pthread_cond_init(&se->cv, NULL) != 0) {
+        pthread_mutex_destroy(&se->mu);
+        loom_free(se);
+        return NULL;
+    }
+    se->ev.device = dev;
+    se->ev.context = se;
+    se->refs = 1;
+    return se;
+}
+
+static void loom__sim_event_ref(loom__sim_event *se) {
+    pthread_mutex_lock(&se->mu);
+    se->refs++;
+    pthread_mutex_unlock(&se->mu);
+}
+
+static void loom__sim_event_unref(loom__sim_event *se) {
+    pthread_mutex_lock(&se->mu);
+    bool last = --se->refs == 0;
+    pthread_mutex_unlock(&se->mu);
+    if (!last) return;
+    pthread_cond_destroy(&se->cv);
+    pthread_mutex_destroy(&se->mu);
+    loom_free(se);
+}
+
+/* Issues a new record; returns its number. */
+static uint64_t loom__sim_event_issue(loom__sim_event *se) {
+    pthread_mutex_lock(&se->mu);
+    uint64_t n = ++se->issued;
+    pthread_mutex_unlock(&se->mu);
+    return n;
+}
+
+static uint64_t loom__sim_event_latest(loom__sim_event *se) {
+    pthread_mutex_lock(&se->mu);
+    uint64_t n = se->issued;
+    pthread_mutex_unlock(&se->mu);
+    return n;
+}
+
+static void loom__sim_event_complete(loom__sim_event *se, uint64_t n) {
+    pthread_mutex_lock(&se->mu);
+    if (se->completed < n) se->completed = n;
+    pthread_cond_broadcast(&se->cv);
+    pthread_mutex_unlock(&se->mu);
+}
+
+static void loom__sim_event_block(loom__sim_event *se, uint64_t n) {
+    pthread_mutex_lock(&se->mu);
+    while (se->completed < n)
+        pthread_cond_wait(&se->cv, &se->mu);
+    pthread_mutex_unlock(&se->mu);
+}
+
+static loom__sim_event *loom__sim_event_of(loom_event_t ev) {
+    LOOM_ASSERT(ev != NULL && loom__sim_dev_of(ev->device) != NULL); /* not a sim event */
+    return ev->context;
+}
+
+loom_event_t loom__sim_event_new(loom_dev_t dev) {
+    loom__sim_event *se = loom__sim_event_alloc(dev);
+    if (!se) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for an event", loom_dev_name(dev));
+        return NULL;
+    }
+    return &se->ev;
+}
+
+void loom__sim_event_free(loom_dev_t dev, loom_event_t ev) {
+    (void)dev;
+    loom__sim_event_unref(loom__sim_event_of(ev));
+}
+
+void loom__sim_event_synchronize(loom_dev_t dev, loom_event_t ev) {
+    (void)dev;
+    loom__sim_event *se = loom__sim_event_of(ev);
+    loom__sim_event_block(se, loom__sim_event_latest(se));
+}
+
+/* ---------------------------------------------------------------- commands */
+
+typedef enum {
+    LOOM__SIM_SET,
+    LOOM__SIM_GET,
+    LOOM__SIM_COPY, /* after ev reaches n (if ev), src -> dst */
+    LOOM__SIM_COMPUTE,
+    LOOM__SIM_RECORD,
+    LOOM__SIM_WAIT,
+} loom__sim_cmd_kind;
+
+typedef struct loom__sim_cmd {
+    struct loom__sim_cmd *next;
+    loom__sim_cmd_kind kind;
+    loom_tensor *dst;
+    const loom_tensor *src;
+    const void *in; /* SET: host source */
+    void *out;      /* GET: host destination */
+    size_t offset, size;
+    loom_graph *graph;
+    loom__sim_event *ev; /* holds a reference while queued */
+    uint64_t n;
+} loom__sim_cmd;
+
+typedef struct loom__sim_backend {
+    struct loom_backend backend; /* backend.context = this */
+    loom__sim_dev *sd;
+    char name[48];
+    loom_threadpool *tp;
+    pthread_t thread;
+    pthread_mutex_t mu; /* guards the queue, counters and the sticky error */
+    pthread_cond_t cv_work;
+    pthread_cond_t cv_done;
+    loom__sim_cmd *head, *tail;
+    uint64_t n_issued, n_done;
+    bool stop;
+    loom_status async_status; /* first failure of an asynchronous graph, until reported */
+    char async_msg[256];
+} loom__sim_backend;
+
+static loom__sim_backend *loom__sim_backend_of(loom_backend_t b);
+
+static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
+    loom__sim_dev *sd = sb->sd;
+    switch (c->kind) {
+    case LOOM__SIM_SET:
+        memcpy((char *)c->dst->data + c->offset, c->in, c->size);
+        loom__sim_account(NULL, loom__sim_buffer_dev(c->dst->buffer), c->size);
+        break;
+    case LOOM__SIM_GET:
+        memcpy(c->out, (const char *)c->src->data + c->offset, c->size);
+        loom__sim_account(loom__sim_buffer_dev(c->src->buffer), NULL, c->size);
+        break;
+    case LOOM__SIM_COPY: {
+        if (c->ev) loom__sim_event_block(c->ev, c->n);
+        size_t n = loom_nbytes(c->src);
+        memmove(c->dst->data, c->src->data, n);
+        loom__sim_dev *from = loom__sim_buffer_dev(c->src->buffer);
+        loom__sim_dev *to = loom__sim_buffer_dev(c->dst->buffer);
+        if (from != to) loom__sim_account(from, to, n);
+        break;
+    }
+    case LOOM__SIM_COMPUTE: {
+        loom_status s = loom_cpu_graph_compute(c->graph, sb->tp);
+        pthread_mutex_lock(&sd->mu);
+        sd->stats.graphs++;
+        sd->stats.nodes += (uint64_t)c->graph->n_nodes;
+        pthread_mutex_unlock(&sd->mu);
+        if (s != LOOM_OK) {
+            LOOM_LOG_ERROR("%s: graph compute failed: %s", sb->name, loom_last_error());
+            pthread_mutex_lock(&sb->mu);
+            if (sb->async_status == LOOM_OK) {
+                sb->async_status = s;
+                snprintf(sb->async_msg, sizeof sb->async_msg, "%s", loom_last_error());
+            }
+            pthread_mutex_unlock(&sb->mu);
+        }
+        break;
+    }
+    case LOOM__SIM_RECORD:
+        loom__sim_event_complete(c->ev, c->n);
+        break;
+    case LOOM__SIM_WAIT:
+        loom__sim_event_block(c->ev, c->n);
+        break;
+    }
+    if (c->ev) loom__sim_event_unref(c->ev);
+}
+
+static void *loom__sim_worker(void *arg) {
+    loom__sim_backend *sb = arg;
+    for (;;) {
+        pthread_mutex_lock(&sb->mu);
+        while (!sb->head && !sb->stop)
+            pthread_cond_wait(&sb->cv_work, &sb->mu);
+        loom__sim_cmd *c = sb->head;
+        if (!c) {
+            pthread_mutex_unlock(&sb->mu);
+            break;
+        }
+        sb->head = c->next;
+        if (!sb->head) sb->tail = NULL;
+        pthread_mutex_unlock(&sb->mu);
+
+        loom__sim_execute(sb, c);
+        loom_free(c);
+
+        pthread_mutex_lock(&sb->mu);
+        sb->n_done++;
+        pthread_cond_broadcast(&sb->cv_done);
+        pthread_mutex_unlock(&sb->mu);
+    }
+    return NULL;
+}
+
+static void loom__sim_drain(loom__sim_backend *sb) {
+    pthread_mutex_lock(&sb->mu);
+    uint64_t target = sb->n_issued;
+    while (sb->n_done < target)
+        pthread_cond_wait(&sb->cv_done, &sb->mu);
+    pthread_mutex_unlock(&sb->mu);
+}
+
+/* Queues a copy of *c (taking over its event reference); runs it inline when the queue
+ * entry cannot be allocated. */
+static void loom__sim_submit(loom__sim_backend *sb, const loom__sim_cmd *c) {
+    loom__sim_cmd *q = loom_malloc(sizeof *q);
+    if (!q) {
+        LOOM_LOG_WARN("%s: out of host memory for a command; running it synchronously", sb->name);
+        loom__sim_drain(sb);
+        loom__sim_cmd tmp = *c;
+        loom__sim_execute(sb, &tmp);
+        return;
+    }
+    *q = *c;
+    q->next = NULL;
+    pthread_mutex_lock(&sb->mu);
+    if (sb->tail) {
+        sb->tail->next = q;
+    } else {
+        sb->head = q;
+    }
+    sb->tail = q;
+    sb->n_issued++;
+    pthread_cond_signal(&sb->cv_work);
+    pthread_mutex_unlock(&sb->mu);
+}
+
+/* ---------------------------------------------------------------- backend methods */
+
+static const char *loom__sim_backend_name(loom_backend_t backend) {
+    return loom__sim_backend_of(backend)->name;
+}
+
+static void loom__sim_backend_free(loom_backend_t backend) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    loom__sim_drain(sb);
+    pthread_mutex_lock(&sb->mu);
+    sb->stop = true;
+    pthread_cond_signal(&sb->cv_work);
+    pthread_mutex_unlock(&sb->mu);
+    pthread_join(sb->thread, NULL);
+    pthread_cond_destroy(&sb->cv_done);
+    pthread_cond_destroy(&sb->cv_work);
+    pthread_mutex_destroy(&sb->mu);
+    loom_threadpool_free(sb->tp);
+    pthread_mutex_lock(&sb->sd->mu);
+    sb->sd->n_backends--;
+    pthread_mutex_unlock(&sb->sd->mu);
+    loom_free(sb);
+}
+
+static void loom__sim_check_buffer(loom__sim_backend *sb, const loom_tensor *t) {
+    LOOM_ASSERT(t->buffer != NULL);
+    /* A stream reaches only memory its device can use. */
+    LOOM_ASSERT(loom__sim_dev_supports_buft(sb->sd, t->buffer->buft));
+}
+
+static void loom__sim_set_async(loom_backend_t backend, loom_tensor *t, const void *data,
+                                size_t offset, size_t size) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    loom__sim_check_buffer(sb, t);
+    loom__sim_cmd c = {.kind = LOOM__SIM_SET, .dst = t, .in = data, .offset = offset, .size = size};
+    loom__sim_submit(sb, &c);
+}
+
+static void loom__sim_get_async(loom_backend_t backend, const loom_tensor *t, void *data,
+                                size_t offset, size_t size) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    loom__sim_check_buffer(sb, t);
+    loom__sim_cmd c = {
+        .kind = LOOM__SIM_GET, .src = t, .out = data, .offset = offset, .size = size};
+    loom__sim_submit(sb, &c);
+}
+
+/* Device-to-device copy of the same reg with p2p: ordered after the source stream's
+ * work issued so far. Anything else: false (the caller stages through host memory). */
+static bool loom__sim_cpy_async(loom_backend_t backend_src, loom_backend_t backend_dst,
+                                const loom_tensor *src, loom_tensor *dst) {
+    loom__sim_backend *bd = loom__sim_backend_of(backend_dst);
+    if (backend_src->iface != backend_dst->iface) return false;
+    loom__sim_backend *bs = loom__sim_backend_of(backend_src);
+    loom__sim_dev *sdev = loom__sim_buffer_dev(src->buffer);
+    loom__sim_dev *ddev = loom__sim_buffer_dev(dst->buffer);
+    if (sdev != bs->sd || ddev != bd->sd) return false;
+    if (sdev->sreg != ddev->sreg || (sdev != ddev && !ddev->sreg->cfg.p2p)) return false;
+    loom__sim_cmd c = {.kind = LOOM__SIM_COPY, .src = src, .dst = dst};
+    if (bs == bd) {
+        loom__sim_submit(bd, &c);
+        return true;
+    }
+    loom__sim_event *marker = loom__sim_event_alloc(&sdev->dev);
+    if (!marker) return false;
+    uint64_t n = loom__sim_event_issue(marker);
+    loom__sim_event_ref(marker);
+    loom__sim_cmd rec = {.kind = LOOM__SIM_RECORD, .ev = marker, .n = n};
+    loom__sim_submit(bs, &rec);
+    loom__sim_event_ref(marker);
+    c.ev = marker;
+    c.n = n;
+    loom__sim_submit(bd, &c);
+    loom__sim_event_unref(marker);
+    return true;
+}
+
+static void loom__sim_synchronize(loom_backend_t backend) {
+    loom__sim_drain(loom__sim_backend_of(backend));
+}
+
+/* Checks a graph before queueing it, so misuse fails synchronously with a clear message:
+ * every op supported, every tensor allocated in memory this device can use. */
+static loom_status loom__sim_validate(loom__sim_backend *sb, const loom_graph *g) {
+    loom__sim_dev *sd = sb->sd;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *node = g->nodes[i];
+        if (!loom__sim_dev_supports_op(sd, node)) {
+            return loom_error(LOOM_ERR_UNSUPPORTED, "%s: op %s (node %d '%s') is not supported",
+                              sd->name, loom_op_name(node->op), i, node->name);
+        }
+        for (int j = -1; j < LOOM_MAX_SRC; j++) {
+            const loom_tensor *t = j < 0 ? node : node->src[j];
+            if (!t) continue;
+            if (!t->data) {
+                return loom_error(LOOM_ERR_INVALID_ARG,
+                                  "%s: tensor '%s' (used by node %d) is "
+                                  "not allocated",
+                                  sd->name, t->name, i);
+            }
+            bool ok = t->buffer ? loom__sim_dev_supports_buft(sd, t->buffer->buft)
+                                : sd->sreg->cfg.host_memory;
+            if (!ok) {
+                return loom_error(LOOM_ERR_INVALID_ARG,
+                                  "%s: tensor '%s' (used by node %d) is in %s, which this "
+                                  "device cannot read",
+                                  sd->name, t->name, i,
+                                  t->buffer ? loom_buffer_name(t->buffer) : "unmanaged memory");
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+static loom_status loom__sim_graph_compute(loom_backend_t backend, loom_graph *g) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    pthread_mutex_lock(&sb->mu);
+    loom_status pending = sb->async_status;
+    char msg[sizeof sb->async_msg];
+    memcpy(msg, sb->async_msg, sizeof msg);
+    sb->async_status = LOOM_OK;
+    pthread_mutex_unlock(&sb->mu);
+    if (pending != LOOM_OK) {
+        return loom_error(pending, "%s: an earlier graph failed: %s", sb->name, msg);
+    }
+    loom_status s = loom__sim_validate(sb, g);
+    if (s != LOOM_OK) return s;
+    loom__sim_cmd c = {.kind = LOOM__SIM_COMPUTE, .graph = g};
+    loom__sim_submit(sb, &c);
+    return LOOM_OK;
+}
+
+static void loom__sim_event_record(loom_backend_t backend, loom_event_t ev) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    loom__sim_event *se = loom__sim_event_of(ev);
+    uint64_t n = loom__sim_event_issue(se);
+    loom__sim_event_ref(se);
+    loom__sim_cmd c = {.kind = LOOM__SIM_RECORD, .ev = se, .n = n};
+    loom__sim_submit(sb, &c);
+}
+
+static void loom__sim_event_wait(loom_backend_t backend, loom_event_t ev) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    loom__sim_event *se = loom__sim_event_of(ev);
+    uint64_t n = loom__sim_event_latest(se);
+    if (n == 0) return; /* never recorded: nothing to wait for */
+    loom__sim_event_ref(se);
+    loom__sim_cmd c = {.kind = LOOM__SIM_WAIT, .ev = se, .n = n};
+    loom__sim_submit(sb, &c);
+}
+
+static const struct loom_backend_i loom__sim_backend_i = {
+    .get_name = loom__sim_backend_name,
+    .free = loom__sim_backend_free,
+    .set_tensor_async = loom__sim_set_async,
+    .get_tensor_async = loom__sim_get_async,
+    .cpy_tensor_async = loom__sim_cpy_async,
+    .synchronize = loom__sim_synchronize,
+    .graph_compute = loom__sim_graph_compute,
+    .event_record = loom__sim_event_record,
+    .event_wait = loom__sim_event_wait,
+};
+
+static loom__sim_backend *loom__sim_backend_of(loom_backend_t b) {
+    LOOM_ASSERT(b != NULL && b->iface == &loom__sim_backend_i);
+    return b->context;
+}
+
+/* ---------------------------------------------------------------- constructor */
+
+/* params: "threads=N" (overrides the reg's threads). */
+static loom_status loom__sim_backend_params(loom__sim_dev *sd, const char *params, int *threads) {
+    if (!params || !params[0]) return LOOM_OK;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", params);
+    char *save = NULL;
+    for (char *opt = strtok_r(buf, ",", &save); opt; opt = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(opt, '=');
+        if (eq && (size_t)(eq - opt) == 7 && strncasecmp(opt, "threads", 7) == 0) {
+            char *end = NULL;
+            long v = strtol(eq + 1, &end, 10);
+            if (end != eq + 1 && !*end && v >= 1 && v <= 256) {
+                *threads = (int)v;
+                continue;
+            }
+            return loom_error(LOOM_ERR_FORMAT, "%s: backend params '%s': threads must be 1..256",
+                              sd->name, params);
+        }
+        return loom_error(LOOM_ERR_FORMAT,
+                          "%s: backend params '%s': unknown option '%s' (expected threads=N)",
+                          sd->name, params, opt);
+    }
+    return LOOM_OK;
+}
+
+loom_backend_t loom__sim_backend_new(loom__sim_dev *sd, const char *params) {
+    int threads = sd->sreg->cfg.threads;
+    if (loom__sim_backend_params(sd, params, &threads) != LOOM_OK) return NULL;
+    loom__sim_backend *sb = loom_calloc(1, sizeof *sb);
+    if (!sb) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a backend", sd->name);
+        return NULL;
+    }
+    sb->backend.iface = &loom__sim_backend_i;
+    sb->backend.device = &sd->dev;
+    sb->backend.context = sb;
+    sb->sd = sd;
+    snprintf(sb->name, sizeof sb->name, "%s", sd->name);
+    sb->tp = loom_threadpool_new(threads);
+    if (!sb->tp) {
+        loom_free(sb);
+        loom_error(LOOM_ERR_NOMEM, "%s: cannot create a pool of %d threads", sd->name, threads);
+        return NULL;
+    }
+    int stage = 0;
+    if (pthread_mutex_init(&sb->mu, NULL) == 0) stage = 1;
+    if (stage == 1 && pthread_cond_init(&sb->cv_work, NULL) == 0) stage = 2;
+    if (stage == 2 && pthread_cond_init(&sb->cv_done, NULL) == 0) stage = 3;
+    if (stage == 3 && pthread_create(&sb->thread, NULL, loom__sim_worker, sb) == 0) stage = 4;
+    if (stage < 4) {
+        if (stage >= 3) pthread_cond_destroy(&sb->cv_done);
+        if (stage >= 2) pthread_cond_destroy(&sb->cv_work);
+        if (stage >= 1) pthread_mutex_destroy(&sb->mu);
+        loom_threadpool_free(sb->tp);
+        loom_free(sb);
+        loom_error(LOOM_ERR_DEVICE, "%s: cannot start the device worker thread", sd->name);
+        return NULL;
+    }
+    pthread_mutex_lock(&sd->mu);
+    sd->n_backends++;
+    pthread_mutex_unlock(&sd->mu);
+    return &sb->backend;
+}

@@ -1,0 +1,344 @@
+/*
+ * matmul_bench: how close the CPU backend's MUL_MAT gets to this machine's limits.
+ *
+ * First it measures the machine itself (machine_limits.c): streaming read bandwidth and
+ * FMA peak on every hardware thread. Then it times MUL_MAT of an M x K weight (F32, F16,
+ * Q8_0, Q4_0) by K x N activations for one token (N = 1, a matrix-vector product that is
+ * bound by memory bandwidth) and for a batch (N = 512 by default, bound by arithmetic).
+ * Each row reports the best time of several runs, GFLOP/s (2*M*N*K per matmul), GB/s
+ * ((weight bytes + activation bytes) / time), and the fraction of the measured read
+ * bandwidth (N = 1) or FMA peak (batch). For N = 1 the graph holds enough copies of the
+ * weight to exceed the last-level cache several times, so the figure is DRAM streaming,
+ * not a cache-resident replay. A few outputs of every run are checked against a
+ * double-precision dot product of the dequantised weights; a wrong result fails the run.
+ *
+ *   matmul_bench [--size K] [--tokens N] [--threads T] [--small]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/machine_limits.h"
+#include "loom/loom.h"
+
+typedef struct bench_opts {
+    int64_t size;   /* K = M */
+    int64_t tokens; /* N of the batched row */
+    int threads;
+    bool small;
+    double min_time_s; /* keep repeating a case until this much time is spent */
+    int min_reps, max_reps;
+    size_t stream_bytes; /* working set of the bandwidth test and of N = 1 runs */
+} bench_opts;
+
+typedef struct case_result {
+    double best_s;        /* seconds per matmul, best run */
+    int reps;
+    int copies;           /* weights streamed per graph */
+    double weight_bytes;  /* one copy */
+    double act_bytes;     /* activations in (K*N*4) */
+    double max_err_ratio; /* max |got - ref| / tolerance over the sampled outputs */
+} case_result;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: matmul_bench [--size K] [--tokens N] [--threads T] [--small]\n"
+            "\n"
+            "Measures memory bandwidth and FMA peak, then times the CPU backend's MUL_MAT\n"
+            "with KxK weights (F32, F16, Q8_0, Q4_0) for N=1 and N tokens.\n"
+            "  --size K     weight rows and columns (default 4096; a multiple of 32)\n"
+            "  --tokens N   batch of the second row per type (default 512)\n"
+            "  --threads T  threads (default: every hardware thread)\n"
+            "  --small      quick run for CI: 512x512 weights, fewer repetitions\n");
+}
+
+static bool parse_i64(const char *s, int64_t *out) {
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (!s[0] || *end || v <= 0) return false;
+    *out = v;
+    return true;
+}
+
+/* splitmix64: deterministic, independent of the library under test */
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(uint64_t *s) {
+    return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+/* Tolerance of one output relative to sum |a_k b_k|: the kernels may round activations to
+ * the weight's dot type (F16, or Q8_0 for quantised weights) and sum in any order. */
+static double rel_tolerance(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_F32: return 1e-4;
+    case LOOM_TYPE_F16:
+    case LOOM_TYPE_BF16: return 8e-3;
+    default: return 3e-2;
+    }
+}
+
+/* Checks `samples` outputs of out = w x b against a double reference. */
+static double check_outputs(const loom_tensor *w, const float *b_host, const loom_tensor *out,
+                            int64_t K, int64_t M, int64_t N, uint64_t *rng) {
+    const loom_type_traits *tr = loom_type_traits_get(w->type);
+    size_t row_bytes = loom_row_size(w->type, K);
+    void *wrow = loom_malloc(row_bytes);
+    float *wf = loom_malloc(sizeof(float) * (size_t)K);
+    float *res = loom_malloc(sizeof(float) * (size_t)(M * N));
+    if (!wrow || !wf || !res) {
+        loom_free(wrow);
+        loom_free(wf);
+        loom_free(res);
+        return INFINITY;
+    }
+    loom_tensor_get(out, res, 0, sizeof(float) * (size_t)(M * N));
+    double worst = 0;
+    for (int s = 0; s < 16; s++) {
+        int64_t m = (int64_t)(rng_next(rng) % (uint64_t)M);
+        int64_t n = (int64_t)(rng_next(rng) % (uint64_t)N);
+        loom_tensor_get(w, wrow, (size_t)m * w->nb[1], row_bytes);
+        tr->to_float(wrow, wf, K);
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; k++) {
+            double p = (double)wf[k] * (double)b_host[n * K + k];
+            ref += p;
+            mag += fabs(p);
+        }
+        double err = fabs((double)res[n * M + m] - ref);
+        double ratio = err / (rel_tolerance(w->type) * mag + 1e-6);
+        if (!(ratio <= worst)) worst = ratio; /* NaN propagates as a failure */
+    }
+    loom_free(wrow);
+    loom_free(wf);
+    loom_free(res);
+    return worst;
+}
+
+/* Times `copies` independent M x K weights times one K x N activation matrix. */
+static loom_status run_case(loom_backend_t be, const bench_opts *o, loom_type type, int64_t N,
+                            case_result *r) {
+    const int64_t K = o->size, M = o->size;
+    memset(r, 0, sizeof *r);
+    r->weight_bytes = (double)loom_row_size(type, K) * (double)M;
+    r->act_bytes = 4.0 * (double)K * (double)N;
+    int copies = 1;
+    if (N == 1) {
+        double c = ceil((double)o->stream_bytes / r->weight_bytes);
+        copies = c < 1 ? 1 : c > 1024 ? 1024 : (int)c;
+    }
+    r->copies = copies;
+
+    size_t graph_size = (size_t)copies + 8;
+    loom_ctx_params cp = {
+        .mem_size = loom_tensor_overhead() * (size_t)(2 * copies + 8) +
+                    loom_graph_overhead(graph_size) + 4096,
+        .no_alloc = true,
+    };
+    loom_ctx *ctx = loom_ctx_new(cp);
+    if (!ctx) return loom_last_status();
+    loom_status st = LOOM_OK;
+    loom_buffer_t buf = NULL;
+    float *host_w = NULL, *host_b = NULL;
+    void *packed = NULL;
+    loom_tensor **w = loom_calloc((size_t)copies, sizeof *w);
+    loom_tensor **out = loom_calloc((size_t)copies, sizeof *out);
+    loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, N);
+    loom_graph *g = loom_graph_new(ctx, graph_size);
+    if (!w || !out || !b || !g) {
+        st = loom_last_status() != LOOM_OK ? loom_last_status() : LOOM_ERR_NOMEM;
+        goto done;
+    }
+    for (int c = 0; c < copies; c++) {
+        w[c] = loom_new_tensor_2d(ctx, type, K, M);
+        out[c] = loom_mul_mat(ctx, w[c], b);
+        if (!out[c] || (st = loom_graph_build_forward(g, out[c])) != LOOM_OK) {
+            if (st == LOOM_OK) st = loom_last_status();
+            goto done;
+        }
+    }
+    buf = loom_alloc_ctx_tensors(ctx, loom_backend_default_buft(be));
+    if (!buf) {
+        st = loom_last_status();
+        goto done;
+    }
+
+    /* deterministic data: uniform [-1, 1], weights converted to `type` */
+    uint64_t rng = 0x10c0ffee ^ (uint64_t)type ^ ((uint64_t)N << 20);
+    size_t packed_bytes = loom_row_size(type, K) * (size_t)M;
+    host_w = loom_malloc(sizeof(float) * (size_t)(K * M));
+    host_b = loom_malloc(sizeof(float) * (size_t)(K * N));
+    packed = loom_malloc(packed_bytes);
+    if (!host_w || !host_b || !packed) {
+        st = loom_error(LOOM_ERR_NOMEM, "cannot allocate host copies of the operands");
+        goto done;
+    }
+    for (int64_t i = 0; i < K * M; i++) host_w[i] = rng_uniform(&rng);
+    for (int64_t i = 0; i < K * N; i++) host_b[i] = rng_uniform(&rng);
+    loom_type_traits_get(type)->from_float(host_w, packed, K * M);
+    for (int c = 0; c < copies; c++) loom_tensor_set(w[c], packed, 0, packed_bytes);
+    loom_tensor_set(b, host_b, 0, sizeof(float) * (size_t)(K * N));
+
+    /* warm-up (also the run whose outputs are checked) */
+    if ((st = loom_backend_graph_compute(be, g)) != LOOM_OK) goto done;
+    r->max_err_ratio = check_outputs(w[0], host_b, out[0], K, M, N, &rng);
+
+    double best = INFINITY, spent = 0;
+    int reps = 0;
+    while (reps < o->max_reps && (reps < o->min_reps || spent < o->min_time_s)) {
+        int64_t t0 = loom_time_ns();
+        if ((st = loom_backend_graph_compute(be, g)) != LOOM_OK) goto done;
+        double s = (double)(loom_time_ns() - t0) * 1e-9;
+        spent += s;
+        if (s < best) best = s;
+        reps++;
+    }
+    r->best_s = best / copies;
+    r->reps = reps;
+
+done:
+    loom_free(host_w);
+    loom_free(host_b);
+    loom_free(packed);
+    loom_free(w);
+    loom_free(out);
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    return st;
+}
+
+static void print_size(char *buf, size_t n, double bytes) {
+    if (bytes >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+    else if (bytes >= 1024.0 * 1024)
+        snprintf(buf, n, "%.1f MiB", bytes / (1024.0 * 1024));
+    else
+        snprintf(buf, n, "%.1f KiB", bytes / 1024.0);
+}
+
+int main(int argc, char **argv) {
+    bench_opts o = {.size = 4096, .tokens = 512, .threads = 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t x;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--small")) {
+            o.small = true;
+        } else if (!strcmp(a, "--size") || !strcmp(a, "--tokens") || !strcmp(a, "--threads")) {
+            if (!v || !parse_i64(v, &x)) {
+                fprintf(stderr, "matmul_bench: %s needs a positive integer\n", a);
+                return 2;
+            }
+            if (!strcmp(a, "--size")) o.size = x;
+            if (!strcmp(a, "--tokens")) o.tokens = x;
+            if (!strcmp(a, "--threads")) o.threads = (int)x;
+            i++;
+        } else {
+            fprintf(stderr, "matmul_bench: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    bool size_given = false;
+    for (int i = 1; i < argc; i++) size_given |= !strcmp(argv[i], "--size");
+    if (o.small && !size_given) o.size = 512;
+    if (o.size % 32 != 0) {
+        fprintf(stderr, "matmul_bench: --size %lld is not a multiple of 32 (quant blocks)\n",
+                (long long)o.size);
+        return 2;
+    }
+    if (o.threads <= 0) o.threads = loom_n_cpus();
+    o.min_time_s = o.small ? 0.05 : 1.0;
+    o.min_reps = o.small ? 2 : 3;
+    o.max_reps = o.small ? 10 : 100;
+    size_t llc = loom__bench_llc_bytes();
+    size_t mib = (size_t)1 << 20;
+    o.stream_bytes = 4 * llc;
+    if (o.stream_bytes < 512 * mib) o.stream_bytes = 512 * mib;
+    if (o.stream_bytes > 1024 * mib) o.stream_bytes = 1024 * mib;
+    if (o.small) o.stream_bytes = 256 * mib;
+
+    loom_threadpool *tp = loom_threadpool_new(o.threads);
+    if (!tp) {
+        fprintf(stderr, "matmul_bench: cannot start %d threads: %s\n", o.threads,
+                loom_last_error());
+        return 1;
+    }
+    int runs = o.small ? 3 : 5;
+    loom__bench_bandwidth bw;
+    loom__bench_peak peak;
+    if (loom__bench_measure_bandwidth(tp, o.stream_bytes, runs, &bw) != LOOM_OK) {
+        fprintf(stderr, "matmul_bench: %s\n", loom_last_error());
+        loom_threadpool_free(tp);
+        return 1;
+    }
+    loom__bench_measure_fma_peak(tp, runs, &peak);
+    loom_threadpool_free(tp);
+
+    loom_backend_t be = loom_cpu_backend_new(o.threads);
+    if (!be) {
+        fprintf(stderr, "matmul_bench: cannot create the CPU backend: %s\n", loom_last_error());
+        return 1;
+    }
+
+    char s1[32], s2[32];
+    print_size(s1, sizeof s1, (double)bw.bytes);
+    print_size(s2, sizeof s2, (double)llc);
+    printf("loom matmul_bench: %d threads, CPU kernels: %s%s\n", o.threads, loom_cpu_simd_name(),
+           o.small ? " (--small)" : "");
+    printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%s buffer, LLC %s, best of %d)\n",
+           bw.read_gbps, bw.copy_gbps, s1, llc ? s2 : "unknown", bw.runs);
+    printf("FMA peak:         %.1f GFLOP/s (%s, %d threads, best of %d)\n", peak.gflops,
+           peak.isa, o.threads, peak.runs);
+    printf("\nMUL_MAT %lldx%lld weights (M x K) x activations (K x N); time = best run; "
+           "N=1 streams %s of weights\n\n",
+           (long long)o.size, (long long)o.size, s1);
+    printf("%-6s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "time(ms)", "GFLOP/s",
+           "GB/s", "%bw", "%peak", "reps", "check");
+
+    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
+                                      LOOM_TYPE_Q4_0};
+    int failed = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int64_t ns[2] = {1, o.tokens};
+        for (int k = 0; k < (o.tokens == 1 ? 1 : 2); k++) {
+            case_result r;
+            loom_status st = run_case(be, &o, types[ti], ns[k], &r);
+            if (st != LOOM_OK) {
+                fprintf(stderr, "matmul_bench: %s N=%lld: %s (%s)\n", loom_type_name(types[ti]),
+                        (long long)ns[k], loom_last_error(), loom_status_str(st));
+                failed++;
+                continue;
+            }
+            double flops = 2.0 * (double)o.size * (double)o.size * (double)ns[k];
+            double gflops = flops / r.best_s * 1e-9;
+            double gbps = (r.weight_bytes + r.act_bytes) / r.best_s * 1e-9;
+            bool ok = r.max_err_ratio <= 1.0;
+            failed += !ok;
+            char bwf[16] = "", pkf[16] = "";
+            if (ns[k] == 1)
+                snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * gbps / bw.read_gbps);
+            else
+                snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * gflops / peak.gflops);
+            printf("%-6s %5lld %11.3f %10.1f %9.1f %8s %8s %6d %5s\n",
+                   loom_type_name(types[ti]), (long long)ns[k], r.best_s * 1e3, gflops, gbps,
+                   bwf, pkf, r.reps, ok ? "ok" : "FAIL");
+            fflush(stdout);
+        }
+    }
+    printf("\n%%bw: GB/s over measured read bandwidth (N=1); %%peak: GFLOP/s over FMA peak.\n");
+    loom_backend_free(be);
+    if (failed) {
+        fprintf(stderr, "matmul_bench: %d case(s) failed\n", failed);
+        return 1;
+    }
+    return 0;
+}

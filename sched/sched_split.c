@@ -1,0 +1,443 @@
+/*
+ * Stage 1 of the scheduler: assign a backend to every tensor of a graph (five passes, each
+ * decision with a cause code) and cut the node list into splits, creating the copies a
+ * split needs and editing the caller's graph to use them.
+ *
+ *   pass 1  only the forced tensors: a buffer (1.dst / 1.vsrc; an op no backend can run on
+ *           a pre-allocated tensor is an error), a user input (1.inp: the CPU), a weight
+ *           source (1.wgt<j>: run where the weight lives, except ROPE and FLASH_ATTN_EXT,
+ *           whose small weights must not drag attention around), or a host weight that a
+ *           device asks to run anyway (1.off: op offload, by batch size);
+ *   pass 2  four sweeps propagate assignments to unassigned neighbours in node order: GPU
+ *           down and up (a CPU node stops the carry, so the CPU never spreads between GPU
+ *           ops), then any backend down and up; a node is stamped only if the carried
+ *           backend supports it; views are skipped;
+ *   pass 3  an assigned node moves to a higher-priority backend with the same buffer type
+ *           that supports it and its sources (3.upg); an unassigned one goes where most of
+ *           its sources can be read (3.best);
+ *   pass 4  views follow their source (4.vsrc), leftover sources follow their consumer
+ *           (4.cur), anything left takes the first backend that supports it (4.sup), and a
+ *           node no backend supports is an error;
+ *   pass 5  a split ends where the backend changes (views never cut), where a node needs a
+ *           weight staged from memory this backend cannot read while the split already has
+ *           inputs (so staged weights of consecutive layers reuse one region), and before
+ *           the input list would pass its cap. Sources in unreadable memory get copies
+ *           "<backend>#<tensor>#<copy>" and the node is edited to read the copy.
+ * User pins ("usr") are applied before pass 1 and never overwritten.
+ */
+#include <string.h>
+
+#include "sched/sched-impl.h"
+
+static inline bool is_view_op(loom_op op) { return loom_op_is_view(op); }
+
+static inline bool supports_op(const loom_sched *s, int b, const loom_tensor *t) {
+    return loom_backend_supports_op(s->backends[b], t);
+}
+
+static inline void assign(loom_sched *s, int id, int b, int cause) {
+    s->t_backend[id] = (int8_t)b;
+    s->t_cause[id] = (uint8_t)cause;
+}
+
+/* The buffer that decides where t lives: its view source's, else its own. */
+static inline loom_buffer_t home_buffer(const loom_tensor *t) {
+    if (t->view_src && t->view_src->buffer) return t->view_src->buffer;
+    return t->buffer;
+}
+
+static inline bool buft_supported(const loom_sched *s, int b, loom_buft_t buft) {
+    return buft == s->bufts[b] || loom_backend_supports_buft(s->backends[b], buft);
+}
+
+bool loom__sched_buffer_supported(const loom_sched *s, const loom_tensor *t, int b) {
+    loom_buffer_t buf = home_buffer(t);
+    loom_buft_t buft = NULL;
+    if (buf) {
+        buft = loom_buffer_buft(buf);
+    } else {
+        int tb = loom__sched_backend_of(s, t);
+        if (tb == -1 && t->view_src) tb = loom__sched_backend_of(s, t->view_src);
+        if (tb != -1) buft = s->bufts[tb];
+    }
+    return buft && buft_supported(s, b, buft);
+}
+
+/* The highest-priority backend that can use t's buffer and run op; -1 if none. */
+static int backend_from_buffer(const loom_sched *s, const loom_tensor *t, const loom_tensor *op) {
+    loom_buffer_t buf = home_buffer(t);
+    if (!buf) return -1;
+    loom_buft_t buft = loom_buffer_buft(buf);
+    for (int b = 0; b < s->n_backends; b++) {
+        if (buft_supported(s, b, buft) && supports_op(s, b, op)) return b;
+    }
+    return -1;
+}
+
+/* The buffer of a weight source (its own or its view source's), or NULL. */
+static inline loom_buffer_t weight_buffer(const loom_tensor *src) {
+    loom_buffer_t buf = home_buffer(src);
+    if (buf && loom_buffer_get_usage(buf) == LOOM_BUFFER_USAGE_WEIGHTS) return buf;
+    return NULL;
+}
+
+/* Pass 1 for one tensor. Returns the backend (or -1) and its cause; LOOM_ERR_* through
+ * *st for a pre-allocated tensor that no backend can run. */
+static int backend_from_cur(const loom_sched *s, const loom_tensor *t, int *cause,
+                            loom_status *st) {
+    loom_buffer_t buf = home_buffer(t);
+    if (buf) {
+        int b = backend_from_buffer(s, t, t);
+        if (b >= 0) {
+            *cause = (t->view_src && t->view_src->buffer) ? LOOM__CAUSE_VSRC1 : LOOM__CAUSE_DST;
+            return b;
+        }
+        *st = loom_error(LOOM_ERR_UNSUPPORTED,
+                         "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and no "
+                         "backend that can use that buffer can run %s",
+                         t->name, loom_op_name(t->op), loom_buffer_name(buf), loom_op_name(t->op));
+        return -1;
+    }
+    if (t->flags & LOOM_TENSOR_FLAG_INPUT) {
+        *cause = LOOM__CAUSE_INP;
+        return s->n_backends - 1;
+    }
+    /* ROPE's frequency factors and FLASH_ATTN_EXT's sinks are too small to decide */
+    if (t->op == LOOM_OP_ROPE || t->op == LOOM_OP_FLASH_ATTN_EXT) return -1;
+    for (int j = 0; j < LOOM_MAX_SRC; j++) {
+        const loom_tensor *src = t->src[j];
+        if (!src) continue;
+        loom_buffer_t wbuf = weight_buffer(src);
+        if (!wbuf) continue;
+        int sb = backend_from_buffer(s, src, t);
+        if (s->op_offload && sb == s->n_backends - 1 && loom_buffer_is_host(wbuf)) {
+            for (int b = 0; b < sb; b++) {
+                if (supports_op(s, b, t) && loom_backend_offload_op(s->backends[b], t)) {
+                    *cause = LOOM__CAUSE_OFF;
+                    return b;
+                }
+            }
+        }
+        *cause = LOOM__CAUSE_WGT0 + j;
+        return sb;
+    }
+    return -1;
+}
+
+static loom_status pass1(loom_sched *s, loom_graph *g, int *nt) {
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < g->n_leafs; i++) {
+        int id = loom__sched_id_add(s, g->leafs[i]);
+        if (id < 0) return loom_last_status();
+        if (s->t_backend[id] != -1) continue;
+        int cause = LOOM__CAUSE_NONE;
+        int b = backend_from_cur(s, g->leafs[i], &cause, &st);
+        if (st != LOOM_OK) return st;
+        if (b >= 0) assign(s, id, b, cause);
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        int id = loom__sched_id_add(s, g->nodes[i]);
+        if (id < 0) return loom_last_status();
+        nt[i] = id;
+        if (s->t_backend[id] != -1) continue;
+        int cause = LOOM__CAUSE_NONE;
+        int b = backend_from_cur(s, g->nodes[i], &cause, &st);
+        if (st != LOOM_OK) return st;
+        if (b >= 0) assign(s, id, b, cause);
+    }
+    return LOOM_OK;
+}
+
+static inline void set_if_supported(loom_sched *s, const loom_tensor *node, int id, int b,
+                                    int cause) {
+    if (supports_op(s, b, node)) assign(s, id, b, cause);
+}
+
+/* Pass 2: the four sweeps. gpu_only: a CPU node clears the carried backend. */
+static void sweep(loom_sched *s, loom_graph *g, const int *nt, bool forward, bool gpu_only,
+                  int cause) {
+    const int cpu = s->n_backends - 1;
+    int cur = -1;
+    for (int k = 0; k < g->n_nodes; k++) {
+        int i = forward ? k : g->n_nodes - 1 - k;
+        const loom_tensor *node = g->nodes[i];
+        if (is_view_op(node->op)) continue;
+        int b = s->t_backend[nt[i]];
+        if (b != -1) {
+            cur = (gpu_only && b == cpu) ? -1 : b;
+        } else if (cur != -1) {
+            set_if_supported(s, node, nt[i], cur, cause);
+        }
+    }
+}
+
+static void pass3(loom_sched *s, loom_graph *g, const int *nt) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *node = g->nodes[i];
+        if (is_view_op(node->op)) continue;
+        int id = nt[i];
+        int b = s->t_backend[id];
+        if (b == -1) {
+            /* best guess: where the most sources can be read without a copy */
+            int best = -1, best_n = -1;
+            for (int c = 0; c < s->n_backends; c++) {
+                if (!supports_op(s, c, node)) continue;
+                int n = 0;
+                for (int j = 0; j < LOOM_MAX_SRC; j++) {
+                    const loom_tensor *src = node->src[j];
+                    if (!src) continue;
+                    bool assigned = loom__sched_backend_of(s, src) != -1 ||
+                                    (src->view_src && loom__sched_backend_of(s, src->view_src) != -1);
+                    if (assigned && loom__sched_buffer_supported(s, src, c)) n++;
+                }
+                if (n > best_n) {
+                    best_n = n;
+                    best = c;
+                }
+            }
+            if (best != -1) assign(s, id, best, LOOM__CAUSE_BEST);
+        } else if (s->t_cause[id] != LOOM__CAUSE_USR) {
+            /* upgrade: same memory, higher priority (e.g. CPU -> an accelerator on host
+             * memory). Stricter than needed: identical buffer type, not merely readable. */
+            for (int c = 0; c < b; c++) {
+                if (s->bufts[c] != s->bufts[b] || !supports_op(s, c, node)) continue;
+                bool ok = true;
+                for (int j = 0; j < LOOM_MAX_SRC && ok; j++) {
+                    if (node->src[j]) ok = loom__sched_buffer_supported(s, node->src[j], c);
+                }
+                if (ok) {
+                    assign(s, id, c, LOOM__CAUSE_UPG);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+static loom_status pass4(loom_sched *s, loom_graph *g, const int *nt) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        loom_tensor *node = g->nodes[i];
+        int id = nt[i];
+        if (s->t_backend[id] == -1 && node->view_src) {
+            int vb = loom__sched_backend_of(s, node->view_src);
+            if (vb != -1) assign(s, id, vb, LOOM__CAUSE_VSRC4);
+        }
+        for (int b = 0; b < s->n_backends && s->t_backend[id] == -1; b++) {
+            set_if_supported(s, node, id, b, LOOM__CAUSE_SUP);
+        }
+        int nb = s->t_backend[id];
+        if (nb == -1) {
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "sched: no backend supports op %s for tensor %s (not even the "
+                              "CPU)",
+                              loom_op_name(node->op), node->name);
+        }
+        for (int j = 0; j < LOOM_MAX_SRC; j++) {
+            loom_tensor *src = node->src[j];
+            if (!src) continue;
+            int sid = loom__sched_id_add(s, src);
+            if (sid < 0) return loom_last_status();
+            if (s->t_backend[sid] != -1) continue;
+            int vb = src->view_src ? loom__sched_backend_of(s, src->view_src) : -1;
+            if (vb != -1) {
+                assign(s, sid, vb, LOOM__CAUSE_VSRC4);
+            } else {
+                assign(s, sid, nb, LOOM__CAUSE_CUR);
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ------------------------------------------------------------------ pass 5 */
+
+static loom_status split_open(loom_sched *s, int backend_id, int i_start) {
+    if (s->n_splits == s->cap_splits) {
+        int cap = s->cap_splits ? 2 * s->cap_splits : 16;
+        loom__split *sp = loom_realloc(s->splits, (size_t)cap * sizeof(*sp));
+        if (!sp) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory for splits");
+        memset(&sp[s->cap_splits], 0, (size_t)(cap - s->cap_splits) * sizeof(*sp));
+        s->splits = sp;
+        s->cap_splits = cap;
+    }
+    loom__split *sp = &s->splits[s->n_splits++];
+    sp->backend_id = backend_id;
+    sp->i_start = i_start;
+    sp->i_end = i_start;
+    sp->n_inputs = 0;
+    return LOOM_OK;
+}
+
+static loom_status split_add_input(loom_sched *s, loom__split *sp, loom_tensor *input) {
+    if (sp->n_inputs == sp->cap_inputs) {
+        int cap = sp->cap_inputs ? 2 * sp->cap_inputs : LOOM_SCHED_MAX_SPLIT_INPUTS;
+        loom_tensor **in = loom_realloc(sp->inputs, (size_t)cap * sizeof(*in));
+        if (!in) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory for split inputs");
+        sp->inputs = in;
+        sp->cap_inputs = cap;
+    }
+    if (sp->n_inputs == s->max_split_inputs) {
+        LOOM_LOG_WARN("sched: split %d (%s) needs more than %d inputs; growing its input list",
+                      (int)(sp - s->splits), loom_backend_name(s->backends[sp->backend_id]),
+                      s->max_split_inputs);
+    }
+    sp->inputs[sp->n_inputs++] = input;
+    return LOOM_OK;
+}
+
+static loom_status add_graph_input(loom_sched *s, loom_tensor *t) {
+    if (s->n_graph_inputs == s->cap_graph_inputs) {
+        int cap = s->cap_graph_inputs ? 2 * s->cap_graph_inputs : LOOM_SCHED_MAX_SPLIT_INPUTS;
+        loom_tensor **in = loom_realloc(s->graph_inputs, (size_t)cap * sizeof(*in));
+        if (!in) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory for graph inputs");
+        s->graph_inputs = in;
+        s->cap_graph_inputs = cap;
+    }
+    s->graph_inputs[s->n_graph_inputs++] = t;
+    return LOOM_OK;
+}
+
+static loom_status log_rewrite(loom_sched *s, loom_tensor *node, int j, loom_tensor *orig) {
+    if (s->n_rewrites == s->cap_rewrites) {
+        int cap = s->cap_rewrites ? 2 * s->cap_rewrites : 64;
+        loom__rewrite *r = loom_realloc(s->rewrites, (size_t)cap * sizeof(*r));
+        if (!r) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory");
+        s->rewrites = r;
+        s->cap_rewrites = cap;
+    }
+    s->rewrites[s->n_rewrites++] = (loom__rewrite){node, j, orig};
+    return LOOM_OK;
+}
+
+/* n_copies headers of src on backend b, named "<backend>#<src>#<c>"; copy `self` (or -1)
+ * is src itself. Pipeline copies are INPUT|OUTPUT so the allocator gives each its own,
+ * never reused, place. */
+static loom_status make_copies(loom_sched *s, int sid, loom_tensor *src, int b, int self) {
+    for (int c = 0; c < s->n_copies; c++) {
+        loom_tensor *copy = src;
+        if (c != self) {
+            copy = loom__sched_new_header(s, src);
+            if (!copy) return loom_last_status();
+            loom_format_name(copy, "%s#%s#%d", loom_backend_name(s->backends[b]), src->name, c);
+        }
+        if (s->n_copies > 1) copy->flags |= LOOM_TENSOR_FLAG_INPUT | LOOM_TENSOR_FLAG_OUTPUT;
+        loom_status st = loom__sched_copy_set(s, sid, b, c, copy);
+        if (st != LOOM_OK) return st;
+        if (c != self) {
+            int cid = loom__sched_id_add(s, copy);
+            if (cid < 0) return loom_last_status();
+            assign(s, cid, b, LOOM__CAUSE_CPY);
+        }
+    }
+    return LOOM_OK;
+}
+
+/* Whether the node's source j needs a copy that does not exist yet on backend cur. */
+static bool needs_new_copy(const loom_sched *s, const loom_tensor *node, int j, int cur) {
+    const loom_tensor *src = node->src[j];
+    for (int k = 0; k < j; k++) {
+        if (node->src[k] == src) return false; /* counted already */
+    }
+    int sid = loom__sched_id(s, src);
+    LOOM_ASSERT(sid >= 0);
+    int sb = s->t_backend[sid];
+    if (sb == cur || loom__sched_buffer_supported(s, src, cur)) return false;
+    return loom__sched_copy_get(s, sid, cur, 0) == NULL;
+}
+
+static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
+    s->n_splits = 0;
+    s->n_graph_inputs = 0;
+    int first = s->n_backends - 1;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!is_view_op(g->nodes[i]->op)) {
+            first = s->t_backend[nt[i]];
+            break;
+        }
+    }
+    loom_status st = split_open(s, first, 0);
+    if (st != LOOM_OK) return st;
+    int cur = first;
+
+    for (int i = 0; i < g->n_nodes; i++) {
+        loom_tensor *node = g->nodes[i];
+        if (is_view_op(node->op)) continue; /* views never cut and never need copies */
+        int nb = s->t_backend[nt[i]];
+        LOOM_ASSERT(nb != -1);
+        loom__split *sp = &s->splits[s->n_splits - 1];
+
+        bool cut = nb != cur;
+        if (!cut && sp->n_inputs > 0) {
+            int n_new = 0;
+            for (int j = 0; j < LOOM_MAX_SRC && !cut; j++) {
+                if (!node->src[j] || !needs_new_copy(s, node, j, cur)) continue;
+                /* a new weight to stage: a new split lets its region be reused */
+                if (weight_buffer(node->src[j])) cut = true;
+                n_new++;
+            }
+            if (sp->n_inputs + n_new > s->max_split_inputs) cut = true;
+        }
+        if (cut) {
+            sp->i_end = i;
+            st = split_open(s, nb, i);
+            if (st != LOOM_OK) return st;
+            sp = &s->splits[s->n_splits - 1];
+            cur = nb;
+        }
+
+        for (int j = 0; j < LOOM_MAX_SRC; j++) {
+            loom_tensor *src = node->src[j];
+            if (!src) continue;
+            int sid = loom__sched_id(s, src);
+            LOOM_ASSERT(sid >= 0);
+            int sb = s->t_backend[sid];
+            LOOM_ASSERT(sb != -1);
+
+            if ((src->flags & LOOM_TENSOR_FLAG_INPUT) && s->n_copies > 1 &&
+                !loom__sched_copy_get(s, sid, sb, 0)) {
+                /* user input: one slot per pipeline copy on its own backend; the caller's
+                 * tensor is the slot of the current copy */
+                st = make_copies(s, sid, src, sb, s->cur_copy);
+                if (st == LOOM_OK) st = add_graph_input(s, src);
+                if (st != LOOM_OK) return st;
+            }
+
+            if (sb != cur && !loom__sched_buffer_supported(s, src, cur)) {
+                if (!loom__sched_copy_get(s, sid, cur, 0)) {
+                    st = make_copies(s, sid, src, cur, -1);
+                    if (st == LOOM_OK) st = split_add_input(s, sp, src);
+                    if (st != LOOM_OK) return st;
+                }
+                st = log_rewrite(s, node, j, src);
+                if (st != LOOM_OK) return st;
+                node->src[j] = loom__sched_copy_get(s, sid, cur, s->cur_copy);
+            }
+        }
+    }
+    s->splits[s->n_splits - 1].i_end = g->n_nodes;
+    return LOOM_OK;
+}
+
+loom_status loom__sched_split(loom_sched *s, loom_graph *g) {
+    s->n_graph_nodes = g->n_nodes;
+    s->n_graph_leafs = g->n_leafs;
+    g->uid = loom_graph_next_uid(); /* the graph is about to be edited */
+
+    loom_status st = loom__ptrmap_reserve(&s->map, (size_t)(g->n_nodes + g->n_leafs) + 64);
+    if (st != LOOM_OK) return st;
+    int *nt = loom_malloc((size_t)(g->n_nodes > 0 ? g->n_nodes : 1) * sizeof(*nt));
+    if (!nt) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+
+    st = pass1(s, g, nt);
+    if (st == LOOM_OK) {
+        sweep(s, g, nt, true, true, LOOM__CAUSE_GPU_DN);
+        sweep(s, g, nt, false, true, LOOM__CAUSE_GPU_UP);
+        sweep(s, g, nt, true, false, LOOM__CAUSE_ANY_DN);
+        sweep(s, g, nt, false, false, LOOM__CAUSE_ANY_UP);
+        pass3(s, g, nt);
+        st = pass4(s, g, nt);
+    }
+    if (st == LOOM_OK) st = pass5(s, g, nt);
+    loom_free(nt);
+    return st;
+}

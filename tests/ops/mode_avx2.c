@@ -1,0 +1,30 @@
+/*
+ * ops_avx2_test: every ops case on the CPU backend capped to the avx2 SIMD path
+ * (LOOM_CPU_SIMD=avx2), with 1 and with 3 threads, against the scalar reference.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "tests/ops/mode_simd.h"
+
+__attribute__((constructor(101))) static void ops_simd_cap(void) {
+    setenv("LOOM_CPU_SIMD", "avx2", 1);
+}
+
+static bool ops_open_avx2(int config, ops_backend *out) {
+    return ops_simd_open("avx2", config, out);
+}
+
+const ops_mode ops_target_mode = {
+    .name = "avx2",
+    .n_configs = 2,
+    .replay = false,
+    .open = ops_open_avx2,
+    .close = ops_cpu_close,
+};
+
+LOOM_TEST(ops_mode, avx2_path_is_used) {
+    if (!ops_simd_available("avx2")) LOOM_SKIP("this CPU cannot run the avx2 path");
+    const char *name = loom_cpu_simd_name();
+    LOOM_REQUIRE(name != NULL);
+    LOOM_CHECK_MSG(!strcmp(name, "avx2"), "loom_cpu_simd_name() = \"%s\"", name);
+}

@@ -1,0 +1,30 @@
+/*
+ * The `loom` command-line tool's subcommands. Each takes the arguments after its name
+ * (argv[0] is the subcommand), prints its report on stdout, one clear line on stderr on
+ * failure, and returns the process exit status: 0 success, 1 failure, 2 bad usage.
+ */
+#ifndef LOOM_TOOLS_CLI_H
+#define LOOM_TOOLS_CLI_H
+
+#include <stddef.h>
+
+#include "loom/loom.h"
+
+/* `loom demo`: a llama-style block on the CPU and split by hand across devices. */
+int loom_cli_demo(int argc, char **argv);
+/* `loom devices`: registries, devices, memory and caps. */
+int loom_cli_devices(int argc, char **argv);
+
+/* Shared helpers. */
+/* Parses a positive int option value; prints the error and returns false if it is not. */
+bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int min, int max,
+                        int *out);
+/* Resolves a device spec ("sim:2", "cpu", ...), loading the backend modules first
+ * unless it is a sim spec. */
+loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap,
+                                       size_t *n);
+/* "1.5 MiB" */
+void loom_cli_format_bytes(char *buf, size_t size, double bytes);
+const char *loom_cli_dev_type_name(loom_dev_type t);
+
+#endif /* LOOM_TOOLS_CLI_H */

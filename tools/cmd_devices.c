@@ -1,0 +1,91 @@
+/*
+ * `loom devices`: loads every backend module (loom_registry_load_all), optionally resolves
+ * a device spec (which creates sim devices), and lists each registry with its devices:
+ * type, memory, caps and buffer types.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+static void devices_usage(FILE *f) {
+    fprintf(f,
+            "usage: loom devices [--devices SPEC]\n"
+            "\n"
+            "Loads the backend modules (the directory of the loom library and\n"
+            "LOOM_BACKEND_PATH) and lists every registry and device: type, memory, caps\n"
+            "and buffer types.\n"
+            "\n"
+            "options:\n"
+            "  --devices SPEC   also resolve SPEC first (e.g. sim:4,mem=2GiB), creating the\n"
+            "                   devices it names, and mark them in the list\n"
+            "  -h, --help       this text\n");
+}
+
+static const char *yes_no(bool b) {
+    return b ? "yes" : "no";
+}
+
+static void print_buft(const char *label, loom_buft_t buft) {
+    if (!buft) {
+        printf("      %-12s none\n", label);
+        return;
+    }
+    printf("      %-12s %s (alignment %zu, %s)\n", label, loom_buft_name(buft),
+           loom_buft_alignment(buft), loom_buft_is_host(buft) ? "host memory" : "device memory");
+}
+
+int loom_cli_devices(int argc, char **argv) {
+    const char *spec = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            devices_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--devices")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "loom devices: --devices needs a value (e.g. sim:2)\n");
+                return 2;
+            }
+            spec = argv[++i];
+        } else {
+            fprintf(stderr, "loom devices: unknown option '%s' (see loom devices --help)\n",
+                    argv[i]);
+            return 2;
+        }
+    }
+    loom_dev_t chosen[64];
+    size_t n_chosen = 0;
+    loom_registry_load_all();
+    if (spec && loom_cli_devices_from_spec(spec, chosen, 64, &n_chosen) != LOOM_OK) {
+        fprintf(stderr, "loom devices: --devices '%s': %s\n", spec, loom_last_error());
+        return 1;
+    }
+
+    size_t n_reg = loom_registry_reg_count();
+    printf("%zu registr%s, %zu device%s\n", n_reg, n_reg == 1 ? "y" : "ies",
+           loom_registry_dev_count(), loom_registry_dev_count() == 1 ? "" : "s");
+    for (size_t r = 0; r < n_reg; r++) {
+        loom_reg_t reg = loom_registry_reg_get(r);
+        size_t nd = loom_reg_dev_count(reg);
+        printf("\nregistry %s: %zu device%s\n", loom_reg_name(reg), nd, nd == 1 ? "" : "s");
+        for (size_t d = 0; d < nd; d++) {
+            loom_dev_t dev = loom_reg_dev_get(reg, d);
+            loom_dev_props p;
+            memset(&p, 0, sizeof p);
+            loom_dev_get_props(dev, &p);
+            bool is_chosen = false;
+            for (size_t k = 0; k < n_chosen; k++) is_chosen |= chosen[k] == dev;
+            char fr[24], tot[24];
+            loom_cli_format_bytes(fr, sizeof fr, (double)p.memory_free);
+            loom_cli_format_bytes(tot, sizeof tot, (double)p.memory_total);
+            printf("  %s%s  [%s] %s\n", loom_dev_name(dev), is_chosen ? " (from --devices)" : "",
+                   loom_cli_dev_type_name(p.type), p.description ? p.description : "");
+            printf("      %-12s %s free of %s\n", "memory", fr, tot);
+            printf("      %-12s async %s, events %s, host buffer %s\n", "caps",
+                   yes_no(p.caps.async), yes_no(p.caps.events), yes_no(p.caps.host_buffer));
+            print_buft("buffer type", loom_dev_buffer_type(dev));
+            if (p.caps.host_buffer) print_buft("host buffer", loom_dev_host_buffer_type(dev));
+        }
+    }
+    return 0;
+}
