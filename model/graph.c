@@ -133,8 +133,20 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     K = loom_permute(ctx, K, 0, 2, 1, 3);
     Vv = loom_permute(ctx, Vv, 0, 2, 1, 3);
     loom_tensor *Q = loom_permute(ctx, q, 0, 2, 1, 3); /* [D, T, H] */
-    loom_tensor *a = loom_flash_attn_ext(ctx, Q, K, Vv, mask, NULL, 1.0f / sqrtf((float)D), 0.0f,
-                                         0.0f); /* [D, H, T] */
+    loom_tensor *a;
+    if (!m->no_flash_attn) {
+        a = loom_flash_attn_ext(ctx, Q, K, Vv, mask, NULL, 1.0f / sqrtf((float)D), 0.0f,
+                                0.0f); /* [D, H, T] */
+    } else {
+        /* kq [K, T, H] (K heads broadcast over their query group), softmax with the mask,
+         * then V^T [K, D, Hk] x kq -> [D, T, H] -> [D, H, T] */
+        loom_tensor *kq = loom_mul_mat(ctx, K, Q);
+        kq = loom_soft_max_ext(ctx, kq, mask, NULL, 1.0f / sqrtf((float)D), 0.0f);
+        loom_tensor *Vt = loom_cont(ctx, loom_permute(ctx, loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes,
+                                                                    vc->nb[1], 0), 1, 2, 0, 3));
+        loom_tensor *kqv = loom_mul_mat(ctx, Vt, kq);
+        a = loom_cont(ctx, loom_permute(ctx, kqv, 0, 2, 1, 3));
+    }
     a = loom_reshape_2d(ctx, a, D * H, T);
     if (!a) return NULL;
     loom_format_name(a, "kqv_out-%d", il);

@@ -108,6 +108,13 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return loom_error(LOOM_ERR_FORMAT, "model: rope dimension %lld does not fit head_dim %lld",
                           (long long)hp->n_rot, (long long)hp->head_dim);
+    hp->attn_block = hp->ffn_block = 1;
+    int64_t ti;
+    if ((ti = loom_gguf_find_tensor(g, "blk.0.attn_output.weight")) >= 0)
+        hp->attn_block = loom_blck_size(loom_gguf_tensor_type(g, ti));
+    if ((ti = loom_gguf_find_tensor(g, "blk.0.ffn_down.weight")) >= 0 ||
+        (ti = loom_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight")) >= 0)
+        hp->ffn_block = loom_blck_size(loom_gguf_tensor_type(g, ti));
     char key[128];
     snprintf(key, sizeof key, "%s.vocab_size", arch);
     if (loom_gguf_find_kv(g, key) >= 0) {

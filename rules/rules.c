@@ -41,8 +41,8 @@ struct loom_rules {
     "cache_[kv]_l\\d+               0  kvhead\n"
 
 #define DENSE_FFN                                                                                  \
-    "blk\\.\\d+\\.ffn_(gate|up)\\.weight  1\n"                                                     \
-    "blk\\.\\d+\\.ffn_down\\.weight       0\n"
+    "blk\\.\\d+\\.ffn_(gate|up)\\.weight  1  ffn\n"                                                \
+    "blk\\.\\d+\\.ffn_down\\.weight       0  ffn\n"
 
 static const char LLAMA_RULES[] = "# llama / mistral: tensor-parallel split table\n" COMMON_ATTN
     DENSE_FFN;
@@ -58,9 +58,9 @@ static const char MOE_RULES[] = "# mixtral-style MoE: experts split along their 
     "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
     "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
     "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1\n"
-    "blk\\.\\d+\\.ffn_down_exps\\.weight        0\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0\n"
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"
+    "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0  ffn\n"
     "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n" DENSE_FFN;
 
 const char *loom_rules_builtin_text(const char *arch, bool moe) {
@@ -127,14 +127,15 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         if (strcmp(g, "head") == 0) ri.pub.unit = LOOM_RULE_UNIT_HEAD;
         else if (strcmp(g, "kvhead") == 0) ri.pub.unit = LOOM_RULE_UNIT_KVHEAD;
         else if (strcmp(g, "qgroup") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP;
+        else if (strcmp(g, "ffn") == 0) ri.pub.unit = LOOM_RULE_UNIT_FFN;
         else {
             char *end;
             errno = 0;
             long long v = strtoll(g, &end, 10);
             if (*end || errno || v <= 0)
                 return loom_error(LOOM_ERR_FORMAT,
-                                  "%s:%d: bad granularity '%s' (a positive integer, head, kvhead "
-                                  "or qgroup)",
+                                  "%s:%d: bad granularity '%s' (a positive integer, head, kvhead, "
+                                  "qgroup or ffn)",
                                   source, lineno, g);
             ri.pub.granularity = v;
         }
@@ -281,15 +282,6 @@ static int layer_of(const char *name) {
     return 0;
 }
 
-static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
-    switch (rule->unit) {
-    case LOOM_RULE_UNIT_HEAD:
-    case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim;
-    case LOOM_RULE_UNIT_QGROUP: return hp->head_dim * (hp->n_head / hp->n_head_kv);
-    default: return rule->granularity;
-    }
-}
-
 static int64_t gcd64(int64_t a, int64_t b) {
     while (b) {
         int64_t t = a % b;
@@ -297,6 +289,22 @@ static int64_t gcd64(int64_t a, int64_t b) {
         b = t;
     }
     return a;
+}
+
+static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
+
+/* Query groups are coarsened to whole quant blocks of attn_output's rows; KV heads follow
+ * with the same multiple, so query and KV splits keep agreeing. */
+static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
+    int64_t qg = hp->head_dim * (hp->n_head / hp->n_head_kv);
+    int64_t mult = lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1) / qg;
+    switch (rule->unit) {
+    case LOOM_RULE_UNIT_HEAD: return hp->head_dim;
+    case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim * mult;
+    case LOOM_RULE_UNIT_QGROUP: return qg * mult;
+    case LOOM_RULE_UNIT_FFN: return hp->ffn_block > 1 ? hp->ffn_block : 1;
+    default: return rule->granularity;
+    }
 }
 
 loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,

@@ -48,6 +48,9 @@ typedef struct loom_hparams {
     int64_t n_expert;      /* 0 for dense */
     int64_t n_expert_used;
     bool norm_topk;        /* renormalise the selected experts' weights (mixtral: yes) */
+    /* block lengths of the quantised types whose rows a tensor split must respect:
+     * attn_output's (its rows are the query heads) and ffn_down's (its rows are n_ff) */
+    int64_t attn_block, ffn_block;
 } loom_hparams;
 
 /* Reads hyperparameters; errors name the missing key or the unknown architecture. */
@@ -82,6 +85,7 @@ typedef struct loom_model {
     loom_buffer_t *buffers;        /* one per distinct buffer type used */
     int n_buffers;
     size_t n_bytes;                /* weight bytes */
+    bool no_flash_attn;            /* attention as mul_mat + soft_max(mask) + mul_mat */
     int64_t load_us;
 } loom_model;
 
@@ -137,6 +141,25 @@ LOOM_API loom_status loom_model_build_graph(const loom_model *m, const loom_kv_c
 LOOM_API size_t loom_model_graph_ctx_size(const loom_model *m);
 /* Writes tokens, positions and the causal mask into the graph's (allocated) inputs. */
 LOOM_API loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tokens);
+
+/* ---------------------------------------------------------------- synthetic models */
+
+/* A llama-family model with deterministic random weights and a small SentencePiece vocab,
+ * for tests and for `loom`'s built-in default model. */
+typedef struct loom_synth_params {
+    const char *arch;     /* "llama" (default), "qwen2", "mixtral" ... */
+    int64_t n_vocab;      /* >= 300 (control + byte tokens + letters) */
+    int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
+    int64_t n_expert, n_expert_used; /* 0: dense */
+    loom_type wtype;      /* matrices: F32, F16, BF16, Q8_0, Q4_0 (norms and biases F32) */
+    bool biases;          /* attention q/k/v biases, and expert biases for MoE */
+    bool fused_qkv;       /* one attn_qkv weight instead of q, k, v */
+    uint64_t seed;
+} loom_synth_params;
+
+LOOM_API loom_synth_params loom_synth_params_default(void);
+/* A writer holding the model (write it with loom_gguf_write_file / _memory). */
+LOOM_API loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out);
 
 /* ---------------------------------------------------------------- sampling */
 

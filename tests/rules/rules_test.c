@@ -141,13 +141,28 @@ LOOM_TEST(rules, quant_blocks_and_fused_qkv) {
     hp.n_ff = 96;
     loom_rules *r = NULL;
     LOOM_REQUIRE(loom_rules_builtin("qwen2", false, &r) == LOOM_OK);
-    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead(), .no_alloc = true});
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 32 * loom_tensor_overhead(), .no_alloc = true});
     LOOM_REQUIRE(ctx != NULL);
     /* ffn_down [96, 256] Q4_0 split on axis 0: 96 = 3 blocks of 32 over 2 devices */
     loom_tensor *down = tensor(ctx, LOOM_TYPE_Q4_0, 96, 256, "blk.0.ffn_down.weight");
     loom_split_state s;
     LOOM_REQUIRE(loom_rules_split_state(r, &hp, down, 2, &s, NULL) == LOOM_OK);
     check_counts(&s, 0, (int64_t[]){64, 32}, 2);
+    /* ffn_up is F32, but its columns must follow ffn_down's Q4_0 rows: the ffn unit */
+    hp.ffn_block = 32;
+    loom_tensor *up = tensor(ctx, LOOM_TYPE_F32, 256, 96, "blk.0.ffn_up.weight");
+    LOOM_REQUIRE(loom_rules_split_state(r, &hp, up, 2, &s, NULL) == LOOM_OK);
+    check_counts(&s, 1, (int64_t[]){64, 32}, 2);
+    /* query groups coarsened to attn_output's blocks, KV heads with them: D 8, 2 heads
+     * per group = 16 rows -> 32-row units, KV 16 rows per unit */
+    hp.attn_block = 32;
+    loom_tensor *wq = tensor(ctx, LOOM_TYPE_F32, 256, 64, "blk.0.attn_q.weight");
+    loom_tensor *wk = tensor(ctx, LOOM_TYPE_F32, 256, 32, "blk.0.attn_k.weight");
+    LOOM_REQUIRE(loom_rules_split_state(r, &hp, wq, 4, &s, NULL) == LOOM_OK);
+    check_counts(&s, 1, (int64_t[]){32, 32, 0, 0}, 4);
+    LOOM_REQUIRE(loom_rules_split_state(r, &hp, wk, 4, &s, NULL) == LOOM_OK);
+    check_counts(&s, 1, (int64_t[]){16, 16, 0, 0}, 4);
+    hp.attn_block = hp.ffn_block = 1;
     /* fused qkv [256, 64 + 2*32]: segments q (2 groups of 16), k and v (2 heads of 8) */
     hp.n_embd = 64;
     loom_tensor *qkv = tensor(ctx, LOOM_TYPE_F32, 64, 128, "blk.0.attn_qkv.weight");
