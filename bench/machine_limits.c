@@ -17,9 +17,20 @@
 #define LOOM_BENCH_X86 0
 #endif
 
-/* Results are stored here so the compiler cannot drop the loops that produce them. */
+/* The loops' results are compared with a value they never take and stored here if equal,
+ * so the compiler cannot drop the loops, and threads never actually race on the store. */
 static volatile uint64_t loom__bench_sink_u64;
 static volatile float loom__bench_sink_f32;
+#define SINK_U64(v)                                                                                \
+    do {                                                                                           \
+        uint64_t sink_v_ = (v);                                                                    \
+        if (sink_v_ == 0x5eed5eed5eed5eedull) loom__bench_sink_u64 = sink_v_;                      \
+    } while (0)
+#define SINK_F32(v)                                                                                \
+    do {                                                                                           \
+        float sink_v_ = (v);                                                                       \
+        if (sink_v_ == -12345.0f) loom__bench_sink_f32 = sink_v_;                                  \
+    } while (0)
 
 size_t loom__bench_llc_bytes(void) {
     long l3 = -1, l2 = -1;
@@ -45,7 +56,8 @@ static uint64_t read_scalar(const uint64_t *p, size_t n_u64) {
         a2 ^= p[i + 2];
         a3 ^= p[i + 3];
     }
-    for (; i < n_u64; i++) a0 ^= p[i];
+    for (; i < n_u64; i++)
+        a0 ^= p[i];
     return a0 ^ a1 ^ a2 ^ a3;
 }
 
@@ -60,15 +72,15 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, siz
         a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + i + 2));
         a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + i + 3));
     }
-    for (; i < n; i++) a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i));
+    for (; i < n; i++)
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i));
     a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
     uint64_t lanes[4];
     _mm256_storeu_si256((__m256i *)lanes, a0);
     return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3] ^ read_scalar(p + n * 4, n_u64 - n * 4);
 }
 
-__attribute__((target("avx512f"))) static uint64_t read_avx512(const uint64_t *p,
-                                                               size_t n_u64) {
+__attribute__((target("avx512f"))) static uint64_t read_avx512(const uint64_t *p, size_t n_u64) {
     const __m512i *v = (const __m512i *)p;
     size_t n = n_u64 / 8, i = 0;
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
@@ -78,12 +90,14 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const uint64_t *p
         a2 = _mm512_xor_si512(a2, _mm512_load_si512(v + i + 2));
         a3 = _mm512_xor_si512(a3, _mm512_load_si512(v + i + 3));
     }
-    for (; i < n; i++) a0 = _mm512_xor_si512(a0, _mm512_load_si512(v + i));
+    for (; i < n; i++)
+        a0 = _mm512_xor_si512(a0, _mm512_load_si512(v + i));
     a0 = _mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3));
     uint64_t lanes[8];
     _mm512_storeu_si512((void *)lanes, a0);
     uint64_t r = read_scalar(p + n * 8, n_u64 - n * 8);
-    for (int j = 0; j < 8; j++) r ^= lanes[j];
+    for (int j = 0; j < 8; j++)
+        r ^= lanes[j];
     return r;
 }
 #endif
@@ -140,7 +154,7 @@ static void bw_worker(int ith, int nth, void *user_data) {
         else
 #endif
             r = read_scalar((const uint64_t *)src, chunk / 8);
-        loom__bench_sink_u64 ^= r;
+        SINK_U64(r);
     } else {
         memcpy(dst, src, chunk);
     }
@@ -198,8 +212,7 @@ loom_status loom__bench_measure_bandwidth(loom_threadpool *tp, size_t bytes, int
 #define FMA_STEP(op, a) a = op(a, x, y)
 
 static double fma_scalar(int64_t iters) {
-    float a0 = 1.0f, a1 = 1.1f, a2 = 1.2f, a3 = 1.3f, a4 = 1.4f, a5 = 1.5f, a6 = 1.6f,
-          a7 = 1.7f;
+    float a0 = 1.0f, a1 = 1.1f, a2 = 1.2f, a3 = 1.3f, a4 = 1.4f, a5 = 1.5f, a6 = 1.6f, a7 = 1.7f;
     const float x = 0.9999999f, y = 1e-7f;
     for (int64_t i = 0; i < iters; i++) {
         a0 = a0 * x + y;
@@ -211,7 +224,7 @@ static double fma_scalar(int64_t iters) {
         a6 = a6 * x + y;
         a7 = a7 * x + y;
     }
-    loom__bench_sink_f32 = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+    SINK_F32(a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7);
     return 2.0 * 8.0 * (double)iters;
 }
 
@@ -241,7 +254,7 @@ __attribute__((target("avx2,fma"))) static double fma_avx2(int64_t iters) {
     s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
     float lanes[8];
     _mm256_storeu_ps(lanes, s);
-    loom__bench_sink_f32 = lanes[0] + lanes[7];
+    SINK_F32(lanes[0] + lanes[7]);
     return 2.0 * 8.0 * 12.0 * (double)iters;
 }
 
@@ -277,7 +290,7 @@ __attribute__((target("avx512f"))) static double fma_avx512(int64_t iters) {
     s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a12, a13), _mm512_add_ps(a14, a15)));
     float lanes[16];
     _mm512_storeu_ps(lanes, s);
-    loom__bench_sink_f32 = lanes[0] + lanes[15];
+    SINK_F32(lanes[0] + lanes[15]);
     return 2.0 * 16.0 * 16.0 * (double)iters;
 }
 #endif

@@ -33,7 +33,7 @@ typedef struct bench_opts {
 } bench_opts;
 
 typedef struct case_result {
-    double best_s;        /* seconds per matmul, best run */
+    double best_s; /* seconds per matmul, best run */
     int reps;
     int copies;           /* weights streamed per graph */
     double weight_bytes;  /* one copy */
@@ -42,15 +42,14 @@ typedef struct case_result {
 } case_result;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: matmul_bench [--size K] [--tokens N] [--threads T] [--small]\n"
-            "\n"
-            "Measures memory bandwidth and FMA peak, then times the CPU backend's MUL_MAT\n"
-            "with KxK weights (F32, F16, Q8_0, Q4_0) for N=1 and N tokens.\n"
-            "  --size K     weight rows and columns (default 4096; a multiple of 32)\n"
-            "  --tokens N   batch of the second row per type (default 512)\n"
-            "  --threads T  threads (default: every hardware thread)\n"
-            "  --small      quick run for CI: 512x512 weights, fewer repetitions\n");
+    fprintf(f, "usage: matmul_bench [--size K] [--tokens N] [--threads T] [--small]\n"
+               "\n"
+               "Measures memory bandwidth and FMA peak, then times the CPU backend's MUL_MAT\n"
+               "with KxK weights (F32, F16, Q8_0, Q4_0) for N=1 and N tokens.\n"
+               "  --size K     weight rows and columns (default 4096; a multiple of 32)\n"
+               "  --tokens N   batch of the second row per type (default 512)\n"
+               "  --threads T  threads (default: every hardware thread)\n"
+               "  --small      quick run for CI: 512x512 weights, fewer repetitions\n");
 }
 
 static bool parse_i64(const char *s, int64_t *out) {
@@ -77,10 +76,13 @@ static float rng_uniform(uint64_t *s) {
  * the weight's dot type (F16, or Q8_0 for quantised weights) and sum in any order. */
 static double rel_tolerance(loom_type t) {
     switch (t) {
-    case LOOM_TYPE_F32: return 1e-4;
+    case LOOM_TYPE_F32:
+        return 1e-4;
     case LOOM_TYPE_F16:
-    case LOOM_TYPE_BF16: return 8e-3;
-    default: return 3e-2;
+    case LOOM_TYPE_BF16:
+        return 8e-3;
+    default:
+        return 3e-2;
     }
 }
 
@@ -179,10 +181,13 @@ static loom_status run_case(loom_backend_t be, const bench_opts *o, loom_type ty
         st = loom_error(LOOM_ERR_NOMEM, "cannot allocate host copies of the operands");
         goto done;
     }
-    for (int64_t i = 0; i < K * M; i++) host_w[i] = rng_uniform(&rng);
-    for (int64_t i = 0; i < K * N; i++) host_b[i] = rng_uniform(&rng);
+    for (int64_t i = 0; i < K * M; i++)
+        host_w[i] = rng_uniform(&rng);
+    for (int64_t i = 0; i < K * N; i++)
+        host_b[i] = rng_uniform(&rng);
     loom_type_traits_get(type)->from_float(host_w, packed, K * M);
-    for (int c = 0; c < copies; c++) loom_tensor_set(w[c], packed, 0, packed_bytes);
+    for (int c = 0; c < copies; c++)
+        loom_tensor_set(w[c], packed, 0, packed_bytes);
     loom_tensor_set(b, host_b, 0, sizeof(float) * (size_t)(K * N));
 
     /* warm-up (also the run whose outputs are checked) */
@@ -248,7 +253,8 @@ int main(int argc, char **argv) {
         }
     }
     bool size_given = false;
-    for (int i = 1; i < argc; i++) size_given |= !strcmp(argv[i], "--size");
+    for (int i = 1; i < argc; i++)
+        size_given |= !strcmp(argv[i], "--size");
     if (o.small && !size_given) o.size = 512;
     if (o.size % 32 != 0) {
         fprintf(stderr, "matmul_bench: --size %lld is not a multiple of 32 (quant blocks)\n",
@@ -296,16 +302,15 @@ int main(int argc, char **argv) {
            o.small ? " (--small)" : "");
     printf("memory bandwidth: read %.1f GB/s, copy %.1f GB/s (%s buffer, LLC %s, best of %d)\n",
            bw.read_gbps, bw.copy_gbps, s1, llc ? s2 : "unknown", bw.runs);
-    printf("FMA peak:         %.1f GFLOP/s (%s, %d threads, best of %d)\n", peak.gflops,
-           peak.isa, o.threads, peak.runs);
+    printf("FMA peak:         %.1f GFLOP/s (%s, %d threads, best of %d)\n", peak.gflops, peak.isa,
+           o.threads, peak.runs);
     printf("\nMUL_MAT %lldx%lld weights (M x K) x activations (K x N); time = best run; "
            "N=1 streams %s of weights\n\n",
            (long long)o.size, (long long)o.size, s1);
-    printf("%-6s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "time(ms)", "GFLOP/s",
-           "GB/s", "%bw", "%peak", "reps", "check");
+    printf("%-6s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "time(ms)", "GFLOP/s", "GB/s",
+           "%bw", "%peak", "reps", "check");
 
-    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
-                                      LOOM_TYPE_Q4_0};
+    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
     int failed = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int64_t ns[2] = {1, o.tokens};
@@ -328,9 +333,9 @@ int main(int argc, char **argv) {
                 snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * gbps / bw.read_gbps);
             else
                 snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * gflops / peak.gflops);
-            printf("%-6s %5lld %11.3f %10.1f %9.1f %8s %8s %6d %5s\n",
-                   loom_type_name(types[ti]), (long long)ns[k], r.best_s * 1e3, gflops, gbps,
-                   bwf, pkf, r.reps, ok ? "ok" : "FAIL");
+            printf("%-6s %5lld %11.3f %10.1f %9.1f %8s %8s %6d %5s\n", loom_type_name(types[ti]),
+                   (long long)ns[k], r.best_s * 1e3, gflops, gbps, bwf, pkf, r.reps,
+                   ok ? "ok" : "FAIL");
             fflush(stdout);
         }
     }

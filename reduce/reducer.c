@@ -327,6 +327,14 @@ static loom_status rd_check_tensors(const loom_reducer *r, loom_tensor *const *t
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "allreduce: tensor '%s' (device %d) is not allocated", x->name, j);
         }
+        for (int i = 0; i < j; i++) {
+            const char *a = t[i]->data, *b = x->data;
+            size_t na = loom_nbytes(t[i]), nb = loom_nbytes(x);
+            if (t[i] == x || (t[i]->buffer == x->buffer && a < b + nb && b < a + na)) {
+                return loom_error(LOOM_ERR_INVALID_ARG,
+                                  "allreduce: tensors %d and %d overlap in memory", i, j);
+            }
+        }
         if (!loom_backend_supports_buft(r->backends[j], loom_buffer_buft(x->buffer))) {
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "allreduce: tensor '%s' lives in %s, which %s cannot use", x->name,
@@ -339,12 +347,6 @@ static loom_status rd_check_tensors(const loom_reducer *r, loom_tensor *const *t
             return loom_error(LOOM_ERR_SHAPE, "allreduce: tensor %d (%s) differs from tensor 0 "
                                               "(%s)",
                               j, a, b);
-        }
-        for (int i = 0; i < j; i++) {
-            if (t[i] == x || (t[i]->buffer == x->buffer && t[i]->data == x->data)) {
-                return loom_error(LOOM_ERR_INVALID_ARG,
-                                  "allreduce: tensors %d and %d are the same memory", i, j);
-            }
         }
     }
     return LOOM_OK;

@@ -54,6 +54,7 @@ typedef struct loom__round {
     int n_ctxs, cap_ctxs;
     loom_graph *graphs; /* [cap_graphs]: one per split */
     int cap_graphs;
+    bool issued; /* work was issued from this storage and may still run */
 } loom__round;
 
 /* A source edit in the caller's graph, so a failed reserve can undo it and retry. */

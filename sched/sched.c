@@ -171,7 +171,7 @@ static void round_release(loom_sched *s, int c) {
  * last event recorded for this slot (the end of the round that last used it). */
 static void round_begin(loom_sched *s) {
     loom__round *r = &s->rounds[s->cur_copy];
-    if (r->n_ctxs == 0) return;
+    if (r->n_ctxs == 0 && !r->issued) return;
     for (int b = 0; b < s->n_backends; b++) {
         loom_event_t ev = s->events[b][s->cur_copy];
         if (ev) {
@@ -181,6 +181,7 @@ static void round_begin(loom_sched *s) {
         }
     }
     round_release(s, s->cur_copy);
+    r->issued = false;
 }
 
 /* ------------------------------------------------------------------ construction */

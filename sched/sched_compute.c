@@ -237,6 +237,7 @@ loom_status loom__sched_compute_splits(loom_sched *s) {
     expert_cache cache = {0};
     loom_status st = LOOM_OK;
     int prev = -1;
+    s->rounds[s->cur_copy].issued = true;
     for (int k = 0; k < s->n_splits && st == LOOM_OK; k++) {
         loom__split *sp = &s->splits[k];
         const int b = sp->backend_id;

@@ -4,7 +4,8 @@
  * strides from an offset. Each dimension of V is cut into factors that step inside a's
  * lower dimensions (INNER), along the split axis (AXIS) or over a's higher dimensions
  * (OUTER); a dimension that crosses a boundary (a reshape that merges dims) is factored.
- * The AXIS factors must cover a contiguous range of the axis (steps 1, e1, e1*e2, ...).
+ * The AXIS factors must cover a contiguous range of the axis (steps 1, e1, e1*e2, ...);
+ * with none, the view keeps one index of the axis and lives on that index's device.
  * The split then lands on the V dimension of one AXIS factor f_i when the layout of the
  * range is periodic over f_i's span (so every device has the same pieces under each index
  * of the higher factors) and every piece is a whole number of f_i's steps; the highest
@@ -151,8 +152,24 @@ loom_status loom__split_map(const int64_t a_ne[4], const int64_t a_nb[4],
             chain[j - 1] = tmp;
         }
     if (nc == 0) {
-        WHY("the view keeps a single index (%" PRId64 ") of the split axis %d", q0, k);
-        return LOOM_ERR_UNSUPPORTED;
+        /* one index of the split axis (a row, a head, a block): it lives on one device; the
+         * split is carried by a view dimension of extent 1, axis k's own if it has one */
+        int d1 = v_ne[k] == 1 ? k : -1;
+        for (int d = 0; d < 4 && d1 < 0; d++)
+            if (v_ne[d] == 1) d1 = d;
+        if (d1 < 0) {
+            WHY("the view keeps a single index (%" PRId64 ") of the split axis %d and has no "
+                "dimension of extent 1 to carry it",
+                q0, k);
+            return LOOM_ERR_UNSUPPORTED;
+        }
+        if (loom_split_state_sub(in, q0, 1, out, NULL) != LOOM_OK) {
+            WHY("%s", loom_last_error());
+            loom_clear_error();
+            return LOOM_ERR_UNSUPPORTED;
+        }
+        out->axis = (loom_split_axis)d1;
+        return LOOM_OK;
     }
     if (chain[0].step != 1) {
         WHY("the view takes one element in every %" PRId64 " of the split axis %d", chain[0].step,

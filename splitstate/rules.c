@@ -329,11 +329,11 @@ static loom_status rule_binary(rule *r) {
             return fail(r, "a %s and b %s are split differently", DSC1(0), DSC2(1));
         }
         if (IS_M(b) && tb->ne[k] == 1) return set(r, a); /* broadcast along the split */
-        return fail(r, "a %s is split along axis %d but b %s is MIRRORED with ne[%d] = %" PRId64
+        return fail(r, "a %s is split along axis %d but b %s has ne[%d] = %" PRId64
                        "; b must be split the same way (or broadcast along axis %d)",
                     DSC1(0), k, DSC2(1), k, tb->ne[k], k);
     }
-    return fail(r, "a %s is MIRRORED but b %s is split; a must be split the same way", DSC1(0),
+    return fail(r, "a %s is not split but b %s is; a must be split the same way", DSC1(0),
                 DSC2(1));
 }
 
@@ -458,8 +458,8 @@ static loom_status rule_soft_max(rule *r) {
                            "must be split along axis 1 the same way",
                         DSC2(0), DSC1(1));
         } else if (k >= 2 && tm->ne[k] > 1) {
-            return fail(r, "the scores %s are split along axis %d, but the MIRRORED mask %s is "
-                           "not broadcast along it (ne[%d] = %" PRId64 ")",
+            return fail(r, "the scores %s are split along axis %d, but the mask %s is not "
+                           "broadcast along it (ne[%d] = %" PRId64 ")",
                         DSC2(0), k, DSC1(1), k, tm->ne[k]);
         }
     }
@@ -528,7 +528,7 @@ static loom_status rule_mul_mat(rule *r) {
         case LOOM_SPLIT_AXIS_3: {
             const int k = (int)b->axis;
             if (ta->ne[k] == 1) return set(r, b);
-            return fail(r, "b %s is split along axis %d but a %s is MIRRORED with %" PRId64
+            return fail(r, "b %s is split along axis %d but a %s has %" PRId64
                            " matrices along it; split a along axis %d too",
                         DSC2(1), k, DSC1(0), ta->ne[k], k);
         }
@@ -708,7 +708,7 @@ static loom_status rule_flash_attn(rule *r) {
         return set_kind(r, LOOM_SPLIT_MIRRORED);
     }
     if (!IS_DIM(q))
-        return fail(r, "q %s is MIRRORED but k %s is split; split q the same way", DSC1(0),
+        return fail(r, "q %s is not split but k %s is; split q the same way", DSC1(0),
                     DSC2(1));
     switch (q->axis) {
     case LOOM_SPLIT_AXIS_0:

@@ -21,8 +21,7 @@ bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int m
                         int *out);
 /* Resolves a device spec ("sim:2", "cpu", ...), loading the backend modules first
  * unless it is a sim spec. */
-loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap,
-                                       size_t *n);
+loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap, size_t *n);
 /* "1.5 MiB" */
 void loom_cli_format_bytes(char *buf, size_t size, double bytes);
 const char *loom_cli_dev_type_name(loom_dev_type t);

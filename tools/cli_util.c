@@ -19,16 +19,14 @@ bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int m
     errno = 0;
     long v = strtol(val, &end, 10);
     if (!val[0] || *end || errno || v < min || v > max) {
-        fprintf(stderr, "loom %s: %s '%s' is not an integer in %d..%d\n", cmd, opt, val, min,
-                max);
+        fprintf(stderr, "loom %s: %s '%s' is not an integer in %d..%d\n", cmd, opt, val, min, max);
         return false;
     }
     *out = (int)v;
     return true;
 }
 
-loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap,
-                                       size_t *n) {
+loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap, size_t *n) {
     /* A sim spec creates its own reg (sim is linked into the tool). Loading the modules
      * first would also register the default sim reg, and the spec's devices would then be
      * named B-SIM0.. instead of SIM0.. */
@@ -51,10 +49,14 @@ void loom_cli_format_bytes(char *buf, size_t size, double bytes) {
 
 const char *loom_cli_dev_type_name(loom_dev_type t) {
     switch (t) {
-    case LOOM_DEV_TYPE_CPU: return "CPU";
-    case LOOM_DEV_TYPE_GPU: return "GPU";
-    case LOOM_DEV_TYPE_ACCEL: return "ACCEL";
-    case LOOM_DEV_TYPE_META: return "META";
+    case LOOM_DEV_TYPE_CPU:
+        return "CPU";
+    case LOOM_DEV_TYPE_GPU:
+        return "GPU";
+    case LOOM_DEV_TYPE_ACCEL:
+        return "ACCEL";
+    case LOOM_DEV_TYPE_META:
+        return "META";
     }
     return "?";
 }

@@ -13,32 +13,31 @@
 #include "tools/demo_run.h"
 
 static void demo_usage(FILE *f) {
-    fprintf(f,
-            "usage: loom demo [options]\n"
-            "\n"
-            "Builds a llama-style transformer block (RMSNorm, Q/K/V projections, RoPE,\n"
-            "causal flash attention with GQA, output projection, residual, RMSNorm, SwiGLU\n"
-            "FFN, residual) with deterministic weights, computes it on the CPU backend, then\n"
-            "on the given devices with the stages split by hand (stage i on device i mod N:\n"
-            "attention on the first, FFN on the second), the activations copied between\n"
-            "devices asynchronously and ordered by events. Prints whether the results agree\n"
-            "and what each device did; exits 0 only if they agree.\n"
-            "\n"
-            "options:\n"
-            "  --devices SPEC   devices to split over (default sim:2; e.g. sim:4,link=pcie4,\n"
-            "                   cpu)\n"
-            "  --layers N       layers (default 1; 2 stages each)\n"
-            "  --tokens N       tokens per batch (default 16)\n"
-            "  --embd N         model width (default 256)\n"
-            "  --heads N        attention heads (default 8)\n"
-            "  --kv-heads N     key/value heads (default 4)\n"
-            "  --ff N           FFN width (default 688)\n"
-            "  --type T         weight type: f32, f16, bf16, q8_0, q4_0 (default f16)\n"
-            "  --seed N         weights and inputs (default 42)\n"
-            "  --threads N      threads of the CPU reference (default: all)\n"
-            "  --tol X          largest relative L2 error that counts as agreement\n"
-            "                   (default 1e-4)\n"
-            "  -h, --help       this text\n");
+    fprintf(f, "usage: loom demo [options]\n"
+               "\n"
+               "Builds a llama-style transformer block (RMSNorm, Q/K/V projections, RoPE,\n"
+               "causal flash attention with GQA, output projection, residual, RMSNorm, SwiGLU\n"
+               "FFN, residual) with deterministic weights, computes it on the CPU backend, then\n"
+               "on the given devices with the stages split by hand (stage i on device i mod N:\n"
+               "attention on the first, FFN on the second), the activations copied between\n"
+               "devices asynchronously and ordered by events. Prints whether the results agree\n"
+               "and what each device did; exits 0 only if they agree.\n"
+               "\n"
+               "options:\n"
+               "  --devices SPEC   devices to split over (default sim:2; e.g. sim:4,link=pcie4,\n"
+               "                   cpu)\n"
+               "  --layers N       layers (default 1; 2 stages each)\n"
+               "  --tokens N       tokens per batch (default 16)\n"
+               "  --embd N         model width (default 256)\n"
+               "  --heads N        attention heads (default 8)\n"
+               "  --kv-heads N     key/value heads (default 4)\n"
+               "  --ff N           FFN width (default 688)\n"
+               "  --type T         weight type: f32, f16, bf16, q8_0, q4_0 (default f16)\n"
+               "  --seed N         weights and inputs (default 42)\n"
+               "  --threads N      threads of the CPU reference (default: all)\n"
+               "  --tol X          largest relative L2 error that counts as agreement\n"
+               "                   (default 1e-4)\n"
+               "  -h, --help       this text\n");
 }
 
 static bool parse_type(const char *name, loom_type *out) {
@@ -52,13 +51,13 @@ static bool parse_type(const char *name, loom_type *out) {
     return false;
 }
 
-static void print_report(const loom_demo_hparams *hp, const char *spec,
-                         const loom_demo_report *cpu, const loom_demo_report *rep,
-                         const loom_demo_diff *d, double tol, bool agree) {
+static void print_report(const loom_demo_hparams *hp, const char *spec, const loom_demo_report *cpu,
+                         const loom_demo_report *rep, const loom_demo_diff *d, double tol,
+                         bool agree) {
     printf("loom demo: llama-style block, n_embd %d, heads %d (kv %d, head_dim %d), n_ff %d, "
            "%d tokens, %d layer%s, %s weights, seed %llu\n\n",
-           hp->n_embd, hp->n_head, hp->n_head_kv, loom_demo_head_dim(hp), hp->n_ff,
-           hp->n_tokens, hp->n_layers, hp->n_layers == 1 ? "" : "s", loom_type_name(hp->wtype),
+           hp->n_embd, hp->n_head, hp->n_head_kv, loom_demo_head_dim(hp), hp->n_ff, hp->n_tokens,
+           hp->n_layers, hp->n_layers == 1 ? "" : "s", loom_type_name(hp->wtype),
            (unsigned long long)hp->seed);
     printf("CPU reference: 1 graph, %d nodes, %d threads, %.3f ms\n", cpu->cpu_nodes,
            cpu->cpu_threads, cpu->cpu_ms);
@@ -84,8 +83,8 @@ static void print_report(const loom_demo_hparams *hp, const char *spec,
     for (int i = 0; i < rep->n_devices; i++) {
         const loom_demo_device_report *r = &rep->dev[i];
         if (!r->is_sim) {
-            printf("%-10s %6d %6s %6s %11s %11s %6s %12s %11s %11s\n", r->name, r->n_stages,
-                   "-", "-", "-", "-", "-", "-", "-", "-");
+            printf("%-10s %6d %6s %6s %11s %11s %6s %12s %11s %11s\n", r->name, r->n_stages, "-",
+                   "-", "-", "-", "-", "-", "-", "-");
             continue;
         }
         char bin[24], bout[24], peak[24], up[24], lt[24];
@@ -144,14 +143,18 @@ int loom_cli_demo(int argc, char **argv) {
             static const struct {
                 const char *name;
                 int min, max;
-            } ints[] = {{"--layers", 1, LOOM_DEMO_MAX_LAYERS}, {"--tokens", 1, 4096},
-                        {"--embd", 1, 1 << 16},               {"--heads", 1, 1024},
-                        {"--kv-heads", 1, 1024},              {"--ff", 1, 1 << 18},
+            } ints[] = {{"--layers", 1, LOOM_DEMO_MAX_LAYERS},
+                        {"--tokens", 1, 4096},
+                        {"--embd", 1, 1 << 16},
+                        {"--heads", 1, 1024},
+                        {"--kv-heads", 1, 1024},
+                        {"--ff", 1, 1 << 18},
                         {"--threads", 1, 1024}};
-            int *dst[] = {&hp.n_layers, &hp.n_tokens, &hp.n_embd,  &hp.n_head,
-                          &hp.n_head_kv, &hp.n_ff,    &threads};
+            int *dst[] = {&hp.n_layers,  &hp.n_tokens, &hp.n_embd, &hp.n_head,
+                          &hp.n_head_kv, &hp.n_ff,     &threads};
             size_t k = 0;
-            while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].name)) k++;
+            while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].name))
+                k++;
             if (k == sizeof ints / sizeof ints[0]) {
                 fprintf(stderr, "loom demo: unknown option '%s' (see loom demo --help)\n", a);
                 return 2;
@@ -167,7 +170,7 @@ int loom_cli_demo(int argc, char **argv) {
     loom_dev_t devs[LOOM_DEMO_MAX_DEVICES];
     size_t n_dev = 0;
     if (loom_cli_devices_from_spec(spec, devs, LOOM_DEMO_MAX_DEVICES, &n_dev) != LOOM_OK) {
-        fprintf(stderr, "loom demo: --devices '%s': %s\n", spec, loom_last_error());
+        fprintf(stderr, "loom demo: %s\n", loom_last_error()); /* names the spec */
         return 1;
     }
     if (n_dev == 0) {

@@ -9,17 +9,16 @@
 #include "tools/cli.h"
 
 static void devices_usage(FILE *f) {
-    fprintf(f,
-            "usage: loom devices [--devices SPEC]\n"
-            "\n"
-            "Loads the backend modules (the directory of the loom library and\n"
-            "LOOM_BACKEND_PATH) and lists every registry and device: type, memory, caps\n"
-            "and buffer types.\n"
-            "\n"
-            "options:\n"
-            "  --devices SPEC   also resolve SPEC first (e.g. sim:4,mem=2GiB), creating the\n"
-            "                   devices it names, and mark them in the list\n"
-            "  -h, --help       this text\n");
+    fprintf(f, "usage: loom devices [--devices SPEC]\n"
+               "\n"
+               "Loads the backend modules (the directory of the loom library and\n"
+               "LOOM_BACKEND_PATH) and lists every registry and device: type, memory, caps\n"
+               "and buffer types.\n"
+               "\n"
+               "options:\n"
+               "  --devices SPEC   also resolve SPEC first (e.g. sim:4,mem=2GiB), creating the\n"
+               "                   devices it names, and mark them in the list\n"
+               "  -h, --help       this text\n");
 }
 
 static const char *yes_no(bool b) {
@@ -57,7 +56,7 @@ int loom_cli_devices(int argc, char **argv) {
     size_t n_chosen = 0;
     loom_registry_load_all();
     if (spec && loom_cli_devices_from_spec(spec, chosen, 64, &n_chosen) != LOOM_OK) {
-        fprintf(stderr, "loom devices: --devices '%s': %s\n", spec, loom_last_error());
+        fprintf(stderr, "loom devices: %s\n", loom_last_error()); /* names the spec */
         return 1;
     }
 
@@ -74,7 +73,8 @@ int loom_cli_devices(int argc, char **argv) {
             memset(&p, 0, sizeof p);
             loom_dev_get_props(dev, &p);
             bool is_chosen = false;
-            for (size_t k = 0; k < n_chosen; k++) is_chosen |= chosen[k] == dev;
+            for (size_t k = 0; k < n_chosen; k++)
+                is_chosen |= chosen[k] == dev;
             char fr[24], tot[24];
             loom_cli_format_bytes(fr, sizeof fr, (double)p.memory_free);
             loom_cli_format_bytes(tot, sizeof tot, (double)p.memory_total);

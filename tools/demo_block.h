@@ -19,16 +19,16 @@
 #define LOOM_DEMO_MAX_LAYERS 16
 
 typedef struct loom_demo_hparams {
-    int n_embd;       /* model width; n_head * head_dim */
-    int n_head;       /* query heads */
-    int n_head_kv;    /* key/value heads (GQA: n_head % n_head_kv == 0) */
-    int n_ff;         /* FFN hidden width */
-    int n_tokens;     /* T: tokens processed at once (positions 0..T-1) */
-    int n_layers;     /* 1..LOOM_DEMO_MAX_LAYERS; 2 stages each */
-    loom_type wtype;  /* type of the matmul weights: f32, f16, bf16, q8_0, q4_0 */
-    float eps;        /* rms_norm epsilon */
-    float rope_base;  /* RoPE frequency base */
-    uint64_t seed;    /* weights and inputs */
+    int n_embd;      /* model width; n_head * head_dim */
+    int n_head;      /* query heads */
+    int n_head_kv;   /* key/value heads (GQA: n_head % n_head_kv == 0) */
+    int n_ff;        /* FFN hidden width */
+    int n_tokens;    /* T: tokens processed at once (positions 0..T-1) */
+    int n_layers;    /* 1..LOOM_DEMO_MAX_LAYERS; 2 stages each */
+    loom_type wtype; /* type of the matmul weights: f32, f16, bf16, q8_0, q4_0 */
+    float eps;       /* rms_norm epsilon */
+    float rope_base; /* RoPE frequency base */
+    uint64_t seed;   /* weights and inputs */
 } loom_demo_hparams;
 
 /* Which tensor of a layer (the order of loom_demo_layer's fields). */
@@ -88,8 +88,7 @@ loom_tensor *loom_demo_stage_build(loom_ctx *ctx, const loom_demo_hparams *hp, i
 loom_status loom_demo_stage_weights_upload(const loom_demo_hparams *hp, int stage,
                                            const loom_demo_layer *w);
 /* Writes pos and mask (if present) of allocated stage inputs. */
-loom_status loom_demo_stage_inputs_upload(const loom_demo_hparams *hp,
-                                          const loom_demo_inputs *in);
+loom_status loom_demo_stage_inputs_upload(const loom_demo_hparams *hp, const loom_demo_inputs *in);
 /* Bytes a ctx needs for the headers of one stage (weights, inputs, ops) plus a graph. */
 size_t loom_demo_stage_ctx_size(void);
 

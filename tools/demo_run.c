@@ -27,8 +27,7 @@ loom_status loom_demo_run_cpu(const loom_demo_hparams *hp, int n_threads, float 
     if (st != LOOM_OK) return st;
     const int nst = loom_demo_n_stages(hp);
     const size_t x_bytes = sizeof(float) * (size_t)hp->n_embd * (size_t)hp->n_tokens;
-    loom_ctx_params cp = {.mem_size = loom_demo_stage_ctx_size() * (size_t)nst,
-                          .no_alloc = true};
+    loom_ctx_params cp = {.mem_size = loom_demo_stage_ctx_size() * (size_t)nst, .no_alloc = true};
     loom_ctx *ctx = loom_ctx_new(cp);
     if (!ctx) return last_or(LOOM_ERR_NOMEM);
     loom_backend_t be = NULL;
@@ -99,14 +98,14 @@ done:
 /* ---------------------------------------------------------------- devices, by hand */
 
 typedef struct stage_rt {
-    int dev;               /* index into devs */
-    loom_ctx *ctx;         /* headers of weights, inputs and ops */
-    loom_buffer_t buf;     /* all of them, in the device's buffer type */
+    int dev;           /* index into devs */
+    loom_ctx *ctx;     /* headers of weights, inputs and ops */
+    loom_buffer_t buf; /* all of them, in the device's buffer type */
     loom_graph *g;
     loom_demo_layer w;
     loom_demo_inputs in;
-    loom_tensor *out;      /* [n_embd, T] */
-    loom_event_t ready;    /* recorded after this stage's graph, when the next is elsewhere */
+    loom_tensor *out;   /* [n_embd, T] */
+    loom_event_t ready; /* recorded after this stage's graph, when the next is elsewhere */
 } stage_rt;
 
 static void stats_delta(const loom_sim_stats *a, const loom_sim_stats *b, loom_sim_stats *d) {
@@ -120,8 +119,7 @@ static void stats_delta(const loom_sim_stats *a, const loom_sim_stats *b, loom_s
     d->mem_peak = b->mem_peak;
 }
 
-static loom_status build_stage(const loom_demo_hparams *hp, int s, loom_dev_t dev,
-                               stage_rt *rt) {
+static loom_status build_stage(const loom_demo_hparams *hp, int s, loom_dev_t dev, stage_rt *rt) {
     loom_status st;
     loom_ctx_params cp = {.mem_size = loom_demo_stage_ctx_size(), .no_alloc = true};
     rt->ctx = loom_ctx_new(cp);
@@ -144,15 +142,15 @@ static loom_status build_stage(const loom_demo_hparams *hp, int s, loom_dev_t de
     rt->buf = loom_alloc_ctx_tensors(rt->ctx, loom_dev_buffer_type(dev));
     if (!rt->buf) {
         st = last_or(LOOM_ERR_DEVICE_OOM);
-        return loom_error(st, "demo: cannot allocate stage %d on %s: %s", s,
-                          loom_dev_name(dev), loom_last_error());
+        return loom_error(st, "demo: cannot allocate stage %d on %s: %s", s, loom_dev_name(dev),
+                          loom_last_error());
     }
     if ((st = loom_demo_stage_weights_upload(hp, s, &rt->w)) != LOOM_OK) return st;
     return loom_demo_stage_inputs_upload(hp, &rt->in);
 }
 
-loom_status loom_demo_run_devices(const loom_demo_hparams *hp, loom_dev_t *devs, int n,
-                                  float *out, loom_demo_report *rep) {
+loom_status loom_demo_run_devices(const loom_demo_hparams *hp, loom_dev_t *devs, int n, float *out,
+                                  loom_demo_report *rep) {
     loom_status st = loom_demo_hparams_check(hp);
     if (st != LOOM_OK) return st;
     if (n < 1 || n > LOOM_DEMO_MAX_DEVICES)
@@ -230,7 +228,8 @@ loom_status loom_demo_run_devices(const loom_demo_hparams *hp, loom_dev_t *devs,
     }
     loom_backend_t last = be[rt[nst - 1].dev];
     loom_backend_tensor_get_async(last, rt[nst - 1].out, out, 0, x_bytes);
-    for (int i = 0; i < n_used; i++) loom_backend_synchronize(be[i]);
+    for (int i = 0; i < n_used; i++)
+        loom_backend_synchronize(be[i]);
     if (rep) rep->dev_ms = ms_since(t0);
 
     if (rep) {
@@ -252,7 +251,8 @@ done:
         loom_buffer_free(rt[s].buf);
         loom_ctx_free(rt[s].ctx);
     }
-    for (int i = 0; i < n_used; i++) loom_backend_free(be[i]);
+    for (int i = 0; i < n_used; i++)
+        loom_backend_free(be[i]);
     return st;
 }
 

@@ -25,13 +25,13 @@ typedef struct loom_demo_device_report {
 
 typedef struct loom_demo_report {
     int cpu_threads;
-    int cpu_nodes;     /* nodes of the CPU graph */
-    double cpu_ms;     /* compute of the CPU graph, second run (weights resident) */
+    int cpu_nodes; /* nodes of the CPU graph */
+    double cpu_ms; /* compute of the CPU graph, second run (weights resident) */
     int n_devices;
     int n_stages;
     int stage_device[2 * LOOM_DEMO_MAX_LAYERS];
     int stage_nodes[2 * LOOM_DEMO_MAX_LAYERS];
-    double dev_ms;     /* first input upload to the output being back on the host */
+    double dev_ms; /* first input upload to the output being back on the host */
     loom_demo_device_report dev[LOOM_DEMO_MAX_DEVICES];
 } loom_demo_report;
 
@@ -46,8 +46,8 @@ typedef struct loom_demo_diff {
 loom_status loom_demo_run_cpu(const loom_demo_hparams *hp, int n_threads, float *out,
                               loom_demo_report *rep);
 /* Computes the block split by hand over devs[0..n) into out [n_embd * T]. */
-loom_status loom_demo_run_devices(const loom_demo_hparams *hp, loom_dev_t *devs, int n,
-                                  float *out, loom_demo_report *rep);
+loom_status loom_demo_run_devices(const loom_demo_hparams *hp, loom_dev_t *devs, int n, float *out,
+                                  loom_demo_report *rep);
 void loom_demo_compare(const float *ref, const float *got, size_t n, loom_demo_diff *d);
 
 #endif /* LOOM_TOOLS_DEMO_RUN_H */

@@ -20,16 +20,19 @@
 
 static void ref_rmsnorm(const float *x, const float *w, int n, float eps, float *y) {
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
     double r = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) y[i] = (float)(x[i] * r) * w[i];
+    for (int i = 0; i < n; i++)
+        y[i] = (float)(x[i] * r) * w[i];
 }
 
 /* y[M] = W x, W stored as rows of K (ne0 = K contiguous) */
 static void ref_matvec(const float *W, const float *x, int K, int M, float *y) {
     for (int m = 0; m < M; m++) {
         double s = 0;
-        for (int k = 0; k < K; k++) s += (double)W[(size_t)m * K + k] * x[k];
+        for (int k = 0; k < K; k++)
+            s += (double)W[(size_t)m * K + k] * x[k];
         y[m] = (float)s;
     }
 }
@@ -47,7 +50,8 @@ static void ref_rope(float *v, int d, int pos, float base) {
 /* Rounds weights as the weight type stores them (f32 and f16 supported here). */
 static void round_to_type(loom_type t, float *w, size_t n) {
     if (t != LOOM_TYPE_F16) return;
-    for (size_t i = 0; i < n; i++) w[i] = loom_fp16_to_fp32(loom_fp32_to_fp16(w[i]));
+    for (size_t i = 0; i < n; i++)
+        w[i] = loom_fp16_to_fp32(loom_fp32_to_fp16(w[i]));
 }
 
 static float *ref_weight(const loom_demo_hparams *hp, int layer, loom_demo_weight w) {
@@ -80,7 +84,8 @@ static void ref_forward(const loom_demo_hparams *hp, float *x) {
             ref_matvec(wq, n, E, E, q + (size_t)t * E);
             ref_matvec(wk, n, E, KV, k + (size_t)t * KV);
             ref_matvec(wv, n, E, KV, v + (size_t)t * KV);
-            for (int h = 0; h < H; h++) ref_rope(q + (size_t)t * E + h * D, D, t, hp->rope_base);
+            for (int h = 0; h < H; h++)
+                ref_rope(q + (size_t)t * E + h * D, D, t, hp->rope_base);
             for (int h = 0; h < HKV; h++)
                 ref_rope(k + (size_t)t * KV + h * D, D, t, hp->rope_base);
         }
@@ -91,11 +96,13 @@ static void ref_forward(const loom_demo_hparams *hp, float *x) {
                 double mx = -INFINITY, sum = 0;
                 for (int i = 0; i <= t; i++) {
                     double s = 0;
-                    for (int d = 0; d < D; d++) s += (double)qh[d] * k[(size_t)i * KV + hk * D + d];
+                    for (int d = 0; d < D; d++)
+                        s += (double)qh[d] * k[(size_t)i * KV + hk * D + d];
                     p[i] = (float)(s / sqrt((double)D));
                     if (p[i] > mx) mx = p[i];
                 }
-                for (int i = 0; i <= t; i++) sum += exp(p[i] - mx);
+                for (int i = 0; i <= t; i++)
+                    sum += exp(p[i] - mx);
                 for (int d = 0; d < D; d++) {
                     double acc = 0;
                     for (int i = 0; i <= t; i++)
@@ -107,13 +114,16 @@ static void ref_forward(const loom_demo_hparams *hp, float *x) {
         for (int t = 0; t < T; t++) {
             float *xt = x + (size_t)t * E;
             ref_matvec(wo, attn + (size_t)t * E, E, E, o);
-            for (int i = 0; i < E; i++) xt[i] += o[i];
+            for (int i = 0; i < E; i++)
+                xt[i] += o[i];
             ref_rmsnorm(xt, fn, E, hp->eps, n);
             ref_matvec(wg, n, E, F, g);
             ref_matvec(wu, n, E, F, u);
-            for (int i = 0; i < F; i++) g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
+            for (int i = 0; i < F; i++)
+                g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i]))) * u[i];
             ref_matvec(wd, g, F, E, y);
-            for (int i = 0; i < E; i++) xt[i] += y[i];
+            for (int i = 0; i < E; i++)
+                xt[i] += y[i];
         }
         free(an), free(wq), free(wk), free(wv), free(wo), free(fn), free(wg), free(wu), free(wd);
     }
@@ -226,7 +236,8 @@ LOOM_TEST(demo, sim3_two_layers_round_robin) {
     split_vs_cpu("sim:3,link=pcie4", &hp, &rep, &n_dev);
     LOOM_REQUIRE(n_dev == 3);
     LOOM_CHECK_EQ_INT(rep.n_stages, 4);
-    for (int s = 0; s < 4; s++) LOOM_CHECK_EQ_INT(rep.stage_device[s], s % 3);
+    for (int s = 0; s < 4; s++)
+        LOOM_CHECK_EQ_INT(rep.stage_device[s], s % 3);
     LOOM_CHECK_EQ_INT(rep.dev[0].run.graphs, 2);
     LOOM_CHECK_EQ_INT(rep.dev[1].run.graphs, 1);
     LOOM_CHECK_EQ_INT(rep.dev[2].run.graphs, 1);
@@ -341,7 +352,8 @@ LOOM_TEST(cli, demo_bad_device_spec_fails_with_the_spec) {
     const char *argv[] = {"demo", "--devices", "nosuchdev:3"};
     int rc = run_captured(loom_cli_demo, 3, argv, g_out, sizeof g_out, g_err, sizeof g_err);
     LOOM_CHECK_EQ_INT(rc, 1);
-    LOOM_CHECK_STR_CONTAINS(g_err, "loom demo: --devices 'nosuchdev:3'");
+    LOOM_CHECK_STR_CONTAINS(g_err, "loom demo: ");
+    LOOM_CHECK_STR_CONTAINS(g_err, "'nosuchdev:3'");
     LOOM_CHECK_EQ_INT(strlen(g_out), 0);
 }
 
@@ -356,12 +368,12 @@ LOOM_TEST(cli, devices_lists_cpu_and_requested_sim) {
     LOOM_CHECK_STR_CONTAINS(g_out, needle);
     /* the spec's two devices are marked, and show its memory cap */
     int marked = 0;
-    for (const char *p = g_out; (p = strstr(p, "(from --devices)  [GPU]")); p++) marked++;
+    for (const char *p = g_out; (p = strstr(p, "(from --devices)  [GPU]")); p++)
+        marked++;
     LOOM_CHECK_EQ_INT(marked, 2);
     LOOM_CHECK_STR_CONTAINS(g_out, "1.0 GiB free of 1.0 GiB");
     const char *help[] = {"devices", "--help"};
-    LOOM_CHECK_EQ_INT(run_captured(loom_cli_devices, 2, help, g_out, sizeof g_out, g_err,
-                                   sizeof g_err),
-                      0);
+    LOOM_CHECK_EQ_INT(
+        run_captured(loom_cli_devices, 2, help, g_out, sizeof g_out, g_err, sizeof g_err), 0);
     LOOM_CHECK_STR_CONTAINS(g_out, "usage: loom devices");
 }

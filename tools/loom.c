@@ -15,8 +15,7 @@ typedef struct loom_cli_cmd {
 
 static const loom_cli_cmd commands[] = {
     {"demo", loom_cli_demo,
-     "run a llama-style block on the CPU and split across devices (default sim:2); "
-     "check they agree"},
+     "a llama-style block on the CPU and split over devices; checks agreement"},
     {"devices", loom_cli_devices, "list registries, devices, memory and caps"},
 };
 

@@ -81,8 +81,8 @@ bool loom_cpu_supports_op(const loom_tensor *op) {
     case LOOM_OP_DUP:
     case LOOM_OP_CONT:
         return a && a->type == op->type && cpy_types_ok(a, op);
-    case LOOM_OP_CPY:
-        return a && b && b->type == op->type && cpy_types_ok(a, op);
+    case LOOM_OP_CPY: /* src[1] is the destination b, or absent for a cast */
+        return a && (!b || b->type == op->type) && cpy_types_ok(a, op);
     case LOOM_OP_ADD:
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:

@@ -18,10 +18,16 @@
  */
 #include "backends/cpu/cpu-impl.h"
 
+#ifndef MM_KC_TUNE
+#define MM_KC_TUNE 512
+#endif
+#ifndef MM_MC_TUNE
+#define MM_MC_TUNE 256
+#endif
 enum {
     MM_GEMM_MIN_N = 8, /* columns (rows of b) from which the tiled GEMM pays */
-    MM_KC = 512,       /* k block of the GEMM */
-    MM_MC = 256,       /* rows of a per GEMM unit (a multiple of every MR) */
+    MM_KC = MM_KC_TUNE,       /* k block of the GEMM */
+    MM_MC = MM_MC_TUNE,       /* rows of a per GEMM unit (a multiple of every MR) */
     MM_NBLK_BYTES = 256 * 1024,
 };
 

@@ -5,6 +5,7 @@
  * validation, and loom_devices_from_spec with statically linked cpu and sim.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,8 +214,10 @@ LOOM_TEST(sim, link_counters_follow_the_formula) {
         LOOM_CHECK_EQ_INT(loom_tensor_copy(t1, th), LOOM_OK); /* d1 -> host buffer */
         e1.out += 4000, e1.copies++, e1.time += link_us(bw, lat, 4000);
         LOOM_CHECK_EQ_INT(loom_backend_tensor_copy_async(b1, b0, t1, t0), LOOM_OK);
+        loom_backend_synchronize(b0); /* the copy reads t1: finish it before t1 changes */
+        static float host2[3];
         loom_backend_tensor_set_async(b1, t1, host, 8, 800);
-        loom_backend_tensor_get_async(b0, t0, host, 0, 12);
+        loom_backend_tensor_get_async(b0, t0, host2, 0, 12);
         loom_backend_synchronize(b0);
         loom_backend_synchronize(b1);
         e1.out += 4000, e1.copies++, e1.time += link_us(bw, lat, 4000);
@@ -410,4 +413,103 @@ LOOM_TEST(sim, load_all_registers_static_backends) {
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), regs);
     loom_sim_reg_free(sim); /* the default reg is static: ignored */
     loom_registry_reset();
+}
+
+/* An allocator that fails the Nth allocation from now (malloc and realloc). */
+static atomic_int oom_countdown;
+static void *oom_malloc(size_t n, void *ud) {
+    (void)ud;
+    if (atomic_fetch_sub(&oom_countdown, 1) == 0) return NULL;
+    return malloc(n);
+}
+static void *oom_realloc(void *p, size_t n, void *ud) {
+    (void)ud;
+    if (atomic_fetch_sub(&oom_countdown, 1) == 0) return NULL;
+    return realloc(p, n);
+}
+static void oom_free(void *p, void *ud) {
+    (void)ud;
+    free(p);
+}
+static const loom_allocator oom_allocator = {oom_malloc, oom_realloc, oom_free, NULL};
+
+LOOM_TEST(sim, host_oom_on_every_path) {
+    /* Reg creation. */
+    int failures = 0;
+    loom_reg_t r = NULL;
+    for (int n = 0; n < 20 && !r; n++) {
+        atomic_store(&oom_countdown, n);
+        loom_allocator_set(&oom_allocator);
+        loom_status s = loom_sim_reg_new_from_spec("sim:2", &r);
+        loom_allocator_set(NULL);
+        if (s != LOOM_OK) {
+            failures++;
+            LOOM_CHECK_EQ_INT(s, LOOM_ERR_NOMEM);
+            LOOM_CHECK(r == NULL);
+        }
+    }
+    LOOM_REQUIRE(r != NULL);
+    LOOM_CHECK(failures >= 1);
+
+    /* Backend creation: fails cleanly (the reg asserts no backend is left at free). */
+    loom_dev_t d = loom_reg_dev_get(r, 0);
+    loom_backend_t b = NULL;
+    failures = 0;
+    for (int n = 0; n < 20 && !b; n++) {
+        atomic_store(&oom_countdown, n);
+        loom_allocator_set(&oom_allocator);
+        b = loom_dev_init(d, NULL);
+        loom_allocator_set(NULL);
+        if (!b) {
+            failures++;
+            LOOM_CHECK_EQ_INT(loom_last_status(), LOOM_ERR_NOMEM);
+        }
+    }
+    LOOM_REQUIRE(b != NULL);
+    LOOM_CHECK(failures >= 1);
+
+    /* Device buffers. */
+    loom_buffer_t buf = NULL;
+    failures = 0;
+    for (int n = 0; n < 20 && !buf; n++) {
+        atomic_store(&oom_countdown, n);
+        loom_allocator_set(&oom_allocator);
+        buf = loom_buft_alloc_buffer(loom_dev_buffer_type(d), 4096);
+        loom_allocator_set(NULL);
+        if (!buf) {
+            failures++;
+            LOOM_CHECK_EQ_INT(loom_last_status(), LOOM_ERR_NOMEM);
+            loom_sim_stats st;
+            loom_sim_dev_stats(d, &st);
+            LOOM_CHECK_EQ_INT(st.mem_used, 0); /* the cap charge was undone */
+        }
+    }
+    LOOM_REQUIRE(buf != NULL);
+    LOOM_CHECK(failures >= 1);
+
+    /* Async commands whose queue entry cannot be allocated run synchronously. */
+    loom_ctx *ctx = new_ctx(2);
+    loom_tensor *t = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 64);
+    LOOM_REQUIRE(loom_buffer_alloc_tensor(buf, t, 0) == LOOM_OK);
+    float in[64], out[64];
+    for (int i = 0; i < 64; i++) in[i] = (float)i - 3.5f;
+    loom_event_t ev = loom_event_new(d);
+    LOOM_REQUIRE(ev != NULL);
+    atomic_store(&oom_countdown, 0);
+    loom_allocator_set(&oom_allocator);
+    loom_backend_tensor_set_async(b, t, in, 0, sizeof in);
+    atomic_store(&oom_countdown, 0);
+    loom_event_record(ev, b);
+    atomic_store(&oom_countdown, 0);
+    loom_backend_tensor_get_async(b, t, out, 0, sizeof out);
+    loom_allocator_set(NULL);
+    loom_event_synchronize(ev);
+    loom_backend_synchronize(b);
+    LOOM_CHECK(memcmp(in, out, sizeof in) == 0);
+
+    loom_event_free(ev);
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(b);
+    loom_sim_reg_free(r);
 }

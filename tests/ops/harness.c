@@ -512,6 +512,24 @@ void ops_check_as(ops_env *e, loom_tensor *out, loom_type out_type, const ref_te
     if (bad)
         OPS_FAIL(e, "%lld of %lld elements differ from the %s; %s", (long long)bad, (long long)n,
                  oracle ? "CPU oracle" : "reference", first);
+    if (getenv("OPS_VERBOSE")) {
+        /* how much of its tolerance each check used: max |got - exp| / tol */
+        double used = 0, maxerr = 0;
+        for (int64_t k = 0; k < n; k++) {
+            int64_t i[4];
+            ref_unravel(exp->ne, k, i);
+            double gv = ref_get(&got, i[0], i[1], i[2], i[3]);
+            double ev = oracle ? oracle[k] : ref_get(exp, i[0], i[1], i[2], i[3]);
+            double t = tol.atol + tol.rtol * fabs(ev) + (tol.elem ? tol.elem[k] : 0);
+            double d = fabs(gv - ev);
+            if (!isfinite(d)) continue;
+            maxerr = fmax(maxerr, d);
+            if (t > 0) used = fmax(used, d / t);
+            else if (d > 0) used = INFINITY;
+        }
+        fprintf(stderr, "[%s] %s: max err %.3g, %.1f%% of tolerance\n", e->be.label, e->label,
+                maxerr, 100 * used);
+    }
     free(host);
 }
 

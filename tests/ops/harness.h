@@ -9,6 +9,11 @@
  * default SIMD path, the same capped to avx2 or scalar, or a sim device checked against
  * the CPU oracle (the case body then runs twice on the same inputs).
  *
+ * Inputs come from the harness's own xorshift stream, seeded from the test's
+ * loom_test_rand() stream, so runs are deterministic per test and a replay config sees
+ * exactly the oracle's inputs. With OPS_VERBOSE=1 in the environment every check prints
+ * its largest error and how much of its tolerance that used.
+ *
  *   OPS_CASE(add) {
  *       ops_begin(e, "add %d", n);
  *       loom_tensor *a = ops_src(e, LOOM_TYPE_F32, 7, 3, 1, 1, OPS_PADDED);

@@ -439,3 +439,87 @@ OPS_CASE(concat) {
                 ops_end(e);
             }
 }
+
+/* ---------------------------------------------------------------- views of results */
+
+/* RESHAPE / VIEW / PERMUTE / TRANSPOSE of a computed tensor (not of a leaf), consumed by
+ * later ops, with three outputs in one graph: the backend must place views of
+ * intermediates and read them through their strides. */
+OPS_CASE(views_of_results) {
+    for (int i = 0; i < 2; i++) {
+        int64_t n0 = i ? 33 : 7, n1 = 6, n2 = 4;
+        ops_begin(e, "views of add [%lld,6,4]", (long long)n0);
+        loom_ctx *ctx = ops_ctx(e);
+        loom_tensor *a = ops_src(e, LOOM_TYPE_F32, n0, n1, n2, 1, i ? OPS_PADDED : OPS_CONTIG);
+        loom_tensor *b = ops_src(e, LOOM_TYPE_F32, n0, n1, n2, 1, OPS_CONTIG);
+        loom_tensor *x = loom_add(ctx, a, b);
+        /* axis 0 -> 2, 1 -> 0, 2 -> 1: [n1, n2, n0] */
+        loom_tensor *o1 = loom_cont(ctx, loom_permute(ctx, x, 2, 0, 1, 3));
+        /* the same elements as one long row per (i2): [n0*n1, n2], squared */
+        loom_tensor *r = loom_reshape_2d(ctx, x, n0 * n1, n2);
+        loom_tensor *o2 = loom_mul(ctx, r, r);
+        /* columns 1..n0-1 of every row of x, as [n0-1, n1*n2] rows of stride nb1 */
+        loom_tensor *w = x ? loom_view_2d(ctx, x, n0 - 1, n1 * n2, x->nb[1], x->nb[0]) : NULL;
+        loom_tensor *o3 = loom_scale(ctx, w, 2.0f);
+        ops_output(e, o1);
+        ops_output(e, o2);
+        if (ops_compute(e, o3)) {
+            ref_tensor ra = ops_ref(e, a), rb = ops_ref(e, b);
+            ref_tensor rx = ops_expect(e, LOOM_TYPE_F32, n0, n1, n2, 1);
+            ref_binary(REF_ADD, &ra, &rb, &rx);
+            /* o1: x read through the permuted descriptor */
+            ref_tensor px = rx;
+            const int axes[4] = {2, 0, 1, 3};
+            for (int d = 0; d < 4; d++) {
+                px.ne[axes[d]] = rx.ne[d];
+                px.nb[axes[d]] = rx.nb[d];
+            }
+            ref_tensor e1 = ops_expect(e, LOOM_TYPE_F32, n1, n2, n0, 1);
+            ref_copy(&px, &e1);
+            ops_check(e, o1, &e1, (ops_tol){.rtol = 1e-5});
+            /* o2: squares in the same order */
+            ref_tensor rr = ops_expect(e, LOOM_TYPE_F32, n0 * n1, n2, 1, 1);
+            ref_copy(&rx, &rr);
+            ref_tensor e2 = ops_expect(e, LOOM_TYPE_F32, n0 * n1, n2, 1, 1);
+            ref_sqr(&rr, &e2);
+            ops_check(e, o2, &e2, (ops_tol){.rtol = 1e-5});
+            /* o3: 2 * x[1 + i0, r % n1, r / n1] */
+            ref_tensor e3 = ops_expect(e, LOOM_TYPE_F32, n0 - 1, n1 * n2, 1, 1);
+            for (int64_t row = 0; row < n1 * n2; row++)
+                for (int64_t c = 0; c < n0 - 1; c++)
+                    ref_set(&e3, c, row, 0, 0, 2 * ref_get(&rx, c + 1, row % n1, row / n1, 0));
+            ops_check(e, o3, &e3, (ops_tol){.rtol = 1e-5});
+        }
+        ops_end(e);
+    }
+}
+
+/* A mul_mat whose activations are the transpose of a computed tensor. */
+OPS_CASE(mul_mat_of_transposed_result) {
+    for (int i = 0; i < 2; i++) {
+        int64_t K = i ? 67 : 7, M = 5, N = i ? 9 : 1;
+        ops_begin(e, "mul_mat(a, transpose(scale(c))) K=%lld N=%lld", (long long)K,
+                  (long long)N);
+        loom_ctx *ctx = ops_ctx(e);
+        loom_tensor *a = ops_src(e, LOOM_TYPE_F32, K, M, 1, 1, OPS_CONTIG);
+        loom_tensor *c = ops_src(e, LOOM_TYPE_F32, N, K, 1, 1, OPS_CONTIG);
+        loom_tensor *out = loom_mul_mat(ctx, a, loom_transpose(ctx, loom_scale(ctx, c, 0.5f)));
+        if (ops_compute(e, out)) {
+            ref_tensor ra = ops_ref(e, a), rc = ops_ref(e, c);
+            ref_tensor sc = ops_expect(e, LOOM_TYPE_F32, N, K, 1, 1);
+            ref_scale(&rc, 0.5, 0, &sc);
+            ref_tensor bt = sc; /* transposed descriptor of the scaled tensor */
+            bt.ne[0] = sc.ne[1];
+            bt.ne[1] = sc.ne[0];
+            bt.nb[0] = sc.nb[1];
+            bt.nb[1] = sc.nb[0];
+            ref_tensor exp = ops_expect(e, LOOM_TYPE_F32, M, N, 1, 1);
+            double *sabs = ops_scratch(e, sizeof(double) * (size_t)(M * N));
+            ref_mul_mat(&ra, &bt, &exp, sabs, NULL);
+            double *tol = ops_scratch(e, sizeof(double) * (size_t)(M * N));
+            for (int64_t k = 0; k < M * N; k++) tol[k] = 2 * (double)(K + 3) * REF_U * sabs[k];
+            ops_check(e, out, &exp, (ops_tol){.elem = tol});
+        }
+        ops_end(e);
+    }
+}

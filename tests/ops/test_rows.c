@@ -94,7 +94,9 @@ OPS_CASE(get_rows_i64_ids) {
     loom_clear_error();
     loom_tensor *out = loom_get_rows(ops_ctx(e), a, ids);
     if (!out) {
-        LOOM_CHECK(loom_last_error()[0] != '\0');
+        LOOM_CHECK_EQ_INT(loom_last_status(), LOOM_ERR_TYPE);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "get_rows");
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "ids");
     } else if (ops_compute(e, out)) {
         ref_tensor ra = ops_ref(e, a), ri = ops_ref(e, ids);
         ref_tensor exp = ops_expect(e, LOOM_TYPE_F32, 7, 6, 1, 1);

@@ -85,8 +85,8 @@ LOOM_TEST(reduce, every_algorithm_every_device_count) {
     }
 }
 
-/* 64 MiB per device, once per algorithm, two device counts each (one of them not a power
- * of two). */
+/* 64 MiB per device, once per algorithm, two device counts each: 2, and 3 (not a power of
+ * two: the butterfly folds, the ring's chunks are uneven). */
 static void large_case(loom_allreduce_algo algo, int n) {
     char spec[32];
     snprintf(spec, sizeof spec, "sim:%d", n);
@@ -123,17 +123,17 @@ static void large_case(loom_allreduce_algo algo, int n) {
 
 LOOM_TEST(reduce, ring_64mib) {
     large_case(LOOM_ALLREDUCE_RING, 2);
-    large_case(LOOM_ALLREDUCE_RING, 6);
+    large_case(LOOM_ALLREDUCE_RING, 3);
 }
 
 LOOM_TEST(reduce, butterfly_64mib) {
+    large_case(LOOM_ALLREDUCE_BUTTERFLY, 2);
     large_case(LOOM_ALLREDUCE_BUTTERFLY, 3);
-    large_case(LOOM_ALLREDUCE_BUTTERFLY, 4);
 }
 
 LOOM_TEST(reduce, host_64mib) {
     large_case(LOOM_ALLREDUCE_HOST, 2);
-    large_case(LOOM_ALLREDUCE_HOST, 5);
+    large_case(LOOM_ALLREDUCE_HOST, 3);
 }
 
 /* Ordinary floats: each algorithm within rounding of the double sum, every device of one

@@ -176,8 +176,8 @@ LOOM_TEST(reduce_ladder, refused_ops) {
     LOOM_REQUIRE(r != NULL);
     rt_fill(&s, 2, NULL);
     LOOM_CHECK_EQ_INT(loom_reducer_allreduce(r, s.t, NULL), LOOM_ERR_UNSUPPORTED);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM0");
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "ADD");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "does not support ADD");
     loom_reducer_free(r);
     rt_set_free(&s);
     rt_devs_close(&d);
@@ -421,7 +421,7 @@ LOOM_TEST(reduce_ladder, bad_arguments) {
 
     t[1] = s.t[0]; /* the same tensor twice */
     LOOM_CHECK_EQ_INT(loom_reducer_allreduce(r, t, NULL), LOOM_ERR_INVALID_ARG);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "same memory");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "overlap");
 
     t[1] = loom_view_2d(ctx, s.whole[1], 32, 4, 32 * sizeof(float), 0); /* other shape */
     LOOM_REQUIRE(t[1] != NULL);
@@ -524,6 +524,8 @@ LOOM_TEST(reduce_ladder, host_out_of_memory_everywhere) {
                                                 LOOM_ALLREDUCE_HOST};
     loom_allocator oom = {oom_malloc, oom_realloc, oom_free, NULL};
     g_oom_thread = pthread_self();
+    loom_log_level level = loom_log_get_level();
+    loom_log_set_level(LOOM_LOG_ERROR); /* sim warns of every command it runs inline */
     for (size_t a = 0; a < 3; a++) {
         int failures = 0;
         for (long k = 0; k < 10000; k++) {
@@ -565,6 +567,7 @@ LOOM_TEST(reduce_ladder, host_out_of_memory_everywhere) {
         LOOM_CHECK_MSG(failures > 0, "%s: no injected failure was reported",
                        loom_allreduce_algo_name(algos[a]));
     }
+    loom_log_set_level(level);
     rt_set_free(&s);
     rt_devs_close(&d);
 }

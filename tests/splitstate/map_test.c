@@ -75,7 +75,7 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
         int jv = local_index(sv, iv, lv);
         if (ja != jv) {
             bad++;
-            LOOM_CHECK_MSG(false, "element %lld of the view is on device %d, its source on %d",
+            loom_test_fail(__FILE__, __LINE__, "element %lld of the view is on device %d, its source on %d",
                            (long long)fv, jv, ja);
             continue;
         }
@@ -113,7 +113,7 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
                                l[3] * stride[3];
                 if (o[f] != want) {
                     bad++;
-                    LOOM_CHECK_MSG(false, "device %d: its slice of the view is not a strided view "
+                    loom_test_fail(__FILE__, __LINE__, "device %d: its slice of the view is not a strided view "
                                    "of its slice of the source (element %lld)", j, (long long)f);
                     break;
                 }
@@ -288,20 +288,38 @@ LOOM_TEST(splitmap, moe_expert_slot_views) {
     fx_free(&f);
 }
 
+LOOM_TEST(splitmap, view_of_one_index_lives_on_one_device) {
+    fixture f;
+    LOOM_REQUIRE(fx_init(&f, 2));
+    loom_split_state sa = ST_AX(1, 2, 2, 2);
+    loom_tensor *a = leaf(&f, "h", sa, 8, 4, 1);
+    for (int row = 0; row < 4; row++) {
+        loom_tensor *v = loom_view_1d(f.ctx, a, 8, (size_t)row * a->nb[1]);
+        LOOM_REQUIRE(v);
+        loom_split_state sv = state_of(&f, v);
+        loom_split_state want = row < 2 ? ST_AX(1, 2, 1, 0) : ST_AX(1, 2, 0, 1);
+        CHECK_STATE(sv, want);
+        check_mapping(a, &sa, v, &sv, false, row * (int64_t)a->nb[1]);
+    }
+    fx_free(&f);
+}
+
 LOOM_TEST(splitmap, view_refusals) {
     fixture f;
     LOOM_REQUIRE(fx_init(&f, 2));
-    loom_tensor *a = leaf(&f, "h", ST_AX(1, 2, 2, 2), 8, 4, 1);
-    loom_tensor *row = named(loom_view_1d(f.ctx, a, 8, a->nb[1]), "row1");
-    loom_split_state s;
-    LOOM_CHECK_EQ_INT(loom_split_ctx_get(f.sc, row, false, &s), LOOM_ERR_UNSUPPORTED);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "view 'row1': cannot map the split of 'h' AXIS_1 "
-                                               "[2,2] into the view [8, 1, 1, 1] at offset 32");
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "keeps a single index (1) of the split axis 1");
     loom_tensor *b = leaf(&f, "flat", ST_AX(0, 2, 4, 4), 8, 1, 1);
     loom_tensor *every2 = named(loom_view_2d(f.ctx, b, 1, 4, 2 * sizeof(float), 0), "every2");
+    loom_split_state s;
     LOOM_CHECK_EQ_INT(loom_split_ctx_get(f.sc, every2, false, &s), LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "view 'every2': cannot map the split of 'flat' "
+                                               "AXIS_0 [4,4] into the view [1, 4, 1, 1] at offset 0");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "one element in every 2 of the split axis 0");
+    LOOM_CHECK(!loom_split_ctx_can_split(f.sc, every2));
+    /* a view dimension that straddles the split axis and a lower one */
+    loom_tensor *c = leaf(&f, "c", ST_AX(1, 2, 1, 2), 4, 3, 1);
+    loom_tensor *odd = named(loom_view_2d(f.ctx, c, 6, 2, 6 * sizeof(float), 0), "odd");
+    LOOM_CHECK_EQ_INT(loom_split_ctx_get(f.sc, odd, false, &s), LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "straddles the split axis 1");
     fx_free(&f);
 }
 

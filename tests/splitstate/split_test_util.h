@@ -157,4 +157,36 @@ static inline loom_tensor *leaf(fixture *f, const char *name, loom_split_state s
     return t;
 }
 
+static inline loom_tensor *leaf_t(fixture *f, const char *name, loom_type type, loom_split_state s,
+                                  int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    loom_tensor *t = named(loom_new_tensor_4d(f->ctx, type, ne0, ne1, ne2, ne3), name);
+    leaf_set(&f->lt, name, s);
+    return t;
+}
+
+/* t's derived state is `want`, and can_split agrees. */
+#define CHECK_DERIVED(f, t, want)                                                                  \
+    do {                                                                                           \
+        const loom_tensor *t_ = (t);                                                               \
+        LOOM_REQUIRE(t_ != NULL);                                                                  \
+        loom_split_state got_ = state_of((f), t_), want_ = (want);                                 \
+        CHECK_STATE(got_, want_);                                                                  \
+        LOOM_CHECK_MSG(loom_split_ctx_can_split((f)->sc, t_), "can_split '%s': %s", t_->name,   \
+                       loom_last_error());                                                         \
+    } while (0)
+
+/* t is refused with a message containing msg, and can_split says no. */
+#define CHECK_REFUSED(f, t, msg)                                                                   \
+    do {                                                                                           \
+        const loom_tensor *t_ = (t);                                                               \
+        LOOM_REQUIRE(t_ != NULL);                                                                  \
+        loom_split_state got_;                                                                     \
+        loom_status st_ = loom_split_ctx_get((f)->sc, t_, false, &got_);                           \
+        LOOM_CHECK_MSG(st_ == LOOM_ERR_UNSUPPORTED, "'%s' was not refused: %s", t_->name,          \
+                       st_ == LOOM_OK ? st_str(&got_) : loom_last_error());                        \
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), msg);                                           \
+        LOOM_CHECK(!loom_split_ctx_can_split((f)->sc, t_));                                        \
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), msg);                                           \
+    } while (0)
+
 #endif /* LOOM_SPLIT_TEST_UTIL_H */

@@ -1,0 +1,104 @@
+/*
+ * A session: a GGUF model placed on devices, a KV cache, a scheduler, a tokenizer. This is
+ * what `loom run`, `loom bench` and `loom explain` use, and what an engine embedding loom
+ * would use to generate text.
+ *
+ * Placement (split modes):
+ *   none    one device holds everything (the first listed, or the CPU);
+ *   layer   layer i on device floor(i * N / n_layer); scheduler [dev0..devN-1, CPU];
+ *   tensor  one meta device over all listed devices, every weight and the KV cache split
+ *           by the architecture's rules (plus --split-rules); scheduler [Meta(...), CPU].
+ * Token embeddings stay in host memory (their lookup runs on the CPU, as in llama.cpp).
+ * With n_gpu_layers < n_layer, the remaining layers' weights stay in host memory: their
+ * matmuls run on the CPU for small batches and are offloaded (weights staged) for large
+ * ones unless op offload is off.
+ */
+#ifndef LOOM_SESSION_H
+#define LOOM_SESSION_H
+
+#include "loom/meta.h"
+#include "loom/model.h"
+#include "loom/rules.h"
+#include "loom/sched.h"
+#include "loom/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum loom_split_mode {
+    LOOM_SPLIT_MODE_DEFAULT = -1, /* tensor when several devices are listed, else none */
+    LOOM_SPLIT_MODE_NONE = 0,
+    LOOM_SPLIT_MODE_LAYER = 1,
+    LOOM_SPLIT_MODE_TENSOR = 2,
+} loom_split_mode;
+
+LOOM_API const char *loom_split_mode_name(loom_split_mode m);
+LOOM_API loom_status loom_split_mode_parse(const char *s, loom_split_mode *out);
+
+typedef struct loom_session_params {
+    const char *devices;        /* device spec: "cpu" (default), "sim:4", "cuda:0,1" */
+    loom_split_mode split_mode;
+    int n_gpu_layers;           /* layers on the devices; < 0: all */
+    int threads;                /* CPU threads; <= 0: all cores */
+    int64_t n_ctx;              /* KV cache positions; <= 0: min(train ctx, 2048) */
+    int64_t n_batch;            /* largest batch per graph; <= 0: 512 */
+    loom_type kv_type;          /* F32 (default) or F16 */
+    bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
+    bool no_op_offload;
+    const char *split_rules;    /* a rules file that overrides/extends the built-in table */
+    void (*progress)(size_t done, size_t total, void *user_data);
+    void *progress_user_data;
+} loom_session_params;
+
+LOOM_API loom_session_params loom_session_params_default(void);
+
+typedef struct loom_session loom_session;
+
+/* Opens path (or uses g if path is NULL; g is then borrowed and must outlive the session),
+ * places the model and prepares everything. Errors name the file, device or tensor. */
+LOOM_API loom_status loom_session_new(const char *path, const loom_gguf *g,
+                                      const loom_session_params *p, loom_session **out);
+LOOM_API void loom_session_free(loom_session *s);
+
+LOOM_API const loom_model *loom_session_model(const loom_session *s);
+LOOM_API const loom_tokenizer *loom_session_tokenizer(const loom_session *s);
+LOOM_API loom_sched *loom_session_sched(const loom_session *s);
+/* The meta backend in tensor mode, else NULL. */
+LOOM_API loom_backend_t loom_session_meta_backend(const loom_session *s);
+LOOM_API int loom_session_n_devices(const loom_session *s);
+LOOM_API loom_dev_t loom_session_device(const loom_session *s, int i);
+LOOM_API loom_split_mode loom_session_split_mode(const loom_session *s);
+LOOM_API int64_t loom_session_n_past(const loom_session *s);
+LOOM_API int64_t loom_session_n_ctx(const loom_session *s);
+/* Forgets the KV cache contents (the next eval starts at position 0). */
+LOOM_API void loom_session_clear(loom_session *s);
+
+/* Evaluates tokens (split into batches of n_batch) at the current position; writes the
+ * logits of the last token (or of every token when all_logits: n x n_vocab) to out. */
+LOOM_API loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
+                                       bool all_logits, float *out);
+
+/* Builds, splits and allocates (but does not run) the graph of a batch of n tokens at the
+ * current position, so a caller can inspect the scheduler and the meta device (`loom
+ * explain`). The graph stays valid until the next call on the session. */
+LOOM_API loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out);
+
+typedef struct loom_session_stats {
+    int64_t load_us;
+    /* the scheduler's view of the last prompt (n > 1) and generation (n == 1) graphs */
+    int prompt_nodes, prompt_splits;
+    int gen_nodes, gen_splits;
+    /* meta device, the last eval: reductions and bytes per graph */
+    int last_reductions;
+    uint64_t last_bytes_reduced;
+    int last_subgraphs;
+} loom_session_stats;
+
+LOOM_API void loom_session_get_stats(const loom_session *s, loom_session_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_SESSION_H */
