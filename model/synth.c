@@ -30,12 +30,12 @@ loom_synth_params loom_synth_params_default(void) {
 
 /* Adds a tensor of shape ne filled by fill(): 1 for norms, random otherwise. */
 static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, int n_dims,
-                       const int64_t *ne, float scale, bool ones, uint64_t *rng) {
+                       const int64_t *ne, float scale, bool ones, uint64_t *rng, int64_t zero_rows) {
     int64_t n = 1;
     for (int d = 0; d < n_dims; d++) n *= ne[d];
     float *f = loom_malloc((size_t)n * sizeof *f);
     if (!f) return loom_error(LOOM_ERR_NOMEM, "synth: out of memory");
-    for (int64_t i = 0; i < n; i++) f[i] = ones ? 1.0f : uniform(rng, scale);
+    for (int64_t i = 0; i < n; i++) f[i] = ones ? 1.0f : i / ne[0] < zero_rows ? 0.0f : uniform(rng, scale);
     const loom_type_traits *tr = loom_type_traits_get(type);
     void *data = f;
     void *conv = NULL;
@@ -127,18 +127,22 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     const loom_type wt = p->wtype;
     const float se = 1.0f / sqrtf((float)E), sf = 1.0f / sqrtf((float)F);
     char name[LOOM_MAX_NAME];
+    int64_t zero_rows = 0;
 #define T(nd, type, scale, ones, ...)                                                              \
     do {                                                                                           \
         int64_t ne_[3] = {__VA_ARGS__};                                                            \
-        if (!st) st = add(w, name, type, nd, ne_, scale, ones, &rng);                              \
+        if (!st) st = add(w, name, type, nd, ne_, scale, ones, &rng, zero_rows);                   \
     } while (0)
 #define NAME(...) snprintf(name, sizeof name, __VA_ARGS__)
     NAME("token_embd.weight");
     T(2, LOOM_TYPE_F32, 1.0f, false, E, V);
     NAME("output_norm.weight");
     T(1, LOOM_TYPE_F32, 0, true, E);
+    /* zero logits for the control and byte tokens keep generated text readable letters */
+    zero_rows = 259;
     NAME("output.weight");
     T(2, wt, se, false, E, V);
+    zero_rows = 0;
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);

@@ -15,6 +15,13 @@ int loom_cli_demo(int argc, char **argv);
 /* `loom devices`: registries, devices, memory and caps. */
 int loom_cli_devices(int argc, char **argv);
 
+/* `loom run`, `loom bench`, `loom explain`, `loom gguf`: the model subcommands
+ * (cmd_run.c, cmd_bench.c, cmd_explain.c, cmd_gguf.c; shared options in model_cli.h). */
+int loom_cli_run(int argc, char **argv);
+int loom_cli_bench(int argc, char **argv);
+int loom_cli_explain(int argc, char **argv);
+int loom_cli_gguf(int argc, char **argv);
+
 /* Shared helpers. */
 /* Parses a positive int option value; prints the error and returns false if it is not. */
 bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int min, int max,

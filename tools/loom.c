@@ -14,6 +14,10 @@ typedef struct loom_cli_cmd {
 } loom_cli_cmd;
 
 static const loom_cli_cmd commands[] = {
+    {"run", loom_cli_run, "generate text with a GGUF model (or the built-in one) on any devices"},
+    {"bench", loom_cli_bench, "prompt and generation speed per device spec and split mode"},
+    {"explain", loom_cli_explain, "where every node runs and why; splits, subgraphs, reductions"},
+    {"gguf", loom_cli_gguf, "a GGUF file's metadata, tensors and split plan"},
     {"demo", loom_cli_demo,
      "a llama-style block on the CPU and split over devices; checks agreement"},
     {"devices", loom_cli_devices, "list registries, devices, memory and caps"},

@@ -21,6 +21,8 @@
  * The environment variable LOOM_ALLREDUCE=auto|ring|butterfly|host forces one when the
  * caller's params leave the algorithm at AUTO; any other value makes loom_reducer_new fail.
  *
+ * A reducer is used by one thread at a time (like the backends it drives).
+ *
  * A device flagged "empty" (its slice of the PARTIAL tensor is zero-sized, so it computed
  * nothing) contributes exact zeros whatever its memory holds (NaN included: it is
  * overwritten, never multiplied by 0), and receives the sum like every other device.

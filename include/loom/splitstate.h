@@ -95,9 +95,8 @@ LOOM_API loom_status loom_split_state_add_even(loom_split_state *s, int64_t size
                                                int64_t granularity, int rotation, int64_t nr);
 
 /* init + one evenly split segment: the common case. */
-LOOM_API loom_status loom_split_state_even(loom_split_state *s, loom_split_axis axis,
-                                           int n_devices, int64_t size, int64_t granularity,
-                                           int rotation);
+LOOM_API loom_status loom_split_state_even(loom_split_state *s, loom_split_axis axis, int n_devices,
+                                           int64_t size, int64_t granularity, int rotation);
 
 /* ---------------------------------------------------------------- queries */
 
@@ -110,34 +109,33 @@ LOOM_API int64_t loom_split_state_dev_count(const loom_split_state *s, int dev);
  * device's count; the whole shape for MIRRORED, PARTIAL and NONE. */
 LOOM_API void loom_split_state_slice_ne(const loom_split_state *s, const int64_t ne[4], int dev,
                                         int64_t out[4]);
-LOOM_API int64_t loom_split_state_slice_nelements(const loom_split_state *s,
-                                                  const loom_tensor *t, int dev);
+LOOM_API int64_t loom_split_state_slice_nelements(const loom_split_state *s, const loom_tensor *t,
+                                                  int dev);
 /* Bytes of device j's slice of t, stored contiguously (block types: rows of whole blocks). */
 LOOM_API size_t loom_split_state_slice_nbytes(const loom_split_state *s, const loom_tensor *t,
                                               int dev);
 
 /* One piece of a device's slice: occurrence `rep` of segment `seg` on device `dev`. In a
  * contiguous tensor the axis is cut into chunks (one per index of the dimensions above
- * it); a piece is the same run of every chunk. `unit_bytes` is the bytes of one element
- * step along the axis (nb[axis] of the contiguous tensor; for axis 0 of a block type,
- * offsets and sizes are whole blocks). */
+ * it); a piece is the same run of every chunk. Byte figures assume contiguous storage of
+ * the full tensor and of the device's slice (one element step along the axis is nb[axis]
+ * of the contiguous tensor; on axis 0 of a block type offsets and sizes are whole blocks). */
 typedef struct loom_split_range {
-    int64_t offset;       /* first element along the axis in the full tensor */
-    int64_t size;         /* elements along the axis */
-    int64_t dev_offset;   /* first element along the axis in the device's slice */
-    size_t offset_bytes;  /* offset in bytes within one chunk of the full tensor */
-    size_t size_bytes;    /* size in bytes within one chunk */
+    int64_t offset;          /* first element along the axis in the full tensor */
+    int64_t size;            /* elements along the axis */
+    int64_t dev_offset;      /* first element along the axis in the device's slice */
+    size_t offset_bytes;     /* offset in bytes within one chunk of the full tensor */
+    size_t size_bytes;       /* size in bytes within one chunk */
     size_t dev_offset_bytes; /* offset in bytes within one chunk of the device's slice */
-    size_t chunk_bytes;   /* bytes of one chunk of the full tensor (ne[axis] elements) */
-    size_t dev_chunk_bytes; /* bytes of one chunk of the device's slice */
-    int64_t n_chunks;     /* number of chunks (product of ne above the axis) */
+    size_t chunk_bytes;      /* bytes of one chunk of the full tensor (ne[axis] elements) */
+    size_t dev_chunk_bytes;  /* bytes of one chunk of the device's slice */
+    int64_t n_chunks;        /* number of chunks (product of ne above the axis) */
 } loom_split_range;
 
 /* LOOM_ERR_INVALID_ARG for a state that is not split, or seg/rep/dev out of range. For
  * one segment with nr = 1 (the common case), seg = rep = 0 gives device j's whole slice. */
 LOOM_API loom_status loom_split_state_range(const loom_split_state *s, const loom_tensor *t,
-                                            int seg, int64_t rep, int dev,
-                                            loom_split_range *out);
+                                            int seg, int64_t rep, int dev, loom_split_range *out);
 
 /* Same axis and n_devices, and for split axes the same layout. */
 LOOM_API bool loom_split_state_equal(const loom_split_state *a, const loom_split_state *b);
@@ -172,8 +170,7 @@ LOOM_API bool loom_split_op_known(loom_op op);
  * destination), ignored otherwise. Op NONE (a leaf) is not a rule: LOOM_ERR_INVALID_ARG.
  * The result carries exact counts. LOOM_ERR_UNSUPPORTED with a message naming op, tensor
  * and the states that do not fit when the op cannot be split that way. */
-LOOM_API loom_status loom_split_rule_apply(const loom_tensor *t,
-                                           const loom_split_state *const *src,
+LOOM_API loom_status loom_split_rule_apply(const loom_tensor *t, const loom_split_state *const *src,
                                            const loom_split_state *dst, int n_devices,
                                            loom_split_state *out);
 
@@ -187,18 +184,19 @@ LOOM_API void loom_split_state_assume_sync(const loom_tensor *t, loom_split_stat
  * to MIRRORED over the context's n_devices; the callback may leave it, or set an axis with
  * its segments, PARTIAL, or NONE ("a compute tensor whose layout follows the op that
  * writes it", e.g. the destination of a cast). It returns LOOM_OK, or an error (with
- * loom_error) that loom_split_ctx_get passes on. The table validates what it returns. */
+ * loom_error) that loom_split_ctx_get passes on. The table validates what it returns. It
+ * runs under the context's lock: it must not call back into the same context. */
 typedef loom_status (*loom_split_leaf_fn)(const loom_tensor *t, loom_split_state *out,
                                           void *user_data);
 
 typedef struct loom_split_ctx loom_split_ctx;
 
 typedef struct loom_split_ctx_stats {
-    uint64_t lookups;   /* tensors validated or derived */
-    uint64_t hits;      /* found in the cache and still valid */
-    uint64_t computed;  /* derived (or asked of the callback) afresh */
+    uint64_t lookups;     /* tensors validated or derived */
+    uint64_t hits;        /* found in the cache and still valid */
+    uint64_t computed;    /* derived (or asked of the callback) afresh */
     uint64_t invalidated; /* cached entries found stale and recomputed */
-    size_t entries;     /* entries held now */
+    size_t entries;       /* entries held now */
 } loom_split_ctx_stats;
 
 /* leaf_fn NULL: every leaf is MIRRORED. NULL (loom_last_error) on allocation failure or
@@ -213,14 +211,23 @@ LOOM_API int loom_split_ctx_n_devices(const loom_split_ctx *ctx);
  * resolved recursively (iteratively: any graph depth) and cached.
  *
  * The cache cannot go stale: an entry is keyed on the tensor pointer and keeps a snapshot
- * of every field the state depends on (type, ne, nb, op, op_params, src[], view_src,
- * view_offs, and for leafs name, flags and buffer) plus the version of each source's
+ * of the fields the state depends on (type, ne, nb, op, op_params, src[], view_src,
+ * view_offs, name, and for leafs flags and buffer) plus the version of each source's
  * entry it was derived from; a lookup revalidates the tensor and everything upstream of
  * it (each tensor once per query), so editing any tensor, upstream included, is seen.
  * Failures are cached too (with their message). If the leaf callback's answers change
- * for unchanged tensors, call loom_split_ctx_clear. */
-LOOM_API loom_status loom_split_ctx_get(loom_split_ctx *ctx, const loom_tensor *t,
-                                        bool assume_sync, loom_split_state *out);
+ * for unchanged tensors, call loom_split_ctx_clear.
+ *
+ * Cost: one query is linear in the size of t's upstream graph, so querying every node of
+ * a graph one at a time is quadratic (about 0.1 s of CPU for 1,500 chained nodes); wrap
+ * such loops in loom_split_ctx_begin/end (about 0.5 ms for the same graph). */
+LOOM_API loom_status loom_split_ctx_get(loom_split_ctx *ctx, const loom_tensor *t, bool assume_sync,
+                                        loom_split_state *out);
+
+/* The states of every node of g, in node order (states: g->n_nodes entries), in one batch.
+ * Stops at the first node that fails (its error returned, with loom_last_error). */
+LOOM_API loom_status loom_split_ctx_get_graph(loom_split_ctx *ctx, const loom_graph *g,
+                                              bool assume_sync, loom_split_state *states);
 
 /* For supports_op: whether the rule table can split op given its sources. A source whose
  * own state cannot be derived counts as MIRRORED (it runs elsewhere and arrives whole).
