@@ -211,7 +211,7 @@ int loom_cli_explain(int argc, char **argv) {
         for (int i = si.i_start; !quiet && i < si.i_end && i < g->n_nodes; i++) {
             char sh[64];
             shape(ni[i].t, sh, sizeof sh);
-            printf("node #%4d (%14s): %-24.24s %-16s [%-12.12s %-8s]%s%s%s\n", i, loom_op_name(ni[i].t->op),
+            printf("node #%4d (%14s): %-24.24s %-16s [%s %s]%s%s%s\n", i, loom_op_name(ni[i].t->op),
                    ni[i].t->name, sh, loom_backend_name(loom_sched_get_backend(sc, ni[i].backend)),
                    ni[i].cause, ni[i].state[0] ? " " : "", ni[i].state,
                    ni[i].reduce ? "  <- allreduce" : "");
