@@ -13,8 +13,8 @@
 #define LOOM__RD_HOST_CHUNK ((int64_t)1 << 20) /* floats per chunk: 4 MiB */
 
 static float *rd_stage(loom_reducer *r, int parity, int slot) {
-    return r->host_stage + ((size_t)parity * (size_t)(r->n + 1) + (size_t)slot) *
-                               r->host_stage_floats;
+    return r->host_stage +
+           ((size_t)parity * (size_t)(r->n + 1) + (size_t)slot) * r->host_stage_floats;
 }
 
 static void rd_gather(loom_reducer *r, loom_tensor *const *t, const bool *empty, int parity,
@@ -43,7 +43,8 @@ loom_status loom__rd_host_allreduce(loom_reducer *r, loom_tensor *const *t, int6
         r->host_stage_floats = (size_t)chunk;
     }
     int n_src = 0;
-    for (int j = 0; j < N; j++) n_src += !(empty && empty[j]);
+    for (int j = 0; j < N; j++)
+        n_src += !(empty && empty[j]);
 
     int64_t n_chunks = (n_elem + chunk - 1) / chunk;
     rd_gather(r, t, empty, 0, 0, chunk);
@@ -66,7 +67,8 @@ loom_status loom__rd_host_allreduce(loom_reducer *r, loom_tensor *const *t, int6
                 memcpy(acc, x, (size_t)cnt * sizeof(float));
                 first = false;
             } else {
-                for (int64_t i = 0; i < cnt; i++) acc[i] += x[i];
+                for (int64_t i = 0; i < cnt; i++)
+                    acc[i] += x[i];
             }
         }
         if (first) memset(acc, 0, (size_t)cnt * sizeof(float)); /* every device empty */

@@ -22,7 +22,9 @@
 
 #include "reduce/reduce-impl.h"
 
-static size_t rd_align(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t rd_align(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
 
 /* ---------------------------------------------------------------- scratch */
 
@@ -30,7 +32,8 @@ static size_t rd_align(size_t x, size_t a) { return (x + a - 1) / a * a; }
  * point into the old scratch) after waiting for the devices. */
 static loom_status rd_scratch_reserve(loom_reducer *r, const size_t *need) {
     bool grow = false;
-    for (int j = 0; j < r->n; j++) grow |= need[j] > r->scratch_size[j];
+    for (int j = 0; j < r->n; j++)
+        grow |= need[j] > r->scratch_size[j];
     if (!grow) return LOOM_OK;
     loom__rd_plans_clear(r);
     for (int j = 0; j < r->n; j++) {
@@ -72,8 +75,7 @@ static loom_tensor *rd_slice(loom_ctx *ctx, loom_tensor *base, int64_t off, int6
 }
 
 /* A scratch tensor of cnt elements at byte offset `offset` of device j's scratch. */
-static loom_tensor *rd_scratch(loom_reducer *r, loom_ctx *ctx, int j, int64_t cnt,
-                               size_t offset) {
+static loom_tensor *rd_scratch(loom_reducer *r, loom_ctx *ctx, int j, int64_t cnt, size_t offset) {
     loom_tensor *s = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, cnt);
     if (!s) return NULL;
     loom_format_name(s, "allreduce.scratch%d", j);
@@ -153,7 +155,9 @@ static loom_status rd_add(rd_builder *b, int j, loom_tensor *x, loom_tensor *s) 
     return LOOM_OK;
 }
 
-static int rd_mod(int a, int n) { return ((a % n) + n) % n; }
+static int rd_mod(int a, int n) {
+    return ((a % n) + n) % n;
+}
 
 static loom_status rd_build_ring(rd_builder *b, loom_tensor **base, int64_t n) {
     loom_reducer *r = b->r;
@@ -209,7 +213,8 @@ static loom_status rd_build_butterfly(rd_builder *b, loom_tensor **base, int64_t
     loom_ctx *ctx = b->p->ctx;
     const int N = r->n;
     int P = 1;
-    while (P * 2 <= N) P *= 2;
+    while (P * 2 <= N)
+        P *= 2;
     int slot = 0;
     if (N > P) { /* fold the excess devices into the lower ones */
         rd_step_begin(b);
@@ -242,7 +247,8 @@ static loom_status rd_build_butterfly(rd_builder *b, loom_tensor **base, int64_t
     }
     if (N > P) { /* copy the sum back to the excess devices */
         rd_step_begin(b);
-        for (int j = P; j < N; j++) rd_xfer(b, j - P, j, base[j - P], base[j]);
+        for (int j = P; j < N; j++)
+            rd_xfer(b, j - P, j, base[j - P], base[j]);
         rd_step_end(b);
     }
     return LOOM_OK;
@@ -257,8 +263,8 @@ void loom__rd_plan_free(loom__rd_plan *p) {
     loom_free(p);
 }
 
-loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo,
-                                   loom_tensor *const *t, int64_t n_elem) {
+loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo, loom_tensor *const *t,
+                                   int64_t n_elem) {
     LOOM_ASSERT(algo == LOOM_ALLREDUCE_RING || algo == LOOM_ALLREDUCE_BUTTERFLY ||
                 algo == LOOM_ALLREDUCE_NATIVE);
     const int N = r->n;
@@ -268,9 +274,11 @@ loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo,
     size_t need[LOOM_REDUCE_MAX_DEVICES] = {0};
     size_t slot_bytes = 0;
     int P = 1;
-    while (P * 2 <= N) P *= 2;
+    while (P * 2 <= N)
+        P *= 2;
     int slots = (N > P ? 1 : 0);
-    for (int p2 = P; p2 > 1; p2 /= 2) slots++;
+    for (int p2 = P; p2 > 1; p2 /= 2)
+        slots++;
     for (int j = 0; j < N; j++) {
         size_t align = loom_buft_alignment(loom_backend_default_buft(r->backends[j]));
         if (algo == LOOM_ALLREDUCE_RING) {
@@ -282,7 +290,8 @@ loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo,
         }
     }
     if (algo == LOOM_ALLREDUCE_BUTTERFLY) {
-        for (int j = 0; j < P; j++) need[j] = (size_t)slots * slot_bytes;
+        for (int j = 0; j < P; j++)
+            need[j] = (size_t)slots * slot_bytes;
     }
     if (rd_scratch_reserve(r, need) != LOOM_OK) return NULL;
 
@@ -429,8 +438,8 @@ loom_status loom__rd_plan_run(loom_reducer *r, const loom__rd_plan *p) {
             }
         }
         for (int a = st->a0; a < st->a0 + st->na; a++) {
-            loom_status s = loom_backend_graph_compute_async(r->backends[p->adds[a].dev],
-                                                             p->adds[a].g);
+            loom_status s =
+                loom_backend_graph_compute_async(r->backends[p->adds[a].dev], p->adds[a].g);
             if (s != LOOM_OK) return s;
         }
         loom_status s = loom__rd_trace_push(r, st->max_bytes);
@@ -441,7 +450,8 @@ loom_status loom__rd_plan_run(loom_reducer *r, const loom__rd_plan *p) {
 
 void loom__rd_plans_clear(loom_reducer *r) {
     bool any = false;
-    for (int i = 0; i < LOOM__RD_N_PLANS; i++) any |= r->plans[i] != NULL;
+    for (int i = 0; i < LOOM__RD_N_PLANS; i++)
+        any |= r->plans[i] != NULL;
     if (!any) return;
     loom__rd_sync_all(r);
     for (int i = 0; i < LOOM__RD_N_PLANS; i++) {

@@ -26,9 +26,9 @@ extern "C" {
 #define LOOM__RD_N_PLANS 8 /* cached plans: a meta graph reduces a few tensors per token */
 
 typedef struct loom__rd_xfer {
-    int src, dst;              /* device indices */
-    const loom_tensor *from;   /* on src */
-    loom_tensor *to;           /* on dst */
+    int src, dst;            /* device indices */
+    const loom_tensor *from; /* on src */
+    loom_tensor *to;         /* on dst */
 } loom__rd_xfer;
 
 typedef struct loom__rd_add {
@@ -37,27 +37,27 @@ typedef struct loom__rd_add {
 } loom__rd_add;
 
 typedef struct loom__rd_step {
-    int x0, nx;          /* xfers[x0 .. x0+nx) */
-    int a0, na;          /* adds[a0 .. a0+na) */
-    uint64_t max_bytes;  /* largest single transfer of the step */
+    int x0, nx;         /* xfers[x0 .. x0+nx) */
+    int a0, na;         /* adds[a0 .. a0+na) */
+    uint64_t max_bytes; /* largest single transfer of the step */
 } loom__rd_step;
 
 typedef struct loom__rd_plan {
     /* key: what the plan was built for */
-    loom_allreduce_algo algo;      /* RING, BUTTERFLY, or NATIVE (fills only) */
+    loom_allreduce_algo algo; /* RING, BUTTERFLY, or NATIVE (fills only) */
     int64_t n_elem;
     loom_tensor *key_t[LOOM_REDUCE_MAX_DEVICES]; /* the tensors of the latest call */
     void *key_data[LOOM_REDUCE_MAX_DEVICES];
     loom_buffer_t key_buf[LOOM_REDUCE_MAX_DEVICES];
-    uint64_t last_use;             /* LRU stamp */
+    uint64_t last_use; /* LRU stamp */
 
-    loom_ctx *ctx;                 /* every header and graph below */
+    loom_ctx *ctx;                             /* every header and graph below */
     loom_graph *fill[LOOM_REDUCE_MAX_DEVICES]; /* in-place FILL 0; NULL: device refuses it */
     loom__rd_step *steps;
     loom__rd_xfer *xfers;
     loom__rd_add *adds;
     int n_steps, n_xfers, n_adds;
-    uint64_t bytes_moved;          /* total over all transfers */
+    uint64_t bytes_moved; /* total over all transfers */
 } loom__rd_plan;
 
 struct loom_reducer {
@@ -66,8 +66,8 @@ struct loom_reducer {
     loom_event_t ready[LOOM_REDUCE_MAX_DEVICES];      /* NULL: backend has no events */
     loom_event_t done[LOOM_REDUCE_MAX_DEVICES];
     bool p2p;
-    loom_allreduce_algo algo;  /* configured: AUTO or forced */
-    size_t butterfly_max;      /* bytes */
+    loom_allreduce_algo algo; /* configured: AUTO or forced */
+    size_t butterfly_max;     /* bytes */
 
     /* native communicator */
     loom_comm_iface comm_iface;
@@ -82,7 +82,7 @@ struct loom_reducer {
 
     /* host staging (host.c): 2 parities x (n device slots + 1 accumulator) of chunk floats */
     float *host_stage;
-    size_t host_stage_floats;  /* per slot */
+    size_t host_stage_floats; /* per slot */
 
     /* last call's step trace */
     uint64_t *trace;
@@ -95,8 +95,8 @@ struct loom_reducer {
 /* Builds a plan of `algo` (RING, BUTTERFLY or NATIVE) for tensors of n_elem F32 elements,
  * growing device scratch as needed. NULL with loom_last_error (LOOM_ERR_DEVICE_OOM naming
  * the device, LOOM_ERR_UNSUPPORTED naming a refused op, LOOM_ERR_NOMEM). */
-loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo,
-                                   loom_tensor *const *t, int64_t n_elem);
+loom__rd_plan *loom__rd_plan_build(loom_reducer *r, loom_allreduce_algo algo, loom_tensor *const *t,
+                                   int64_t n_elem);
 void loom__rd_plan_free(loom__rd_plan *p);
 /* Queues the fills of flagged devices (empty may be NULL). */
 loom_status loom__rd_plan_fill(loom_reducer *r, const loom__rd_plan *p, const bool *empty);

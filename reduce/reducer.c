@@ -19,10 +19,8 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const rd_algo_names[LOOM_ALLREDUCE_COUNT] = {
-    [LOOM_ALLREDUCE_AUTO] = "auto",
-    [LOOM_ALLREDUCE_NATIVE] = "native",
-    [LOOM_ALLREDUCE_RING] = "ring",
-    [LOOM_ALLREDUCE_BUTTERFLY] = "butterfly",
+    [LOOM_ALLREDUCE_AUTO] = "auto", [LOOM_ALLREDUCE_NATIVE] = "native",
+    [LOOM_ALLREDUCE_RING] = "ring", [LOOM_ALLREDUCE_BUTTERFLY] = "butterfly",
     [LOOM_ALLREDUCE_HOST] = "host",
 };
 
@@ -48,18 +46,34 @@ loom_status loom_allreduce_algo_parse(const char *s, loom_allreduce_algo *out) {
 /* ---------------------------------------------------------------- thresholds */
 
 /* Largest tensor (bytes) given to the butterfly, by device count: the crossover measured
- * on sim devices (reduce/README.md). Beyond 8 devices the 8-device value is used. */
+ * on sim devices with //reduce/bench:allreduce_bench --algos ring,butterfly --reps 5
+ * (best of 5 per point; 256 KiB, 1, 4 and 16 MiB measured in two runs, 512 KiB, 2 and
+ * 8 MiB in one; the 2-core build machine under a load average of 15-17 from other builds;
+ * reduce/README.md). Butterfly time / ring time, one figure per run (< 1: butterfly faster):
+ *   n  256K       512K  1M         2M    4M         8M    16M        butterfly up to
+ *   2  0.10/0.69  0.80  1.51/1.59  2.54  0.55/2.52  1.03  1.39/1.43  512 KiB
+ *   3  1.09/0.43  1.36  0.17/0.83  0.75  1.46/0.64  1.23  1.55/1.51  4 MiB
+ *   4  0.46/0.57  0.42  0.90/0.54  0.56  0.80/1.82  1.51  3.39/1.85  2 MiB
+ *   5  0.34/0.51  0.49  0.75/0.62  0.61  0.97/0.73  1.43  3.26/1.17  4 MiB
+ *   6  0.18/0.32  0.27  0.43/0.49  0.77  0.92/0.92  1.29  2.00/1.08  4 MiB
+ *   7  0.23/0.22  0.29  2.13/0.37  0.51  0.79/1.01  1.64  1.26/1.02  4 MiB
+ *   8  0.40/0.24  0.32  0.49/0.60  1.80  0.94/1.43  2.78  2.82/2.59  1 MiB
+ * Per step the sim pays a thread hand-off for each event, copy and add, so the butterfly's
+ * few steps win until the ring's smaller volume (2(n-1)/n of the tensor per device instead
+ * of log2(n) times it; on 2 cores the total work counts) takes over. Two devices cross early: their
+ * ring does half the work per device in just two steps. Beyond 8 devices the 8-device value is
+ * used. */
 size_t loom_reducer_butterfly_max_bytes(int n) {
     static const size_t measured[9] = {
         0,
         0,
-        (size_t)256 << 10, /* 2 */
-        (size_t)128 << 10, /* 3 */
-        (size_t)128 << 10, /* 4 */
-        (size_t)64 << 10,  /* 5 */
-        (size_t)64 << 10,  /* 6 */
-        (size_t)64 << 10,  /* 7 */
-        (size_t)64 << 10,  /* 8 */
+        (size_t)512 << 10, /* 2 */
+        (size_t)4 << 20,   /* 3 */
+        (size_t)2 << 20,   /* 4 */
+        (size_t)4 << 20,   /* 5 */
+        (size_t)4 << 20,   /* 6 */
+        (size_t)4 << 20,   /* 7 */
+        (size_t)1 << 20,   /* 8 */
     };
     if (n < 2) return 0;
     return measured[n > 8 ? 8 : n];
@@ -68,7 +82,8 @@ size_t loom_reducer_butterfly_max_bytes(int n) {
 /* ---------------------------------------------------------------- helpers */
 
 void loom__rd_sync_all(loom_reducer *r) {
-    for (int j = 0; j < r->n; j++) loom_backend_synchronize(r->backends[j]);
+    for (int j = 0; j < r->n; j++)
+        loom_backend_synchronize(r->backends[j]);
 }
 
 loom_status loom__rd_trace_push(loom_reducer *r, uint64_t max_bytes) {
@@ -123,8 +138,8 @@ static loom_status rd_probe_p2p(loom_reducer *r, bool *p2p) {
             return LOOM_OK;
         }
     }
-    loom_ctx_params cp = {
-        .mem_size = (size_t)(2 * N + 4) * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx_params cp = {.mem_size = (size_t)(2 * N + 4) * loom_tensor_overhead(),
+                          .no_alloc = true};
     loom_ctx *ctx = loom_ctx_new(cp);
     if (!ctx) return loom_error(LOOM_ERR_NOMEM, "allreduce: out of host memory (p2p probe)");
     loom_buffer_t buf[LOOM_REDUCE_MAX_DEVICES] = {0};
@@ -158,7 +173,8 @@ static loom_status rd_probe_p2p(loom_reducer *r, bool *p2p) {
         }
     }
     loom__rd_sync_all(r);
-    for (int j = 0; j < N; j++) loom_buffer_free(buf[j]);
+    for (int j = 0; j < N; j++)
+        loom_buffer_free(buf[j]);
     loom_ctx_free(ctx);
     return s;
 }
@@ -177,8 +193,8 @@ static void rd_comm_init(loom_reducer *r, const loom_reducer_params *p) {
         }
         if (!reg) return;
         ci.init = (loom_comm_init_fn)loom_reg_get_proc_address(reg, LOOM_PROC_COMM_INIT);
-        ci.allreduce_tensor = (loom_comm_allreduce_tensor_fn)loom_reg_get_proc_address(
-            reg, LOOM_PROC_COMM_ALLREDUCE);
+        ci.allreduce_tensor =
+            (loom_comm_allreduce_tensor_fn)loom_reg_get_proc_address(reg, LOOM_PROC_COMM_ALLREDUCE);
         ci.free = (loom_comm_free_fn)loom_reg_get_proc_address(reg, LOOM_PROC_COMM_FREE);
     }
     if (!ci.init || !ci.allreduce_tensor) return;
@@ -193,8 +209,7 @@ static void rd_comm_init(loom_reducer *r, const loom_reducer_params *p) {
 
 /* ---------------------------------------------------------------- lifecycle */
 
-loom_reducer *loom_reducer_new(loom_backend_t *backends, int n,
-                               const loom_reducer_params *params) {
+loom_reducer *loom_reducer_new(loom_backend_t *backends, int n, const loom_reducer_params *params) {
     loom_reducer_params p = params ? *params : loom_reducer_params_default();
     if (n < 1 || n > LOOM_REDUCE_MAX_DEVICES) {
         loom_error(LOOM_ERR_INVALID_ARG, "allreduce: %d devices (expected 1..%d)", n,
@@ -212,8 +227,8 @@ loom_reducer *loom_reducer_new(loom_backend_t *backends, int n,
         }
         for (int i = 0; i < j; i++) {
             if (backends[i] == backends[j]) {
-                loom_error(LOOM_ERR_INVALID_ARG, "allreduce: backend %d (%s) is also backend %d",
-                           j, loom_backend_name(backends[j]), i);
+                loom_error(LOOM_ERR_INVALID_ARG, "allreduce: backend %d (%s) is also backend %d", j,
+                           loom_backend_name(backends[j]), i);
                 return NULL;
             }
         }
@@ -245,8 +260,8 @@ loom_reducer *loom_reducer_new(loom_backend_t *backends, int n,
     r->n = n;
     memcpy(r->backends, backends, (size_t)n * sizeof *backends);
     r->algo = p.algorithm;
-    r->butterfly_max = p.butterfly_max_bytes ? p.butterfly_max_bytes
-                                             : loom_reducer_butterfly_max_bytes(n);
+    r->butterfly_max =
+        p.butterfly_max_bytes ? p.butterfly_max_bytes : loom_reducer_butterfly_max_bytes(n);
     rd_events_init(r);
     if (p.p2p == LOOM_REDUCE_P2P_PROBE) {
         if (rd_probe_p2p(r, &r->p2p) != LOOM_OK) {
@@ -268,7 +283,8 @@ void loom_reducer_free(loom_reducer *r) {
     if (!r) return;
     loom__rd_sync_all(r);
     if (r->comm && r->comm_iface.free) r->comm_iface.free(r->comm);
-    for (int i = 0; i < LOOM__RD_N_PLANS; i++) loom__rd_plan_free(r->plans[i]);
+    for (int i = 0; i < LOOM__RD_N_PLANS; i++)
+        loom__rd_plan_free(r->plans[i]);
     for (int j = 0; j < r->n; j++) {
         loom_buffer_free(r->scratch[j]);
         loom_event_free(r->ready[j]);
@@ -279,10 +295,18 @@ void loom_reducer_free(loom_reducer *r) {
     loom_free(r);
 }
 
-int loom_reducer_n_devices(const loom_reducer *r) { return r->n; }
-bool loom_reducer_p2p(const loom_reducer *r) { return r->p2p; }
-bool loom_reducer_has_comm(const loom_reducer *r) { return r->comm != NULL; }
-loom_allreduce_algo loom_reducer_get_algorithm(const loom_reducer *r) { return r->algo; }
+int loom_reducer_n_devices(const loom_reducer *r) {
+    return r->n;
+}
+bool loom_reducer_p2p(const loom_reducer *r) {
+    return r->p2p;
+}
+bool loom_reducer_has_comm(const loom_reducer *r) {
+    return r->comm != NULL;
+}
+loom_allreduce_algo loom_reducer_get_algorithm(const loom_reducer *r) {
+    return r->algo;
+}
 
 void loom_reducer_set_algorithm(loom_reducer *r, loom_allreduce_algo algo) {
     LOOM_ASSERT((int)algo >= 0 && algo < LOOM_ALLREDUCE_COUNT);
@@ -297,14 +321,21 @@ loom_allreduce_algo loom_reducer_choose(const loom_reducer *r, size_t nbytes) {
     return nbytes <= r->butterfly_max ? LOOM_ALLREDUCE_BUTTERFLY : LOOM_ALLREDUCE_RING;
 }
 
-void loom_reducer_synchronize(loom_reducer *r) { loom__rd_sync_all(r); }
+void loom_reducer_synchronize(loom_reducer *r) {
+    loom__rd_sync_all(r);
+}
 
-void loom_reducer_get_stats(const loom_reducer *r, loom_reducer_stats *out) { *out = r->stats; }
+void loom_reducer_get_stats(const loom_reducer *r, loom_reducer_stats *out) {
+    *out = r->stats;
+}
 
-void loom_reducer_reset_stats(loom_reducer *r) { memset(&r->stats, 0, sizeof r->stats); }
+void loom_reducer_reset_stats(loom_reducer *r) {
+    memset(&r->stats, 0, sizeof r->stats);
+}
 
 size_t loom_reducer_last_steps(const loom_reducer *r, uint64_t *max_bytes, size_t cap) {
-    for (size_t i = 0; i < r->trace_len && i < cap; i++) max_bytes[i] = r->trace[i];
+    for (size_t i = 0; i < r->trace_len && i < cap; i++)
+        max_bytes[i] = r->trace[i];
     return r->trace_len;
 }
 
@@ -344,8 +375,9 @@ static loom_status rd_check_tensors(const loom_reducer *r, loom_tensor *const *t
             char a[160], b[160];
             loom_tensor_describe(x, a, sizeof a);
             loom_tensor_describe(t[0], b, sizeof b);
-            return loom_error(LOOM_ERR_SHAPE, "allreduce: tensor %d (%s) differs from tensor 0 "
-                                              "(%s)",
+            return loom_error(LOOM_ERR_SHAPE,
+                              "allreduce: tensor %d (%s) differs from tensor 0 "
+                              "(%s)",
                               j, a, b);
         }
     }
@@ -353,8 +385,8 @@ static loom_status rd_check_tensors(const loom_reducer *r, loom_tensor *const *t
 }
 
 /* A cached plan for these tensors, or a new one (evicting the least recently used). */
-static loom__rd_plan *rd_get_plan(loom_reducer *r, loom_allreduce_algo algo,
-                                  loom_tensor *const *t, int64_t n_elem) {
+static loom__rd_plan *rd_get_plan(loom_reducer *r, loom_allreduce_algo algo, loom_tensor *const *t,
+                                  int64_t n_elem) {
     int victim = 0;
     for (int i = 0; i < LOOM__RD_N_PLANS; i++) {
         loom__rd_plan *p = r->plans[i];
@@ -368,7 +400,8 @@ static loom__rd_plan *rd_get_plan(loom_reducer *r, loom_allreduce_algo algo,
             hit = p->key_data[j] == t[j]->data && p->key_buf[j] == t[j]->buffer;
         }
         if (hit) {
-            for (int j = 0; j < r->n; j++) p->key_t[j] = t[j];
+            for (int j = 0; j < r->n; j++)
+                p->key_t[j] = t[j];
             p->last_use = ++r->use_clock;
             return p;
         }
@@ -391,8 +424,7 @@ static loom__rd_plan *rd_get_plan(loom_reducer *r, loom_allreduce_algo algo,
     return p;
 }
 
-static void rd_account(loom_reducer *r, loom_allreduce_algo algo, size_t nbytes,
-                       uint64_t moved) {
+static void rd_account(loom_reducer *r, loom_allreduce_algo algo, size_t nbytes, uint64_t moved) {
     r->stats.reductions++;
     r->stats.bytes_reduced += nbytes;
     r->stats.bytes_moved += moved;
@@ -443,7 +475,7 @@ loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
                               "allreduce: native algorithm forced but the communicator "
                               "declined the tensor");
         }
-        algo = !r->p2p ? LOOM_ALLREDUCE_HOST
+        algo = !r->p2p                      ? LOOM_ALLREDUCE_HOST
                : nbytes <= r->butterfly_max ? LOOM_ALLREDUCE_BUTTERFLY
                                             : LOOM_ALLREDUCE_RING;
     }

@@ -153,7 +153,8 @@ loom_status loom__dyn_alloc_free(loom__dyn_alloc *a, loom__dyn_addr addr, size_t
 
     /* first block at or after the freed range */
     int i = 0;
-    while (i < ch->n_blocks && ch->blocks[i].offset < addr.offset) i++;
+    while (i < ch->n_blocks && ch->blocks[i].offset < addr.offset)
+        i++;
     LOOM_ASSERT(i == ch->n_blocks || ch->blocks[i].offset >= end); /* no double free */
     bool merge_prev = i > 0 && ch->blocks[i - 1].offset + ch->blocks[i - 1].size == addr.offset;
     bool merge_next = i < ch->n_blocks && ch->blocks[i].offset == end;

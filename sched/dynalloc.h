@@ -23,7 +23,7 @@ typedef struct loom__free_block {
 typedef struct loom__dyn_chunk {
     loom__free_block *blocks; /* sorted by offset; the last one is the tail */
     int n_blocks, cap_blocks;
-    size_t max_size;          /* high-water mark: end of the furthest allocation */
+    size_t max_size; /* high-water mark: end of the furthest allocation */
 } loom__dyn_chunk;
 
 typedef struct loom__dyn_alloc {

@@ -22,6 +22,9 @@ loom__galloc_check loom__gallocr_check(loom_gallocr *ga, const loom_graph *g,
                                        const int *node_buffer_ids, const int *leaf_buffer_ids);
 /* Stamps the plan into g (which must fit it). */
 loom_status loom__gallocr_stamp(loom_gallocr *ga, loom_graph *g);
+/* From now on, use fp as the graph's topology fingerprint for plans and checks instead of
+ * hashing the graph (the scheduler derives one while splitting, for free). */
+void loom__gallocr_set_topology(loom_gallocr *ga, uint64_t fp);
 /* Number of successful reserves that allocated buffers. */
 int loom__gallocr_n_reserves(const loom_gallocr *ga);
 

@@ -22,18 +22,20 @@
 #include "sched/ptrmap.h"
 
 typedef struct galloc_hnode {
-    int n_children;    /* consumers not yet run */
-    int n_views;       /* live views of this tensor */
+    int n_children; /* consumers not yet run */
+    int n_views;    /* live views of this tensor */
     int buffer_id;
     bool own;          /* holds planned memory now */
     bool placed;       /* got an address in this plan (kept after it is freed) */
     bool counted_view; /* a view node counted in its view_src's n_views */
+    bool in_graph;     /* a node or leaf of the planned graph */
     loom__dyn_addr addr;
-    size_t size;       /* bytes reserved (buffer type alloc size, before alignment) */
+    size_t size; /* bytes reserved (buffer type alloc size, before alignment) */
 } galloc_hnode;
 
 typedef struct galloc_talloc {
     int buffer_id; /* -1: a view or pre-allocated when planned */
+    bool internal; /* a node or leaf of the graph: checked at its own position */
     int chunk;
     size_t offset;
     size_t size_max;
@@ -52,10 +54,10 @@ struct loom_gallocr {
     loom__dyn_alloc *dyn; /* [n_bufs]; entry i used when alloc_of[i] == i */
     loom_buffer_t (*buffers)[LOOM_GALLOC_MAX_CHUNKS]; /* [n_bufs][chunk] */
 
-    loom__ptrmap map;     /* tensor -> index into hn */
+    loom__ptrmap map; /* tensor -> index into hn */
     galloc_hnode *hn;
     int n_hn, cap_hn;
-    loom__ptrmap pos;     /* tensor -> position code (topology fingerprint) */
+    loom__ptrmap pos; /* tensor -> position code (topology fingerprint) */
 
     bool has_plan;
     int plan_nodes, plan_leafs;
@@ -65,6 +67,9 @@ struct loom_gallocr {
     int *leaf_alloc_id;
     int cap_leaf_plan;
     uint64_t topo;
+    bool ext_topo; /* topology fingerprints come from the caller */
+    uint64_t ext_topo_val;
+    bool *plain_size; /* [n_bufs]: alloc size is loom_nbytes (no buffer type hook) */
     int n_reserves;
 };
 
@@ -72,8 +77,7 @@ struct loom_gallocr {
 
 loom_gallocr *loom_gallocr_new_n(const loom_buft_t *bufts, int n_bufs) {
     if (!bufts || n_bufs <= 0) {
-        loom_error(LOOM_ERR_INVALID_ARG, "gallocr: need at least one buffer type (got %d)",
-                   n_bufs);
+        loom_error(LOOM_ERR_INVALID_ARG, "gallocr: need at least one buffer type (got %d)", n_bufs);
         return NULL;
     }
     for (int i = 0; i < n_bufs; i++) {
@@ -89,9 +93,11 @@ loom_gallocr *loom_gallocr_new_n(const loom_buft_t *bufts, int n_bufs) {
     ga->alloc_of = loom_calloc((size_t)n_bufs, sizeof(*ga->alloc_of));
     ga->dyn = loom_calloc((size_t)n_bufs, sizeof(*ga->dyn));
     ga->buffers = loom_calloc((size_t)n_bufs, sizeof(*ga->buffers));
-    if (!ga->bufts || !ga->alloc_of || !ga->dyn || !ga->buffers) goto oom;
+    ga->plain_size = loom_calloc((size_t)n_bufs, sizeof(*ga->plain_size));
+    if (!ga->bufts || !ga->alloc_of || !ga->dyn || !ga->buffers || !ga->plain_size) goto oom;
     for (int i = 0; i < n_bufs; i++) {
         ga->bufts[i] = bufts[i];
+        ga->plain_size[i] = bufts[i]->iface->get_alloc_size == NULL;
         ga->alloc_of[i] = i;
         for (int j = 0; j < i; j++) {
             if (bufts[j] == bufts[i]) {
@@ -120,7 +126,9 @@ oom:
     return NULL;
 }
 
-loom_gallocr *loom_gallocr_new(loom_buft_t buft) { return loom_gallocr_new_n(&buft, 1); }
+loom_gallocr *loom_gallocr_new(loom_buft_t buft) {
+    return loom_gallocr_new_n(&buft, 1);
+}
 
 static void free_buffers(loom_gallocr *ga) {
     for (int b = 0; b < ga->n_bufs; b++) {
@@ -135,7 +143,8 @@ void loom_gallocr_free(loom_gallocr *ga) {
     if (!ga) return;
     if (ga->buffers) free_buffers(ga);
     if (ga->dyn) {
-        for (int i = 0; i < ga->n_bufs; i++) loom__dyn_alloc_release(&ga->dyn[i]);
+        for (int i = 0; i < ga->n_bufs; i++)
+            loom__dyn_alloc_release(&ga->dyn[i]);
     }
     loom__ptrmap_free(&ga->map);
     loom__ptrmap_free(&ga->pos);
@@ -147,7 +156,13 @@ void loom_gallocr_free(loom_gallocr *ga) {
     loom_free(ga->alloc_of);
     loom_free(ga->dyn);
     loom_free(ga->buffers);
+    loom_free(ga->plain_size);
     loom_free(ga);
+}
+
+static inline size_t alloc_size(const loom_gallocr *ga, int buffer_id, const loom_tensor *t) {
+    return ga->plain_size[buffer_id] ? loom_nbytes(t)
+                                     : loom_buft_alloc_size(ga->bufts[buffer_id], t);
 }
 
 /* ------------------------------------------------------------------ per-tensor records */
@@ -218,7 +233,7 @@ static loom_status allocate_node(loom_gallocr *ga, loom_tensor *t, int buffer_id
     h->own = true;
     h->buffer_id = buffer_id;
     loom_buft_t buft = ga->bufts[buffer_id];
-    size_t size = loom_buft_alloc_size(buft, t);
+    size_t size = alloc_size(ga, buffer_id, t);
 
     int n_inplace = inplace_src_count(t->op);
     for (int j = 0; j < n_inplace; j++) {
@@ -269,7 +284,9 @@ static loom_status release_dead(loom_gallocr *ga, loom_tensor *t) {
     }
 }
 
-static int buffer_id_at(const int *ids, int i) { return ids ? ids[i] : 0; }
+static int buffer_id_at(const int *ids, int i) {
+    return ids ? ids[i] : 0;
+}
 
 static loom_status plan_graph(loom_gallocr *ga, const loom_graph *g, const int *node_ids,
                               const int *leaf_ids) {
@@ -284,6 +301,9 @@ static loom_status plan_graph(loom_gallocr *ga, const loom_graph *g, const int *
 
     /* leafs first */
     for (int i = 0; i < g->n_leafs; i++) {
+        galloc_hnode *h = hn_get(ga, g->leafs[i]);
+        if (!h) return loom_last_status();
+        h->in_graph = true;
         st = allocate_node(ga, g->leafs[i], buffer_id_at(leaf_ids, i));
         if (st != LOOM_OK) return st;
     }
@@ -292,6 +312,9 @@ static loom_status plan_graph(loom_gallocr *ga, const loom_graph *g, const int *
     for (int i = 0; i < g->n_nodes; i++) {
         loom_tensor *node = g->nodes[i];
         int bid = buffer_id_at(node_ids, i);
+        galloc_hnode *nh = hn_get(ga, node);
+        if (!nh) return loom_last_status();
+        nh->in_graph = true;
         if (node->view_src && node->op != LOOM_OP_NONE) {
             galloc_hnode *vh = hn_get(ga, node->view_src);
             galloc_hnode *h = vh ? hn_get(ga, node) : NULL;
@@ -348,14 +371,15 @@ static loom_status plan_graph(loom_gallocr *ga, const loom_graph *g, const int *
 /* ------------------------------------------------------------------ the plan */
 
 static galloc_talloc talloc_of(loom_gallocr *ga, const loom_tensor *t) {
-    galloc_talloc ta = {-1, 0, 0, 0};
-    if (t->view_src || t->data || t->buffer) return ta;
+    galloc_talloc ta = {-1, false, 0, 0, 0};
     galloc_hnode *h = hn_find(ga, t);
+    ta.internal = h && h->in_graph;
+    if (t->view_src || t->data || t->buffer) return ta;
     LOOM_ASSERT(h && h->placed);
     ta.buffer_id = h->buffer_id;
     ta.chunk = h->addr.chunk;
     ta.offset = h->addr.offset;
-    ta.size_max = loom_buft_alloc_size(ga->bufts[h->buffer_id], t);
+    ta.size_max = alloc_size(ga, h->buffer_id, t);
     return ta;
 }
 
@@ -365,11 +389,14 @@ static inline uint64_t mix(uint64_t h, uint64_t v) {
 }
 
 /* A fingerprint of what liveness and in-place reuse depend on: for every node, its op,
- * flags, layout, and where each source and view source sits in the graph. */
+ * type, flags, and where each source and view source sits in the graph. */
 static loom_status topology_of(loom_gallocr *ga, const loom_graph *g, uint64_t *out) {
+    if (ga->ext_topo) {
+        *out = ga->ext_topo_val;
+        return LOOM_OK;
+    }
     loom__ptrmap_clear(&ga->pos);
-    loom_status st =
-        loom__ptrmap_reserve(&ga->pos, (size_t)g->n_nodes + (size_t)g->n_leafs + 16);
+    loom_status st = loom__ptrmap_reserve(&ga->pos, (size_t)g->n_nodes + (size_t)g->n_leafs + 16);
     if (st != LOOM_OK) return st;
     for (int i = 0; i < g->n_leafs; i++) {
         st = loom__ptrmap_put(&ga->pos, g->leafs[i], -(i + 2)); /* -1 means absent */
@@ -384,9 +411,9 @@ static loom_status topology_of(loom_gallocr *ga, const loom_graph *g, uint64_t *
     h = mix(h, (uint64_t)g->n_leafs);
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *t = g->nodes[i];
-        h = mix(h, (uint64_t)t->op | ((uint64_t)t->type << 8) |
-                       ((uint64_t)(t->flags & 3) << 16) | ((uint64_t)(t->data != NULL) << 20));
-        for (int d = 0; d < LOOM_MAX_DIMS; d++) h = mix(h, (uint64_t)t->nb[d]);
+        /* not the shape: a smaller batch of the same graph must fit the reserved plan */
+        h = mix(h, (uint64_t)t->op | ((uint64_t)t->type << 8) | ((uint64_t)(t->flags & 3) << 16) |
+                       ((uint64_t)(t->data != NULL) << 20));
         for (int j = 0; j < LOOM_MAX_SRC; j++) {
             const loom_tensor *s = t->src[j];
             if (!s) continue;
@@ -427,6 +454,7 @@ static loom_status record_plan(loom_gallocr *ga, const loom_graph *g, const int 
                 np->src[j] = talloc_of(ga, node->src[j]);
             } else {
                 np->src[j].buffer_id = -1;
+                np->src[j].internal = true;
                 np->src[j].size_max = 0;
             }
         }
@@ -481,8 +509,9 @@ static loom_status alloc_buffers(loom_gallocr *ga) {
                 if (st == LOOM_OK) st = LOOM_ERR_DEVICE_OOM;
                 snprintf(why, sizeof why, "%s", loom_last_error());
                 free_buffers(ga);
-                return loom_error(st, "gallocr: failed to allocate a %s buffer of %zu bytes "
-                                      "(chunk %d): %s",
+                return loom_error(st,
+                                  "gallocr: failed to allocate a %s buffer of %zu bytes "
+                                  "(chunk %d): %s",
                                   loom_buft_name(ga->bufts[b]), need, c, why);
             }
             loom_buffer_set_usage(buf, LOOM_BUFFER_USAGE_COMPUTE);
@@ -505,7 +534,8 @@ static loom_status reserve_impl(loom_gallocr *ga, loom_graph *g, const int *node
         for (int b = 0; b < ga->n_bufs; b++) {
             sizes[b] = 0;
             if (ga->alloc_of[b] != b) continue;
-            for (int c = 0; c < ga->dyn[b].n_chunks; c++) sizes[b] += ga->dyn[b].chunks[c].max_size;
+            for (int c = 0; c < ga->dyn[b].n_chunks; c++)
+                sizes[b] += ga->dyn[b].chunks[c].max_size;
         }
         return LOOM_OK; /* measured only: the plan has no buffers behind it */
     }
@@ -525,9 +555,8 @@ loom_status loom_gallocr_reserve(loom_gallocr *ga, loom_graph *g) {
     return reserve_impl(ga, g, NULL, NULL, NULL);
 }
 
-loom_status loom_gallocr_reserve_n_size(loom_gallocr *ga, loom_graph *g,
-                                        const int *node_buffer_ids, const int *leaf_buffer_ids,
-                                        size_t *sizes) {
+loom_status loom_gallocr_reserve_n_size(loom_gallocr *ga, loom_graph *g, const int *node_buffer_ids,
+                                        const int *leaf_buffer_ids, size_t *sizes) {
     if (!sizes) return loom_error(LOOM_ERR_INVALID_ARG, "gallocr: NULL sizes");
     return reserve_impl(ga, g, node_buffer_ids, leaf_buffer_ids, sizes);
 }
@@ -536,12 +565,18 @@ loom_status loom_gallocr_reserve_n_size(loom_gallocr *ga, loom_graph *g,
 
 const char *loom__galloc_check_name(loom__galloc_check c) {
     switch (c) {
-    case LOOM__GALLOC_FITS: return "fits";
-    case LOOM__GALLOC_NO_PLAN: return "no plan";
-    case LOOM__GALLOC_IDS: return "buffer type changed";
-    case LOOM__GALLOC_SHAPE: return "node or leaf count changed";
-    case LOOM__GALLOC_SIZE: return "a tensor outgrew the plan";
-    case LOOM__GALLOC_TOPOLOGY: return "topology changed";
+    case LOOM__GALLOC_FITS:
+        return "fits";
+    case LOOM__GALLOC_NO_PLAN:
+        return "no plan";
+    case LOOM__GALLOC_IDS:
+        return "buffer type changed";
+    case LOOM__GALLOC_SHAPE:
+        return "node or leaf count changed";
+    case LOOM__GALLOC_SIZE:
+        return "a tensor outgrew the plan";
+    case LOOM__GALLOC_TOPOLOGY:
+        return "topology changed";
     }
     return "?";
 }
@@ -549,41 +584,41 @@ const char *loom__galloc_check_name(loom__galloc_check c) {
 static bool talloc_fits(const loom_gallocr *ga, const loom_tensor *t, const galloc_talloc *ta) {
     if (t->view_src || t->data || t->buffer) return true;
     if (ta->buffer_id < 0) return false;
-    return ta->size_max >= loom_buft_alloc_size(ga->bufts[ta->buffer_id], t);
+    return ta->size_max >= alloc_size(ga, ta->buffer_id, t);
 }
 
 static bool needs_placing(const loom_tensor *t) {
     return !t->view_src && !t->data && !t->buffer;
 }
 
-loom__galloc_check loom__gallocr_check(loom_gallocr *ga, const loom_graph *g,
-                                       const int *node_ids, const int *leaf_ids) {
+loom__galloc_check loom__gallocr_check(loom_gallocr *ga, const loom_graph *g, const int *node_ids,
+                                       const int *leaf_ids) {
     if (!ga->has_plan) return LOOM__GALLOC_NO_PLAN;
     if (g->n_nodes != ga->plan_nodes || g->n_leafs != ga->plan_leafs) return LOOM__GALLOC_SHAPE;
-    for (int i = 0; node_ids && i < g->n_nodes; i++) {
-        if (needs_placing(g->nodes[i]) &&
-            ga->alloc_of[node_ids[i]] != ga->node_plan[i].alloc_id) {
-            return LOOM__GALLOC_IDS;
-        }
-    }
-    for (int i = 0; leaf_ids && i < g->n_leafs; i++) {
-        if (needs_placing(g->leafs[i]) && ga->alloc_of[leaf_ids[i]] != ga->leaf_alloc_id[i]) {
-            return LOOM__GALLOC_IDS;
-        }
-    }
+    loom__galloc_check why = LOOM__GALLOC_FITS;
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *node = g->nodes[i];
         const galloc_node_plan *np = &ga->node_plan[i];
-        if (!talloc_fits(ga, node, &np->dst)) return LOOM__GALLOC_SIZE;
-        for (int j = 0; j < LOOM_MAX_SRC; j++) {
-            if (node->src[j] && !talloc_fits(ga, node->src[j], &np->src[j])) {
-                return LOOM__GALLOC_SIZE;
+        if (needs_placing(node)) {
+            if (node_ids && ga->alloc_of[node_ids[i]] != np->alloc_id) return LOOM__GALLOC_IDS;
+            if (why == LOOM__GALLOC_FITS && !talloc_fits(ga, node, &np->dst)) {
+                why = LOOM__GALLOC_SIZE;
+            }
+        }
+        for (int j = 0; j < LOOM_MAX_SRC && why == LOOM__GALLOC_FITS; j++) {
+            /* sources in the graph are checked at their own position (same topology) */
+            if (node->src[j] && !np->src[j].internal &&
+                !talloc_fits(ga, node->src[j], &np->src[j])) {
+                why = LOOM__GALLOC_SIZE;
             }
         }
     }
     for (int i = 0; i < g->n_leafs; i++) {
-        if (!talloc_fits(ga, g->leafs[i], &ga->leaf_plan[i])) return LOOM__GALLOC_SIZE;
+        if (!needs_placing(g->leafs[i])) continue;
+        if (leaf_ids && ga->alloc_of[leaf_ids[i]] != ga->leaf_alloc_id[i]) return LOOM__GALLOC_IDS;
+        if (!talloc_fits(ga, g->leafs[i], &ga->leaf_plan[i])) why = LOOM__GALLOC_SIZE;
     }
+    if (why != LOOM__GALLOC_FITS) return why;
     uint64_t topo;
     if (topology_of(ga, g, &topo) != LOOM_OK || topo != ga->topo) return LOOM__GALLOC_TOPOLOGY;
     return LOOM__GALLOC_FITS;
@@ -609,8 +644,7 @@ static loom_status init_tensor(loom_gallocr *ga, loom_tensor *t, const galloc_ta
     LOOM_ASSERT(ta->buffer_id >= 0);
     loom_buffer_t buf = ga->buffers[ga->alloc_of[ta->buffer_id]][ta->chunk];
     LOOM_ASSERT(buf != NULL);
-    LOOM_ASSERT(ta->offset + loom_buft_alloc_size(ga->bufts[ta->buffer_id], t) <=
-                loom_buffer_size(buf));
+    LOOM_ASSERT(ta->offset + alloc_size(ga, ta->buffer_id, t) <= loom_buffer_size(buf));
     return loom_buffer_alloc_tensor(buf, t, ta->offset);
 }
 
@@ -646,7 +680,8 @@ loom_status loom_gallocr_alloc_graph(loom_gallocr *ga, loom_graph *g) {
     loom__galloc_check why = loom__gallocr_check(ga, g, NULL, NULL);
     if (why != LOOM__GALLOC_FITS) {
         bool single = true;
-        for (int b = 1; b < ga->n_bufs; b++) single = single && ga->alloc_of[b] == 0;
+        for (int b = 1; b < ga->n_bufs; b++)
+            single = single && ga->alloc_of[b] == 0;
         if (!single) {
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "gallocr: the graph does not fit the plan (%s); call "
@@ -673,8 +708,16 @@ int loom_gallocr_get_n_chunks(const loom_gallocr *ga, int buffer_id) {
     if (!ga || buffer_id < 0 || buffer_id >= ga->n_bufs) return 0;
     int b = ga->alloc_of[buffer_id];
     int n = 0;
-    for (int c = 0; c < LOOM_GALLOC_MAX_CHUNKS; c++) n += ga->buffers[b][c] != NULL;
+    for (int c = 0; c < LOOM_GALLOC_MAX_CHUNKS; c++)
+        n += ga->buffers[b][c] != NULL;
     return n;
 }
 
-int loom__gallocr_n_reserves(const loom_gallocr *ga) { return ga ? ga->n_reserves : 0; }
+int loom__gallocr_n_reserves(const loom_gallocr *ga) {
+    return ga ? ga->n_reserves : 0;
+}
+
+void loom__gallocr_set_topology(loom_gallocr *ga, uint64_t fp) {
+    ga->ext_topo = true;
+    ga->ext_topo_val = fp;
+}

@@ -17,21 +17,21 @@
 typedef enum loom__cause {
     LOOM__CAUSE_NONE = 0,
     LOOM__CAUSE_USR,
-    LOOM__CAUSE_DST,     /* 1.dst: its buffer decides */
-    LOOM__CAUSE_VSRC1,   /* 1.vsrc: its view source's buffer decides */
-    LOOM__CAUSE_INP,     /* 1.inp: a user input, on the CPU */
-    LOOM__CAUSE_WGT0,    /* 1.wgt<j>: where its weight source j lives (10 codes) */
+    LOOM__CAUSE_DST,   /* 1.dst: its buffer decides */
+    LOOM__CAUSE_VSRC1, /* 1.vsrc: its view source's buffer decides */
+    LOOM__CAUSE_INP,   /* 1.inp: a user input, on the CPU */
+    LOOM__CAUSE_WGT0,  /* 1.wgt<j>: where its weight source j lives (10 codes) */
     LOOM__CAUSE_OFF = LOOM__CAUSE_WGT0 + LOOM_MAX_SRC, /* 1.off: pulled to a device */
-    LOOM__CAUSE_GPU_DN,  /* pass 2 sweeps */
+    LOOM__CAUSE_GPU_DN,                                /* pass 2 sweeps */
     LOOM__CAUSE_GPU_UP,
     LOOM__CAUSE_ANY_DN,
     LOOM__CAUSE_ANY_UP,
-    LOOM__CAUSE_UPG,     /* 3.upg */
-    LOOM__CAUSE_BEST,    /* 3.best */
-    LOOM__CAUSE_VSRC4,   /* 4.vsrc */
-    LOOM__CAUSE_CUR,     /* 4.cur */
-    LOOM__CAUSE_SUP,     /* 4.sup: first backend that supports it */
-    LOOM__CAUSE_CPY,     /* 4.cpy: a copy made by the scheduler */
+    LOOM__CAUSE_UPG,   /* 3.upg */
+    LOOM__CAUSE_BEST,  /* 3.best */
+    LOOM__CAUSE_VSRC4, /* 4.vsrc */
+    LOOM__CAUSE_CUR,   /* 4.cur */
+    LOOM__CAUSE_SUP,   /* 4.sup: first backend that supports it */
+    LOOM__CAUSE_CPY,   /* 4.cpy: a copy made by the scheduler */
     LOOM__CAUSE_COUNT
 } loom__cause;
 
@@ -42,7 +42,7 @@ typedef struct loom__split {
     int i_start, i_end;   /* node range in the caller's graph */
     loom_tensor **inputs; /* originals copied into this split */
     int n_inputs, cap_inputs;
-    loom_graph *graph;    /* view of the caller's graph [i_start, i_end), in round storage */
+    loom_graph *graph; /* view of the caller's graph [i_start, i_end), in round storage */
 } loom__split;
 
 /* What a round hands to the backends and they may read after compute returns (a sim
@@ -75,6 +75,7 @@ struct loom_sched {
     bool is_split; /* `cur_graph` split, not yet allocated */
     bool is_alloc; /* `cur_graph` allocated */
     loom_graph *cur_graph;
+    uint64_t cur_uid; /* cur_graph's uid when split (a rebuilt graph may reuse the address) */
 
     /* per-tensor table: tensor -> dense id -> {backend, cause, copies} */
     loom__ptrmap map;
@@ -93,6 +94,11 @@ struct loom_sched {
     loom__rewrite *rewrites;
     int n_rewrites, cap_rewrites;
     int n_graph_nodes, n_graph_leafs; /* of the caller's graph, at split time */
+    uint64_t topology;  /* fingerprint of the split graph (ids of every source, cuts, inputs) */
+    int *node_tid;      /* [cap_tmp] table id of each node (during a split) */
+    int *src_tid;       /* [cap_tmp * LOOM_MAX_SRC] table id of each source (during a split) */
+    uint8_t *node_view; /* [cap_tmp] whether node i is a view op (during a split) */
+    int cap_tmp;
 
     /* the allocation graph: splits with their dependency and copy nodes */
     loom_graph graph;
@@ -102,6 +108,9 @@ struct loom_sched {
     /* pipeline copies */
     int n_copies, cur_copy, next_copy;
     loom_event_t events[LOOM_SCHED_MAX_BACKENDS][LOOM_SCHED_MAX_COPIES];
+    /* recorded after a split's input copies: the source backends wait on it before they
+     * overwrite what was copied (a copy may run on the destination's stream, later) */
+    loom_event_t copies_done[LOOM_SCHED_MAX_BACKENDS];
 
     /* per-slot round storage (see loom__round) */
     loom__round rounds[LOOM_SCHED_MAX_COPIES];
@@ -124,6 +133,11 @@ static inline int loom__sched_backend_of(const loom_sched *s, const loom_tensor 
     return id >= 0 ? s->t_backend[id] : -1;
 }
 /* The id of t, added (unassigned) if absent; -1 on out-of-memory (error recorded). */
+int loom__sched_id_insert(loom_sched *s, const loom_tensor *t); /* t must be absent */
+static inline int loom__sched_id_add_fast(loom_sched *s, const loom_tensor *t) {
+    int id = loom__ptrmap_get(&s->map, t);
+    return id >= 0 ? id : loom__sched_id_insert(s, t);
+}
 int loom__sched_id_add(loom_sched *s, const loom_tensor *t);
 /* Copy c of tensor id on backend b, or NULL. */
 loom_tensor *loom__sched_copy_get(const loom_sched *s, int id, int b, int c);
@@ -133,11 +147,13 @@ loom_tensor *loom__sched_new_header(loom_sched *s, const loom_tensor *like);
 /* Split graph storage for n splits in the current round. */
 loom_status loom__sched_round_graphs(loom_sched *s, int n);
 
+loom_status loom__sched_apply_pins(loom_sched *s); /* sched.c */
+
 /* ---- stages */
-loom_status loom__sched_split(loom_sched *s, loom_graph *g);     /* sched_split.c */
+loom_status loom__sched_split(loom_sched *s, loom_graph *g);       /* sched_split.c */
 loom_status loom__sched_build_graph(loom_sched *s, loom_graph *g); /* sched_graph.c */
-loom_status loom__sched_compute_splits(loom_sched *s);           /* sched_compute.c */
-void loom__sched_debug_print(const loom_sched *s, loom_graph *g); /* sched_debug.c */
+loom_status loom__sched_compute_splits(loom_sched *s);             /* sched_compute.c */
+void loom__sched_debug_print(const loom_sched *s, loom_graph *g);  /* sched_debug.c */
 /* Whether backend b can read t's memory (its buffer, or the buffer type it will get). */
 bool loom__sched_buffer_supported(const loom_sched *s, const loom_tensor *t, int b);
 

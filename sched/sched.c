@@ -34,15 +34,17 @@ typedef struct loom__sched_full {
     bool dirty; /* a split ran since the last reset */
 } loom__sched_full;
 
-static loom__sched_full *full_of(loom_sched *s) { return (loom__sched_full *)s; }
+static loom__sched_full *full_of(loom_sched *s) {
+    return (loom__sched_full *)s;
+}
 static const loom__sched_full *cfull_of(const loom_sched *s) {
     return (const loom__sched_full *)s;
 }
 
 static const char *const cause_names[LOOM__CAUSE_COUNT] = {
-    [LOOM__CAUSE_NONE] = "",         [LOOM__CAUSE_USR] = "usr",
-    [LOOM__CAUSE_DST] = "1.dst",     [LOOM__CAUSE_VSRC1] = "1.vsrc",
-    [LOOM__CAUSE_INP] = "1.inp",     [LOOM__CAUSE_WGT0 + 0] = "1.wgt0",
+    [LOOM__CAUSE_NONE] = "",           [LOOM__CAUSE_USR] = "usr",
+    [LOOM__CAUSE_DST] = "1.dst",       [LOOM__CAUSE_VSRC1] = "1.vsrc",
+    [LOOM__CAUSE_INP] = "1.inp",       [LOOM__CAUSE_WGT0 + 0] = "1.wgt0",
     [LOOM__CAUSE_WGT0 + 1] = "1.wgt1", [LOOM__CAUSE_WGT0 + 2] = "1.wgt2",
     [LOOM__CAUSE_WGT0 + 3] = "1.wgt3", [LOOM__CAUSE_WGT0 + 4] = "1.wgt4",
     [LOOM__CAUSE_WGT0 + 5] = "1.wgt5", [LOOM__CAUSE_WGT0 + 6] = "1.wgt6",
@@ -50,9 +52,9 @@ static const char *const cause_names[LOOM__CAUSE_COUNT] = {
     [LOOM__CAUSE_WGT0 + 9] = "1.wgt9", [LOOM__CAUSE_OFF] = "1.off",
     [LOOM__CAUSE_GPU_DN] = "2.gpu-dn", [LOOM__CAUSE_GPU_UP] = "2.gpu-up",
     [LOOM__CAUSE_ANY_DN] = "2.any-dn", [LOOM__CAUSE_ANY_UP] = "2.any-up",
-    [LOOM__CAUSE_UPG] = "3.upg",     [LOOM__CAUSE_BEST] = "3.best",
-    [LOOM__CAUSE_VSRC4] = "4.vsrc",  [LOOM__CAUSE_CUR] = "4.cur",
-    [LOOM__CAUSE_SUP] = "4.sup",     [LOOM__CAUSE_CPY] = "4.cpy",
+    [LOOM__CAUSE_UPG] = "3.upg",       [LOOM__CAUSE_BEST] = "3.best",
+    [LOOM__CAUSE_VSRC4] = "4.vsrc",    [LOOM__CAUSE_CUR] = "4.cur",
+    [LOOM__CAUSE_SUP] = "4.sup",       [LOOM__CAUSE_CPY] = "4.cpy",
 };
 
 const char *loom__cause_name(int cause) {
@@ -65,6 +67,11 @@ const char *loom__cause_name(int cause) {
 int loom__sched_id_add(loom_sched *s, const loom_tensor *t) {
     int id = loom__ptrmap_get(&s->map, t);
     if (id >= 0) return id;
+    return loom__sched_id_insert(s, t);
+}
+
+int loom__sched_id_insert(loom_sched *s, const loom_tensor *t) {
+    int id;
     if (s->n_ids == s->cap_ids) {
         int cap = s->cap_ids ? 2 * s->cap_ids : 1024;
         int8_t *b = loom_realloc(s->t_backend, (size_t)cap * sizeof(*b));
@@ -98,7 +105,8 @@ loom_status loom__sched_copy_set(loom_sched *s, int id, int b, int c, loom_tenso
         int block = s->n_backends * LOOM_SCHED_MAX_COPIES;
         if (s->n_pool + block > s->cap_pool) {
             int cap = s->cap_pool ? 2 * s->cap_pool : 64 * block;
-            while (cap < s->n_pool + block) cap *= 2;
+            while (cap < s->n_pool + block)
+                cap *= 2;
             loom_tensor **p = loom_realloc(s->copy_pool, (size_t)cap * sizeof(*p));
             if (!p) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory for copies");
             s->copy_pool = p;
@@ -118,7 +126,8 @@ loom_tensor *loom__sched_new_header(loom_sched *s, const loom_tensor *like) {
         if (r->n_ctxs > 0) {
             loom_tensor *t = loom_dup_tensor(r->ctxs[r->n_ctxs - 1], like);
             if (t) {
-                for (int d = 0; d < LOOM_MAX_DIMS; d++) t->nb[d] = like->nb[d];
+                for (int d = 0; d < LOOM_MAX_DIMS; d++)
+                    t->nb[d] = like->nb[d];
                 return t;
             }
             if (attempt > 0) return NULL;
@@ -146,7 +155,8 @@ loom_status loom__sched_round_graphs(loom_sched *s, int n) {
     loom__round *r = &s->rounds[s->cur_copy];
     if (n <= r->cap_graphs) return LOOM_OK;
     int cap = r->cap_graphs ? r->cap_graphs : 16;
-    while (cap < n) cap *= 2;
+    while (cap < n)
+        cap *= 2;
     loom_graph *gs = loom_realloc(r->graphs, (size_t)cap * sizeof(*gs));
     if (!gs) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory for split graphs");
     r->graphs = gs;
@@ -160,10 +170,13 @@ static void round_release(loom_sched *s, int c) {
     if (r->n_ctxs > 1) {
         /* next time: one context as large as this round needed */
         size_t total = 0;
-        for (int i = 0; i < r->n_ctxs; i++) total += loom_ctx_used(r->ctxs[i]);
-        while (s->ctx_size < total + total / 4) s->ctx_size *= 2;
+        for (int i = 0; i < r->n_ctxs; i++)
+            total += loom_ctx_used(r->ctxs[i]);
+        while (s->ctx_size < total + total / 4)
+            s->ctx_size *= 2;
     }
-    for (int i = 0; i < r->n_ctxs; i++) loom_ctx_free(r->ctxs[i]);
+    for (int i = 0; i < r->n_ctxs; i++)
+        loom_ctx_free(r->ctxs[i]);
     r->n_ctxs = 0;
 }
 
@@ -198,14 +211,15 @@ static void sched_free_events(loom_sched *s) {
             if (s->events[b][c]) loom_event_free(s->events[b][c]);
             s->events[b][c] = NULL;
         }
+        if (s->copies_done[b]) loom_event_free(s->copies_done[b]);
+        s->copies_done[b] = NULL;
     }
 }
 
-loom_sched *loom_sched_new(loom_backend_t *backends, loom_buft_t *bufts, int n,
-                           size_t graph_size, bool parallel, bool op_offload) {
+loom_sched *loom_sched_new(loom_backend_t *backends, loom_buft_t *bufts, int n, size_t graph_size,
+                           bool parallel, bool op_offload) {
     if (!backends || n <= 0) {
-        loom_error(LOOM_ERR_INVALID_ARG, "loom_sched_new: need at least one backend (got %d)",
-                   n);
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_sched_new: need at least one backend (got %d)", n);
         return NULL;
     }
     if (n > LOOM_SCHED_MAX_BACKENDS) {
@@ -268,6 +282,7 @@ loom_sched *loom_sched_new(loom_backend_t *backends, loom_buft_t *bufts, int n,
         for (int c = 0; c < s->n_copies; c++) {
             s->events[b][c] = loom_event_new(loom_backend_device(backends[b]));
         }
+        s->copies_done[b] = loom_event_new(loom_backend_device(backends[b]));
     }
     loom_clear_error();
     s->galloc = loom_gallocr_new_n(s->bufts, n);
@@ -285,7 +300,8 @@ loom_sched *loom_sched_new(loom_backend_t *backends, loom_buft_t *bufts, int n,
 void loom_sched_free(loom_sched *s) {
     if (!s) return;
     loom__sched_full *f = full_of(s);
-    for (int b = 0; b < s->n_backends; b++) loom_backend_synchronize(s->backends[b]);
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_synchronize(s->backends[b]);
     sched_free_events(s);
     loom_gallocr_free(s->galloc);
     loom__ptrmap_free(&s->map);
@@ -293,10 +309,14 @@ void loom_sched_free(loom_sched *s) {
     loom_free(s->t_cause);
     loom_free(s->t_copies);
     loom_free(s->copy_pool);
-    for (int i = 0; i < s->cap_splits; i++) loom_free(s->splits[i].inputs);
+    for (int i = 0; i < s->cap_splits; i++)
+        loom_free(s->splits[i].inputs);
     loom_free(s->splits);
     loom_free(s->graph_inputs);
     loom_free(s->rewrites);
+    loom_free(s->node_tid);
+    loom_free(s->src_tid);
+    loom_free(s->node_view);
     loom_free(s->graph.nodes);
     loom_free(s->graph.leafs);
     loom_free(s->node_ids);
@@ -342,14 +362,16 @@ void loom_sched_reset(loom_sched *s) {
 
 void loom_sched_synchronize(loom_sched *s) {
     if (!s) return;
-    for (int b = 0; b < s->n_backends; b++) loom_backend_synchronize(s->backends[b]);
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_synchronize(s->backends[b]);
     /* every backend is idle, so no copy slot is in use: the next graph takes copy 0, which
      * keeps token-by-token generation on one stable graph */
     s->next_copy = 0;
 }
 
-/* Applies pending pins to the fresh table (pass 0). */
-static loom_status apply_pins(loom_sched *s) {
+/* Applies pending pins to the table (after the graph's own tensors got their ids, so ids
+ * follow graph order whatever is pinned). */
+loom_status loom__sched_apply_pins(loom_sched *s) {
     loom__sched_full *f = full_of(s);
     for (int i = 0; i < f->pins.n; i++) {
         loom__pin *p = &f->pins.pins[i];
@@ -368,8 +390,7 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
     f->dirty = true;
     s->is_reset = false;
     round_begin(s);
-    loom_status st = apply_pins(s);
-    if (st == LOOM_OK) st = loom__sched_split(s, g);
+    loom_status st = loom__sched_split(s, g);
     if (st == LOOM_OK) st = loom__sched_build_graph(s, g);
     if (st != LOOM_OK) {
         s->is_split = false;
@@ -379,7 +400,13 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
     s->is_split = true;
     s->is_alloc = false;
     s->cur_graph = g;
+    s->cur_uid = g->uid;
     return LOOM_OK;
+}
+
+/* Whether g is the graph of the current round (same object, not rebuilt since). */
+static bool is_current(const loom_sched *s, const loom_graph *g) {
+    return s->cur_graph == g && s->cur_uid == g->uid;
 }
 
 static void rotate_copy(loom_sched *s) {
@@ -395,10 +422,12 @@ loom_status loom_sched_split_graph(loom_sched *s, loom_graph *g) {
 
 static void sync_backends(loom_sched *s) {
     /* not loom_sched_synchronize: that would change the copy index */
-    for (int b = 0; b < s->n_backends; b++) loom_backend_synchronize(s->backends[b]);
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_synchronize(s->backends[b]);
 }
 
 static loom_status alloc_splits(loom_sched *s) {
+    loom__gallocr_set_topology(s->galloc, s->topology);
     loom__galloc_check why = loom__gallocr_check(s->galloc, &s->graph, s->node_ids, s->leaf_ids);
     if (why != LOOM__GALLOC_FITS) {
         if (why != LOOM__GALLOC_NO_PLAN && s->debug_realloc > 0) {
@@ -438,7 +467,7 @@ loom_status loom_sched_alloc_graph(loom_sched *s, loom_graph *g) {
                           "loom_sched_reset first");
     }
     loom_status st;
-    if (!(s->is_split && s->cur_graph == g)) {
+    if (!(s->is_split && is_current(s, g))) {
         rotate_copy(s);
         st = split_round(s, g);
         if (st != LOOM_OK) return st;
@@ -454,7 +483,7 @@ loom_status loom_sched_graph_compute_async(loom_sched *s, loom_graph *g) {
     if (!s || !g) {
         return loom_error(LOOM_ERR_INVALID_ARG, "loom_sched_graph_compute_async: NULL argument");
     }
-    if (!(s->is_alloc && s->cur_graph == g)) {
+    if (!(s->is_alloc && is_current(s, g))) {
         if (s->is_alloc) sched_reset(s, true);
         loom_status st = loom_sched_alloc_graph(s, g);
         if (st != LOOM_OK) return st;
@@ -482,6 +511,7 @@ static loom_status reserve_impl(loom_sched *s, loom_graph *g, size_t *sizes) {
     if (s->is_alloc || s->is_split) sched_reset(s, true);
     loom_status st = split_round(s, g);
     if (st != LOOM_OK) return st;
+    loom__gallocr_set_topology(s->galloc, s->topology);
     if (sizes) {
         st = loom_gallocr_reserve_n_size(s->galloc, &s->graph, s->node_ids, s->leaf_ids, sizes);
     } else {
@@ -494,12 +524,15 @@ static loom_status reserve_impl(loom_sched *s, loom_graph *g, size_t *sizes) {
                           "pipeline parallelism",
                           why);
             undo_rewrites(s);
-            for (int i = 0; i < f->pins.n; i++) f->pins.pins[i].used = false;
+            for (int i = 0; i < f->pins.n; i++)
+                f->pins.pins[i].used = false;
             sched_reset(s, true);
-            for (int c = 0; c < LOOM_SCHED_MAX_COPIES; c++) round_release(s, c); /* idle */
+            for (int c = 0; c < LOOM_SCHED_MAX_COPIES; c++)
+                round_release(s, c); /* idle */
             s->n_copies = 1;
             s->cur_copy = s->next_copy = 0;
             st = split_round(s, g);
+            loom__gallocr_set_topology(s->galloc, s->topology);
             if (st == LOOM_OK) {
                 st = loom_gallocr_reserve_n(s->galloc, &s->graph, s->node_ids, s->leaf_ids);
             }
@@ -605,7 +638,8 @@ void loom_sched_get_stats(const loom_sched *s, loom_sched_stats *out) {
     out->n_nodes = s->n_graph_nodes;
     out->n_leafs = s->n_graph_leafs;
     out->n_splits = s->n_splits;
-    for (int k = 0; k < s->n_splits; k++) out->n_inputs += s->splits[k].n_inputs;
+    for (int k = 0; k < s->n_splits; k++)
+        out->n_inputs += s->splits[k].n_inputs;
     out->n_graph_inputs = s->n_graph_inputs;
     out->n_copies = s->n_copies;
     out->cur_copy = s->cur_copy;
@@ -613,9 +647,15 @@ void loom_sched_get_stats(const loom_sched *s, loom_sched_stats *out) {
     out->n_reallocs = s->n_reallocs;
 }
 
-int loom_sched_get_n_splits(const loom_sched *s) { return s ? s->n_splits : 0; }
-int loom_sched_get_n_copies(const loom_sched *s) { return s ? s->n_copies : 0; }
-int loom_sched_get_n_backends(const loom_sched *s) { return s ? s->n_backends : 0; }
+int loom_sched_get_n_splits(const loom_sched *s) {
+    return s ? s->n_splits : 0;
+}
+int loom_sched_get_n_copies(const loom_sched *s) {
+    return s ? s->n_copies : 0;
+}
+int loom_sched_get_n_backends(const loom_sched *s) {
+    return s ? s->n_backends : 0;
+}
 
 loom_backend_t loom_sched_get_backend(const loom_sched *s, int i) {
     if (!s || i < 0 || i >= s->n_backends) return NULL;

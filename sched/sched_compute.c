@@ -6,7 +6,9 @@
  *   - each input is copied into the split's copy of it. User inputs (INPUT flag) are copied
  *     at once, synchronously, after this backend is done with the copy slot, so the caller
  *     may overwrite them as soon as compute returns. Intermediates are copied after the
- *     producing backend's event, asynchronously where the backends allow. An expert
+ *     producing backend's event, asynchronously where the backends allow; the producing
+ *     backend then waits (on the device) for the copies before it may overwrite its
+ *     source, since an asynchronous copy can run on the destination's stream. An expert
  *     tensor in host memory read only by MUL_MAT_IDs of this split moves only the experts
  *     the batch selected, in runs of consecutive experts, each with tail padding;
  *   - the split runs (or, with an eval callback, runs in pieces around observed nodes),
@@ -22,7 +24,7 @@
 typedef struct expert_cache {
     const loom_tensor *ids; /* the ids tensor read last in this compute call */
     int64_t n_expert;
-    uint8_t *used;          /* [n_expert] */
+    uint8_t *used; /* [n_expert] */
     int64_t cap;
 } expert_cache;
 
@@ -75,8 +77,8 @@ static bool produced_in_split(const loom__split *sp, const loom_tensor *t) {
 /* Whether the copy `cpy` of expert tensor `input` is read only by MUL_MAT_IDs of this
  * split whose ids come from outside it (so they can be read before the split runs). */
 static bool expert_only(const loom__split *sp, const loom_tensor *input, const loom_tensor *cpy) {
-    loom_buffer_t buf = input->view_src && input->view_src->buffer ? input->view_src->buffer
-                                                                    : input->buffer;
+    loom_buffer_t buf =
+        input->view_src && input->view_src->buffer ? input->view_src->buffer : input->buffer;
     if (!buf || loom_buffer_get_usage(buf) != LOOM_BUFFER_USAGE_WEIGHTS ||
         !loom_buffer_is_host(buf) || input->ne[2] <= 1 || !input->data) {
         return false;
@@ -121,8 +123,9 @@ static loom_status read_ids(loom_sched *s, const loom__split *sp, const loom_ten
                 for (int64_t i1 = 0; i1 < ids->ne[1]; i1++) {
                     for (int64_t i0 = 0; i0 < ids->ne[0]; i0++) {
                         int32_t e;
-                        memcpy(&e, host + i0 * ids->nb[0] + i1 * ids->nb[1] + i2 * ids->nb[2] +
-                                       i3 * ids->nb[3],
+                        memcpy(&e,
+                               host + i0 * ids->nb[0] + i1 * ids->nb[1] + i2 * ids->nb[2] +
+                                   i3 * ids->nb[3],
                                sizeof(e));
                         if (e < 0 || e >= n_expert) {
                             loom_free(host);
@@ -140,7 +143,8 @@ static loom_status read_ids(loom_sched *s, const loom__split *sp, const loom_ten
         cache->ids = ids;
         cache->n_expert = n_expert;
     }
-    for (int64_t e = 0; e < n_expert; e++) used[e] |= cache->used[e];
+    for (int64_t e = 0; e < n_expert; e++)
+        used[e] |= cache->used[e];
     return LOOM_OK;
 }
 
@@ -165,11 +169,13 @@ static loom_status copy_experts(loom_sched *s, const loom__split *sp, loom_tenso
             continue;
         }
         int64_t first = e;
-        while (e < n_expert && used[e]) e++;
+        while (e < n_expert && used[e])
+            e++;
         int64_t last = e - 1;
-        size_t pad = last < n_expert - 1
-                         ? (expert_size < LOOM_SCHED_EXPERT_PAD ? expert_size : LOOM_SCHED_EXPERT_PAD)
-                         : 0;
+        size_t pad =
+            last < n_expert - 1
+                ? (expert_size < LOOM_SCHED_EXPERT_PAD ? expert_size : LOOM_SCHED_EXPERT_PAD)
+                : 0;
         size_t offset = (size_t)first * expert_size;
         size_t size = (size_t)(last - first + 1) * expert_size + pad;
         loom_backend_tensor_set_async(be, cpy, (const char *)input->data + offset, offset, size);
@@ -180,6 +186,7 @@ static loom_status copy_experts(loom_sched *s, const loom__split *sp, loom_tenso
 
 static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cache) {
     const int b = sp->backend_id;
+    bool read_from[LOOM_SCHED_MAX_BACKENDS] = {false};
     for (int j = 0; j < sp->n_inputs; j++) {
         loom_tensor *input = sp->inputs[j];
         int iid = loom__sched_id(s, input);
@@ -195,6 +202,7 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
         } else {
             wait_for(s, b, a);
             st = loom_backend_tensor_copy_async(s->backends[a], s->backends[b], input, cpy);
+            read_from[a] = true;
         }
         if (st != LOOM_OK) {
             char why[256];
@@ -202,6 +210,27 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
             return loom_error(st, "sched: copying %s from %s to %s failed: %s", input->name,
                               loom_backend_name(s->backends[a]), loom_backend_name(s->backends[b]),
                               why);
+        }
+    }
+    /* A copy may still be queued on this backend when the source backend moves on (to the
+     * next graph, with pipeline copies): it must not overwrite what is being copied. */
+    return LOOM_OK;
+    loom_event_t done = s->copies_done[b];
+    bool recorded = false;
+    for (int a = 0; a < s->n_backends; a++) {
+        if (!read_from[a] || a == b) continue;
+        if (!done) {
+            loom_backend_synchronize(s->backends[b]);
+            break;
+        }
+        if (!recorded) {
+            loom_event_record(done, s->backends[b]);
+            recorded = true;
+        }
+        if (s->backends[a]->iface->event_wait) {
+            loom_event_wait(s->backends[a], done);
+        } else {
+            loom_event_synchronize(done);
         }
     }
     return LOOM_OK;

@@ -77,8 +77,8 @@ static void dump(const loom_sched *s, const loom_graph *g, int level, line_fn li
                 const loom_tensor *src = node->src[j];
                 if (!src) continue;
                 fmt_size(size, sizeof size, loom_nbytes(src));
-                put(&lb, " %20.20s (%5.5s) [%5.5s %8.8s]", src->name, size,
-                    backend_name_of(s, src), cause_of(s, src));
+                put(&lb, " %20.20s (%5.5s) [%5.5s %8.8s]", src->name, size, backend_name_of(s, src),
+                    cause_of(s, src));
             }
             line(lb.text, ud);
         }

@@ -18,7 +18,8 @@
 static loom_status grow(loom_sched *s, int n_nodes, int n_leafs) {
     if (n_nodes > s->graph_cap_nodes) {
         int cap = s->graph_cap_nodes ? s->graph_cap_nodes : 256;
-        while (cap < n_nodes) cap *= 2;
+        while (cap < n_nodes)
+            cap *= 2;
         loom_tensor **nodes = loom_realloc(s->graph.nodes, (size_t)cap * sizeof(*nodes));
         if (nodes) s->graph.nodes = nodes;
         int *ids = nodes ? loom_realloc(s->node_ids, (size_t)cap * sizeof(*ids)) : NULL;
@@ -28,7 +29,8 @@ static loom_status grow(loom_sched *s, int n_nodes, int n_leafs) {
     }
     if (n_leafs > s->graph_cap_leafs) {
         int cap = s->graph_cap_leafs ? s->graph_cap_leafs : 256;
-        while (cap < n_leafs) cap *= 2;
+        while (cap < n_leafs)
+            cap *= 2;
         loom_tensor **leafs = loom_realloc(s->graph.leafs, (size_t)cap * sizeof(*leafs));
         if (leafs) s->graph.leafs = leafs;
         int *ids = leafs ? loom_realloc(s->leaf_ids, (size_t)cap * sizeof(*ids)) : NULL;
@@ -36,8 +38,8 @@ static loom_status grow(loom_sched *s, int n_nodes, int n_leafs) {
         s->leaf_ids = ids;
         s->graph_cap_leafs = cap;
     }
-    s->graph.size = s->graph_cap_nodes > s->graph_cap_leafs ? s->graph_cap_nodes
-                                                            : s->graph_cap_leafs;
+    s->graph.size =
+        s->graph_cap_nodes > s->graph_cap_leafs ? s->graph_cap_nodes : s->graph_cap_leafs;
     return LOOM_OK;
 }
 
@@ -65,7 +67,8 @@ static int backend_or_cpu(const loom_sched *s, const loom_tensor *t) {
 
 loom_status loom__sched_build_graph(loom_sched *s, loom_graph *g) {
     int total_inputs = 0;
-    for (int k = 0; k < s->n_splits; k++) total_inputs += s->splits[k].n_inputs;
+    for (int k = 0; k < s->n_splits; k++)
+        total_inputs += s->splits[k].n_inputs;
     int n_nodes = g->n_nodes + 2 * total_inputs;
     int n_leafs = g->n_leafs;
     if (s->n_copies > 1) n_leafs += (s->n_graph_inputs + total_inputs) * s->n_copies;
@@ -95,9 +98,12 @@ loom_status loom__sched_build_graph(loom_sched *s, loom_graph *g) {
             s->node_ids[n] = sp->backend_id;
             ag->nodes[n++] = cpy;
         }
+        /* without a graph_optimize hook the split's nodes are where pass 1 saw them */
+        bool reordered = s->backends[sp->backend_id]->iface->graph_optimize != NULL;
         for (int i = sp->i_start; i < sp->i_end; i++) {
             loom_tensor *node = g->nodes[i];
-            s->node_ids[n] = backend_or_cpu(s, node);
+            int b = reordered ? backend_or_cpu(s, node) : s->t_backend[s->node_tid[i]];
+            s->node_ids[n] = b >= 0 ? b : s->n_backends - 1;
             ag->nodes[n++] = node;
         }
     }

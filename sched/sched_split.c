@@ -29,7 +29,16 @@
 
 #include "sched/sched-impl.h"
 
-static inline bool is_view_op(loom_op op) { return loom_op_is_view(op); }
+/* Metadata ops (and NONE): nothing to compute, placed with their source in pass 4. */
+static inline bool is_view_op(loom_op op) {
+    return op == LOOM_OP_VIEW || op == LOOM_OP_RESHAPE || op == LOOM_OP_PERMUTE ||
+           op == LOOM_OP_TRANSPOSE || op == LOOM_OP_NONE;
+}
+
+static inline uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001B3ull;
+}
 
 static inline bool supports_op(const loom_sched *s, int b, const loom_tensor *t) {
     return loom_backend_supports_op(s->backends[b], t);
@@ -125,10 +134,21 @@ static int backend_from_cur(const loom_sched *s, const loom_tensor *t, int *caus
 }
 
 static loom_status pass1(loom_sched *s, loom_graph *g, int *nt) {
-    loom_status st = LOOM_OK;
+    /* ids first (they follow graph order: the topology fingerprint relies on it), then the
+     * user's pins, then the forced assignments */
     for (int i = 0; i < g->n_leafs; i++) {
-        int id = loom__sched_id_add(s, g->leafs[i]);
+        if (loom__sched_id_add_fast(s, g->leafs[i]) < 0) return loom_last_status();
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        int id = loom__sched_id_add_fast(s, g->nodes[i]);
         if (id < 0) return loom_last_status();
+        nt[i] = id;
+        s->node_view[i] = is_view_op(g->nodes[i]->op);
+    }
+    loom_status st = loom__sched_apply_pins(s);
+    if (st != LOOM_OK) return st;
+    for (int i = 0; i < g->n_leafs; i++) {
+        int id = loom__sched_id(s, g->leafs[i]);
         if (s->t_backend[id] != -1) continue;
         int cause = LOOM__CAUSE_NONE;
         int b = backend_from_cur(s, g->leafs[i], &cause, &st);
@@ -136,9 +156,7 @@ static loom_status pass1(loom_sched *s, loom_graph *g, int *nt) {
         if (b >= 0) assign(s, id, b, cause);
     }
     for (int i = 0; i < g->n_nodes; i++) {
-        int id = loom__sched_id_add(s, g->nodes[i]);
-        if (id < 0) return loom_last_status();
-        nt[i] = id;
+        int id = nt[i];
         if (s->t_backend[id] != -1) continue;
         int cause = LOOM__CAUSE_NONE;
         int b = backend_from_cur(s, g->nodes[i], &cause, &st);
@@ -160,21 +178,20 @@ static void sweep(loom_sched *s, loom_graph *g, const int *nt, bool forward, boo
     int cur = -1;
     for (int k = 0; k < g->n_nodes; k++) {
         int i = forward ? k : g->n_nodes - 1 - k;
-        const loom_tensor *node = g->nodes[i];
-        if (is_view_op(node->op)) continue;
+        if (s->node_view[i]) continue;
         int b = s->t_backend[nt[i]];
         if (b != -1) {
             cur = (gpu_only && b == cpu) ? -1 : b;
         } else if (cur != -1) {
-            set_if_supported(s, node, nt[i], cur, cause);
+            set_if_supported(s, g->nodes[i], nt[i], cur, cause);
         }
     }
 }
 
 static void pass3(loom_sched *s, loom_graph *g, const int *nt) {
     for (int i = 0; i < g->n_nodes; i++) {
+        if (s->node_view[i]) continue;
         const loom_tensor *node = g->nodes[i];
-        if (is_view_op(node->op)) continue;
         int id = nt[i];
         int b = s->t_backend[id];
         if (b == -1) {
@@ -186,8 +203,9 @@ static void pass3(loom_sched *s, loom_graph *g, const int *nt) {
                 for (int j = 0; j < LOOM_MAX_SRC; j++) {
                     const loom_tensor *src = node->src[j];
                     if (!src) continue;
-                    bool assigned = loom__sched_backend_of(s, src) != -1 ||
-                                    (src->view_src && loom__sched_backend_of(s, src->view_src) != -1);
+                    bool assigned =
+                        loom__sched_backend_of(s, src) != -1 ||
+                        (src->view_src && loom__sched_backend_of(s, src->view_src) != -1);
                     if (assigned && loom__sched_buffer_supported(s, src, c)) n++;
                 }
                 if (n > best_n) {
@@ -214,7 +232,7 @@ static void pass3(loom_sched *s, loom_graph *g, const int *nt) {
     }
 }
 
-static loom_status pass4(loom_sched *s, loom_graph *g, const int *nt) {
+static loom_status pass4(loom_sched *s, loom_graph *g, const int *nt, int *st_ids) {
     for (int i = 0; i < g->n_nodes; i++) {
         loom_tensor *node = g->nodes[i];
         int id = nt[i];
@@ -235,8 +253,9 @@ static loom_status pass4(loom_sched *s, loom_graph *g, const int *nt) {
         for (int j = 0; j < LOOM_MAX_SRC; j++) {
             loom_tensor *src = node->src[j];
             if (!src) continue;
-            int sid = loom__sched_id_add(s, src);
+            int sid = loom__sched_id_add_fast(s, src);
             if (sid < 0) return loom_last_status();
+            st_ids[i * LOOM_MAX_SRC + j] = sid;
             if (s->t_backend[sid] != -1) continue;
             int vb = src->view_src ? loom__sched_backend_of(s, src->view_src) : -1;
             if (vb != -1) {
@@ -324,7 +343,7 @@ static loom_status make_copies(loom_sched *s, int sid, loom_tensor *src, int b, 
         loom_status st = loom__sched_copy_set(s, sid, b, c, copy);
         if (st != LOOM_OK) return st;
         if (c != self) {
-            int cid = loom__sched_id_add(s, copy);
+            int cid = loom__sched_id_add_fast(s, copy);
             if (cid < 0) return loom_last_status();
             assign(s, cid, b, LOOM__CAUSE_CPY);
         }
@@ -333,24 +352,22 @@ static loom_status make_copies(loom_sched *s, int sid, loom_tensor *src, int b, 
 }
 
 /* Whether the node's source j needs a copy that does not exist yet on backend cur. */
-static bool needs_new_copy(const loom_sched *s, const loom_tensor *node, int j, int cur) {
+static bool needs_new_copy(const loom_sched *s, const loom_tensor *node, int j, int sid, int cur) {
     const loom_tensor *src = node->src[j];
     for (int k = 0; k < j; k++) {
         if (node->src[k] == src) return false; /* counted already */
     }
-    int sid = loom__sched_id(s, src);
-    LOOM_ASSERT(sid >= 0);
     int sb = s->t_backend[sid];
     if (sb == cur || loom__sched_buffer_supported(s, src, cur)) return false;
     return loom__sched_copy_get(s, sid, cur, 0) == NULL;
 }
 
-static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
+static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids) {
     s->n_splits = 0;
     s->n_graph_inputs = 0;
     int first = s->n_backends - 1;
     for (int i = 0; i < g->n_nodes; i++) {
-        if (!is_view_op(g->nodes[i]->op)) {
+        if (!s->node_view[i]) {
             first = s->t_backend[nt[i]];
             break;
         }
@@ -358,10 +375,21 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
     loom_status st = split_open(s, first, 0);
     if (st != LOOM_OK) return st;
     int cur = first;
+    /* the topology fingerprint of the allocation graph: every source's table id (ids
+     * follow graph order), each node's op, and every input with its split's start */
+    uint64_t fp = mix((uint64_t)g->n_nodes, (uint64_t)g->n_leafs);
 
     for (int i = 0; i < g->n_nodes; i++) {
         loom_tensor *node = g->nodes[i];
-        if (is_view_op(node->op)) continue; /* views never cut and never need copies */
+        const int *sids = &st_ids[i * LOOM_MAX_SRC];
+        fp = mix(fp, (uint64_t)node->op | ((uint64_t)node->type << 8) |
+                         ((uint64_t)(node->flags & 3) << 16));
+        if (s->node_view[i]) { /* views never cut and never need copies */
+            for (int j = 0; j < LOOM_MAX_SRC; j++) {
+                if (node->src[j]) fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);
+            }
+            continue;
+        }
         int nb = s->t_backend[nt[i]];
         LOOM_ASSERT(nb != -1);
         loom__split *sp = &s->splits[s->n_splits - 1];
@@ -370,7 +398,8 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
         if (!cut && sp->n_inputs > 0) {
             int n_new = 0;
             for (int j = 0; j < LOOM_MAX_SRC && !cut; j++) {
-                if (!node->src[j] || !needs_new_copy(s, node, j, cur)) continue;
+                if (!node->src[j] || s->t_backend[sids[j]] == cur) continue;
+                if (!needs_new_copy(s, node, j, sids[j], cur)) continue;
                 /* a new weight to stage: a new split lets its region be reused */
                 if (weight_buffer(node->src[j])) cut = true;
                 n_new++;
@@ -388,10 +417,10 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
         for (int j = 0; j < LOOM_MAX_SRC; j++) {
             loom_tensor *src = node->src[j];
             if (!src) continue;
-            int sid = loom__sched_id(s, src);
-            LOOM_ASSERT(sid >= 0);
+            int sid = sids[j];
             int sb = s->t_backend[sid];
             LOOM_ASSERT(sb != -1);
+            fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sid);
 
             if ((src->flags & LOOM_TENSOR_FLAG_INPUT) && s->n_copies > 1 &&
                 !loom__sched_copy_get(s, sid, sb, 0)) {
@@ -404,6 +433,8 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
 
             if (sb != cur && !loom__sched_buffer_supported(s, src, cur)) {
                 if (!loom__sched_copy_get(s, sid, cur, 0)) {
+                    /* an input adds a dependency and a copy where its split starts */
+                    fp = mix(fp, (uint64_t)sp->i_start << 32 | (uint32_t)sid);
                     st = make_copies(s, sid, src, cur, -1);
                     if (st == LOOM_OK) st = split_add_input(s, sp, src);
                     if (st != LOOM_OK) return st;
@@ -415,6 +446,7 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt) {
         }
     }
     s->splits[s->n_splits - 1].i_end = g->n_nodes;
+    s->topology = mix(fp, (uint64_t)s->n_copies);
     return LOOM_OK;
 }
 
@@ -425,19 +457,28 @@ loom_status loom__sched_split(loom_sched *s, loom_graph *g) {
 
     loom_status st = loom__ptrmap_reserve(&s->map, (size_t)(g->n_nodes + g->n_leafs) + 64);
     if (st != LOOM_OK) return st;
-    int *nt = loom_malloc((size_t)(g->n_nodes > 0 ? g->n_nodes : 1) * sizeof(*nt));
-    if (!nt) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+    if (g->n_nodes > s->cap_tmp) {
+        int cap = g->n_nodes;
+        int *nt = loom_realloc(s->node_tid, (size_t)cap * sizeof(*nt));
+        if (nt) s->node_tid = nt;
+        int *st_ids =
+            nt ? loom_realloc(s->src_tid, (size_t)cap * LOOM_MAX_SRC * sizeof(*st_ids)) : NULL;
+        if (st_ids) s->src_tid = st_ids;
+        uint8_t *vw = st_ids ? loom_realloc(s->node_view, (size_t)cap) : NULL;
+        if (!vw) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+        s->node_view = vw;
+        s->cap_tmp = cap;
+    }
+    int *nt = s->node_tid, *st_ids = s->src_tid;
 
     st = pass1(s, g, nt);
-    if (st == LOOM_OK) {
-        sweep(s, g, nt, true, true, LOOM__CAUSE_GPU_DN);
-        sweep(s, g, nt, false, true, LOOM__CAUSE_GPU_UP);
-        sweep(s, g, nt, true, false, LOOM__CAUSE_ANY_DN);
-        sweep(s, g, nt, false, false, LOOM__CAUSE_ANY_UP);
-        pass3(s, g, nt);
-        st = pass4(s, g, nt);
-    }
-    if (st == LOOM_OK) st = pass5(s, g, nt);
-    loom_free(nt);
-    return st;
+    if (st != LOOM_OK) return st;
+    sweep(s, g, nt, true, true, LOOM__CAUSE_GPU_DN);
+    sweep(s, g, nt, false, true, LOOM__CAUSE_GPU_UP);
+    sweep(s, g, nt, true, false, LOOM__CAUSE_ANY_DN);
+    sweep(s, g, nt, false, false, LOOM__CAUSE_ANY_UP);
+    pass3(s, g, nt);
+    st = pass4(s, g, nt, st_ids);
+    if (st != LOOM_OK) return st;
+    return pass5(s, g, nt, st_ids);
 }

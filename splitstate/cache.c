@@ -4,15 +4,20 @@
  * op rule table to their sources' states, resolved with assume-sync.
  *
  * Why the cache cannot go stale: an entry, keyed on the tensor pointer, keeps a snapshot
- * of every field its state was derived from (the tensor's own type, shape, strides, op,
- * params, sources, view placement, name, and for leafs flags and buffer; and the shape,
- * strides and view placement of each source, which rules read) and the version of each
- * source's entry. Every query walks the tensor's upstream graph (iteratively, each tensor
- * once per query or per begin/end batch) and rederives any entry whose snapshot or source
- * versions differ. A rederived entry keeps its version when its result did not change, so
- * an edit ripples only as far as it matters. The cache is bounded (cleared before a query
- * when over capacity), unlike the reference's, and a mismatch rederives one entry rather
- * than dropping them all.
+ * of the tensor's own fields its state depends on (type, shape, strides, op, params,
+ * sources, view placement, name, and for leafs flags and buffer) and the version of each
+ * source's entry it was derived from. A source's version changes when its result changes
+ * or when a field its consumers read changes (type, shape, strides, view placement,
+ * name). Every query walks the tensor's upstream graph iteratively (each tensor once per
+ * query, or once per begin/end batch), sources before consumers, and rederives any entry
+ * whose snapshot or source versions differ; so an edit anywhere upstream is seen, and a
+ * rederived entry whose result did not change keeps its version, so an edit ripples only
+ * as far as it matters. The cache is bounded (cleared before a query when over capacity),
+ * unlike the reference's, and a mismatch rederives one entry rather than dropping them all.
+ *
+ * Cost: a query validates its whole upstream graph (~300 bytes compared per tensor), so
+ * querying every node of a graph one by one is quadratic; batch such loops with
+ * loom_split_ctx_begin/end (or use loom_split_ctx_get_graph), which makes them linear.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -24,14 +29,6 @@
 
 #define N_DEPS (LOOM_MAX_SRC + 1) /* src[] and, for SET_ROWS, view_src */
 #define DEFAULT_CAPACITY 16384
-
-typedef struct dep_geom {
-    loom_type type;
-    int64_t ne[LOOM_MAX_DIMS];
-    size_t nb[LOOM_MAX_DIMS];
-    const loom_tensor *view_src;
-    size_t view_offs;
-} dep_geom;
 
 typedef struct snapshot {
     loom_type type;
@@ -45,18 +42,20 @@ typedef struct snapshot {
     size_t view_offs;
     const void *buffer;
     char name[LOOM_MAX_NAME];
-    dep_geom dep[N_DEPS];
 } snapshot;
 
 typedef struct entry {
     const loom_tensor *key;
-    uint64_t version;   /* changes when the result changes; 0: never derived */
+    /* changes when the result or a field consumers read (type, shape, strides, view
+     * placement, name) changes; 0: never derived */
+    uint64_t version;
     uint64_t validated; /* the pass in which it was last checked */
     uint64_t visiting;  /* the pass in which it is on the walk's stack */
     uint64_t dep_version[N_DEPS];
     snapshot snap;
+    bool touched; /* a visible field changed: consumers must rederive */
     loom_status status;
-    char *msg; /* the error message when status != LOOM_OK */
+    char *msg;              /* the error message when status != LOOM_OK */
     loom_split_state state; /* the true state (not assume-synced) */
 } entry;
 
@@ -113,7 +112,8 @@ static loom_status grow(loom_split_ctx *ctx) {
     for (size_t i = 0; i < n_old; i++) {
         if (!old[i]) continue;
         size_t j = slot_of(ctx, old[i]->key);
-        while (slots[j]) j = (j + 1) & (n - 1);
+        while (slots[j])
+            j = (j + 1) & (n - 1);
         slots[j] = old[i];
     }
     loom_free(old);
@@ -130,7 +130,8 @@ static entry *insert(loom_split_ctx *ctx, const loom_tensor *t) {
     e->key = t;
     e->status = LOOM_ERR_INTERNAL;
     size_t i = slot_of(ctx, t);
-    while (ctx->slots[i]) i = (i + 1) & (ctx->n_slots - 1);
+    while (ctx->slots[i])
+        i = (i + 1) & (ctx->n_slots - 1);
     ctx->slots[i] = e;
     ctx->n_entries++;
     return e;
@@ -151,9 +152,11 @@ static void clear_entries(loom_split_ctx *ctx) {
 
 /* The tensors t's state depends on, by slot (NULL where none). */
 static void deps_of(const loom_tensor *t, const loom_tensor *deps[N_DEPS]) {
-    for (int i = 0; i < N_DEPS; i++) deps[i] = NULL;
+    for (int i = 0; i < N_DEPS; i++)
+        deps[i] = NULL;
     if (t->op == LOOM_OP_NONE) return; /* a leaf: the callback reads t itself */
-    for (int i = 0; i < LOOM_MAX_SRC; i++) deps[i] = t->src[i];
+    for (int i = 0; i < LOOM_MAX_SRC; i++)
+        deps[i] = t->src[i];
     if (t->op == LOOM_OP_SET_ROWS) deps[LOOM_MAX_SRC] = t->view_src;
 }
 
@@ -167,32 +170,29 @@ static void take_snapshot(const loom_tensor *t, snapshot *s) {
     memcpy(s->src, t->src, sizeof s->src);
     s->view_src = t->view_src;
     s->view_offs = t->view_offs;
-    for (size_t i = 0; i < sizeof s->name - 1 && t->name[i]; i++) s->name[i] = t->name[i];
+    for (size_t i = 0; i < sizeof s->name - 1 && t->name[i]; i++)
+        s->name[i] = t->name[i];
     if (t->op == LOOM_OP_NONE) {
         s->flags = t->flags;
         s->buffer = t->buffer;
     }
-    const loom_tensor *deps[N_DEPS];
-    deps_of(t, deps);
-    for (int i = 0; i < N_DEPS; i++) {
-        if (!deps[i]) continue;
-        dep_geom *g = &s->dep[i];
-        g->type = deps[i]->type;
-        memcpy(g->ne, deps[i]->ne, sizeof g->ne);
-        memcpy(g->nb, deps[i]->nb, sizeof g->nb);
-        g->view_src = deps[i]->view_src;
-        g->view_offs = deps[i]->view_offs;
-    }
+}
+
+/* Whether a consumer could see the change from a to b: the fields rules read of their
+ * sources (and name their sources by in messages). */
+static bool visible_change(const snapshot *a, const snapshot *b) {
+    return a->type != b->type || memcmp(a->ne, b->ne, sizeof a->ne) != 0 ||
+           memcmp(a->nb, b->nb, sizeof a->nb) != 0 || a->view_src != b->view_src ||
+           a->view_offs != b->view_offs || memcmp(a->name, b->name, sizeof a->name) != 0;
 }
 
 /* ---------------------------------------------------------------- deriving one entry */
 
 static void set_result(loom_split_ctx *ctx, entry *e, loom_status status, const char *msg,
                        const loom_split_state *state) {
-    bool changed = e->version == 0 || e->status != status;
+    bool changed = e->version == 0 || e->status != status || e->touched;
     if (!changed && status == LOOM_OK) changed = memcmp(&e->state, state, sizeof *state) != 0;
-    if (!changed && status != LOOM_OK)
-        changed = !e->msg || !msg || strcmp(e->msg, msg) != 0;
+    if (!changed && status != LOOM_OK) changed = !e->msg || !msg || strcmp(e->msg, msg) != 0;
     loom_free(e->msg);
     e->msg = NULL;
     if (status != LOOM_OK) e->msg = loom_strdup(msg && msg[0] ? msg : "split state failed");
@@ -272,8 +272,7 @@ static uint64_t current_pass(loom_split_ctx *ctx) {
 /* Validates (rederiving where stale) t and everything upstream of it. */
 static loom_status walk(loom_split_ctx *ctx, const loom_tensor *t, uint64_t pass, size_t *psp);
 
-static loom_status resolve(loom_split_ctx *ctx, const loom_tensor *t, uint64_t pass,
-                           entry **out) {
+static loom_status resolve(loom_split_ctx *ctx, const loom_tensor *t, uint64_t pass, entry **out) {
     size_t sp = 0;
     loom_status st = walk(ctx, t, pass, &sp);
     if (st != LOOM_OK) { /* out of memory mid-walk: nothing may stay marked on the stack */
@@ -342,6 +341,7 @@ static loom_status walk(loom_split_ctx *ctx, const loom_tensor *t, uint64_t pass
         } else {
             if (e->version != 0) ctx->stats.invalidated++;
             ctx->stats.computed++;
+            e->touched = e->version != 0 && visible_change(&e->snap, &snap);
             if (cycle) {
                 loom_split_state none;
                 loom_split_state_init(&none, LOOM_SPLIT_NONE, ctx->n_devices);
@@ -464,6 +464,18 @@ bool loom_split_ctx_can_split(loom_split_ctx *ctx, const loom_tensor *op) {
     }
     pthread_mutex_unlock(&ctx->lock);
     return st == LOOM_OK;
+}
+
+loom_status loom_split_ctx_get_graph(loom_split_ctx *ctx, const loom_graph *g, bool assume_sync,
+                                     loom_split_state *states) {
+    if (!ctx || !g || !states)
+        return loom_error(LOOM_ERR_INVALID_ARG, "split-state context: NULL argument");
+    loom_split_ctx_begin(ctx);
+    loom_status st = LOOM_OK;
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++)
+        st = loom_split_ctx_get(ctx, g->nodes[i], assume_sync, &states[i]);
+    loom_split_ctx_end(ctx);
+    return st;
 }
 
 void loom_split_ctx_begin(loom_split_ctx *ctx) {

@@ -33,8 +33,8 @@ typedef struct factor {
 
 loom_status loom__split_map(const int64_t a_ne[4], const int64_t a_nb[4],
                             const loom_split_state *in, const int64_t v_ne[4],
-                            const int64_t v_nb[4], int64_t rel, loom_split_state *out,
-                            char *why, size_t why_size) {
+                            const int64_t v_nb[4], int64_t rel, loom_split_state *out, char *why,
+                            size_t why_size) {
     LOOM_ASSERT(loom_split_axis_is_dim(in->axis));
     const int k = (int)in->axis;
     const int n_dev = in->n_devices;

@@ -34,7 +34,8 @@ typedef struct rule {
 const char *loom__split_op_lower(loom_op op, char *buf, size_t size) {
     const char *name = loom_op_name(op);
     size_t i = 0;
-    for (; name && name[i] && i + 1 < size; i++) buf[i] = (char)tolower((unsigned char)name[i]);
+    for (; name && name[i] && i + 1 < size; i++)
+        buf[i] = (char)tolower((unsigned char)name[i]);
     if (size) buf[i < size ? i : size - 1] = '\0';
     return buf;
 }
@@ -95,8 +96,9 @@ static bool same(const loom_split_state *a, const loom_split_state *b) {
 
 static loom_status not_linear(rule *r, int i) {
     D1;
-    return fail(r, "source %s is a sum over devices and %s is not linear; it needs the reduced "
-                   "value (only computed tensors are reduced before use)",
+    return fail(r,
+                "source %s is a sum over devices and %s is not linear; it needs the reduced "
+                "value (only computed tensors are reduced before use)",
                 DSC1(i), r->op);
 }
 
@@ -105,7 +107,8 @@ static loom_status not_linear(rule *r, int i) {
 /* Contiguous strides in elements for a logical reshape. */
 static void virtual_strides(const int64_t ne[4], int64_t nb[4]) {
     nb[0] = 1;
-    for (int d = 1; d < 4; d++) nb[d] = nb[d - 1] * ne[d - 1];
+    for (int d = 1; d < 4; d++)
+        nb[d] = nb[d - 1] * ne[d - 1];
 }
 
 /* The state of a row-major re-interpretation of source `si` (shape src->ne) as shape `ne`
@@ -124,8 +127,9 @@ static loom_status reshape_to(rule *r, int si, const int64_t ne[4], loom_type ty
     char why[512];
     if (loom__split_map(a->ne, a_nb, s, ne, v_nb, 0, res, why, sizeof why) != LOOM_OK) {
         D1;
-        return fail(r, "cannot reshape %s from [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                       "] to [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]: %s",
+        return fail(r,
+                    "cannot reshape %s from [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                    "] to [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]: %s",
                     DSC1(si), a->ne[0], a->ne[1], a->ne[2], a->ne[3], ne[0], ne[1], ne[2], ne[3],
                     why);
     }
@@ -133,8 +137,9 @@ static loom_status reshape_to(rule *r, int si, const int64_t ne[4], loom_type ty
     if (res->axis == LOOM_SPLIT_AXIS_0 && blck > 1 && !loom__split_counts_multiple_of(res, blck)) {
         char st[256];
         loom_split_state_format(res, st, sizeof st);
-        return fail(r, "the result would be %s, but a %s row splits only at %" PRId64
-                       "-element block boundaries",
+        return fail(r,
+                    "the result would be %s, but a %s row splits only at %" PRId64
+                    "-element block boundaries",
                     st, loom_type_name(type), blck);
     }
     return LOOM_OK;
@@ -184,15 +189,16 @@ static loom_status rule_cpy(rule *r) {
     D2;
     char st_res[256];
     loom_split_state_format(&res, st_res, sizeof st_res);
-    return fail(r, "copies %s (%s in the destination's shape) into %s; the destination must be "
-                   "distributed the same way (or have no state of its own)",
+    return fail(r,
+                "copies %s (%s in the destination's shape) into %s; the destination must be "
+                "distributed the same way (or have no state of its own)",
                 DSC1(0), st_res, DSC2(1));
 }
 
 /* The state of the view r->t (geometry t->ne, t->nb) placed `rel` bytes into a, whose state
  * is s (split). `what` describes a for messages. */
-static loom_status map_view(rule *r, const loom_tensor *a, const loom_split_state *s,
-                            int64_t rel, const char *what, loom_split_state *res) {
+static loom_status map_view(rule *r, const loom_tensor *a, const loom_split_state *s, int64_t rel,
+                            const char *what, loom_split_state *res) {
     const loom_tensor *t = r->t;
     const int64_t blck = loom_blck_size(a->type);
     int64_t a_ne[4], a_nb[4], v_ne[4], v_nb[4];
@@ -216,8 +222,9 @@ static loom_status map_view(rule *r, const loom_tensor *a, const loom_split_stat
     }
     char why[512];
     if (loom__split_map(a_ne, a_nb, &in, v_ne, v_nb, rel, res, why, sizeof why) != LOOM_OK)
-        return fail(r, "cannot map the split of %s into the view [%" PRId64 ", %" PRId64
-                       ", %" PRId64 ", %" PRId64 "] at offset %" PRId64 ": %s",
+        return fail(r,
+                    "cannot map the split of %s into the view [%" PRId64 ", %" PRId64 ", %" PRId64
+                    ", %" PRId64 "] at offset %" PRId64 ": %s",
                     what, t->ne[0], t->ne[1], t->ne[2], t->ne[3], rel, why);
     if (blck > 1 && res->axis == LOOM_SPLIT_AXIS_0) loom__split_scale(res, blck, 0);
     return LOOM_OK;
@@ -270,8 +277,9 @@ static loom_status rule_concat(rule *r) {
         loom__split_normalize(&res);
         return set(r, &res);
     }
-    return fail(r, "cannot concatenate %s and %s along axis %d: both must be split the same "
-                   "way, or both MIRRORED",
+    return fail(r,
+                "cannot concatenate %s and %s along axis %d: both must be split the same "
+                "way, or both MIRRORED",
                 DSC1(0), DSC2(1), dim);
 }
 
@@ -285,8 +293,9 @@ static loom_status rule_unary_like(rule *r) { /* SQR, SQRT, UNARY, CLAMP */
 static loom_status rule_scale(rule *r) {
     if (IS_P(S(0)) && loom_get_op_params_f32(r->t, 1) != 0.0f) {
         D1;
-        return fail(r, "source %s is a sum over devices, and a scale with a bias (%g) is not "
-                       "linear",
+        return fail(r,
+                    "source %s is a sum over devices, and a scale with a bias (%g) is not "
+                    "linear",
                     DSC1(0), (double)loom_get_op_params_f32(r->t, 1));
     }
     return set(r, S(0));
@@ -308,14 +317,15 @@ static loom_status rule_binary(rule *r) {
     if (IS_P(a) || IS_P(b)) {
         if (IS_P(a) && IS_P(b)) {
             if (additive) return set_kind(r, LOOM_SPLIT_PARTIAL);
-            return fail(r, "%s and %s are both sums over devices; their product is not",
-                        DSC1(0), DSC2(1));
+            return fail(r, "%s and %s are both sums over devices; their product is not", DSC1(0),
+                        DSC2(1));
         }
         const int pi = IS_P(a) ? 0 : 1, oi = 1 - pi;
         if (IS_M(S(oi))) {
             if (additive)
-                return fail(r, "adding %s to %s would count the MIRRORED operand %d times; "
-                               "make both PARTIAL or both MIRRORED",
+                return fail(r,
+                            "adding %s to %s would count the MIRRORED operand %d times; "
+                            "make both PARTIAL or both MIRRORED",
                             DSC1(pi), DSC2(oi), r->n);
             if (op == LOOM_OP_MUL || pi == 0) return set_kind(r, LOOM_SPLIT_PARTIAL);
             return fail(r, "dividing by %s, a sum over devices, is not linear", DSC1(pi));
@@ -329,44 +339,45 @@ static loom_status rule_binary(rule *r) {
             return fail(r, "a %s and b %s are split differently", DSC1(0), DSC2(1));
         }
         if (IS_M(b) && tb->ne[k] == 1) return set(r, a); /* broadcast along the split */
-        return fail(r, "a %s is split along axis %d but b %s has ne[%d] = %" PRId64
-                       "; b must be split the same way (or broadcast along axis %d)",
+        return fail(r,
+                    "a %s is split along axis %d but b %s has ne[%d] = %" PRId64
+                    "; b must be split the same way (or broadcast along axis %d)",
                     DSC1(0), k, DSC2(1), k, tb->ne[k], k);
     }
-    return fail(r, "a %s is not split but b %s is; a must be split the same way", DSC1(0),
-                DSC2(1));
+    return fail(r, "a %s is not split but b %s is; a must be split the same way", DSC1(0), DSC2(1));
 }
 
 static loom_status rule_add_id(rule *r) {
     const loom_split_state *a = S(0), *b = S(1), *ids = S(2);
     D1;
     D2;
-    if (!IS_M(ids) && !IS_DIM(ids))
-        return fail(r, "the expert ids %s must be MIRRORED", DSC1(2));
+    if (!IS_M(ids) && !IS_DIM(ids)) return fail(r, "the expert ids %s must be MIRRORED", DSC1(2));
     if (IS_P(a) || IS_P(b)) {
         if (IS_P(a) && IS_P(b) && IS_M(ids)) return set_kind(r, LOOM_SPLIT_PARTIAL);
         if (IS_P(a) != IS_P(b) && (IS_M(a) || IS_M(b)))
-            return fail(r, "adding %s to %s would count the MIRRORED operand %d times; make the "
-                           "bias MIRRORED (or both PARTIAL)",
+            return fail(r,
+                        "adding %s to %s would count the MIRRORED operand %d times; make the "
+                        "bias MIRRORED (or both PARTIAL)",
                         DSC1(IS_P(b) ? 1 : 0), DSC2(IS_P(b) ? 0 : 1), r->n);
         return fail(r, "cannot combine %s with %s", DSC1(0), DSC2(1));
     }
     if (IS_M(a)) {
         if (IS_M(b) && IS_M(ids)) return set_kind(r, LOOM_SPLIT_MIRRORED);
-        return fail(r, "a %s is MIRRORED, so the bias %s and the ids must be MIRRORED too",
-                    DSC1(0), DSC2(1));
+        return fail(r, "a %s is MIRRORED, so the bias %s and the ids must be MIRRORED too", DSC1(0),
+                    DSC2(1));
     }
     const int k = (int)a->axis;
     if (k == 0) {
         if (!IS_M(ids)) return fail(r, "the expert ids %s must be MIRRORED", DSC1(2));
         if (IS_DIM(b) && b->axis == LOOM_SPLIT_AXIS_0 && same(a, b)) return set(r, a);
-        return fail(r, "a %s is split along axis 0, so the bias %s must be split along axis 0 "
-                       "the same way",
+        return fail(r,
+                    "a %s is split along axis 0, so the bias %s must be split along axis 0 "
+                    "the same way",
                     DSC1(0), DSC2(1));
     }
     if (!IS_M(b))
-        return fail(r, "a %s is split along axis %d, so the bias %s must be MIRRORED", DSC1(0),
-                    k, DSC2(1));
+        return fail(r, "a %s is split along axis %d, so the bias %s must be MIRRORED", DSC1(0), k,
+                    DSC2(1));
     if (k == 3) {
         if (IS_M(ids)) return set(r, a);
     } else if (IS_DIM(ids) && (int)ids->axis == k - 1) {
@@ -374,8 +385,9 @@ static loom_status rule_add_id(rule *r) {
         x.axis = a->axis;
         if (same(&x, a)) return set(r, a);
     }
-    return fail(r, "a %s is split along axis %d, so the ids %s must be split along axis %d the "
-                   "same way",
+    return fail(r,
+                "a %s is split along axis %d, so the ids %s must be split along axis %d the "
+                "same way",
                 DSC1(0), k, DSC2(2), k - 1);
 }
 
@@ -404,8 +416,9 @@ static loom_status rule_glu(rule *r) {
     char sx[256], sg[256];
     loom_split_state_format(&x, sx, sizeof sx);
     loom_split_state_format(&g, sg, sizeof sg);
-    return fail(r, "the two halves of %s are split differently (x: %s, gate: %s); split each "
-                   "half as its own segment",
+    return fail(r,
+                "the two halves of %s are split differently (x: %s, gate: %s); split each "
+                "half as its own segment",
                 DSC1(0), sx, sg);
 }
 
@@ -414,14 +427,22 @@ static loom_status rule_glu(rule *r) {
 static const char *row_what(loom_op op) {
     switch (op) {
     case LOOM_OP_NORM:
-    case LOOM_OP_RMS_NORM: return "the normalised row";
-    case LOOM_OP_SOFT_MAX: return "the softmax row";
-    case LOOM_OP_ARGSORT: return "the sorted row";
-    case LOOM_OP_TOP_K: return "the row top_k selects from";
-    case LOOM_OP_ARGMAX: return "the row argmax searches";
-    case LOOM_OP_SUM_ROWS: return "the summed row";
-    case LOOM_OP_MEAN: return "the averaged row";
-    default: return "the row";
+    case LOOM_OP_RMS_NORM:
+        return "the normalised row";
+    case LOOM_OP_SOFT_MAX:
+        return "the softmax row";
+    case LOOM_OP_ARGSORT:
+        return "the sorted row";
+    case LOOM_OP_TOP_K:
+        return "the row top_k selects from";
+    case LOOM_OP_ARGMAX:
+        return "the row argmax searches";
+    case LOOM_OP_SUM_ROWS:
+        return "the summed row";
+    case LOOM_OP_MEAN:
+        return "the averaged row";
+    default:
+        return "the row";
     }
 }
 
@@ -451,15 +472,17 @@ static loom_status rule_soft_max(rule *r) {
         if (IS_P(mask)) return not_linear(r, 1);
         if (IS_DIM(mask)) {
             if (!(k >= 0 && mask->axis == a->axis && same(mask, a)))
-                return fail(r, "the mask %s is split, but differently from the scores %s",
-                            DSC1(1), DSC2(0));
+                return fail(r, "the mask %s is split, but differently from the scores %s", DSC1(1),
+                            DSC2(0));
         } else if (k == 1) {
-            return fail(r, "the scores %s are split along axis 1 (the queries), so the mask %s "
-                           "must be split along axis 1 the same way",
+            return fail(r,
+                        "the scores %s are split along axis 1 (the queries), so the mask %s "
+                        "must be split along axis 1 the same way",
                         DSC2(0), DSC1(1));
         } else if (k >= 2 && tm->ne[k] > 1) {
-            return fail(r, "the scores %s are split along axis %d, but the mask %s is not "
-                           "broadcast along it (ne[%d] = %" PRId64 ")",
+            return fail(r,
+                        "the scores %s are split along axis %d, but the mask %s is not "
+                        "broadcast along it (ne[%d] = %" PRId64 ")",
                         DSC2(0), k, DSC1(1), k, tm->ne[k]);
         }
     }
@@ -468,16 +491,18 @@ static loom_status rule_soft_max(rule *r) {
             loom_split_state x = *a;
             x.axis = LOOM_SPLIT_AXIS_0;
             if (!same(sinks, &x))
-                return fail(r, "the scores %s are split on heads, so the sinks %s must be split "
-                               "along axis 0 the same way",
+                return fail(r,
+                            "the scores %s are split on heads, so the sinks %s must be split "
+                            "along axis 0 the same way",
                             DSC2(0), DSC1(2));
         } else if (!IS_M(sinks)) {
             return fail(r, "the sinks %s must be MIRRORED unless the heads are split", DSC1(2));
         }
     }
     if (k == 2 && loom_get_op_params_f32(r->t, 1) != 0.0f)
-        return fail(r, "ALiBi (max_bias %g) slopes depend on the global head index, so the heads "
-                       "(axis 2) cannot be split",
+        return fail(r,
+                    "ALiBi (max_bias %g) slopes depend on the global head index, so the heads "
+                    "(axis 2) cannot be split",
                     (double)loom_get_op_params_f32(r->t, 1));
     return LOOM_OK;
 }
@@ -488,14 +513,14 @@ static loom_status rule_rope(rule *r) {
     D2;
     if (a->axis == LOOM_SPLIT_AXIS_0)
         return fail(r, "cannot split along axis 0 (the rotated head dimension)");
-    if (T(2) && !IS_M(S(2)))
-        return fail(r, "the frequency factors %s must be MIRRORED", DSC1(2));
+    if (T(2) && !IS_M(S(2))) return fail(r, "the frequency factors %s must be MIRRORED", DSC1(2));
     if (a->axis == LOOM_SPLIT_AXIS_2) {
         loom_split_state x = *a;
         x.axis = LOOM_SPLIT_AXIS_0;
         if (same(pos, &x)) return set(r, a);
-        return fail(r, "%s is split along axis 2 (the tokens), so the positions %s must be "
-                       "split along axis 0 the same way",
+        return fail(r,
+                    "%s is split along axis 2 (the tokens), so the positions %s must be "
+                    "split along axis 0 the same way",
                     DSC1(0), DSC2(1));
     }
     if (!IS_M(pos))
@@ -520,46 +545,53 @@ static loom_status rule_mul_mat(rule *r) {
     if (IS_M(a)) {
         switch (b->axis) {
         case LOOM_SPLIT_AXIS_0:
-            return fail(r, "b %s is split along K (axis 0), so a %s must be split along K the "
-                           "same way",
+            return fail(r,
+                        "b %s is split along K (axis 0), so a %s must be split along K the "
+                        "same way",
                         DSC2(1), DSC1(0));
-        case LOOM_SPLIT_AXIS_1: return set(r, b);
+        case LOOM_SPLIT_AXIS_1:
+            return set(r, b);
         case LOOM_SPLIT_AXIS_2:
         case LOOM_SPLIT_AXIS_3: {
             const int k = (int)b->axis;
             if (ta->ne[k] == 1) return set(r, b);
-            return fail(r, "b %s is split along axis %d but a %s has %" PRId64
-                           " matrices along it; split a along axis %d too",
+            return fail(r,
+                        "b %s is split along axis %d but a %s has %" PRId64
+                        " matrices along it; split a along axis %d too",
                         DSC2(1), k, DSC1(0), ta->ne[k], k);
         }
-        default: break;
+        default:
+            break;
         }
     }
     if (IS_M(b)) {
         if (a->axis == LOOM_SPLIT_AXIS_1) return set_axis(r, a, 0); /* column parallel */
         if (a->axis == LOOM_SPLIT_AXIS_0)
-            return fail(r, "a %s is split along K (axis 0), so b %s must be split along K the "
-                           "same way",
+            return fail(r,
+                        "a %s is split along K (axis 0), so b %s must be split along K the "
+                        "same way",
                         DSC1(0), DSC2(1));
-        return fail(r, "a %s is split along axis %d, so b %s must be split along it too",
-                    DSC1(0), (int)a->axis, DSC2(1));
+        return fail(r, "a %s is split along axis %d, so b %s must be split along it too", DSC1(0),
+                    (int)a->axis, DSC2(1));
     }
     /* both split */
     if (a->axis == LOOM_SPLIT_AXIS_0 && b->axis == LOOM_SPLIT_AXIS_0) {
         if (same(a, b)) return set_kind(r, LOOM_SPLIT_PARTIAL); /* row parallel */
-        return fail(r, "the contraction dimension K is split differently in a %s and b %s",
-                    DSC1(0), DSC2(1));
+        return fail(r, "the contraction dimension K is split differently in a %s and b %s", DSC1(0),
+                    DSC2(1));
     }
     if (a->axis == b->axis && (a->axis == LOOM_SPLIT_AXIS_2 || a->axis == LOOM_SPLIT_AXIS_3)) {
         const int k = (int)a->axis;
         const int64_t ratio = ta->ne[k] ? tb->ne[k] / ta->ne[k] : 1;
         if (loom__split_scaled_equal(a, b, ratio)) return set(r, b);
-        return fail(r, "a %s and b %s are split along axis %d inconsistently (b has %" PRId64
-                       " matrices per matrix of a)",
+        return fail(r,
+                    "a %s and b %s are split along axis %d inconsistently (b has %" PRId64
+                    " matrices per matrix of a)",
                     DSC1(0), DSC2(1), k, ratio);
     }
-    return fail(r, "cannot multiply a %s by b %s: a 2D split (both operands split on their "
-                   "non-contracted axes) is not possible",
+    return fail(r,
+                "cannot multiply a %s by b %s: a 2D split (both operands split on their "
+                "non-contracted axes) is not possible",
                 DSC1(0), DSC2(1));
 }
 
@@ -574,8 +606,9 @@ static loom_status rule_mul_mat_id(rule *r) {
         if (ids->axis == LOOM_SPLIT_AXIS_1 && IS_M(as) && IS_DIM(b) &&
             b->axis == LOOM_SPLIT_AXIS_2 && same(&x, b))
             return set(r, b);
-        return fail(r, "the ids %s are split; only a token split (ids axis 1, b %s axis 2, "
-                       "MIRRORED experts) is possible",
+        return fail(r,
+                    "the ids %s are split; only a token split (ids axis 1, b %s axis 2, "
+                    "MIRRORED experts) is possible",
                     DSC1(2), DSC2(1));
     }
     if (IS_P(as) || IS_P(b)) {
@@ -585,16 +618,19 @@ static loom_status rule_mul_mat_id(rule *r) {
     if (IS_M(as) && IS_M(b)) return set_kind(r, LOOM_SPLIT_MIRRORED);
     if (IS_M(b)) {
         switch (as->axis) {
-        case LOOM_SPLIT_AXIS_1: return set_axis(r, as, 0); /* experts' rows: column parallel */
+        case LOOM_SPLIT_AXIS_1:
+            return set_axis(r, as, 0); /* experts' rows: column parallel */
         case LOOM_SPLIT_AXIS_2:
             /* expert parallel: each device computes the slots routed to its experts and
              * contributes zeros elsewhere; the sum over devices is the result */
             return set_kind(r, LOOM_SPLIT_PARTIAL);
         case LOOM_SPLIT_AXIS_0:
-            return fail(r, "the experts %s are split along K (axis 0), so b %s must be split "
-                           "along K the same way",
+            return fail(r,
+                        "the experts %s are split along K (axis 0), so b %s must be split "
+                        "along K the same way",
                         DSC1(0), DSC2(1));
-        default: break;
+        default:
+            break;
         }
         return fail(r, "cannot split the experts %s along axis %d", DSC1(0), (int)as->axis);
     }
@@ -616,8 +652,9 @@ static loom_status rule_get_rows(rule *r) {
         return fail(r, "cannot gather rows from %s, split along axis 1 (the rows)", DSC1(0));
     if (IS_M(ids)) {
         if (IS_M(a) || IS_P(a) || a->axis == LOOM_SPLIT_AXIS_0) return set(r, a);
-        return fail(r, "%s is split along axis %d, so the ids %s must be split along axis %d "
-                       "the same way",
+        return fail(r,
+                    "%s is split along axis %d, so the ids %s must be split along axis %d "
+                    "the same way",
                     DSC1(0), (int)a->axis, DSC2(1), (int)a->axis - 1);
     }
     /* ids split along axis i: the result is split along axis i + 1 */
@@ -627,8 +664,9 @@ static loom_status rule_get_rows(rule *r) {
     x.axis = (loom_split_axis)(i + 1);
     if (IS_M(a)) {
         if (i == 0 || ta->ne[i + 1] == 1) return set(r, &x);
-        return fail(r, "the ids %s are split along axis %d but %s is MIRRORED with %" PRId64
-                       " matrices along axis %d; split it the same way",
+        return fail(r,
+                    "the ids %s are split along axis %d but %s is MIRRORED with %" PRId64
+                    " matrices along axis %d; split it the same way",
                     DSC2(1), i, DSC1(0), ta->ne[i + 1], i + 1);
     }
     if (i >= 1 && a->axis == x.axis && same(a, &x)) return set(r, a);
@@ -647,8 +685,8 @@ static loom_status rule_set_rows(rule *r) {
      * part of it the result views */
     loom_split_state dst_view;
     if (IS_DIM(dst)) {
-        loom_status st = map_view(r, r->t->view_src, dst, (int64_t)r->t->view_offs,
-                                  DSC1(-1), &dst_view);
+        loom_status st =
+            map_view(r, r->t->view_src, dst, (int64_t)r->t->view_offs, DSC1(-1), &dst_view);
         if (st != LOOM_OK) return st;
         dst = &dst_view;
     }
@@ -665,21 +703,23 @@ static loom_status rule_set_rows(rule *r) {
                     DSC1(-1));
     if (IS_M(dst)) {
         if (IS_M(b) && IS_M(ids)) return set(r, dst);
-        return fail(r, "writes %s into the MIRRORED destination %s; both must be distributed "
-                       "alike",
+        return fail(r,
+                    "writes %s into the MIRRORED destination %s; both must be distributed "
+                    "alike",
                     DSC1(0), DSC2(-1));
     }
     const int k = (int)dst->axis;
     if (k == 0) {
         if (IS_DIM(b) && b->axis == LOOM_SPLIT_AXIS_0 && same(b, dst) && IS_M(ids))
             return set(r, dst);
-        return fail(r, "the destination %s is split along axis 0, so the rows %s must be split "
-                       "along axis 0 the same way",
+        return fail(r,
+                    "the destination %s is split along axis 0, so the rows %s must be split "
+                    "along axis 0 the same way",
                     DSC2(-1), DSC1(0));
     }
     /* k = 2 or 3: b and ids broadcast along it, or are split the same way */
-    const bool b_ok = (IS_M(b) && tb->ne[k] == 1) || (IS_DIM(b) && b->axis == dst->axis &&
-                                                      same(b, dst));
+    const bool b_ok =
+        (IS_M(b) && tb->ne[k] == 1) || (IS_DIM(b) && b->axis == dst->axis && same(b, dst));
     bool ids_ok = IS_M(ids) && tids->ne[k - 1] == 1;
     if (IS_DIM(ids) && (int)ids->axis == k - 1) {
         loom_split_state x = *ids;
@@ -687,8 +727,9 @@ static loom_status rule_set_rows(rule *r) {
         ids_ok = same(&x, dst);
     }
     if (b_ok && ids_ok) return set(r, dst);
-    return fail(r, "the destination %s is split along axis %d, so the rows %s and their ids "
-                   "must be split the same way or broadcast along it",
+    return fail(r,
+                "the destination %s is split along axis %d, so the rows %s and their ids "
+                "must be split the same way or broadcast along it",
                 DSC2(-1), k, DSC1(0));
 }
 
@@ -708,23 +749,23 @@ static loom_status rule_flash_attn(rule *r) {
         return set_kind(r, LOOM_SPLIT_MIRRORED);
     }
     if (!IS_DIM(q))
-        return fail(r, "q %s is not split but k %s is; split q the same way", DSC1(0),
-                    DSC2(1));
+        return fail(r, "q %s is not split but k %s is; split q the same way", DSC1(0), DSC2(1));
     switch (q->axis) {
     case LOOM_SPLIT_AXIS_0:
         return fail(r, "cannot split q along axis 0 (the head dimension of the dot products)");
     case LOOM_SPLIT_AXIS_2: { /* heads */
         if (!IS_DIM(k) || k->axis != LOOM_SPLIT_AXIS_2)
-            return fail(r, "q %s is split on heads (axis 2), so k %s must be split on its heads "
-                           "too",
+            return fail(r,
+                        "q %s is split on heads (axis 2), so k %s must be split on its heads "
+                        "too",
                         DSC1(0), DSC2(1));
-        if (!same(k, v))
-            return fail(r, "k %s and v %s must be split alike", DSC1(1), DSC2(2));
+        if (!same(k, v)) return fail(r, "k %s and v %s must be split alike", DSC1(1), DSC2(2));
         const int64_t gqa = tk->ne[2] ? tq->ne[2] / tk->ne[2] : 1;
         if (!loom__split_scaled_equal(k, q, gqa))
-            return fail(r, "q %s and k %s split the heads inconsistently: with %" PRId64
-                           " query heads per KV head every device needs %" PRId64
-                           " times its KV heads",
+            return fail(r,
+                        "q %s and k %s split the heads inconsistently: with %" PRId64
+                        " query heads per KV head every device needs %" PRId64
+                        " times its KV heads",
                         DSC1(0), DSC2(1), gqa, gqa);
         if (mask && !IS_M(mask)) return fail(r, "the mask %s must be MIRRORED", DSC1(3));
         if (sinks) {
@@ -735,8 +776,9 @@ static loom_status rule_flash_attn(rule *r) {
                             DSC1(4), DSC2(0));
         }
         if (loom_get_op_params_f32(r->t, 1) != 0.0f)
-            return fail(r, "ALiBi (max_bias %g) slopes depend on the global head index, so the "
-                           "heads cannot be split",
+            return fail(r,
+                        "ALiBi (max_bias %g) slopes depend on the global head index, so the "
+                        "heads cannot be split",
                         (double)loom_get_op_params_f32(r->t, 1));
         return set_axis(r, q, 1); /* result [Dv, H, Nq, S]: heads on axis 1 */
     }
@@ -745,22 +787,25 @@ static loom_status rule_flash_attn(rule *r) {
             return fail(r, "q %s is split on queries (axis 1), so k %s and v must be MIRRORED",
                         DSC1(0), DSC2(1));
         if (mask && !same(mask, q))
-            return fail(r, "q %s is split on queries, so the mask %s must be split along axis 1 "
-                           "the same way",
+            return fail(r,
+                        "q %s is split on queries, so the mask %s must be split along axis 1 "
+                        "the same way",
                         DSC1(0), DSC2(3));
         if (sinks && !IS_M(sinks)) return fail(r, "the sinks %s must be MIRRORED", DSC1(4));
         return set_axis(r, q, 2);
     }
     case LOOM_SPLIT_AXIS_3: { /* sequences */
         if (!same(k, q) || !same(v, q))
-            return fail(r, "q %s is split on sequences (axis 3), so k %s and v must be split "
-                           "the same way",
+            return fail(r,
+                        "q %s is split on sequences (axis 3), so k %s and v must be split "
+                        "the same way",
                         DSC1(0), DSC2(1));
         if (mask && !IS_M(mask)) return fail(r, "the mask %s must be MIRRORED", DSC1(3));
         if (sinks && !IS_M(sinks)) return fail(r, "the sinks %s must be MIRRORED", DSC1(4));
         return set(r, q);
     }
-    default: break;
+    default:
+        break;
     }
     return fail(r, "cannot split q %s", DSC1(0));
 }
@@ -771,41 +816,63 @@ typedef loom_status (*rule_fn)(rule *r);
 
 static rule_fn rule_for(loom_op op) {
     switch (op) {
-    case LOOM_OP_DUP: return rule_copy;
-    case LOOM_OP_CPY: return rule_cpy;
-    case LOOM_OP_CONT: return rule_cont;
+    case LOOM_OP_DUP:
+        return rule_copy;
+    case LOOM_OP_CPY:
+        return rule_cpy;
+    case LOOM_OP_CONT:
+        return rule_cont;
     case LOOM_OP_ADD:
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:
-    case LOOM_OP_DIV: return rule_binary;
-    case LOOM_OP_ADD_ID: return rule_add_id;
-    case LOOM_OP_SCALE: return rule_scale;
+    case LOOM_OP_DIV:
+        return rule_binary;
+    case LOOM_OP_ADD_ID:
+        return rule_add_id;
+    case LOOM_OP_SCALE:
+        return rule_scale;
     case LOOM_OP_SQR:
     case LOOM_OP_SQRT:
     case LOOM_OP_UNARY:
-    case LOOM_OP_CLAMP: return rule_unary_like;
+    case LOOM_OP_CLAMP:
+        return rule_unary_like;
     case LOOM_OP_SUM_ROWS:
     case LOOM_OP_MEAN:
     case LOOM_OP_ARGMAX:
     case LOOM_OP_NORM:
     case LOOM_OP_RMS_NORM:
     case LOOM_OP_ARGSORT:
-    case LOOM_OP_TOP_K: return rule_per_row;
-    case LOOM_OP_SOFT_MAX: return rule_soft_max;
-    case LOOM_OP_MUL_MAT: return rule_mul_mat;
-    case LOOM_OP_MUL_MAT_ID: return rule_mul_mat_id;
-    case LOOM_OP_GET_ROWS: return rule_get_rows;
-    case LOOM_OP_SET_ROWS: return rule_set_rows;
-    case LOOM_OP_RESHAPE: return rule_reshape;
-    case LOOM_OP_VIEW: return rule_view;
+    case LOOM_OP_TOP_K:
+        return rule_per_row;
+    case LOOM_OP_SOFT_MAX:
+        return rule_soft_max;
+    case LOOM_OP_MUL_MAT:
+        return rule_mul_mat;
+    case LOOM_OP_MUL_MAT_ID:
+        return rule_mul_mat_id;
+    case LOOM_OP_GET_ROWS:
+        return rule_get_rows;
+    case LOOM_OP_SET_ROWS:
+        return rule_set_rows;
+    case LOOM_OP_RESHAPE:
+        return rule_reshape;
+    case LOOM_OP_VIEW:
+        return rule_view;
     case LOOM_OP_PERMUTE:
-    case LOOM_OP_TRANSPOSE: return rule_permute;
-    case LOOM_OP_ROPE: return rule_rope;
-    case LOOM_OP_FLASH_ATTN_EXT: return rule_flash_attn;
-    case LOOM_OP_CONCAT: return rule_concat;
-    case LOOM_OP_GLU: return rule_glu;
-    case LOOM_OP_FILL: return rule_fill;
-    default: return NULL;
+    case LOOM_OP_TRANSPOSE:
+        return rule_permute;
+    case LOOM_OP_ROPE:
+        return rule_rope;
+    case LOOM_OP_FLASH_ATTN_EXT:
+        return rule_flash_attn;
+    case LOOM_OP_CONCAT:
+        return rule_concat;
+    case LOOM_OP_GLU:
+        return rule_glu;
+    case LOOM_OP_FILL:
+        return rule_fill;
+    default:
+        return NULL;
     }
 }
 
@@ -821,11 +888,10 @@ static bool none_allowed(loom_op op, int i) {
 loom_status loom_split_rule_apply(const loom_tensor *t, const loom_split_state *const *src,
                                   const loom_split_state *dst, int n_devices,
                                   loom_split_state *out) {
-    if (!t || !src || !out)
-        return loom_error(LOOM_ERR_INVALID_ARG, "split rule: NULL argument");
+    if (!t || !src || !out) return loom_error(LOOM_ERR_INVALID_ARG, "split rule: NULL argument");
     if (n_devices < 1 || n_devices > LOOM_SPLIT_MAX_DEVICES)
-        return loom_error(LOOM_ERR_INVALID_ARG, "split rule: %d devices (must be 1..%d)",
-                          n_devices, LOOM_SPLIT_MAX_DEVICES);
+        return loom_error(LOOM_ERR_INVALID_ARG, "split rule: %d devices (must be 1..%d)", n_devices,
+                          LOOM_SPLIT_MAX_DEVICES);
     rule r = {.t = t, .src = src, .dst = dst, .n = n_devices, .out = out};
     loom__split_op_lower(t->op, r.op, sizeof r.op);
     if (t->op == LOOM_OP_NONE)
@@ -850,8 +916,8 @@ loom_status loom_split_rule_apply(const loom_tensor *t, const loom_split_state *
     if (!t->src[0] && t->op != LOOM_OP_FILL)
         return loom_error(LOOM_ERR_INVALID_ARG, "%s '%s': no source", r.op, tname(t));
     if (t->op == LOOM_OP_SET_ROWS && dst && dst->n_devices != n_devices)
-        return loom_error(LOOM_ERR_INVALID_ARG, "%s '%s': the destination is over %d devices",
-                          r.op, tname(t), dst->n_devices);
+        return loom_error(LOOM_ERR_INVALID_ARG, "%s '%s': the destination is over %d devices", r.op,
+                          tname(t), dst->n_devices);
     loom_split_state res;
     loom_split_state_init(&res, LOOM_SPLIT_NONE, n_devices);
     r.out = &res;
@@ -865,7 +931,8 @@ loom_status loom_split_rule_apply(const loom_tensor *t, const loom_split_state *
             char s[256];
             loom_split_state_format(&res, s, sizeof s);
             return loom_error(LOOM_ERR_INTERNAL,
-                              "%s '%s': derived %s, which sums to %" PRId64 " but ne[%d] = %" PRId64,
+                              "%s '%s': derived %s, which sums to %" PRId64
+                              " but ne[%d] = %" PRId64,
                               r.op, tname(t), s, total, (int)res.axis, t->ne[res.axis]);
         }
     }

@@ -28,8 +28,7 @@ loom_status loom__split_repeat(loom_split_state *s, int64_t k);
 bool loom__split_periodic(const loom_split_state *s, int64_t period, loom_split_state *pattern);
 
 /* Whether b's layout is a's with every count multiplied by `ratio` (same axis). */
-bool loom__split_scaled_equal(const loom_split_state *a, const loom_split_state *b,
-                              int64_t ratio);
+bool loom__split_scaled_equal(const loom_split_state *a, const loom_split_state *b, int64_t ratio);
 
 /* Where a split along axis `axis` of a tensor with geometry (a_ne, a_nb) lands in a view
  * with geometry (v_ne, v_nb) placed `rel` bytes (or units) after a's first element. The
@@ -38,8 +37,8 @@ bool loom__split_scaled_equal(const loom_split_state *a, const loom_split_state 
  * writes a reason (no tensor names) into why. */
 loom_status loom__split_map(const int64_t a_ne[4], const int64_t a_nb[4],
                             const loom_split_state *in, const int64_t v_ne[4],
-                            const int64_t v_nb[4], int64_t rel, loom_split_state *out,
-                            char *why, size_t why_size);
+                            const int64_t v_nb[4], int64_t rel, loom_split_state *out, char *why,
+                            size_t why_size);
 
 /* The lowercase op name ("rms_norm") into buf. */
 const char *loom__split_op_lower(loom_op op, char *buf, size_t size);

@@ -14,13 +14,20 @@
 
 const char *loom_split_axis_name(loom_split_axis axis) {
     switch (axis) {
-    case LOOM_SPLIT_AXIS_0: return "AXIS_0";
-    case LOOM_SPLIT_AXIS_1: return "AXIS_1";
-    case LOOM_SPLIT_AXIS_2: return "AXIS_2";
-    case LOOM_SPLIT_AXIS_3: return "AXIS_3";
-    case LOOM_SPLIT_MIRRORED: return "MIRRORED";
-    case LOOM_SPLIT_PARTIAL: return "PARTIAL";
-    case LOOM_SPLIT_NONE: return "NONE";
+    case LOOM_SPLIT_AXIS_0:
+        return "AXIS_0";
+    case LOOM_SPLIT_AXIS_1:
+        return "AXIS_1";
+    case LOOM_SPLIT_AXIS_2:
+        return "AXIS_2";
+    case LOOM_SPLIT_AXIS_3:
+        return "AXIS_3";
+    case LOOM_SPLIT_MIRRORED:
+        return "MIRRORED";
+    case LOOM_SPLIT_PARTIAL:
+        return "PARTIAL";
+    case LOOM_SPLIT_NONE:
+        return "NONE";
     }
     return "?";
 }
@@ -39,12 +46,11 @@ void loom_split_state_init(loom_split_state *s, loom_split_axis axis, int n_devi
     s->n_devices = n_devices;
 }
 
-loom_status loom_split_state_add_segment(loom_split_state *s, const int64_t *counts,
-                                         int64_t nr) {
+loom_status loom_split_state_add_segment(loom_split_state *s, const int64_t *counts, int64_t nr) {
     if (!s || !counts) return loom_error(LOOM_ERR_INVALID_ARG, "split state: NULL argument");
     if (nr < 1)
-        return loom_error(LOOM_ERR_INVALID_ARG, "split state: a segment repeats %" PRId64
-                          " times (must be >= 1)", nr);
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "split state: a segment repeats %" PRId64 " times (must be >= 1)", nr);
     for (int j = 0; j < s->n_devices; j++)
         if (counts[j] < 0)
             return loom_error(LOOM_ERR_INVALID_ARG,
@@ -55,7 +61,8 @@ loom_status loom_split_state_add_segment(loom_split_state *s, const int64_t *cou
                           LOOM_SPLIT_MAX_SEGMENTS);
     int seg = s->n_segments++;
     s->nr[seg] = nr;
-    for (int j = 0; j < s->n_devices; j++) s->ne[seg][j] = counts[j];
+    for (int j = 0; j < s->n_devices; j++)
+        s->ne[seg][j] = counts[j];
     return LOOM_OK;
 }
 
@@ -79,7 +86,8 @@ loom_status loom_split_counts(int64_t size, int64_t granularity, int n_devices, 
     int64_t u[LOOM_SPLIT_MAX_DEVICES] = {0};
     int64_t given = 0;
     if (!weights) {
-        for (int j = 0; j < n; j++) u[j] = units / n;
+        for (int j = 0; j < n; j++)
+            u[j] = units / n;
         given = (units / n) * n;
     } else {
         double sum = 0;
@@ -105,7 +113,8 @@ loom_status loom_split_counts(int64_t size, int64_t granularity, int n_devices, 
         u[j]++;
         given++;
     }
-    for (int j = 0; j < n; j++) counts[j] = u[j] * granularity;
+    for (int j = 0; j < n; j++)
+        counts[j] = u[j] * granularity;
     return LOOM_OK;
 }
 
@@ -135,32 +144,35 @@ loom_status loom_split_state_even(loom_split_state *s, loom_split_axis axis, int
 
 static int64_t seg_width(const loom_split_state *s, int seg) {
     int64_t w = 0;
-    for (int j = 0; j < s->n_devices; j++) w += s->ne[seg][j];
+    for (int j = 0; j < s->n_devices; j++)
+        w += s->ne[seg][j];
     return w;
 }
 
 int64_t loom_split_state_total(const loom_split_state *s) {
     if (!s || !loom_split_axis_is_dim(s->axis)) return 0;
     int64_t t = 0;
-    for (int i = 0; i < s->n_segments; i++) t += s->nr[i] * seg_width(s, i);
+    for (int i = 0; i < s->n_segments; i++)
+        t += s->nr[i] * seg_width(s, i);
     return t;
 }
 
 int64_t loom_split_state_dev_count(const loom_split_state *s, int dev) {
     if (!s || !loom_split_axis_is_dim(s->axis) || dev < 0 || dev >= s->n_devices) return 0;
     int64_t t = 0;
-    for (int i = 0; i < s->n_segments; i++) t += s->nr[i] * s->ne[i][dev];
+    for (int i = 0; i < s->n_segments; i++)
+        t += s->nr[i] * s->ne[i][dev];
     return t;
 }
 
 void loom_split_state_slice_ne(const loom_split_state *s, const int64_t ne[4], int dev,
                                int64_t out[4]) {
-    for (int d = 0; d < 4; d++) out[d] = ne[d];
+    for (int d = 0; d < 4; d++)
+        out[d] = ne[d];
     if (s && loom_split_axis_is_dim(s->axis)) out[s->axis] = loom_split_state_dev_count(s, dev);
 }
 
-int64_t loom_split_state_slice_nelements(const loom_split_state *s, const loom_tensor *t,
-                                         int dev) {
+int64_t loom_split_state_slice_nelements(const loom_split_state *s, const loom_tensor *t, int dev) {
     int64_t ne[4];
     loom_split_state_slice_ne(s, t->ne, dev, ne);
     return ne[0] * ne[1] * ne[2] * ne[3];
@@ -180,7 +192,8 @@ static size_t axis_bytes(const loom_tensor *t, int axis, int64_t n) {
     size_t tsize = loom_type_size(t->type);
     if (axis == 0) return (size_t)(n / blck) * tsize;
     size_t unit = (size_t)(t->ne[0] / blck) * tsize;
-    for (int d = 1; d < axis; d++) unit *= (size_t)t->ne[d];
+    for (int d = 1; d < axis; d++)
+        unit *= (size_t)t->ne[d];
     return unit * (size_t)n;
 }
 
@@ -203,7 +216,8 @@ loom_status loom_split_state_range(const loom_split_state *s, const loom_tensor 
         d0 += s->nr[i] * s->ne[i][dev];
     }
     g += rep * seg_width(s, seg);
-    for (int j = 0; j < dev; j++) g += s->ne[seg][j];
+    for (int j = 0; j < dev; j++)
+        g += s->ne[seg][j];
     d0 += rep * s->ne[seg][dev];
     int64_t blck = loom_blck_size(t->type);
     int64_t dev_total = loom_split_state_dev_count(s, dev);
@@ -222,7 +236,8 @@ loom_status loom_split_state_range(const loom_split_state *s, const loom_tensor 
     out->chunk_bytes = axis_bytes(t, axis, t->ne[axis]);
     out->dev_chunk_bytes = axis_bytes(t, axis, dev_total);
     out->n_chunks = 1;
-    for (int d = axis + 1; d < 4; d++) out->n_chunks *= t->ne[d];
+    for (int d = axis + 1; d < 4; d++)
+        out->n_chunks *= t->ne[d];
     return LOOM_OK;
 }
 
@@ -247,7 +262,8 @@ loom_status loom__split_append(loom_split_state *s, const int64_t *counts, int64
     if (s->n_segments >= LOOM_SPLIT_MAX_SEGMENTS) return LOOM_ERR_FULL;
     int seg = s->n_segments++;
     s->nr[seg] = nr;
-    for (int j = 0; j < s->n_devices; j++) s->ne[seg][j] = counts[j];
+    for (int j = 0; j < s->n_devices; j++)
+        s->ne[seg][j] = counts[j];
     return LOOM_OK;
 }
 
@@ -334,8 +350,7 @@ bool loom__split_periodic(const loom_split_state *s, int64_t period, loom_split_
     return loom_split_state_equal(&rep, s);
 }
 
-bool loom__split_scaled_equal(const loom_split_state *a, const loom_split_state *b,
-                              int64_t ratio) {
+bool loom__split_scaled_equal(const loom_split_state *a, const loom_split_state *b, int64_t ratio) {
     if (!loom_split_axis_is_dim(a->axis) || ratio < 1) return false;
     loom_split_state x = *a;
     loom__split_scale(&x, ratio, 0);
@@ -360,7 +375,8 @@ int loom_split_state_format(const loom_split_state *s, char *buf, size_t size) {
             PUT(" ");
             for (int i = 0; i < s->n_segments; i++) {
                 PUT("%s[", i ? "+" : "");
-                for (int j = 0; j < s->n_devices; j++) PUT("%s%" PRId64, j ? "," : "", s->ne[i][j]);
+                for (int j = 0; j < s->n_devices; j++)
+                    PUT("%s%" PRId64, j ? "," : "", s->ne[i][j]);
                 PUT("]");
                 if (s->nr[i] != 1) PUT("x%" PRId64, s->nr[i]);
             }
@@ -386,11 +402,13 @@ loom_status loom_split_state_validate(const loom_split_state *s, const loom_tens
     switch (s->axis) {
     case LOOM_SPLIT_MIRRORED:
     case LOOM_SPLIT_PARTIAL:
-    case LOOM_SPLIT_NONE: return LOOM_OK;
+    case LOOM_SPLIT_NONE:
+        return LOOM_OK;
     case LOOM_SPLIT_AXIS_0:
     case LOOM_SPLIT_AXIS_1:
     case LOOM_SPLIT_AXIS_2:
-    case LOOM_SPLIT_AXIS_3: break;
+    case LOOM_SPLIT_AXIS_3:
+        break;
     default:
         return loom_error(LOOM_ERR_INVALID_ARG, "split state of '%s': unknown axis %d", name,
                           (int)s->axis);
@@ -404,8 +422,8 @@ loom_status loom_split_state_validate(const loom_split_state *s, const loom_tens
     for (int i = 0; i < s->n_segments; i++) {
         if (s->nr[i] < 1)
             return loom_error(LOOM_ERR_INVALID_ARG,
-                              "split state %s of '%s': segment %d repeats %" PRId64 " times",
-                              st, name, i, s->nr[i]);
+                              "split state %s of '%s': segment %d repeats %" PRId64 " times", st,
+                              name, i, s->nr[i]);
         for (int j = 0; j < s->n_devices; j++) {
             int64_t c = s->ne[i][j];
             if (c < 0)
@@ -429,7 +447,8 @@ loom_status loom_split_state_validate(const loom_split_state *s, const loom_tens
     int64_t total = loom_split_state_total(s);
     if (total != t->ne[axis])
         return loom_error(LOOM_ERR_INVALID_ARG,
-                          "split state %s of '%s': counts sum to %" PRId64 ", but ne[%d] = %" PRId64,
+                          "split state %s of '%s': counts sum to %" PRId64
+                          ", but ne[%d] = %" PRId64,
                           st, name, total, axis, t->ne[axis]);
     return LOOM_OK;
 }
@@ -437,8 +456,8 @@ loom_status loom_split_state_validate(const loom_split_state *s, const loom_tens
 /* ---------------------------------------------------------------- sub-ranges */
 
 /* Device j's elements of the range [lo, hi) within one occurrence starting at `occ`. */
-static void occurrence_part(const loom_split_state *s, int seg, int64_t occ, int64_t lo,
-                            int64_t hi, int64_t *part) {
+static void occurrence_part(const loom_split_state *s, int seg, int64_t occ, int64_t lo, int64_t hi,
+                            int64_t *part) {
     int64_t p = occ;
     for (int j = 0; j < s->n_devices; j++) {
         int64_t a = p > lo ? p : lo;
@@ -473,11 +492,13 @@ loom_status loom_split_state_sub(const loom_split_state *s, int64_t start, int64
         if (w == 0) continue;
         /* elements of each device before `lo` */
         if (lo >= g + span) {
-            for (int j = 0; j < s->n_devices; j++) before[j] += s->nr[i] * s->ne[i][j];
+            for (int j = 0; j < s->n_devices; j++)
+                before[j] += s->nr[i] * s->ne[i][j];
         } else if (lo > g) {
             int64_t r0 = (lo - g) / w;
             occurrence_part(s, i, g + r0 * w, g + r0 * w, lo, part);
-            for (int j = 0; j < s->n_devices; j++) before[j] += r0 * s->ne[i][j] + part[j];
+            for (int j = 0; j < s->n_devices; j++)
+                before[j] += r0 * s->ne[i][j] + part[j];
         }
         int64_t a = lo > g ? lo : g;
         int64_t b = hi < g + span ? hi : g + span;
@@ -502,6 +523,7 @@ loom_status loom_split_state_sub(const loom_split_state *s, int64_t start, int64
     loom__split_normalize(&r);
     *out = r;
     if (dev_start)
-        for (int j = 0; j < s->n_devices; j++) dev_start[j] = before[j];
+        for (int j = 0; j < s->n_devices; j++)
+            dev_start[j] = before[j];
     return LOOM_OK;
 }

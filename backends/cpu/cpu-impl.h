@@ -40,6 +40,10 @@ typedef struct loom__q8a {
  * b); see ops-matmul.c for the packed layouts. */
 typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp, float *c,
                                    size_t ldc, int first, int mvalid, int nvalid);
+/* Packs rows [0, rows) (rows <= MR) of kc floats each, lda floats apart, into one MR-wide
+ * panel panel[k * MR + i]; rows past `rows` are zero. panel is 64-byte aligned. */
+typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows,
+                                   float *panel);
 
 typedef struct loom__cpu_simd {
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -60,6 +64,7 @@ typedef struct loom__cpu_simd {
 
     /* F32 GEMM micro-kernel (NULL: the portable path uses dot products only). */
     loom__gemm_tile_fn gemm_tile;
+    loom__gemm_pack_fn gemm_pack_a;
     int gemm_mr, gemm_nr;
 
     /* Elementwise hot paths over contiguous rows (z may alias x). */

@@ -19,7 +19,7 @@
 #include "backends/cpu/cpu-impl.h"
 
 #ifndef MM_KC_TUNE
-#define MM_KC_TUNE 512
+#define MM_KC_TUNE 256
 #endif
 #ifndef MM_MC_TUNE
 #define MM_MC_TUNE 256
@@ -40,7 +40,7 @@ static bool is_quant(loom_type t) {
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     if (is_quant(a->type)) return MM_QUANT;
-    if (simd->gemm_tile && b->ne[1] >= MM_GEMM_MIN_N && dst->nb[0] == sizeof(float) &&
+    if (simd->gemm_tile && simd->gemm_pack_a && b->ne[1] >= MM_GEMM_MIN_N && dst->nb[0] == sizeof(float) &&
         dst->nb[1] % sizeof(float) == 0)
         return MM_GEMM;
     return MM_DOT;
@@ -143,7 +143,8 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
     case MM_GEMM: {
         const int64_t npan = ceil_div(s.N, simd->gemm_nr);
         w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
-        w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) + MM_KC * sizeof(float) + 64;
+        w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) +
+                       (size_t)simd->gemm_mr * MM_KC * sizeof(float) + 64;
         break;
     }
     }
@@ -280,29 +281,31 @@ static void gemm_pack_b(const loom_tensor *b, const mm_shape *s, int nr, int64_t
     }
 }
 
-/* Rows [m0, m0 + mlen) of a, k in [k0, k0 + kc) -> MR-wide panels [k][MR], zero past M. */
+/* Rows [m0, m0 + mlen) of a, k in [k0, k0 + kc) -> MR-wide panels [k][MR], zero past M.
+ * F32 rows are packed straight from a; other types are converted to f32 lines first. */
 static void gemm_pack_a(const loom__cpu_params *p, const loom_tensor *a, int64_t i2a,
                         int64_t i3a, int64_t m0, int64_t mlen, int64_t k0, int64_t kc, int mr,
-                        float *ap, float *line) {
+                        float *ap, float *lines) {
     const int64_t mpan = ceil_div(mlen, mr);
+    const bool direct = a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float) &&
+                        a->nb[1] % sizeof(float) == 0;
     for (int64_t mp = 0; mp < mpan; mp++) {
-        float *panel = ap + mp * kc * mr;
-        for (int i = 0; i < mr; i++) {
-            const int64_t m = mp * mr + i;
-            if (m >= mlen) {
-                for (int64_t k = 0; k < kc; k++) panel[k * mr + i] = 0.0f;
-                continue;
+        const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+        const float *src = lines;
+        size_t lda = (size_t)kc;
+        if (direct) {
+            src = loom__at(a, k0, m0 + mp * mr, i2a, i3a);
+            lda = a->nb[1] / sizeof(float);
+        } else {
+            for (int i = 0; i < rows; i++) {
+                const char *row = loom__at(a, 0, m0 + mp * mr + i, i2a, i3a);
+                if (a->type == LOOM_TYPE_F16 && a->nb[0] == sizeof(uint16_t))
+                    p->simd->f16_to_f32((const uint16_t *)row + k0, lines + i * kc, kc);
+                else
+                    loom__cpu_row_to_f32(a->type, row, a->nb[0], k0, kc, lines + i * kc);
             }
-            const char *row = loom__at(a, 0, m0 + m, i2a, i3a);
-            const float *src = line;
-            if (a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float))
-                src = (const float *)row + k0;
-            else if (a->type == LOOM_TYPE_F16 && a->nb[0] == sizeof(uint16_t))
-                p->simd->f16_to_f32((const uint16_t *)row + k0, line, kc);
-            else
-                loom__cpu_row_to_f32(a->type, row, a->nb[0], k0, kc, line);
-            for (int64_t k = 0; k < kc; k++) panel[k * mr + i] = src[k];
         }
+        p->simd->gemm_pack_a(src, lda, kc, rows, ap + mp * kc * mr);
     }
 }
 
@@ -318,7 +321,7 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     loom__cpu_barrier(p);
 
     float *ap = p->wthread;
-    float *line = (float *)((char *)p->wthread + align64((size_t)MM_MC * MM_KC * sizeof(float)));
+    float *lines = (float *)((char *)p->wthread + align64((size_t)MM_MC * MM_KC * sizeof(float)));
     const size_t ldc = dst->nb[1] / sizeof(float);
     const int64_t mblocks = ceil_div(s->M, MM_MC);
     int64_t u0, u1;
@@ -331,15 +334,26 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
         const float *bpan = bp + batch * npan * s->K * nr;
         for (int64_t k0 = 0; k0 < s->K; k0 += MM_KC) {
             const int64_t kc = s->K - k0 < MM_KC ? s->K - k0 : MM_KC;
-            gemm_pack_a(p, a, i2 / s->r2, i3 / s->r3, mc0, mlen, k0, kc, mr, ap, line);
+            gemm_pack_a(p, a, i2 / s->r2, i3 / s->r3, mc0, mlen, k0, kc, mr, ap, lines);
+#ifdef MM_ORDER_MP
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int64_t m = mc0 + mp * mr;
+                const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
+                for (int64_t pn = 0; pn < npan; pn++) {
+                    const float *bpk = bpan + pn * s->K * nr + k0 * nr;
+                    const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
+#else
             for (int64_t pn = 0; pn < npan; pn++) {
                 const float *bpk = bpan + pn * s->K * nr + k0 * nr;
                 const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
                 for (int64_t mp = 0; mp < mpan; mp++) {
                     const int64_t m = mc0 + mp * mr;
                     const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
+#endif
+#ifndef NO_TILE
                     p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, dst_at(dst, m, pn * nr, i2, i3),
                                        ldc, k0 == 0, mvalid, nvalid);
+#endif
                 }
             }
         }

@@ -293,6 +293,42 @@ static T256 void avx2_gemm_tile(int64_t kc, const float *ap, const float *bp, fl
     }
 }
 
+/* 8x8 transpose in registers. */
+I256 void transpose8(__m256 r[8]) {
+    __m256 t[8], s[8];
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) {
+        s[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
+    }
+}
+
+static T256 void avx2_gemm_pack_a(const float *a, size_t lda, int64_t kc, int rows,
+                                  float *panel) {
+    const int64_t kv = kc & ~(int64_t)7;
+    for (int h = 0; h < MR / 8; h++) {
+        for (int64_t k0 = 0; k0 < kv; k0 += 8) {
+            __m256 r[8];
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] =
+                8 * h + i < rows ? _mm256_loadu_ps(a + (8 * h + i) * lda + k0) : _mm256_setzero_ps();
+            transpose8(r);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+                _mm256_store_ps(panel + (k0 + j) * MR + 8 * h, r[j]);
+        }
+    }
+    for (int64_t k = kv; k < kc; k++)
+        for (int i = 0; i < MR; i++) panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 static T256 void avx2_vec_add(int64_t n, float *z, const float *x, const float *y) {
@@ -390,6 +426,7 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .dot_q4_0 = avx2_dot_q4_0,
     .quantize_q8a = avx2_quantize_q8a,
     .gemm_tile = avx2_gemm_tile,
+    .gemm_pack_a = avx2_gemm_pack_a,
     .gemm_mr = MR,
     .gemm_nr = NR,
     .vec_add = avx2_vec_add,

@@ -333,6 +333,48 @@ static T512 void avx512_gemm_tile(int64_t kc, const float *ap, const float *bp, 
     }
 }
 
+/* 16x16 transpose in registers. */
+I512 void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+            t[8 * h + i + 4] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+static T512 void avx512_gemm_pack_a(const float *a, size_t lda, int64_t kc, int rows,
+                                    float *panel) {
+    const int64_t kv = kc & ~(int64_t)15;
+    for (int h = 0; h < MR / 16; h++) {
+        for (int64_t k0 = 0; k0 < kv; k0 += 16) {
+            __m512 r[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =
+                16 * h + i < rows ? _mm512_loadu_ps(a + (16 * h + i) * lda + k0) : _mm512_setzero_ps();
+            transpose16(r);
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
+                _mm512_store_ps(panel + (k0 + j) * MR + 16 * h, r[j]);
+        }
+    }
+    for (int64_t k = kv; k < kc; k++)
+        for (int i = 0; i < MR; i++) panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
+}
+
 /* ---------------------------------------------------------------- elementwise */
 
 static T512 void avx512_vec_add(int64_t n, float *z, const float *x, const float *y) {
@@ -452,6 +494,7 @@ const loom__cpu_simd loom__cpu_simd_avx512 = {
     .dot_q4_0 = avx512_dot_q4_0,
     .quantize_q8a = avx512_quantize_q8a,
     .gemm_tile = avx512_gemm_tile,
+    .gemm_pack_a = avx512_gemm_pack_a,
     .gemm_mr = MR,
     .gemm_nr = NR,
     .vec_add = avx512_vec_add,

@@ -142,12 +142,12 @@ LOOM_API loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const 
 LOOM_API void loom_reducer_synchronize(loom_reducer *r);
 
 typedef struct loom_reducer_stats {
-    uint64_t reductions;                      /* allreduce calls that succeeded */
-    uint64_t bytes_reduced;                   /* sum of the tensors' sizes (one device) */
-    uint64_t bytes_moved;                     /* bytes copied dev->dev, dev->host, host->dev
-                                                 (NATIVE: the ring's volume, an estimate) */
-    uint64_t by_algo[LOOM_ALLREDUCE_COUNT];   /* calls per algorithm actually used */
-    loom_allreduce_algo last_algo;            /* of the last successful call */
+    uint64_t reductions;                    /* allreduce calls that succeeded */
+    uint64_t bytes_reduced;                 /* sum of the tensors' sizes (one device) */
+    uint64_t bytes_moved;                   /* bytes copied dev->dev, dev->host, host->dev
+                                               (NATIVE: the ring's volume, an estimate) */
+    uint64_t by_algo[LOOM_ALLREDUCE_COUNT]; /* calls per algorithm actually used */
+    loom_allreduce_algo last_algo;          /* of the last successful call */
 } loom_reducer_stats;
 
 LOOM_API void loom_reducer_get_stats(const loom_reducer *r, loom_reducer_stats *out);

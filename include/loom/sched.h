@@ -60,8 +60,7 @@ LOOM_API void loom_gallocr_free(loom_gallocr *ga); /* NULL is a no-op */
 LOOM_API loom_status loom_gallocr_reserve(loom_gallocr *ga, loom_graph *g);
 /* The same with a buffer id per node and per leaf (NULL ids: 0 for every node or leaf). */
 LOOM_API loom_status loom_gallocr_reserve_n(loom_gallocr *ga, loom_graph *g,
-                                            const int *node_buffer_ids,
-                                            const int *leaf_buffer_ids);
+                                            const int *node_buffer_ids, const int *leaf_buffer_ids);
 /* Plans without allocating and writes each buffer id's planned size to sizes[n_bufs]
  * (0 for an id that shares an earlier id's buffer). */
 LOOM_API loom_status loom_gallocr_reserve_n_size(loom_gallocr *ga, loom_graph *g,
@@ -153,8 +152,7 @@ LOOM_API loom_backend_t loom_sched_get_tensor_backend(const loom_sched *sched,
 /* Why t got its backend: "usr", "1.dst", "1.vsrc", "1.inp", "1.wgt<j>", "1.off",
  * "2.gpu-dn", "2.gpu-up", "2.any-dn", "2.any-up", "3.upg", "3.best", "4.vsrc", "4.cur",
  * "4.sup" (first backend that supports it), "4.cpy" (a copy); "" if unassigned. */
-LOOM_API const char *loom_sched_get_tensor_cause(const loom_sched *sched,
-                                                 const loom_tensor *t);
+LOOM_API const char *loom_sched_get_tensor_cause(const loom_sched *sched, const loom_tensor *t);
 
 LOOM_API void loom_sched_set_eval_callback(loom_sched *sched, loom_sched_eval_cb cb,
                                            void *user_data);
@@ -168,8 +166,7 @@ LOOM_API int loom_sched_get_n_splits(const loom_sched *sched);
 LOOM_API int loom_sched_get_n_copies(const loom_sched *sched);
 LOOM_API int loom_sched_get_n_backends(const loom_sched *sched);
 LOOM_API loom_backend_t loom_sched_get_backend(const loom_sched *sched, int i);
-LOOM_API loom_buft_t loom_sched_get_buffer_type(const loom_sched *sched,
-                                                loom_backend_t backend);
+LOOM_API loom_buft_t loom_sched_get_buffer_type(const loom_sched *sched, loom_backend_t backend);
 /* Compute buffer bytes of backend (0 if it shares an earlier backend's buffer type). */
 LOOM_API size_t loom_sched_get_buffer_size(const loom_sched *sched, loom_backend_t backend);
 

@@ -14,8 +14,11 @@
  * algorithms' relative cost here, not a GPU's; the projections are the interconnect side.
  *
  *   allreduce_bench [--small] [--max-bytes N] [--min-bytes N] [--devices 2,4,8]
- *                   [--algos ring,butterfly,host,auto] [--iters N] [--mem-budget N]
- * --small: up to 1 MiB and fewer iterations (CI). Sizes accept K/M/G suffixes (binary).
+ *                   [--algos ring,butterfly,host,auto] [--iters N] [--reps N]
+ *                   [--mem-budget N]
+ * --small: up to 1 MiB, fewer iterations, one repetition (CI). Sizes accept K/M/G
+ * suffixes (binary). --reps: timed repetitions per point, the best reported (default 3:
+ * the machine this runs on is shared, and the minimum is the least disturbed figure).
  * --mem-budget: host memory a configuration may use (tensors + scratch); configurations
  * above it are skipped with a note (default 6G, so the bench cannot drive a shared
  * machine into swapping).
@@ -34,10 +37,20 @@ static size_t parse_size(const char *s) {
     double v = strtod(s, &end);
     if (end == s || v < 0) return 0;
     switch (*end) {
-    case 'k': case 'K': v *= 1024.0; break;
-    case 'm': case 'M': v *= 1024.0 * 1024.0; break;
-    case 'g': case 'G': v *= 1024.0 * 1024.0 * 1024.0; break;
-    default: break;
+    case 'k':
+    case 'K':
+        v *= 1024.0;
+        break;
+    case 'm':
+    case 'M':
+        v *= 1024.0 * 1024.0;
+        break;
+    case 'g':
+    case 'G':
+        v *= 1024.0 * 1024.0 * 1024.0;
+        break;
+    default:
+        break;
     }
     return (size_t)v;
 }
@@ -81,15 +94,19 @@ static void fmt_size(size_t b, char *out, size_t cap) {
 /* Device scratch + host staging (bytes, all devices) an algorithm needs for one size. */
 static size_t scratch_bytes(loom_allreduce_algo a, int n, size_t size) {
     int p = 1, logp = 0;
-    while (p * 2 <= n) p *= 2, logp++;
+    while (p * 2 <= n)
+        p *= 2, logp++;
     switch (a) {
-    case LOOM_ALLREDUCE_RING: return (size_t)n * (size / (size_t)n + 128);
-    case LOOM_ALLREDUCE_BUTTERFLY: return (size_t)p * (size_t)(logp + (n > p)) * size;
+    case LOOM_ALLREDUCE_RING:
+        return (size_t)n * (size / (size_t)n + 128);
+    case LOOM_ALLREDUCE_BUTTERFLY:
+        return (size_t)p * (size_t)(logp + (n > p)) * size;
     case LOOM_ALLREDUCE_HOST: {
         size_t chunk = size < ((size_t)4 << 20) ? size : ((size_t)4 << 20);
         return 2 * (size_t)(n + 1) * chunk;
     }
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -99,12 +116,13 @@ typedef struct bench_opts {
     loom_allreduce_algo algos[MAX_LIST];
     int n_algos;
     int iters; /* 0: by size */
+    int reps;  /* timed repetitions per point; the best is reported */
     bool small;
 } bench_opts;
 
 static int iters_for(const bench_opts *o, size_t size) {
     if (o->iters > 0) return o->iters;
-    size_t budget = o->small ? ((size_t)8 << 20) : ((size_t)512 << 20); /* bytes per point */
+    size_t budget = o->small ? ((size_t)8 << 20) : ((size_t)256 << 20); /* bytes per point */
     size_t it = budget / (size ? size : 1);
     size_t lo = o->small ? 2 : 3, hi = o->small ? 20 : 100;
     if (it < lo) it = lo;
@@ -112,6 +130,51 @@ static int iters_for(const bench_opts *o, size_t size) {
     return (int)it;
 }
 
+typedef struct bench_row {
+    bool done;
+    char note[160]; /* skipped/failed: why */
+    double us;      /* best of the repetitions */
+    double proj_nv, proj_pc;
+    loom_allreduce_algo used;
+    size_t steps;
+} bench_row;
+
+#define MAX_SIZES 32
+
+/* One measurement: warm-up, then the best of o->reps timed runs of iters calls. */
+static void measure(const bench_opts *o, loom_reducer *r, loom_tensor **t, size_t size,
+                    const loom_sim_link *nvl, const loom_sim_link *pcie, bench_row *row) {
+    int iters = iters_for(o, size);
+    loom_status s = loom_reducer_allreduce(r, t, NULL); /* builds the plan, grows scratch */
+    loom_reducer_synchronize(r);
+    row->us = -1;
+    for (int rep = 0; rep < o->reps && s == LOOM_OK; rep++) {
+        int64_t t0 = loom_time_us();
+        for (int it = 0; it < iters && s == LOOM_OK; it++)
+            s = loom_reducer_allreduce(r, t, NULL);
+        loom_reducer_synchronize(r);
+        double us = (double)(loom_time_us() - t0) / iters;
+        if (row->us < 0 || us < row->us) row->us = us;
+    }
+    if (s != LOOM_OK) {
+        snprintf(row->note, sizeof row->note, "failed: %s", loom_last_error());
+        return;
+    }
+    loom_reducer_stats st;
+    loom_reducer_get_stats(r, &st);
+    uint64_t steps[4096];
+    row->steps = loom_reducer_last_steps(r, steps, 4096);
+    for (size_t k = 0; k < row->steps && k < 4096; k++) {
+        row->proj_nv += loom_sim_link_time_us(nvl, steps[k]);
+        row->proj_pc += loom_sim_link_time_us(pcie, steps[k]);
+    }
+    row->used = st.last_algo;
+    row->done = true;
+}
+
+/* Every algorithm at every size on n sim devices. Sizes are the outer loop, so the
+ * algorithms compared at one size are measured close together in time (this machine's
+ * load varies); the table is printed per algorithm afterwards. */
 static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
                        const loom_sim_link *pcie) {
     char spec[32];
@@ -125,9 +188,13 @@ static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
     loom_ctx *ctx[LOOM_REDUCE_MAX_DEVICES] = {0};
     loom_buffer_t buf[LOOM_REDUCE_MAX_DEVICES] = {0};
     loom_tensor *whole[LOOM_REDUCE_MAX_DEVICES] = {0};
+    loom_reducer *red[MAX_LIST] = {0};
+    static bench_row rows[MAX_LIST][MAX_SIZES];
+    memset(rows, 0, sizeof rows);
     int rc = 0;
     size_t max_bytes = o->max_bytes / 4 * 4;
-    while (max_bytes > 4 && (size_t)n * max_bytes > o->mem_budget / 2) max_bytes /= 4;
+    while (max_bytes > 4 && (size_t)n * max_bytes > o->mem_budget / 2)
+        max_bytes /= 4;
     for (int j = 0; j < n && rc == 0; j++) {
         be[j] = loom_dev_init(loom_reg_dev_get(reg, (size_t)j), NULL);
         loom_ctx_params cp = {.mem_size = 64 * loom_tensor_overhead(), .no_alloc = true};
@@ -138,8 +205,7 @@ static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
             break;
         }
         whole[j] = loom_new_tensor_1d(ctx[j], LOOM_TYPE_F32, (int64_t)(max_bytes / 4));
-        buf[j] = whole[j] ? loom_alloc_ctx_tensors(ctx[j], loom_backend_default_buft(be[j]))
-                          : NULL;
+        buf[j] = whole[j] ? loom_alloc_ctx_tensors(ctx[j], loom_backend_default_buft(be[j])) : NULL;
         if (!buf[j]) {
             fprintf(stderr, "allreduce_bench: %d x %zu bytes: %s\n", n, max_bytes,
                     loom_last_error());
@@ -149,72 +215,62 @@ static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
         loom_buffer_clear(buf[j], 0); /* zeros: sums stay finite however many iterations */
     }
     for (int ai = 0; ai < o->n_algos && rc == 0; ai++) {
-        loom_allreduce_algo algo = o->algos[ai];
         loom_reducer_params p = loom_reducer_params_default();
-        p.algorithm = algo;
-        loom_reducer *r = loom_reducer_new(be, n, &p);
-        if (!r) {
+        p.algorithm = o->algos[ai];
+        red[ai] = loom_reducer_new(be, n, &p);
+        if (!red[ai]) {
             fprintf(stderr, "allreduce_bench: reducer: %s\n", loom_last_error());
             rc = 1;
-            break;
         }
-        for (size_t size = o->min_bytes; size <= max_bytes; size *= 4) {
+    }
+    int n_sizes = 0;
+    for (size_t size = o->min_bytes; rc == 0 && size <= max_bytes && n_sizes < MAX_SIZES;
+         size *= 4, n_sizes++) {
+        loom_ctx_params cp = {.mem_size = 2 * (size_t)n * loom_tensor_overhead() + 1024,
+                              .no_alloc = true};
+        loom_ctx *vctx = loom_ctx_new(cp);
+        loom_tensor *t[LOOM_REDUCE_MAX_DEVICES] = {0};
+        for (int j = 0; j < n && vctx; j++) {
+            t[j] = loom_view_1d(vctx, whole[j], (int64_t)(size / 4), 0);
+            if (t[j] && !t[j]->buffer) loom_buffer_init_view(t[j]);
+        }
+        for (int ai = 0; ai < o->n_algos; ai++) {
+            bench_row *row = &rows[ai][n_sizes];
+            loom_allreduce_algo used = loom_reducer_choose(red[ai], size);
+            size_t need = (size_t)n * max_bytes + scratch_bytes(used, n, size);
+            if (!t[n - 1]) {
+                snprintf(row->note, sizeof row->note, "failed: %s", loom_last_error());
+            } else if (need > o->mem_budget) {
+                snprintf(row->note, sizeof row->note,
+                         "skipped: needs %.1f GiB of host memory (--mem-budget %.1f GiB)",
+                         (double)need / (1 << 30), (double)o->mem_budget / (1 << 30));
+            } else {
+                measure(o, red[ai], t, size, nvl, pcie, row);
+            }
+        }
+        loom_ctx_free(vctx);
+    }
+    for (int ai = 0; ai < o->n_algos && rc == 0; ai++) {
+        size_t size = o->min_bytes;
+        for (int si = 0; si < n_sizes; si++, size *= 4) {
+            const bench_row *row = &rows[ai][si];
             char sz[32];
             fmt_size(size, sz, sizeof sz);
-            loom_allreduce_algo used = loom_reducer_choose(r, size);
-            size_t need = (size_t)n * max_bytes + scratch_bytes(used, n, size);
-            if (need > o->mem_budget) {
-                printf("%-9s %2d %10s %10zu   skipped: needs %.1f GiB of host memory (budget "
-                       "%.1f GiB, --mem-budget)\n",
-                       loom_allreduce_algo_name(algo), n, sz, size / 4,
-                       (double)need / (1 << 30), (double)o->mem_budget / (1 << 30));
+            if (!row->done) {
+                printf("%-9s %2d %10s %10zu   %s\n", loom_allreduce_algo_name(o->algos[ai]), n, sz,
+                       size / 4, row->note);
                 continue;
             }
-            loom_ctx_params cp = {.mem_size = 2 * n * loom_tensor_overhead() + 1024,
-                                  .no_alloc = true};
-            loom_ctx *vctx = loom_ctx_new(cp);
-            loom_tensor *t[LOOM_REDUCE_MAX_DEVICES];
-            for (int j = 0; j < n; j++) {
-                t[j] = vctx ? loom_view_1d(vctx, whole[j], (int64_t)(size / 4), 0) : NULL;
-                if (t[j] && !t[j]->buffer) loom_buffer_init_view(t[j]);
-            }
-            int iters = iters_for(o, size);
-            /* warm-up: builds the plan and grows the scratch */
-            loom_status s = vctx && t[n - 1] ? loom_reducer_allreduce(r, t, NULL)
-                                            : LOOM_ERR_NOMEM;
-            loom_reducer_synchronize(r);
-            int64_t t0 = loom_time_us();
-            for (int it = 0; it < iters && s == LOOM_OK; it++) {
-                s = loom_reducer_allreduce(r, t, NULL);
-            }
-            loom_reducer_synchronize(r);
-            int64_t t1 = loom_time_us();
-            if (s != LOOM_OK) {
-                printf("%-9s %2d %10s %10zu   failed: %s\n", loom_allreduce_algo_name(algo), n,
-                       sz, size / 4, loom_last_error());
-                loom_ctx_free(vctx);
-                continue;
-            }
-            loom_reducer_stats st;
-            loom_reducer_get_stats(r, &st);
-            uint64_t steps[4096];
-            size_t n_steps = loom_reducer_last_steps(r, steps, 4096);
-            double proj_nv = 0, proj_pc = 0;
-            for (size_t k = 0; k < n_steps && k < 4096; k++) {
-                proj_nv += loom_sim_link_time_us(nvl, steps[k]);
-                proj_pc += loom_sim_link_time_us(pcie, steps[k]);
-            }
-            double us = (double)(t1 - t0) / iters;
-            double algbw = (double)size / (us * 1e-6) / 1e9;
+            double algbw = (double)size / (row->us * 1e-6) / 1e9;
             double busbw = algbw * 2.0 * (n - 1) / n;
             printf("%-9s %2d %10s %10zu %11.1f %9.3f %9.3f %10.1f %10.1f  %-9s %5zu\n",
-                   loom_allreduce_algo_name(algo), n, sz, size / 4, us, algbw, busbw, proj_nv,
-                   proj_pc, loom_allreduce_algo_name(st.last_algo), n_steps);
-            fflush(stdout);
-            loom_ctx_free(vctx);
+                   loom_allreduce_algo_name(o->algos[ai]), n, sz, size / 4, row->us, algbw, busbw,
+                   row->proj_nv, row->proj_pc, loom_allreduce_algo_name(row->used), row->steps);
         }
-        loom_reducer_free(r);
     }
+    fflush(stdout);
+    for (int ai = 0; ai < o->n_algos; ai++)
+        loom_reducer_free(red[ai]);
     for (int j = 0; j < n; j++) {
         loom_buffer_free(buf[j]);
         loom_ctx_free(ctx[j]);
@@ -225,15 +281,14 @@ static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
 }
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: allreduce_bench [--small] [--max-bytes N] [--min-bytes N] "
-            "[--devices 2,4,8] [--algos ring,butterfly,host,auto] [--iters N] "
-            "[--mem-budget N]\n");
+    fprintf(stderr, "usage: allreduce_bench [--small] [--max-bytes N] [--min-bytes N] "
+                    "[--devices 2,4,8] [--algos ring,butterfly,host,auto] [--iters N] [--reps N] "
+                    "[--mem-budget N]\n");
 }
 
 int main(int argc, char **argv) {
-    bench_opts o = {.min_bytes = 4, .max_bytes = (size_t)256 << 20,
-                    .mem_budget = (size_t)6 << 30};
+    bench_opts o = {
+        .min_bytes = 4, .max_bytes = (size_t)256 << 20, .mem_budget = (size_t)6 << 30, .reps = 3};
     o.n_devices = 3;
     o.devices[0] = 2, o.devices[1] = 4, o.devices[2] = 8;
     o.n_algos = 4;
@@ -251,6 +306,8 @@ int main(int argc, char **argv) {
             o.min_bytes = parse_size(v), i++;
         } else if (strcmp(a, "--mem-budget") == 0 && v) {
             o.mem_budget = parse_size(v), i++;
+        } else if (strcmp(a, "--reps") == 0 && v) {
+            o.reps = atoi(v), i++;
         } else if (strcmp(a, "--iters") == 0 && v) {
             o.iters = atoi(v), i++;
         } else if (strcmp(a, "--devices") == 0 && v) {
@@ -263,7 +320,9 @@ int main(int argc, char **argv) {
         }
     }
     if (o.small && !max_given) o.max_bytes = (size_t)1 << 20;
-    if (o.n_devices <= 0 || o.n_algos <= 0 || o.min_bytes < 4 || o.max_bytes < o.min_bytes) {
+    if (o.small && o.reps > 1) o.reps = 1;
+    if (o.n_devices <= 0 || o.n_algos <= 0 || o.min_bytes < 4 || o.max_bytes < o.min_bytes ||
+        o.reps < 1) {
         fprintf(stderr, "allreduce_bench: bad --devices, --algos, --min-bytes or --max-bytes\n");
         usage();
         return 2;
@@ -281,12 +340,13 @@ int main(int argc, char **argv) {
     loom_sim_link_preset("pcie4", &pcie);
 
     printf("# loom allreduce_bench: F32 sum, in place, sim devices; time measured on this "
-           "machine (%d cpus),\n", loom_n_cpus());
+           "machine (%d cpus),\n",
+           loom_n_cpus());
     printf("# projected link time: nvlink %.0f GB/s %.0f us, pcie4 %.0f GB/s %.0f us per "
-           "transfer\n", nvl.bandwidth_gbps, nvl.latency_us, pcie.bandwidth_gbps,
-           pcie.latency_us);
-    printf("#%-8s %2s %10s %10s %11s %9s %9s %10s %10s  %-9s %5s\n", "algo", "n", "size",
-           "count", "time(us)", "algbw", "busbw", "nvlink(us)", "pcie4(us)", "used", "steps");
+           "transfer\n",
+           nvl.bandwidth_gbps, nvl.latency_us, pcie.bandwidth_gbps, pcie.latency_us);
+    printf("#%-8s %2s %10s %10s %11s %9s %9s %10s %10s  %-9s %5s\n", "algo", "n", "size", "count",
+           "time(us)", "algbw", "busbw", "nvlink(us)", "pcie4(us)", "used", "steps");
     printf("#%-8s %2s %10s %10s %11s %9s %9s %10s %10s  %-9s %5s\n", "", "", "(B)", "(f32)",
            "measured", "(GB/s)", "(GB/s)", "projected", "projected", "", "");
     int rc = 0;

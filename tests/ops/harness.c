@@ -125,7 +125,8 @@ void ops_run(const char *case_name, void (*body)(ops_env *e)) {
         if (e->active) ops_end(e);
         m->close(&e->be);
     }
-    for (int i = 0; i < e->n_records; i++) free(e->records[i].v);
+    for (int i = 0; i < e->n_records; i++)
+        free(e->records[i].v);
     free(e->records);
     free(e);
 }
@@ -223,11 +224,15 @@ void ops_fill(ops_env *e, loom_tensor *t, double lo, double hi) {
                 memcpy(dst + 8 * j, &v, 8);
                 break;
             }
-            default: row[j] = (float)ops_randf(e, lo, hi); break;
+            default:
+                row[j] = (float)ops_randf(e, lo, hi);
+                break;
             }
         }
         switch (r->type) {
-        case LOOM_TYPE_F32: memcpy(dst, row, row_bytes); break;
+        case LOOM_TYPE_F32:
+            memcpy(dst, row, row_bytes);
+            break;
         case LOOM_TYPE_F16:
         case LOOM_TYPE_BF16:
             for (int64_t j = 0; j < n0; j++) {
@@ -237,15 +242,18 @@ void ops_fill(ops_env *e, loom_tensor *t, double lo, double hi) {
             }
             break;
         case LOOM_TYPE_Q8_0:
-        case LOOM_TYPE_Q4_0: loom_type_traits_get(r->type)->from_float(row, dst, n0); break;
-        default: break;
+        case LOOM_TYPE_Q4_0:
+            loom_type_traits_get(r->type)->from_float(row, dst, n0);
+            break;
+        default:
+            break;
         }
     }
     free(row);
 }
 
-loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2,
-                     int64_t ne3, ops_layout l) {
+loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                     ops_layout l) {
     if (!e->ctx) return NULL;
     LOOM_ASSERT(e->n_leafs < OPS_MAX_LEAFS);
     LOOM_ASSERT(ops_layout_ok(type, l));
@@ -253,7 +261,9 @@ loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64
     int64_t blck = ops__is_quant(type) ? 32 : 1;
     loom_tensor *leaf = NULL, *v = NULL;
     switch (l) {
-    case OPS_CONTIG: v = leaf = loom_new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3); break;
+    case OPS_CONTIG:
+        v = leaf = loom_new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3);
+        break;
     case OPS_PADDED:
         leaf = loom_new_tensor_4d(ctx, type, ne0 + 2 * blck, ne1, ne2, ne3);
         if (leaf)
@@ -272,7 +282,8 @@ loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64
         leaf = loom_new_tensor_4d(ctx, type, ne1, ne3, ne0, ne2);
         v = loom_permute(ctx, leaf, 1, 3, 0, 2);
         break;
-    default: break;
+    default:
+        break;
     }
     if (!leaf || !v) {
         OPS_FAIL(e, "making a %s source: %s", ops_layout_name(l), loom_last_error());
@@ -297,8 +308,7 @@ loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64
     return v;
 }
 
-void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3,
-             double v) {
+void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, double v) {
     size_t off;
     ops_leaf *l = t ? ops__leaf_of(e, t, &off) : NULL;
     if (!l) return;
@@ -312,8 +322,8 @@ void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int
     }
     case LOOM_TYPE_F16:
     case LOOM_TYPE_BF16: {
-        uint16_t h = t->type == LOOM_TYPE_F16 ? loom_fp32_to_fp16((float)v)
-                                              : loom_fp32_to_bf16((float)v);
+        uint16_t h =
+            t->type == LOOM_TYPE_F16 ? loom_fp32_to_fp16((float)v) : loom_fp32_to_bf16((float)v);
         memcpy(p, &h, 2);
         break;
     }
@@ -327,7 +337,8 @@ void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int
         memcpy(p, &x, 8);
         break;
     }
-    default: LOOM_ASSERT(!"ops_set: unsupported type");
+    default:
+        LOOM_ASSERT(!"ops_set: unsupported type");
     }
 }
 
@@ -495,17 +506,19 @@ void ops_check_as(ops_env *e, loom_tensor *out, loom_type out_type, const ref_te
         if (rec) rec->v[k] = gv;
         double t = exact ? 0 : tol.atol + tol.rtol * fabs(ev) + (tol.elem ? tol.elem[k] : 0);
         bool ok;
-        if (isnan(ev)) ok = isnan(gv);
-        else if (isinf(ev)) ok = gv == ev;
-        else ok = fabs(gv - ev) <= t;
+        if (isnan(ev))
+            ok = isnan(gv);
+        else if (isinf(ev))
+            ok = gv == ev;
+        else
+            ok = fabs(gv - ev) <= t;
         if (ok) continue;
         double ratio = t > 0 ? fabs(gv - ev) / t : INFINITY;
         if (bad == 0 || ratio > worst || isnan(ratio)) {
             worst = ratio;
             snprintf(first, sizeof first,
                      "worst at (%lld, %lld, %lld, %lld): got %.9g, expected %.9g, tol %.3g",
-                     (long long)i[0], (long long)i[1], (long long)i[2], (long long)i[3], gv, ev,
-                     t);
+                     (long long)i[0], (long long)i[1], (long long)i[2], (long long)i[3], gv, ev, t);
         }
         bad++;
     }
@@ -524,8 +537,10 @@ void ops_check_as(ops_env *e, loom_tensor *out, loom_type out_type, const ref_te
             double d = fabs(gv - ev);
             if (!isfinite(d)) continue;
             maxerr = fmax(maxerr, d);
-            if (t > 0) used = fmax(used, d / t);
-            else if (d > 0) used = INFINITY;
+            if (t > 0)
+                used = fmax(used, d / t);
+            else if (d > 0)
+                used = INFINITY;
         }
         fprintf(stderr, "[%s] %s: max err %.3g, %.1f%% of tolerance\n", e->be.label, e->label,
                 maxerr, 100 * used);
@@ -540,8 +555,10 @@ void ops_check(ops_env *e, loom_tensor *out, const ref_tensor *exp, ops_tol tol)
 void ops_end(ops_env *e) {
     loom_buffer_free(e->buf);
     loom_ctx_free(e->ctx);
-    for (int i = 0; i < e->n_leafs; i++) free(e->leafs[i].host);
-    for (int i = 0; i < e->n_allocs; i++) free(e->allocs[i]);
+    for (int i = 0; i < e->n_leafs; i++)
+        free(e->leafs[i].host);
+    for (int i = 0; i < e->n_allocs; i++)
+        free(e->allocs[i]);
     e->buf = NULL;
     e->ctx = NULL;
     e->n_leafs = e->n_allocs = e->n_outputs = 0;

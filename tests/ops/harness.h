@@ -45,8 +45,8 @@ typedef struct ops_env ops_env;
 typedef struct ops_backend {
     loom_backend_t backend;
     loom_buft_t buft;
-    void *priv;      /* the mode's own state (a sim reg) */
-    char label[64];  /* "cpu x3", "sim" */
+    void *priv;     /* the mode's own state (a sim reg) */
+    char label[64]; /* "cpu x3", "sim" */
 } ops_backend;
 
 typedef struct ops_mode {
@@ -72,7 +72,9 @@ void ops_run(const char *case_name, void (*body)(ops_env *e));
 
 #define OPS_CASE(name)                                                                             \
     static void ops_case_##name(ops_env *e);                                                       \
-    LOOM_TEST(ops, name) { ops_run(#name, ops_case_##name); }                                      \
+    LOOM_TEST(ops, name) {                                                                         \
+        ops_run(#name, ops_case_##name);                                                           \
+    }                                                                                              \
     static void ops_case_##name(ops_env *e)
 
 /* ---------------------------------------------------------------- one graph */
@@ -95,14 +97,13 @@ void ops_begin(ops_env *e, const char *fmt, ...) __attribute__((format(printf, 2
 loom_ctx *ops_ctx(ops_env *e);
 /* A source of shape ne in layout l, backed by a leaf filled uniformly in [-1, 1) (integer
  * types: 0). Returns the leaf (OPS_CONTIG) or a view of it. */
-loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2,
-                     int64_t ne3, ops_layout l);
+loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3,
+                     ops_layout l);
 /* Refills the leaf under t: floats uniform in [lo, hi), integer types uniform integers in
  * [lo, hi). */
 void ops_fill(ops_env *e, loom_tensor *t, double lo, double hi);
 /* Sets one element of t (through t's strides) on the host: F32/F16/BF16/I32/I64. */
-void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3,
-             double v);
+void ops_set(ops_env *e, loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, double v);
 /* Host view of t's input data (t a leaf or a view of one). */
 ref_tensor ops_ref(ops_env *e, loom_tensor *t);
 /* Deterministic random numbers for this run (replayed identically in replay modes). */

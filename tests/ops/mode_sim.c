@@ -17,8 +17,8 @@ static bool ops_sim_open(int config, ops_backend *out) {
     loom_reg_t reg = NULL;
     loom_status st = loom_sim_reg_new_from_spec(OPS_SIM_SPEC, &reg);
     if (st != LOOM_OK || !reg) {
-        loom_test_fail(__FILE__, __LINE__, "loom_sim_reg_new_from_spec(\"%s\"): %s",
-                       OPS_SIM_SPEC, loom_last_error());
+        loom_test_fail(__FILE__, __LINE__, "loom_sim_reg_new_from_spec(\"%s\"): %s", OPS_SIM_SPEC,
+                       loom_last_error());
         return false;
     }
     loom_dev_t dev = loom_reg_dev_get(reg, 0);

@@ -16,7 +16,8 @@
 /* Whether this CPU can run the path at all (if not, the target's cases are skipped). */
 static bool ops_simd_available(const char *path) {
     __builtin_cpu_init();
-    if (!strcmp(path, "avx2")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!strcmp(path, "avx2"))
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (!strcmp(path, "avx512")) return __builtin_cpu_supports("avx512f");
     return true;
 }

@@ -19,23 +19,34 @@ static int64_t ref__blck(loom_type type) {
 
 static size_t ref__type_size(loom_type type) {
     switch (type) {
-    case LOOM_TYPE_F32: return 4;
-    case LOOM_TYPE_F16: return 2;
-    case LOOM_TYPE_BF16: return 2;
-    case LOOM_TYPE_Q8_0: return 2 + 32;
-    case LOOM_TYPE_Q4_0: return 2 + 16;
-    case LOOM_TYPE_I8: return 1;
-    case LOOM_TYPE_I16: return 2;
-    case LOOM_TYPE_I32: return 4;
-    case LOOM_TYPE_I64: return 8;
-    default: abort();
+    case LOOM_TYPE_F32:
+        return 4;
+    case LOOM_TYPE_F16:
+        return 2;
+    case LOOM_TYPE_BF16:
+        return 2;
+    case LOOM_TYPE_Q8_0:
+        return 2 + 32;
+    case LOOM_TYPE_Q4_0:
+        return 2 + 16;
+    case LOOM_TYPE_I8:
+        return 1;
+    case LOOM_TYPE_I16:
+        return 2;
+    case LOOM_TYPE_I32:
+        return 4;
+    case LOOM_TYPE_I64:
+        return 8;
+    default:
+        abort();
     }
 }
 
 ref_tensor ref_contiguous(loom_type type, const int64_t ne[4], void *data) {
     ref_tensor t;
     t.type = type;
-    for (int i = 0; i < 4; i++) t.ne[i] = ne[i];
+    for (int i = 0; i < 4; i++)
+        t.ne[i] = ne[i];
     t.nb[0] = ref__type_size(type);
     t.nb[1] = t.nb[0] * (size_t)(ne[0] / ref__blck(type));
     t.nb[2] = t.nb[1] * (size_t)ne[1];
@@ -60,8 +71,7 @@ void ref_unravel(const int64_t ne[4], int64_t k, int64_t idx[4]) {
     }
 }
 
-static const char *ref__at(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2,
-                           int64_t i3) {
+static const char *ref__at(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     return (const char *)t->data + (size_t)(i0 / ref__blck(t->type)) * t->nb[0] +
            (size_t)i1 * t->nb[1] + (size_t)i2 * t->nb[2] + (size_t)i3 * t->nb[3];
 }
@@ -86,7 +96,8 @@ double ref_get(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t 
         loom_type_traits_get(t->type)->to_float(p, blk, 32);
         return blk[i0 % 32];
     }
-    case LOOM_TYPE_I8: return *(const int8_t *)p;
+    case LOOM_TYPE_I8:
+        return *(const int8_t *)p;
     case LOOM_TYPE_I16: {
         int16_t v;
         memcpy(&v, p, sizeof v);
@@ -102,7 +113,8 @@ double ref_get(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t 
         memcpy(&v, p, sizeof v);
         return (double)v;
     }
-    default: abort();
+    default:
+        abort();
     }
 }
 
@@ -112,11 +124,13 @@ void ref_get_row(const ref_tensor *t, int64_t i1, int64_t i2, int64_t i3, double
         for (int64_t b = 0; b < t->ne[0] / 32; b++) {
             float blk[32];
             tr->to_float(ref__at(t, b * 32, i1, i2, i3), blk, 32);
-            for (int j = 0; j < 32; j++) row[b * 32 + j] = blk[j];
+            for (int j = 0; j < 32; j++)
+                row[b * 32 + j] = blk[j];
         }
         return;
     }
-    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) row[i0] = ref_get(t, i0, i1, i2, i3);
+    for (int64_t i0 = 0; i0 < t->ne[0]; i0++)
+        row[i0] = ref_get(t, i0, i1, i2, i3);
 }
 
 void ref_set(ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, double v) {
@@ -137,7 +151,8 @@ void ref_set(ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, doub
         memcpy(p, &x, sizeof x);
         return;
     }
-    default: abort();
+    default:
+        abort();
     }
 }
 
@@ -157,21 +172,25 @@ void ref_convert_tol(loom_type type, const double *x, int64_t n, double *tol) {
     switch (type) {
     case LOOM_TYPE_F16:
         /* half an ulp: 2^-11 relative for normal values, 2^-25 for subnormals */
-        for (int64_t i = 0; i < n; i++) tol[i] = fabs(x[i]) * 0x1p-11 + 0x1p-25;
+        for (int64_t i = 0; i < n; i++)
+            tol[i] = fabs(x[i]) * 0x1p-11 + 0x1p-25;
         return;
     case LOOM_TYPE_BF16:
         /* 8 significant bits: half an ulp is 2^-8 relative */
-        for (int64_t i = 0; i < n; i++) tol[i] = fabs(x[i]) * 0x1p-8 + 1e-38;
+        for (int64_t i = 0; i < n; i++)
+            tol[i] = fabs(x[i]) * 0x1p-8 + 1e-38;
         return;
     case LOOM_TYPE_Q8_0:
         for (int64_t b = 0; b < n / 32; b++) {
             double amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(x[b * 32 + j]));
+            for (int j = 0; j < 32; j++)
+                amax = fmax(amax, fabs(x[b * 32 + j]));
             double d = amax / 127;
             /* rounding to the nearest step d/2, plus |q| <= 127 times the fp16 rounding of
              * d (2^-11 relative); a little slack for the float reciprocal */
             double t = (d * 0.5 + 127 * d * 0x1p-11) * (1 + 1e-5) + 1e-30;
-            for (int j = 0; j < 32; j++) tol[b * 32 + j] = t;
+            for (int j = 0; j < 32; j++)
+                tol[b * 32 + j] = t;
         }
         return;
     case LOOM_TYPE_Q4_0:
@@ -195,7 +214,8 @@ void ref_convert_tol(loom_type type, const double *x, int64_t n, double *tol) {
         }
         return;
     default:
-        for (int64_t i = 0; i < n; i++) tol[i] = 0;
+        for (int64_t i = 0; i < n; i++)
+            tol[i] = 0;
         return;
     }
 }
@@ -212,7 +232,8 @@ double ref_alibi_slope(int h, int n_head, float max_bias) {
 
 void ref_copy(const ref_tensor *a, ref_tensor *dst) {
     int64_t n = ref_nelements(a);
-    for (int64_t k = 0; k < n; k++) ref__set_lin(dst, k, ref__get_lin(a, k));
+    for (int64_t k = 0; k < n; k++)
+        ref__set_lin(dst, k, ref__get_lin(a, k));
 }
 
 #define REF_FOR_EACH(t, i0, i1, i2, i3)                                                            \
@@ -230,8 +251,7 @@ void ref_binary(ref_binary_op op, const ref_tensor *a, const ref_tensor *b, ref_
     }
 }
 
-void ref_add_id(const ref_tensor *a, const ref_tensor *b, const ref_tensor *ids,
-                ref_tensor *dst) {
+void ref_add_id(const ref_tensor *a, const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst) {
     REF_FOR_EACH(a, i0, u, t, i3) {
         int64_t e = (int64_t)ref_get(ids, u, t, 0, 0);
         ref_set(dst, i0, u, t, i3, ref_get(a, i0, u, t, i3) + ref_get(b, i0, e, 0, 0));
@@ -239,7 +259,8 @@ void ref_add_id(const ref_tensor *a, const ref_tensor *b, const ref_tensor *ids,
 }
 
 void ref_scale(const ref_tensor *a, double s, double bias, ref_tensor *dst) {
-    REF_FOR_EACH(a, i0, i1, i2, i3) ref_set(dst, i0, i1, i2, i3, ref_get(a, i0, i1, i2, i3) * s + bias);
+    REF_FOR_EACH(a, i0, i1, i2, i3)
+    ref_set(dst, i0, i1, i2, i3, ref_get(a, i0, i1, i2, i3) * s + bias);
 }
 
 void ref_sqr(const ref_tensor *a, ref_tensor *dst) {
@@ -255,11 +276,14 @@ void ref_sqrt(const ref_tensor *a, ref_tensor *dst) {
 
 double ref_unary_scalar(loom_unary_op op, double x) {
     switch (op) {
-    case LOOM_UNARY_SILU: return x / (1 + exp(-x));
+    case LOOM_UNARY_SILU:
+        return x / (1 + exp(-x));
     case LOOM_UNARY_GELU:
         return 0.5 * x * (1 + tanh(sqrt(2 / REF_PI) * (x + 0.044715 * x * x * x)));
-    case LOOM_UNARY_RELU: return x > 0 ? x : 0;
-    default: abort();
+    case LOOM_UNARY_RELU:
+        return x > 0 ? x : 0;
+    default:
+        abort();
     }
 }
 
@@ -317,7 +341,8 @@ void ref_mean(const ref_tensor *a, ref_tensor *dst) {
         for (int64_t i2 = 0; i2 < a->ne[2]; i2++)
             for (int64_t i1 = 0; i1 < a->ne[1]; i1++) {
                 double s = 0;
-                for (int64_t i0 = 0; i0 < a->ne[0]; i0++) s += ref_get(a, i0, i1, i2, i3);
+                for (int64_t i0 = 0; i0 < a->ne[0]; i0++)
+                    s += ref_get(a, i0, i1, i2, i3);
                 ref_set(dst, 0, i1, i2, i3, s / (double)a->ne[0]);
             }
 }
@@ -346,13 +371,16 @@ static void ref__norm(const ref_tensor *a, double eps, bool rms, ref_tensor *dst
                 ref_get_row(a, i1, i2, i3, x);
                 double mean = 0, var = 0;
                 if (!rms) {
-                    for (int64_t i = 0; i < n; i++) mean += x[i];
+                    for (int64_t i = 0; i < n; i++)
+                        mean += x[i];
                     mean /= (double)n;
                 }
-                for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
+                for (int64_t i = 0; i < n; i++)
+                    var += (x[i] - mean) * (x[i] - mean);
                 var /= (double)n;
                 double inv = 1 / sqrt(var + eps);
-                for (int64_t i = 0; i < n; i++) ref_set(dst, i, i1, i2, i3, (x[i] - mean) * inv);
+                for (int64_t i = 0; i < n; i++)
+                    ref_set(dst, i, i1, i2, i3, (x[i] - mean) * inv);
             }
     free(x);
 }
@@ -394,7 +422,8 @@ void ref_mul_mat(const ref_tensor *a, const ref_tensor *b, ref_tensor *dst, doub
     double *brow = malloc(sizeof(double) * (size_t)K);
     for (int64_t i3 = 0; i3 < b->ne[3]; i3++)
         for (int64_t i2 = 0; i2 < b->ne[2]; i2++) {
-            for (int64_t m = 0; m < M; m++) ref_get_row(a, m, i2 / r2, i3 / r3, arows + m * K);
+            for (int64_t m = 0; m < M; m++)
+                ref_get_row(a, m, i2 / r2, i3 / r3, arows + m * K);
             for (int64_t n = 0; n < N; n++) {
                 ref_get_row(b, n, i2, i3, brow);
                 for (int64_t m = 0; m < M; m++) {
@@ -439,8 +468,7 @@ void ref_get_rows(const ref_tensor *a, const ref_tensor *ids, ref_tensor *dst) {
     }
 }
 
-void ref_set_rows(const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst,
-                  uint8_t *written) {
+void ref_set_rows(const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst, uint8_t *written) {
     int64_t R = dst->ne[1], D2 = dst->ne[2], D3 = dst->ne[3];
     int64_t X = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
     if (written) memset(written, 0, (size_t)(R * D2 * D3));
@@ -479,8 +507,10 @@ void ref_soft_max(const ref_tensor *a, const ref_tensor *mask, const ref_tensor 
                     za = fmax(za, fabs(s));
                 }
                 double sum = sinks ? exp(s - m) : 0;
-                for (int64_t i = 0; i < n; i++) sum += exp(z[i] - m);
-                for (int64_t i = 0; i < n; i++) ref_set(dst, i, i1, i2, i3, exp(z[i] - m) / sum);
+                for (int64_t i = 0; i < n; i++)
+                    sum += exp(z[i] - m);
+                for (int64_t i = 0; i < n; i++)
+                    ref_set(dst, i, i1, i2, i3, exp(z[i] - m) / sum);
                 if (zmax) zmax[r] = za;
             }
     free(z);
@@ -539,19 +569,23 @@ void ref_flash_attn_ext(const ref_tensor *q, const ref_tensor *k, const ref_tens
                     sink = ref_get(sinks, h, 0, 0, 0);
                     m = fmax(m, sink);
                 }
-                for (int64_t d = 0; d < Dv; d++) acc[d] = 0;
+                for (int64_t d = 0; d < Dv; d++)
+                    acc[d] = 0;
                 if (m > -INFINITY) {
                     double sum = sinks ? exp(sink - m) : 0;
                     for (int64_t i = 0; i < Nkv; i++) {
                         double w = exp(z[i] - m);
                         sum += w;
                         if (w == 0) continue;
-                        for (int64_t d = 0; d < Dv; d++) acc[d] += w * ref_get(v, d, i, hk, s);
+                        for (int64_t d = 0; d < Dv; d++)
+                            acc[d] += w * ref_get(v, d, i, hk, s);
                     }
-                    for (int64_t d = 0; d < Dv; d++) acc[d] /= sum;
+                    for (int64_t d = 0; d < Dv; d++)
+                        acc[d] /= sum;
                 }
                 /* all z -INF and no sink: the docs define the output as 0 */
-                for (int64_t d = 0; d < Dv; d++) ref_set(dst, d, h, j, s, acc[d]);
+                for (int64_t d = 0; d < Dv; d++)
+                    ref_set(dst, d, h, j, s, acc[d]);
                 if (zabs) zabs[h + H * (j + Nq * s)] = za;
             }
     free(z);
@@ -597,7 +631,8 @@ static void ref__sorted(const ref_tensor *a, bool desc, int64_t keep, ref_tensor
             for (int64_t i1 = 0; i1 < a->ne[1]; i1++) {
                 ref_get_row(a, i1, i2, i3, x);
                 ref__sort_row(x, n, desc, idx);
-                for (int64_t i = 0; i < keep; i++) ref_set(dst, i, i1, i2, i3, (double)idx[i]);
+                for (int64_t i = 0; i < keep; i++)
+                    ref_set(dst, i, i1, i2, i3, (double)idx[i]);
             }
     free(x);
     free(idx);

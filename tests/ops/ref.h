@@ -63,8 +63,7 @@ void ref_copy(const ref_tensor *a, ref_tensor *dst);
 
 typedef enum ref_binary_op { REF_ADD, REF_SUB, REF_MUL, REF_DIV } ref_binary_op;
 void ref_binary(ref_binary_op op, const ref_tensor *a, const ref_tensor *b, ref_tensor *dst);
-void ref_add_id(const ref_tensor *a, const ref_tensor *b, const ref_tensor *ids,
-                ref_tensor *dst);
+void ref_add_id(const ref_tensor *a, const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst);
 void ref_scale(const ref_tensor *a, double s, double bias, ref_tensor *dst);
 void ref_sqr(const ref_tensor *a, ref_tensor *dst);
 void ref_sqrt(const ref_tensor *a, ref_tensor *dst);
@@ -95,8 +94,7 @@ void ref_get_rows(const ref_tensor *a, const ref_tensor *ids, ref_tensor *dst);
 /* dst (F32, dst's shape) starts as the decoded initial content of the destination; the
  * rows SET_ROWS writes are overwritten with b's values. written (optional, one per row
  * of dst) is set to 1 for every row written, 0 otherwise. */
-void ref_set_rows(const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst,
-                  uint8_t *written);
+void ref_set_rows(const ref_tensor *b, const ref_tensor *ids, ref_tensor *dst, uint8_t *written);
 
 /* mask, sinks optional (NULL). zmax (optional, one per row): max |z| of finite z. */
 void ref_soft_max(const ref_tensor *a, const ref_tensor *mask, const ref_tensor *sinks,

@@ -14,15 +14,14 @@
 
 typedef struct sm_variant {
     int64_t ne0, ne1, ne2, ne3;
-    int mask;     /* 0 none, 1 F32, 2 F16 */
+    int mask;                  /* 0 none, 1 F32, 2 F16 */
     int64_t M2, M3, mask_rows; /* mask [ne0, mask_rows >= ne1, M2, M3] */
     bool sinks;
     float scale, max_bias;
 } sm_variant;
 
 static const sm_variant k_sm_variants[] = {
-    {1, 3, 2, 1, 0, 1, 1, 0, false, 1.0f, 0.0f},
-    {7, 3, 2, 2, 0, 1, 1, 0, false, 0.7f, 0.0f},
+    {1, 3, 2, 1, 0, 1, 1, 0, false, 1.0f, 0.0f},     {7, 3, 2, 2, 0, 1, 1, 0, false, 0.7f, 0.0f},
     {33, 4, 3, 1, 1, 1, 1, 7, false, 0.125f, 0.0f},  /* F32 mask, padded rows */
     {67, 5, 2, 2, 2, 2, 1, 5, false, 1.0f, 0.0f},    /* F16 mask per head */
     {130, 3, 5, 1, 1, 1, 1, 4, false, 0.5f, 8.0f},   /* ALiBi, 5 heads (m1 branch) */
@@ -37,19 +36,22 @@ OPS_CASE(soft_max) {
     for (int iv = 0; iv < nv; iv++) {
         sm_variant s = k_sm_variants[iv];
         ops_layout la = (ops_layout)(iv % OPS_LAYOUT_COUNT);
-        ops_begin(e, "soft_max [%lld,%lld,%lld,%lld] %s mask=%s[%lld,%lld,%lld] sinks=%d "
+        ops_begin(e,
+                  "soft_max [%lld,%lld,%lld,%lld] %s mask=%s[%lld,%lld,%lld] sinks=%d "
                   "scale=%g max_bias=%g",
                   (long long)s.ne0, (long long)s.ne1, (long long)s.ne2, (long long)s.ne3,
-                  ops_layout_name(la), s.mask == 0 ? "none" : s.mask == 1 ? "f32" : "f16",
-                  (long long)s.mask_rows, (long long)s.M2, (long long)s.M3, s.sinks,
-                  s.scale, s.max_bias);
+                  ops_layout_name(la),
+                  s.mask == 0   ? "none"
+                  : s.mask == 1 ? "f32"
+                                : "f16",
+                  (long long)s.mask_rows, (long long)s.M2, (long long)s.M3, s.sinks, s.scale,
+                  s.max_bias);
         loom_tensor *a = ops_src(e, LOOM_TYPE_F32, s.ne0, s.ne1, s.ne2, s.ne3, la);
         ops_fill(e, a, -4, 4);
         loom_tensor *mask = NULL, *sinks = NULL;
         if (s.mask) {
             loom_type mt = s.mask == 1 ? LOOM_TYPE_F32 : LOOM_TYPE_F16;
-            mask = ops_src(e, mt, s.ne0, s.mask_rows, s.M2, s.M3,
-                           iv % 2 ? OPS_PADDED : OPS_CONTIG);
+            mask = ops_src(e, mt, s.ne0, s.mask_rows, s.M2, s.M3, iv % 2 ? OPS_PADDED : OPS_CONTIG);
             ops_fill(e, mask, -2, 1);
             /* about a quarter -INF, never a whole row (a fully masked row without a sink
              * is 0/0, which the docs leave undefined) */
@@ -57,10 +59,12 @@ OPS_CASE(soft_max) {
                 for (int64_t i2 = 0; i2 < s.M2; i2++)
                     for (int64_t i1 = 0; i1 < s.mask_rows; i1++)
                         for (int64_t i0 = 1; i0 < s.ne0; i0++)
-                            if (ops_randi(e, 0, 4) == 0) ops_set(e, mask, i0, i1, i2, i3, -INFINITY);
+                            if (ops_randi(e, 0, 4) == 0)
+                                ops_set(e, mask, i0, i1, i2, i3, -INFINITY);
             /* with sinks, one fully masked row: every output 0 */
             if (s.sinks)
-                for (int64_t i0 = 0; i0 < s.ne0; i0++) ops_set(e, mask, i0, 1, 0, 0, -INFINITY);
+                for (int64_t i0 = 0; i0 < s.ne0; i0++)
+                    ops_set(e, mask, i0, 1, 0, 0, -INFINITY);
         }
         if (s.sinks) {
             sinks = ops_src(e, LOOM_TYPE_F32, s.ne2, 1, 1, 1, OPS_CONTIG);
@@ -120,9 +124,8 @@ OPS_CASE(rope) {
         rope_variant r = k_rope_variants[iv];
         ops_layout la = iv % 3 == 0 ? OPS_CONTIG : iv % 3 == 1 ? OPS_PERM12 : OPS_PADDED;
         ops_begin(e, "rope %s D=%lld H=%lld T=%lld n_dims=%d ff=%d base=%g scale=%g a %s",
-                  r.mode == LOOM_ROPE_TYPE_NEOX ? "neox" : "normal", (long long)r.D,
-                  (long long)r.H, (long long)r.T, r.n_dims, r.ff, r.freq_base, r.freq_scale,
-                  ops_layout_name(la));
+                  r.mode == LOOM_ROPE_TYPE_NEOX ? "neox" : "normal", (long long)r.D, (long long)r.H,
+                  (long long)r.T, r.n_dims, r.ff, r.freq_base, r.freq_scale, ops_layout_name(la));
         loom_tensor *a = ops_src(e, LOOM_TYPE_F32, r.D, r.H, r.T, 1, la);
         loom_tensor *pos = ops_src(e, LOOM_TYPE_I32, r.T, 1, 1, 1, OPS_CONTIG);
         ops_fill(e, pos, 0, 48);
@@ -131,8 +134,8 @@ OPS_CASE(rope) {
             ff = ops_src(e, LOOM_TYPE_F32, r.n_dims / 2, 1, 1, 1, OPS_CONTIG);
             ops_fill(e, ff, 0.5, 2);
         }
-        loom_tensor *out = loom_rope_ext(ops_ctx(e), a, pos, ff, r.n_dims, r.mode, r.freq_base,
-                                         r.freq_scale);
+        loom_tensor *out =
+            loom_rope_ext(ops_ctx(e), a, pos, ff, r.n_dims, r.mode, r.freq_base, r.freq_scale);
         if (ops_compute(e, out)) {
             LOOM_CHECK_EQ_INT(loom_get_op_params_i32(out, 0), r.n_dims);
             LOOM_CHECK_EQ_INT(loom_get_op_params_i32(out, 1), r.mode);
@@ -141,8 +144,7 @@ OPS_CASE(rope) {
             ref_tensor ra = ops_ref(e, a), rp = ops_ref(e, pos), rf;
             if (ff) rf = ops_ref(e, ff);
             ref_tensor exp = ops_expect(e, LOOM_TYPE_F32, r.D, r.H, r.T, 1);
-            ref_rope(&ra, &rp, ff ? &rf : NULL, r.n_dims, r.mode, r.freq_base, r.freq_scale,
-                     &exp);
+            ref_rope(&ra, &rp, ff ? &rf : NULL, r.n_dims, r.mode, r.freq_base, r.freq_scale, &exp);
             /* Per pair i, theta_i may be computed in float by i repeated products
              * (relative error ~ (i + 4) u, so absolute theta_i (i + 4) u); the rotation
              * moves each output by |x0| + |x1| times that angle error, plus a few u for
@@ -154,11 +156,12 @@ OPS_CASE(rope) {
                 for (int64_t h = 0; h < r.H; h++)
                     for (int i = 0; i < r.n_dims / 2; i++) {
                         double f = ff ? ref_get(&rf, i, 0, 0, 0) : 1.0;
-                        double theta = fabs(p) * r.freq_scale *
-                                       pow(r.freq_base, -2.0 * i / r.n_dims) / f;
+                        double theta =
+                            fabs(p) * r.freq_scale * pow(r.freq_base, -2.0 * i / r.n_dims) / f;
                         int64_t j0 = r.mode == LOOM_ROPE_TYPE_NEOX ? i : 2 * i;
                         int64_t j1 = r.mode == LOOM_ROPE_TYPE_NEOX ? i + r.n_dims / 2 : 2 * i + 1;
-                        double mag = fabs(ref_get(&ra, j0, h, t, 0)) + fabs(ref_get(&ra, j1, h, t, 0));
+                        double mag =
+                            fabs(ref_get(&ra, j0, h, t, 0)) + fabs(ref_get(&ra, j1, h, t, 0));
                         double tl = mag * (2 * theta * (i + 4) * REF_U + 8 * REF_U) + 1e-7;
                         tol[j0 + r.D * (h + r.H * t)] = tl;
                         tol[j1 + r.D * (h + r.H * t)] = tl;
@@ -175,9 +178,9 @@ OPS_CASE(rope) {
 typedef struct fa_variant {
     int64_t D, Dv, Nq, Nkv, H, Hk, S;
     loom_type tk, tv;
-    int mask;             /* 0 none, 1 F32, 2 F16 */
+    int mask; /* 0 none, 1 F32, 2 F16 */
     bool sinks;
-    bool masked_row;      /* one query row entirely -INF */
+    bool masked_row; /* one query row entirely -INF */
     float max_bias, softcap;
 } fa_variant;
 
@@ -228,14 +231,15 @@ OPS_CASE(flash_attn_ext) {
                 for (int64_t i = f.Nkv - f.Nq + j + 1; i < f.Nkv; i++)
                     ops_set(e, mask, i, j, 0, 0, -INFINITY);
             if (f.masked_row)
-                for (int64_t i = 0; i < f.Nkv; i++) ops_set(e, mask, i, f.Nq / 2, 0, 0, -INFINITY);
+                for (int64_t i = 0; i < f.Nkv; i++)
+                    ops_set(e, mask, i, f.Nq / 2, 0, 0, -INFINITY);
         }
         if (f.sinks) {
             sinks = ops_src(e, LOOM_TYPE_F32, f.H, 1, 1, 1, OPS_CONTIG);
             ops_fill(e, sinks, -1, 2);
         }
-        loom_tensor *out = loom_flash_attn_ext(ops_ctx(e), q, k, v, mask, sinks, scale,
-                                               f.max_bias, f.softcap);
+        loom_tensor *out =
+            loom_flash_attn_ext(ops_ctx(e), q, k, v, mask, sinks, scale, f.max_bias, f.softcap);
         if (ops_compute(e, out)) {
             LOOM_CHECK(loom_get_op_params_f32(out, 0) == scale);
             LOOM_CHECK(loom_get_op_params_f32(out, 1) == f.max_bias);
@@ -266,7 +270,8 @@ OPS_CASE(flash_attn_ext) {
                 double dz = zabs[r] * 2 * (double)(f.D + 2) * REF_U;
                 double acc = (double)(f.Nkv + 16) * 2 * REF_U;
                 double t = vmax * (4 * dz + acc + 16 * REF_U) + 1e-7;
-                for (int64_t d = 0; d < f.Dv; d++) tol[r * f.Dv + d] = t;
+                for (int64_t d = 0; d < f.Dv; d++)
+                    tol[r * f.Dv + d] = t;
             }
             ops_check(e, out, &exp, (ops_tol){.elem = tol});
         }

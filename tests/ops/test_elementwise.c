@@ -30,12 +30,13 @@ static void binary_case(ops_env *e, ref_binary_op op) {
         for (int bs = 0; bs < 4; bs++, v++) {
             int64_t n = k_ne0[in];
             int64_t ne[4] = {n, 3, 2, 2}, nb_[4];
-            for (int d = 0; d < 4; d++) nb_[d] = bshape[bs][d] ? ne[d] : 1;
+            for (int d = 0; d < 4; d++)
+                nb_[d] = bshape[bs][d] ? ne[d] : 1;
             ops_layout la = (ops_layout)(v % OPS_LAYOUT_COUNT);
             ops_layout lb = (ops_layout)((v / 2 + 1) % OPS_LAYOUT_COUNT);
-            ops_begin(e, "%s a[%lld,3,2,2] %s, b[%lld,%lld,%lld,%lld] %s", names[op],
-                      (long long)n, ops_layout_name(la), (long long)nb_[0], (long long)nb_[1],
-                      (long long)nb_[2], (long long)nb_[3], ops_layout_name(lb));
+            ops_begin(e, "%s a[%lld,3,2,2] %s, b[%lld,%lld,%lld,%lld] %s", names[op], (long long)n,
+                      ops_layout_name(la), (long long)nb_[0], (long long)nb_[1], (long long)nb_[2],
+                      (long long)nb_[3], ops_layout_name(lb));
             loom_tensor *a = ops_src(e, LOOM_TYPE_F32, n, 3, 2, 2, la);
             loom_tensor *b = ops_src(e, LOOM_TYPE_F32, nb_[0], nb_[1], nb_[2], nb_[3], lb);
             if (op == REF_DIV) ops_fill(e, b, 0.5, 2.0); /* keep divisors away from 0 */
@@ -99,8 +100,8 @@ OPS_CASE(scale) {
         ops_begin(e, "scale%s n=%lld %s", with_bias ? "_bias" : "", (long long)n,
                   ops_layout_name(l));
         loom_tensor *a = ops_src(e, LOOM_TYPE_F32, n, 5, 3, 1, l);
-        loom_tensor *out = with_bias ? loom_scale_bias(ops_ctx(e), a, s, bias)
-                                     : loom_scale(ops_ctx(e), a, s);
+        loom_tensor *out =
+            with_bias ? loom_scale_bias(ops_ctx(e), a, s, bias) : loom_scale(ops_ctx(e), a, s);
         if (ops_compute(e, out)) {
             /* the documented parameter words: w0 = s, w1 = b */
             LOOM_CHECK(loom_get_op_params_f32(out, 0) == s);
@@ -127,8 +128,10 @@ OPS_CASE(sqr_sqrt) {
             if (ops_compute(e, out)) {
                 ref_tensor ra = ops_ref(e, a);
                 ref_tensor exp = ops_expect(e, LOOM_TYPE_F32, n, 4, 2, 3);
-                if (sq) ref_sqrt(&ra, &exp);
-                else ref_sqr(&ra, &exp);
+                if (sq)
+                    ref_sqrt(&ra, &exp);
+                else
+                    ref_sqr(&ra, &exp);
                 ops_check(e, out, &exp, k_tol_elem);
             }
             ops_end(e);
@@ -148,10 +151,14 @@ OPS_CASE(unary) {
             ops_fill(e, a, -6, 6);
             loom_ctx *ctx = ops_ctx(e);
             loom_tensor *out;
-            if (!named) out = loom_unary(ctx, a, (loom_unary_op)op);
-            else if (op == LOOM_UNARY_SILU) out = loom_silu(ctx, a);
-            else if (op == LOOM_UNARY_GELU) out = loom_gelu(ctx, a);
-            else out = loom_relu(ctx, a);
+            if (!named)
+                out = loom_unary(ctx, a, (loom_unary_op)op);
+            else if (op == LOOM_UNARY_SILU)
+                out = loom_silu(ctx, a);
+            else if (op == LOOM_UNARY_GELU)
+                out = loom_gelu(ctx, a);
+            else
+                out = loom_relu(ctx, a);
             if (ops_compute(e, out)) {
                 LOOM_CHECK_EQ_INT(loom_get_op_params_i32(out, 0), op);
                 ref_tensor ra = ops_ref(e, a);
@@ -260,8 +267,8 @@ static loom_type exp_type(loom_type t) {
 }
 
 OPS_CASE(dup_cont) {
-    static const loom_type types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
-                                      LOOM_TYPE_I32,  LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
+    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16,  LOOM_TYPE_BF16,
+                                      LOOM_TYPE_I32, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
     for (int t = 0; t < 6; t++)
         for (int l = 0; l < OPS_LAYOUT_COUNT; l++)
             for (int op = 0; op < 3; op++) { /* dup, cont, cont_4d */
@@ -347,14 +354,13 @@ OPS_CASE(cpy) {
             int64_t b0 = is_quant(pr.dst) ? (variant == 1 ? 32 : 96) : (variant == 0 ? na : 12);
             if (is_quant(pr.src) && !is_quant(pr.dst)) b0 = variant == 2 ? 3 : 48;
             int64_t b1 = na / b0;
-            ops_layout la = variant == 0 ? OPS_CONTIG
-                            : is_quant(pr.src)
-                                ? OPS_PADDED
-                                : (variant == 1 ? OPS_TRANSPOSED : OPS_SCRAMBLED);
+            ops_layout la = variant == 0       ? OPS_CONTIG
+                            : is_quant(pr.src) ? OPS_PADDED
+                                               : (variant == 1 ? OPS_TRANSPOSED : OPS_SCRAMBLED);
             ops_layout lb = variant == 2 ? OPS_PADDED : OPS_CONTIG;
-            ops_begin(e, "cpy %s -> %s a[%lld,3,2,2] %s -> b[%lld,%lld] %s",
-                      loom_type_name(pr.src), loom_type_name(pr.dst), (long long)a0,
-                      ops_layout_name(la), (long long)b0, (long long)b1, ops_layout_name(lb));
+            ops_begin(e, "cpy %s -> %s a[%lld,3,2,2] %s -> b[%lld,%lld] %s", loom_type_name(pr.src),
+                      loom_type_name(pr.dst), (long long)a0, ops_layout_name(la), (long long)b0,
+                      (long long)b1, ops_layout_name(lb));
             loom_tensor *a = ops_src(e, pr.src, a0, 3, 2, 2, la);
             loom_tensor *b = ops_src(e, pr.dst, b0, b1, 1, 1, lb);
             if (pr.src == LOOM_TYPE_I32) ops_fill(e, a, -1000000, 1000000);
@@ -371,8 +377,10 @@ OPS_CASE(cpy) {
             if (ops_compute(e, out)) {
                 /* the result is a view of b: it writes b's storage */
                 const loom_tensor *ro = out, *rb = b;
-                while (ro->view_src) ro = ro->view_src;
-                while (rb->view_src) rb = rb->view_src;
+                while (ro->view_src)
+                    ro = ro->view_src;
+                while (rb->view_src)
+                    rb = rb->view_src;
                 LOOM_CHECK(ro == rb);
                 ref_tensor ra = ops_ref(e, a);
                 ref_tensor exp = ops_expect(e, exp_type(pr.dst), b0, b1, 1, 1);
@@ -498,8 +506,7 @@ OPS_CASE(views_of_results) {
 OPS_CASE(mul_mat_of_transposed_result) {
     for (int i = 0; i < 2; i++) {
         int64_t K = i ? 67 : 7, M = 5, N = i ? 9 : 1;
-        ops_begin(e, "mul_mat(a, transpose(scale(c))) K=%lld N=%lld", (long long)K,
-                  (long long)N);
+        ops_begin(e, "mul_mat(a, transpose(scale(c))) K=%lld N=%lld", (long long)K, (long long)N);
         loom_ctx *ctx = ops_ctx(e);
         loom_tensor *a = ops_src(e, LOOM_TYPE_F32, K, M, 1, 1, OPS_CONTIG);
         loom_tensor *c = ops_src(e, LOOM_TYPE_F32, N, K, 1, 1, OPS_CONTIG);
@@ -517,7 +524,8 @@ OPS_CASE(mul_mat_of_transposed_result) {
             double *sabs = ops_scratch(e, sizeof(double) * (size_t)(M * N));
             ref_mul_mat(&ra, &bt, &exp, sabs, NULL);
             double *tol = ops_scratch(e, sizeof(double) * (size_t)(M * N));
-            for (int64_t k = 0; k < M * N; k++) tol[k] = 2 * (double)(K + 3) * REF_U * sabs[k];
+            for (int64_t k = 0; k < M * N; k++)
+                tol[k] = 2 * (double)(K + 3) * REF_U * sabs[k];
             ops_check(e, out, &exp, (ops_tol){.elem = tol});
         }
         ops_end(e);

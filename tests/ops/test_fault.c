@@ -75,25 +75,31 @@ enum { K = 64, M = 48, T = 5, H = 4, D = 12 }; /* M = H * D */
 #define SM_SCALE 0.1f
 
 typedef struct inputs {
-    float x[K * T];           /* activations [K, T] */
+    float x[K * T];                /* activations [K, T] */
     uint8_t wq[M * (K / 32) * 34]; /* Q8_0 weights [K, M] */
-    uint16_t wo[M * M];       /* F16 weights [M, M] */
+    uint16_t wo[M * M];            /* F16 weights [M, M] */
     int32_t pos[T];
     float bias[M];
 } inputs;
 
 typedef enum step {
-    STEP_CTX, STEP_BUILD, STEP_GRAPH, STEP_BACKEND, STEP_ALLOC, STEP_COMPUTE, STEP_DONE
+    STEP_CTX,
+    STEP_BUILD,
+    STEP_GRAPH,
+    STEP_BACKEND,
+    STEP_ALLOC,
+    STEP_COMPUTE,
+    STEP_DONE
 } step;
 
-static const char *k_step_names[] = {"ctx_new", "build", "graph", "backend_new", "alloc",
-                                     "compute", "done"};
+static const char *k_step_names[] = {"ctx_new", "build",   "graph", "backend_new",
+                                     "alloc",   "compute", "done"};
 
 typedef struct run_result {
-    step reached;           /* first step that failed, or STEP_DONE */
-    loom_status status;     /* its status */
-    char message[256];      /* loom_last_error() at the failure */
-    float out[M * T];       /* the result when STEP_DONE */
+    step reached;       /* first step that failed, or STEP_DONE */
+    loom_status status; /* its status */
+    char message[256];  /* loom_last_error() at the failure */
+    float out[M * T];   /* the result when STEP_DONE */
 } run_result;
 
 static void record_failure(run_result *r, step s, loom_status st) {
@@ -120,12 +126,12 @@ static void run_pipeline(const inputs *in, run_result *r) {
     loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *bias = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, M);
     loom_tensor *h = loom_rms_norm(ctx, x, 1e-5f);
-    h = loom_mul_mat(ctx, wq, h);                         /* [M, T] */
+    h = loom_mul_mat(ctx, wq, h); /* [M, T] */
     h = loom_reshape_3d(ctx, h, D, H, T);
     h = loom_rope_ext(ctx, h, pos, NULL, D, LOOM_ROPE_TYPE_NEOX, 10000.0f, 1.0f);
     h = loom_reshape_2d(ctx, h, M, T);
     h = loom_soft_max_ext(ctx, h, NULL, NULL, SM_SCALE, 0.0f);
-    h = loom_mul_mat(ctx, wo, h);                         /* [M, T] */
+    h = loom_mul_mat(ctx, wo, h); /* [M, T] */
     h = loom_add(ctx, h, bias);
     loom_tensor *out = h;
     if (!out) {
@@ -193,9 +199,11 @@ static void reference(const inputs *in, double *out, double *tol) {
     ref_mul_mat(&wq, &n, &h1, NULL, q8);
     for (int t = 0; t < T; t++) {
         double e1 = 0;
-        for (int m = 0; m < M; m++) e1 = fmax(e1, q8[m + M * t]);
+        for (int m = 0; m < M; m++)
+            e1 = fmax(e1, q8[m + M * t]);
         double dz = SM_SCALE * 2 * e1;
-        for (int m = 0; m < M; m++) tol[m + M * t] = expm1(2 * dz) + 1e-4;
+        for (int m = 0; m < M; m++)
+            tol[m + M * t] = expm1(2 * dz) + 1e-4;
     }
     ref_tensor h1r = ref_contiguous(LOOM_TYPE_F32, ne_r, b1);
     ref_tensor h2r = ref_contiguous(LOOM_TYPE_F32, ne_r, b2);
@@ -204,7 +212,8 @@ static void reference(const inputs *in, double *out, double *tol) {
     ref_soft_max(&h2, NULL, NULL, SM_SCALE, 0.0f, &h1, NULL);
     ref_mul_mat(&wo, &h1, &h2, NULL, NULL);
     ref_binary(REF_ADD, &h2, &bias, &h1);
-    for (int i = 0; i < M * T; i++) out[i] = b1[i];
+    for (int i = 0; i < M * T; i++)
+        out[i] = b1[i];
     free(b0);
     free(b1);
     free(b2);
@@ -212,21 +221,26 @@ static void reference(const inputs *in, double *out, double *tol) {
 
 static void make_inputs(inputs *in) {
     float w[K];
-    for (int i = 0; i < K * T; i++) in->x[i] = loom_test_randf(-1, 1);
+    for (int i = 0; i < K * T; i++)
+        in->x[i] = loom_test_randf(-1, 1);
     for (int m = 0; m < M; m++) {
-        for (int k = 0; k < K; k++) w[k] = loom_test_randf(-1, 1);
+        for (int k = 0; k < K; k++)
+            w[k] = loom_test_randf(-1, 1);
         loom_type_traits_get(LOOM_TYPE_Q8_0)->from_float(w, in->wq + (size_t)m * (K / 32) * 34, K);
     }
-    for (int i = 0; i < M * M; i++) in->wo[i] = loom_fp32_to_fp16(loom_test_randf(-1, 1));
-    for (int t = 0; t < T; t++) in->pos[t] = (int32_t)(loom_test_rand() % 64);
-    for (int i = 0; i < M; i++) in->bias[i] = loom_test_randf(-1, 1);
+    for (int i = 0; i < M * M; i++)
+        in->wo[i] = loom_fp32_to_fp16(loom_test_randf(-1, 1));
+    for (int t = 0; t < T; t++)
+        in->pos[t] = (int32_t)(loom_test_rand() % 64);
+    for (int i = 0; i < M; i++)
+        in->bias[i] = loom_test_randf(-1, 1);
 }
 
 /* A failure must say what went wrong: an out-of-memory status and a message. */
 static void check_failure(const run_result *r, long n, bool persistent) {
     bool oom = r->status == LOOM_ERR_NOMEM || r->status == LOOM_ERR_DEVICE_OOM;
-    LOOM_CHECK_MSG(oom, "fail_at=%ld%s: %s failed with status %d (%s), expected out of memory",
-                   n, persistent ? "+" : "", k_step_names[r->reached], (int)r->status,
+    LOOM_CHECK_MSG(oom, "fail_at=%ld%s: %s failed with status %d (%s), expected out of memory", n,
+                   persistent ? "+" : "", k_step_names[r->reached], (int)r->status,
                    loom_status_str(r->status));
     LOOM_CHECK_MSG(r->message[0] != '\0', "fail_at=%ld%s: %s failed with an empty message", n,
                    persistent ? "+" : "", k_step_names[r->reached]);
@@ -246,10 +260,11 @@ static void fault_sweep(bool persistent) {
     g_fault.fail_at = 0;
     run_pipeline(&in, &r);
     long baseline = atomic_load(&g_fault.live);
-    LOOM_CHECK_MSG(r.reached == STEP_DONE, "clean run failed at %s: %s",
-                   k_step_names[r.reached], r.message);
+    LOOM_CHECK_MSG(r.reached == STEP_DONE, "clean run failed at %s: %s", k_step_names[r.reached],
+                   r.message);
     if (r.reached == STEP_DONE)
-        for (int i = 0; i < M * T; i++) LOOM_CHECK_NEAR(r.out[i], expect[i], tol[i]);
+        for (int i = 0; i < M * T; i++)
+            LOOM_CHECK_NEAR(r.out[i], expect[i], tol[i]);
     memcpy(clean, r.out, sizeof clean);
 
     int counts[STEP_DONE + 1] = {0};
@@ -263,19 +278,19 @@ static void fault_sweep(bool persistent) {
         g_fault.fail_at = 0;
         long injected = atomic_load(&g_fault.failed);
         long live = atomic_load(&g_fault.live);
-        LOOM_CHECK_MSG(live == baseline,
-                       "fail_at=%ld%s (failed at %s): %ld allocations leaked", n,
+        LOOM_CHECK_MSG(live == baseline, "fail_at=%ld%s (failed at %s): %ld allocations leaked", n,
                        persistent ? "+" : "", k_step_names[r.reached], live - baseline);
         if (live != baseline) atomic_store(&g_fault.live, baseline);
         counts[r.reached]++;
         if (r.reached == STEP_DONE) {
             /* surviving a failure must not change the result */
-            for (int i = 0; i < M * T; i++) LOOM_CHECK_NEAR(r.out[i], clean[i], 1e-6);
+            for (int i = 0; i < M * T; i++)
+                LOOM_CHECK_NEAR(r.out[i], clean[i], 1e-6);
             if (injected == 0) break; /* the pipeline needs fewer than n allocations */
             continue;                 /* it survived an injected failure (retry, fallback) */
         }
-        LOOM_CHECK_MSG(injected > 0, "fail_at=%ld: %s failed although no failure was injected",
-                       n, k_step_names[r.reached]);
+        LOOM_CHECK_MSG(injected > 0, "fail_at=%ld: %s failed although no failure was injected", n,
+                       k_step_names[r.reached]);
         check_failure(&r, n, persistent);
         if (loom_test_failures() > 20) break;
     }
@@ -283,13 +298,14 @@ static void fault_sweep(bool persistent) {
 
     LOOM_CHECK(n > 1); /* the pipeline allocates through loom_malloc at all */
     LOOM_CHECK_MSG(n < 100000, "the sweep did not end");
-    fprintf(stderr, "fault sweep (%s): %ld points; failures at ctx %d, build %d, graph %d, "
-                    "backend %d, alloc %d, compute %d; %d successes\n",
+    fprintf(stderr,
+            "fault sweep (%s): %ld points; failures at ctx %d, build %d, graph %d, "
+            "backend %d, alloc %d, compute %d; %d successes\n",
             persistent ? "persistent" : "once", n, counts[STEP_CTX], counts[STEP_BUILD],
             counts[STEP_GRAPH], counts[STEP_BACKEND], counts[STEP_ALLOC], counts[STEP_COMPUTE],
             counts[STEP_DONE]);
-    LOOM_CHECK_MSG(r.reached == STEP_DONE, "the last run failed at %s: %s",
-                   k_step_names[r.reached], r.message);
+    LOOM_CHECK_MSG(r.reached == STEP_DONE, "the last run failed at %s: %s", k_step_names[r.reached],
+                   r.message);
 }
 
 LOOM_TEST(ops_fault, oom_once_on_every_allocation) {

@@ -14,16 +14,16 @@
 
 #include "tests/ops/harness.h"
 
-static const loom_type k_types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16,
-                                    LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
+static const loom_type k_types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+                                    LOOM_TYPE_Q4_0};
 #define N_TYPES 5
 
 static bool is_quant(loom_type t) {
     return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
 }
 
-static double *mm_tol(ops_env *e, int64_t n, int64_t K, const double *sabs,
-                      const double *q8, bool quant) {
+static double *mm_tol(ops_env *e, int64_t n, int64_t K, const double *sabs, const double *q8,
+                      bool quant) {
     double *tol = ops_scratch(e, sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++)
         tol[i] = 2 * (double)(K + 2) * REF_U * (sabs[i] + (quant ? q8[i] : 0)) +
@@ -66,8 +66,8 @@ OPS_CASE(mul_mat) {
                           "mul_mat %s K=%lld M=%lld N=%lld a[.., %lld, %lld] %s b[.., %lld, "
                           "%lld] %s",
                           loom_type_name(type), (long long)K, (long long)mv.M, (long long)mv.N,
-                          (long long)mv.A2, (long long)mv.A3, ops_layout_name(la),
-                          (long long)mv.B2, (long long)mv.B3, ops_layout_name(lb));
+                          (long long)mv.A2, (long long)mv.A3, ops_layout_name(la), (long long)mv.B2,
+                          (long long)mv.B3, ops_layout_name(lb));
                 loom_tensor *a = ops_src(e, type, K, mv.M, mv.A2, mv.A3, la);
                 loom_tensor *b = ops_src(e, LOOM_TYPE_F32, K, mv.N, mv.B2, mv.B3, lb);
                 loom_tensor *out = loom_mul_mat(ops_ctx(e), a, b);
@@ -115,8 +115,10 @@ OPS_CASE(mul_mat_long_k) {
             double *sabs = ops_scratch(e, sizeof(double) * (size_t)(M * N));
             double *q8 = ops_scratch(e, sizeof(double) * (size_t)(M * N));
             ref_mul_mat(&ra, &rb, &exp, sabs, q8);
-            if (q) ops_check(e, out, &exp, (ops_tol){.elem = mm_tol(e, M * N, K, sabs, q8, q)});
-            else ops_check(e, out, &exp, (ops_tol){0});
+            if (q)
+                ops_check(e, out, &exp, (ops_tol){.elem = mm_tol(e, M * N, K, sabs, q8, q)});
+            else
+                ops_check(e, out, &exp, (ops_tol){0});
         }
         ops_end(e);
     }
@@ -143,8 +145,9 @@ OPS_CASE(mul_mat_id) {
             int64_t K = q ? (iv % 2 ? 64 : 32) : (iv % 2 ? 33 : 7);
             int64_t M = iv % 2 ? 17 : 5, E = 4;
             ops_layout la = iv % 2 ? OPS_PADDED : OPS_CONTIG;
-            ops_layout lb = (ops_layout)(v % 3 == 0 ? OPS_CONTIG : v % 3 == 1 ? OPS_PADDED
-                                                                              : OPS_PERM12);
+            ops_layout lb = (ops_layout)(v % 3 == 0   ? OPS_CONTIG
+                                         : v % 3 == 1 ? OPS_PADDED
+                                                      : OPS_PERM12);
             ops_begin(e, "mul_mat_id %s K=%lld M=%lld E=4 U=%lld B1=%lld T=%lld as %s b %s",
                       loom_type_name(type), (long long)K, (long long)M, (long long)mv.U,
                       (long long)mv.B1, (long long)mv.T, ops_layout_name(la), ops_layout_name(lb));

@@ -96,8 +96,10 @@ OPS_CASE(norm_rms_norm) {
                 LOOM_CHECK(loom_get_op_params_f32(out, 0) == eps);
                 ref_tensor ra = ops_ref(e, a);
                 ref_tensor exp = ops_expect(e, LOOM_TYPE_F32, n, 4, 3, 1);
-                if (rms) ref_rms_norm(&ra, eps, &exp);
-                else ref_norm(&ra, eps, &exp);
+                if (rms)
+                    ref_rms_norm(&ra, eps, &exp);
+                else
+                    ref_norm(&ra, eps, &exp);
                 /* mean and variance carry (n + 2) u relative error each; the output
                  * (|y| <= sqrt(n)) inherits it, plus the subtraction of the mean
                  * (error relative to the row's scale, i.e. to |y| + 1) */

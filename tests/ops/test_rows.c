@@ -23,8 +23,10 @@ LOOM_TEST(ops_ref, quant_blocks_decode_as_documented) {
     loom_block_q4_0 b4;
     b8.d = loom_fp32_to_fp16(0.0625f);
     b4.d = loom_fp32_to_fp16(-0.5f);
-    for (int j = 0; j < 32; j++) b8.qs[j] = (int8_t)(j * 7 - 100);
-    for (int j = 0; j < 16; j++) b4.qs[j] = (uint8_t)((j & 15) | (((15 - j) & 15) << 4));
+    for (int j = 0; j < 32; j++)
+        b8.qs[j] = (int8_t)(j * 7 - 100);
+    for (int j = 0; j < 16; j++)
+        b4.qs[j] = (uint8_t)((j & 15) | (((15 - j) & 15) << 4));
     float y8[32], y4[32];
     loom_type_traits_get(LOOM_TYPE_Q8_0)->to_float(&b8, y8, 32);
     loom_type_traits_get(LOOM_TYPE_Q4_0)->to_float(&b4, y4, 32);
@@ -120,8 +122,8 @@ static const sr_variant k_sr_variants[] = {
 };
 
 OPS_CASE(set_rows) {
-    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16,
-                                      LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
+    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+                                      LOOM_TYPE_Q4_0};
     int v = 0;
     for (int t = 0; t < 5; t++)
         for (int it = 0; it < 2; it++)
@@ -145,7 +147,8 @@ OPS_CASE(set_rows) {
                     for (int64_t j3 = 0; j3 < s.B3; j3++)
                         for (int64_t j2 = 0; j2 < s.B2; j2++) {
                             int64_t perm[16];
-                            for (int64_t r = 0; r < s.R; r++) perm[r] = r;
+                            for (int64_t r = 0; r < s.R; r++)
+                                perm[r] = r;
                             for (int64_t r = s.R - 1; r > 0; r--) {
                                 int64_t k = ops_randi(e, 0, r + 1), tmp = perm[r];
                                 perm[r] = perm[k];
@@ -162,8 +165,10 @@ OPS_CASE(set_rows) {
                 loom_tensor *out = loom_set_rows(ops_ctx(e), dst, b, ids);
                 if (ops_compute(e, out)) {
                     const loom_tensor *ro = out, *rd = dst;
-                    while (ro->view_src) ro = ro->view_src;
-                    while (rd->view_src) rd = rd->view_src;
+                    while (ro->view_src)
+                        ro = ro->view_src;
+                    while (rd->view_src)
+                        rd = rd->view_src;
                     LOOM_CHECK(ro == rd); /* the result is a view of dst */
                     ref_tensor rb = ops_ref(e, b), ri = ops_ref(e, ids);
                     int64_t nrows = s.R * s.D2 * s.D3;

@@ -51,7 +51,8 @@ LOOM_TEST(reduce, every_algorithm_every_device_count) {
         rt_devs d;
         if (!rt_devs_open(&d, spec)) return;
         loom_reducer *r[K_N_ALGOS];
-        for (int a = 0; a < K_N_ALGOS; a++) r[a] = rt_reducer(&d, k_algos[a]);
+        for (int a = 0; a < K_N_ALGOS; a++)
+            r[a] = rt_reducer(&d, k_algos[a]);
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             rt_set s;
             LOOM_REQUIRE(rt_set_alloc(&s, &d, shapes[si][0], shapes[si][1]));
@@ -80,7 +81,8 @@ LOOM_TEST(reduce, every_algorithm_every_device_count) {
             free(expected);
             rt_set_free(&s);
         }
-        for (int a = 0; a < K_N_ALGOS; a++) loom_reducer_free(r[a]);
+        for (int a = 0; a < K_N_ALGOS; a++)
+            loom_reducer_free(r[a]);
         rt_devs_close(&d);
     }
 }
@@ -106,7 +108,8 @@ static void large_case(loom_allreduce_algo algo, int n) {
         /* the volume each algorithm must move, from its definition */
         uint64_t size = (uint64_t)64 << 20, want = 0;
         int p = 1, logp = 0;
-        while (p * 2 <= n) p *= 2, logp++;
+        while (p * 2 <= n)
+            p *= 2, logp++;
         if (algo == LOOM_ALLREDUCE_RING) want = 2 * (uint64_t)(n - 1) * size;
         if (algo == LOOM_ALLREDUCE_BUTTERFLY) want = ((uint64_t)p * logp + 2u * (n - p)) * size;
         if (algo == LOOM_ALLREDUCE_HOST) want = 2 * (uint64_t)n * size;
@@ -171,15 +174,15 @@ LOOM_TEST(reduce, random_floats_within_rounding) {
             if (!(fabsf(out0[i] - ref[i]) <= tol[i])) {
                 bad++;
                 loom_test_fail(__FILE__, __LINE__, "%s: element %lld: %.9g vs double sum %.9g",
-                               loom_allreduce_algo_name(k_algos[a]), (long long)i,
-                               (double)out0[i], (double)ref[i]);
+                               loom_allreduce_algo_name(k_algos[a]), (long long)i, (double)out0[i],
+                               (double)ref[i]);
             }
         }
         for (int j = 1; j < n; j++) {
             rt_read(&s, j, outj);
             LOOM_CHECK_MSG(memcmp(out0, outj, (size_t)ne * sizeof(float)) == 0,
-                           "%s: device %d differs from device 0", loom_allreduce_algo_name(k_algos[a]),
-                           j);
+                           "%s: device %d differs from device 0",
+                           loom_allreduce_algo_name(k_algos[a]), j);
         }
         if (a > 0) {
             for (int64_t i = 0, b = 0; i < ne && b < 5; i++) {
@@ -222,8 +225,10 @@ LOOM_TEST(reduce, empty_slice_with_nan_contributes_zero) {
         memset(masks, 0, sizeof masks);
         masks[0][0] = true;
         masks[1][n - 1] = true;
-        for (int j = 0; j < n; j++) masks[2][j] = j != n / 2;
-        for (int j = 0; j < n; j++) masks[3][j] = true;
+        for (int j = 0; j < n; j++)
+            masks[2][j] = j != n / 2;
+        for (int j = 0; j < n; j++)
+            masks[3][j] = true;
         for (int a = 0; a < K_N_ALGOS; a++) {
             loom_reducer *r = rt_reducer(&d, k_algos[a]);
             LOOM_REQUIRE(r != NULL);
@@ -251,7 +256,8 @@ LOOM_TEST(reduce, plans_reused_and_evicted) {
     if (!rt_devs_open(&d, "sim:3")) return;
     enum { N_SETS = 11 };
     rt_set s[N_SETS];
-    for (int k = 0; k < N_SETS; k++) LOOM_REQUIRE(rt_set_alloc(&s[k], &d, 1000 + 31 * k, 1));
+    for (int k = 0; k < N_SETS; k++)
+        LOOM_REQUIRE(rt_set_alloc(&s[k], &d, 1000 + 31 * k, 1));
     for (int a = 0; a < 2; a++) {
         loom_reducer *r = rt_reducer(&d, k_algos[a]);
         LOOM_REQUIRE(r != NULL);
@@ -261,8 +267,8 @@ LOOM_TEST(reduce, plans_reused_and_evicted) {
                 uint64_t seed = (uint64_t)(round * 100 + k);
                 float *expected = rt_expected(&s[kk], seed, NULL);
                 char tag[64];
-                snprintf(tag, sizeof tag, "%s round %d set %d", loom_allreduce_algo_name(k_algos[a]),
-                         round, kk);
+                snprintf(tag, sizeof tag, "%s round %d set %d",
+                         loom_allreduce_algo_name(k_algos[a]), round, kk);
                 run_one(r, &s[kk], seed, NULL, expected, k_algos[a], tag);
                 free(expected);
             }
@@ -273,7 +279,8 @@ LOOM_TEST(reduce, plans_reused_and_evicted) {
         LOOM_CHECK_EQ_INT(st.by_algo[k_algos[a]], 3 * N_SETS);
         loom_reducer_free(r);
     }
-    for (int k = 0; k < N_SETS; k++) rt_set_free(&s[k]);
+    for (int k = 0; k < N_SETS; k++)
+        rt_set_free(&s[k]);
     rt_devs_close(&d);
 }
 
@@ -309,14 +316,16 @@ LOOM_TEST(reduce, stream_order_before_and_after) {
     }
     float *half = malloc((size_t)s.ne * sizeof(float));
     float *expected = rt_expected(&s, 4242, NULL);
-    for (int64_t i = 0; i < s.ne; i++) expected[i] *= 3.0f; /* exact: small multiples of 1/64 */
+    for (int64_t i = 0; i < s.ne; i++)
+        expected[i] *= 3.0f; /* exact: small multiples of 1/64 */
     for (int a = 0; a < 3; a++) {
         loom_reducer *r = rt_reducer(&d, k_algos[a]);
         LOOM_REQUIRE(r != NULL);
         rt_fill(&s, 4242, NULL);
         for (int j = 0; j < d.n; j++) {
             rt_read(&s, j, half);
-            for (int64_t i = 0; i < s.ne; i++) half[i] *= 0.5f;
+            for (int64_t i = 0; i < s.ne; i++)
+                half[i] *= 0.5f;
             loom_tensor_set(s.t[j], half, 0, (size_t)s.ne * sizeof(float));
         }
         for (int j = 0; j < d.n; j++) {
@@ -326,7 +335,8 @@ LOOM_TEST(reduce, stream_order_before_and_after) {
         for (int j = 0; j < d.n; j++) {
             LOOM_CHECK_EQ_INT(loom_backend_graph_compute_async(d.be[j], thrice[j]), LOOM_OK);
         }
-        for (int j = 0; j < d.n; j++) loom_backend_synchronize(d.be[j]);
+        for (int j = 0; j < d.n; j++)
+            loom_backend_synchronize(d.be[j]);
         char tag[64];
         snprintf(tag, sizeof tag, "%s with queued work", loom_allreduce_algo_name(k_algos[a]));
         rt_check(&s, expected, tag);

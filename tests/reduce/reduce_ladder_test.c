@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/backend-impl.h"
+#include "loom/cpu.h"
 #include "tests/reduce/reduce_util.h"
 #include "tests/shim/loom_test.h"
 
@@ -42,10 +43,8 @@ LOOM_TEST(reduce_ladder, env_forces_an_algorithm) {
         const char *env;
         loom_allreduce_algo algo;
     } cases[] = {
-        {"ring", LOOM_ALLREDUCE_RING},
-        {"butterfly", LOOM_ALLREDUCE_BUTTERFLY},
-        {"host", LOOM_ALLREDUCE_HOST},
-        {"HOST", LOOM_ALLREDUCE_HOST},
+        {"ring", LOOM_ALLREDUCE_RING},      {"butterfly", LOOM_ALLREDUCE_BUTTERFLY},
+        {"host", LOOM_ALLREDUCE_HOST},      {"HOST", LOOM_ALLREDUCE_HOST},
         {"auto", LOOM_ALLREDUCE_BUTTERFLY},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -112,11 +111,12 @@ LOOM_TEST(reduce_ladder, threshold_splits_butterfly_and_ring) {
     loom_reducer_free(r);
     rt_set_free(&a);
     rt_set_free(&b);
-    for (int n = 2; n <= 16; n++) {
+    for (int n = 2; n <= 16; n++) { /* a sane range: neither "never" nor "always" */
         size_t t = loom_reducer_butterfly_max_bytes(n);
-        LOOM_CHECK_MSG(t >= 4096, "threshold for %d devices is %zu", n, t);
-        if (n > 2) LOOM_CHECK(t <= loom_reducer_butterfly_max_bytes(n - 1));
+        LOOM_CHECK_MSG(t >= 4096 && t <= ((size_t)64 << 20), "threshold for %d devices is %zu", n,
+                       t);
     }
+    LOOM_CHECK_EQ_INT(loom_reducer_butterfly_max_bytes(1), 0);
     rt_devs_close(&d);
 }
 
@@ -232,10 +232,58 @@ LOOM_TEST(reduce_ladder, device_out_of_memory_is_an_error) {
     LOOM_CHECK_EQ_INT(loom_last_status(), LOOM_ERR_DEVICE_OOM);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "probe");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM0");
-    for (int j = 0; j < 2; j++) loom_buffer_free(hog[j]);
+    for (int j = 0; j < 2; j++)
+        loom_buffer_free(hog[j]);
     r = loom_reducer_new(d.be, d.n, &p);
     LOOM_CHECK(r != NULL);
     loom_reducer_free(r);
+    rt_devs_close(&d);
+}
+
+/* The largest reducer: 16 devices (ring plans hold 16 x 16 chunk views). */
+LOOM_TEST(reduce_ladder, sixteen_devices) {
+    rt_devs d;
+    if (!rt_devs_open(&d, "sim:16")) return;
+    static const int64_t sizes[] = {7, 5003};
+    for (size_t si = 0; si < 2; si++) {
+        rt_set s;
+        LOOM_REQUIRE(rt_set_alloc(&s, &d, sizes[si], 1));
+        for (int a = LOOM_ALLREDUCE_RING; a <= LOOM_ALLREDUCE_HOST; a++) {
+            loom_reducer *r = rt_reducer(&d, (loom_allreduce_algo)a);
+            LOOM_REQUIRE(r != NULL);
+            LOOM_CHECK_EQ_INT(reduce_check(r, &s, 60 + a, NULL, "16 devices"), a);
+            loom_reducer_free(r);
+        }
+        rt_set_free(&s);
+    }
+    rt_devs_close(&d);
+}
+
+/* Backends without events or async copies (two CPU backends over host memory): the probe
+ * finds no direct path, auto stages through host, and the forced device algorithms run
+ * with synchronisation in place of events. */
+LOOM_TEST(reduce_ladder, cpu_backends_without_events) {
+    rt_devs d;
+    memset(&d, 0, sizeof d);
+    d.n = 3;
+    for (int j = 0; j < d.n; j++) {
+        d.be[j] = loom_cpu_backend_new(1);
+        LOOM_REQUIRE(d.be[j] != NULL);
+    }
+    rt_set s;
+    LOOM_REQUIRE(rt_set_alloc(&s, &d, 1001, 1));
+    bool empty[RT_MAX] = {false, true, false};
+    for (int a = LOOM_ALLREDUCE_AUTO; a <= LOOM_ALLREDUCE_HOST; a++) {
+        if (a == LOOM_ALLREDUCE_NATIVE) continue;
+        loom_reducer *r = rt_reducer(&d, (loom_allreduce_algo)a);
+        LOOM_REQUIRE(r != NULL);
+        LOOM_CHECK(!loom_reducer_p2p(r));
+        loom_allreduce_algo want = a == LOOM_ALLREDUCE_AUTO ? LOOM_ALLREDUCE_HOST : a;
+        LOOM_CHECK_EQ_INT(reduce_check(r, &s, 40 + a, NULL, "cpu"), want);
+        LOOM_CHECK_EQ_INT(reduce_check(r, &s, 50 + a, empty, "cpu, empty"), want);
+        loom_reducer_free(r);
+    }
+    rt_set_free(&s);
     rt_devs_close(&d);
 }
 
@@ -273,10 +321,13 @@ static bool fake_allreduce(void *comm, loom_tensor *const *t, size_t n) {
     for (size_t j = 0; j < n; j++) {
         loom_backend_synchronize(c->be[j]);
         loom_tensor_get(t[j], x, 0, (size_t)ne * sizeof *x);
-        for (int64_t i = 0; i < ne; i++) acc[i] += x[i];
+        for (int64_t i = 0; i < ne; i++)
+            acc[i] += x[i];
     }
-    for (int64_t i = 0; i < ne; i++) x[i] = (float)acc[i];
-    for (size_t j = 0; j < n; j++) loom_tensor_set(t[j], x, 0, (size_t)ne * sizeof *x);
+    for (int64_t i = 0; i < ne; i++)
+        x[i] = (float)acc[i];
+    for (size_t j = 0; j < n; j++)
+        loom_tensor_set(t[j], x, 0, (size_t)ne * sizeof *x);
     free(acc);
     free(x);
     return true;
@@ -374,11 +425,13 @@ LOOM_TEST(reduce_ladder, native_communicator_from_reg) {
 
     g_inner_reg = d.reg;
     struct loom_reg wrap = {.api_version = LOOM_BACKEND_API_VERSION, .iface = &k_wrap_i};
-    for (int j = 0; j < d.n; j++) loom_backend_device(d.be[j])->reg = &wrap;
+    for (int j = 0; j < d.n; j++)
+        loom_backend_device(d.be[j])->reg = &wrap;
     g_inits = g_frees = 0;
     g_decline = false;
     r = rt_reducer(&d, LOOM_ALLREDUCE_AUTO);
-    for (int j = 0; j < d.n; j++) loom_backend_device(d.be[j])->reg = d.reg;
+    for (int j = 0; j < d.n; j++)
+        loom_backend_device(d.be[j])->reg = d.reg;
     LOOM_REQUIRE(r != NULL);
     LOOM_CHECK(loom_reducer_has_comm(r));
     LOOM_CHECK_EQ_INT(g_inits, 1);
@@ -530,7 +583,8 @@ LOOM_TEST(reduce_ladder, host_out_of_memory_everywhere) {
         int failures = 0;
         for (long k = 0; k < 10000; k++) {
             rt_fill(&s, 7, NULL);
-            for (int j = 0; j < d.n; j++) loom_backend_synchronize(d.be[j]);
+            for (int j = 0; j < d.n; j++)
+                loom_backend_synchronize(d.be[j]);
             g_oom_failed = 0;
             g_oom_countdown = k;
             loom_allocator_set(&oom);

@@ -29,7 +29,8 @@ bool rt_devs_open(rt_devs *d, const char *spec) {
 }
 
 void rt_devs_close(rt_devs *d) {
-    for (int j = 0; j < d->n; j++) loom_backend_free(d->be[j]);
+    for (int j = 0; j < d->n; j++)
+        loom_backend_free(d->be[j]);
     if (d->reg) loom_sim_reg_free(d->reg);
     memset(d, 0, sizeof *d);
 }
@@ -83,7 +84,9 @@ float rt_val(uint64_t seed, int j, int64_t i) {
     return (float)((int)k - 1000) * (1.0f / 64.0f);
 }
 
-static float rt_bad(int64_t i) { return (i & 1) ? -INFINITY : NAN; }
+static float rt_bad(int64_t i) {
+    return (i & 1) ? -INFINITY : NAN;
+}
 
 void rt_fill(rt_set *s, uint64_t seed, const bool *empty) {
     int64_t total = s->ne + 2 * RT_GUARD;
@@ -91,8 +94,10 @@ void rt_fill(rt_set *s, uint64_t seed, const bool *empty) {
     LOOM_ASSERT(buf != NULL);
     for (int j = 0; j < s->n; j++) {
         bool e = empty && empty[j];
-        for (int64_t i = 0; i < RT_GUARD; i++) buf[i] = buf[total - 1 - i] = RT_GUARD_VAL;
-        for (int64_t i = 0; i < s->ne; i++) buf[RT_GUARD + i] = e ? rt_bad(i) : rt_val(seed, j, i);
+        for (int64_t i = 0; i < RT_GUARD; i++)
+            buf[i] = buf[total - 1 - i] = RT_GUARD_VAL;
+        for (int64_t i = 0; i < s->ne; i++)
+            buf[RT_GUARD + i] = e ? rt_bad(i) : rt_val(seed, j, i);
         loom_tensor_set(s->whole[j], buf, 0, (size_t)total * sizeof(float));
     }
     free(buf);
@@ -121,18 +126,19 @@ int rt_check(const rt_set *s, const float *expected, const char *what) {
         bool bad = false;
         for (int64_t i = 0; i < RT_GUARD && !bad; i++) {
             if (buf[i] != RT_GUARD_VAL || buf[total - 1 - i] != RT_GUARD_VAL) {
-                loom_test_fail(__FILE__, __LINE__, "%s: device %d: guard overwritten (%s)", what,
-                               j, buf[i] != RT_GUARD_VAL ? "before" : "after");
+                loom_test_fail(__FILE__, __LINE__, "%s: device %d: guard overwritten (%s)", what, j,
+                               buf[i] != RT_GUARD_VAL ? "before" : "after");
                 bad = true;
             }
         }
         if (!bad && memcmp(buf + RT_GUARD, expected, (size_t)s->ne * sizeof(float)) != 0) {
             int64_t i = 0;
-            while (i < s->ne && memcmp(&buf[RT_GUARD + i], &expected[i], sizeof(float)) == 0) i++;
+            while (i < s->ne && memcmp(&buf[RT_GUARD + i], &expected[i], sizeof(float)) == 0)
+                i++;
             loom_test_fail(__FILE__, __LINE__,
                            "%s: device %d of %d, element %lld of %lld: got %.9g, expected %.9g",
-                           what, j, s->n, (long long)i, (long long)s->ne,
-                           (double)buf[RT_GUARD + i], (double)expected[i]);
+                           what, j, s->n, (long long)i, (long long)s->ne, (double)buf[RT_GUARD + i],
+                           (double)expected[i]);
             bad = true;
         }
         bad_devs += bad;

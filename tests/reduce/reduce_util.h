@@ -18,7 +18,7 @@
 #include "loom/sim.h"
 
 #define RT_MAX 16
-#define RT_GUARD 37         /* guard floats before and after each tensor (odd on purpose) */
+#define RT_GUARD 37 /* guard floats before and after each tensor (odd on purpose) */
 #define RT_GUARD_VAL 12345.0f
 
 typedef struct rt_devs {
@@ -33,7 +33,7 @@ void rt_devs_close(rt_devs *d);
 
 typedef struct rt_set {
     int n;
-    int64_t ne;                 /* elements per tensor */
+    int64_t ne; /* elements per tensor */
     loom_ctx *ctx[RT_MAX];
     loom_buffer_t buf[RT_MAX];
     loom_tensor *whole[RT_MAX]; /* guard + tensor + guard */

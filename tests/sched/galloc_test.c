@@ -80,7 +80,7 @@ LOOM_TEST(dynalloc, random_sequences_never_overlap) {
             bool disjoint = end <= addr[j].offset || jend <= addr[i].offset;
             if (!disjoint) {
                 (void)LOOM_CHECK_MSG(false, "step %d: [%zu,%zu) overlaps [%zu,%zu)", step,
-                               addr[i].offset, end, addr[j].offset, jend);
+                                     addr[i].offset, end, addr[j].offset, jend);
                 loom__dyn_alloc_release(&a);
                 return;
             }
@@ -110,7 +110,8 @@ typedef struct model_case {
 static bool model_case_new(model_case *m, const tu_cfg *cfg, loom_buft_t wbuft) {
     memset(m, 0, sizeof(*m));
     loom_buft_t bufts[TU_MAX_LAYERS + 1];
-    for (int i = 0; i <= cfg->n_layer; i++) bufts[i] = wbuft;
+    for (int i = 0; i <= cfg->n_layer; i++)
+        bufts[i] = wbuft;
     if (!tu_weights_new(&m->w, cfg, bufts)) return false;
     m->ctx = tu_ctx(64 + 40 * (size_t)cfg->n_layer, true);
     m->out = m->ctx ? tu_build(m->ctx, &m->w, &m->in) : NULL;
@@ -215,10 +216,10 @@ LOOM_TEST(gallocr, inplace_reuses_dying_parent_only) {
     loom_set_name(w, "w");
     loom_set_input(x);
     loom_set_input(w);
-    loom_tensor *a = loom_mul_mat(ctx, w, x); /* new memory */
-    loom_tensor *b = loom_sqr(ctx, a);        /* a dies here: in place */
-    loom_tensor *c = loom_scale(ctx, b, 0.5f);  /* b dies here: in place */
-    loom_tensor *d = loom_add(ctx, c, a);       /* a is gone... */
+    loom_tensor *a = loom_mul_mat(ctx, w, x);  /* new memory */
+    loom_tensor *b = loom_sqr(ctx, a);         /* a dies here: in place */
+    loom_tensor *c = loom_scale(ctx, b, 0.5f); /* b dies here: in place */
+    loom_tensor *d = loom_add(ctx, c, a);      /* a is gone... */
     (void)d;
     loom_graph *g = tu_graph(ctx, d);
     /* a is consumed by b and d: not reused by b; b is reused by c */

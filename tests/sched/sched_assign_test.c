@@ -98,13 +98,14 @@ LOOM_TEST(sched_assign, pass1_dst_vsrc_inp_wgt) {
     LOOM_REQUIRE(fx_open(&f, "sim:1"));
     weights w = {0};
     loom_backend_t sim = f.d.backends[0], cpu = f.d.cpu;
-    loom_tensor *wq = W(&f, &w, 0, "wq", 16, 16);     /* on SIM0 */
-    loom_tensor *norm = W(&f, &w, 0, "norm", 16, 1);  /* on SIM0 */
-    loom_tensor *freq = W(&f, &w, 0, "freq", 4, 1);   /* rope factors on SIM0 */
+    loom_tensor *wq = W(&f, &w, 0, "wq", 16, 16);    /* on SIM0 */
+    loom_tensor *norm = W(&f, &w, 0, "norm", 16, 1); /* on SIM0 */
+    loom_tensor *freq = W(&f, &w, 0, "freq", 4, 1);  /* rope factors on SIM0 */
     loom_tensor *x = fx_input(&f, "x", 16, 4);
-    loom_tensor *a = named(loom_mul_mat(f.ctx, wq, x), "a");             /* weight at src 0 */
-    loom_tensor *b = named(loom_mul(f.ctx, a, norm), "b");               /* weight at src 1 */
-    loom_tensor *v = named(loom_view_2d(f.ctx, wq, 16, 4, wq->nb[1], 0), "wview"); /* view of a weight */
+    loom_tensor *a = named(loom_mul_mat(f.ctx, wq, x), "a"); /* weight at src 0 */
+    loom_tensor *b = named(loom_mul(f.ctx, a, norm), "b");   /* weight at src 1 */
+    loom_tensor *v =
+        named(loom_view_2d(f.ctx, wq, 16, 4, wq->nb[1], 0), "wview"); /* view of a weight */
     loom_tensor *c = named(loom_add(f.ctx, b, v), "c");
     loom_tensor *q = loom_reshape_3d(f.ctx, c, 8, 2, 4);
     loom_tensor *pos = loom_new_tensor_1d(f.ctx, LOOM_TYPE_I32, 4);
@@ -141,8 +142,8 @@ LOOM_TEST(sched_assign, flash_attn_abstains_from_the_weight_rule) {
     loom_tensor *x = fx_input(&f, "x", 16, 4);
     loom_tensor *h = named(loom_mul_mat(f.ctx, wq, x), "h"); /* CPU weight: CPU */
     loom_tensor *q = loom_permute(f.ctx, loom_reshape_3d(f.ctx, h, 8, 2, 4), 0, 2, 1, 3);
-    loom_tensor *fa = named(loom_flash_attn_ext(f.ctx, q, q, q, NULL, loom_reshape_1d(f.ctx, sinks, 2),
-                                                0.3f, 0.0f, 0.0f),
+    loom_tensor *fa = named(loom_flash_attn_ext(f.ctx, q, q, q, NULL,
+                                                loom_reshape_1d(f.ctx, sinks, 2), 0.3f, 0.0f, 0.0f),
                             "fa");
     loom_tensor *out = named(loom_mul_mat(f.ctx, wq, loom_reshape_2d(f.ctx, fa, 16, 4)), "o");
     loom_graph *g = tu_graph(f.ctx, out);
@@ -161,7 +162,9 @@ LOOM_TEST(sched_assign, flash_attn_abstains_from_the_weight_rule) {
 LOOM_TEST(sched_assign, op_offload_by_batch_threshold) {
     for (int variant = 0; variant < 4; variant++) {
         /* 0: default threshold 32; 1: offload=8; 2: op_offload off; 3: offload=0 (never) */
-        const char *spec = variant == 1 ? "sim:1,offload=8" : variant == 3 ? "sim:1,offload=0" : "sim:1";
+        const char *spec = variant == 1   ? "sim:1,offload=8"
+                           : variant == 3 ? "sim:1,offload=0"
+                                          : "sim:1";
         int threshold = variant == 1 ? 8 : 32;
         bool op_offload = variant != 2;
         fixture f;
@@ -197,13 +200,13 @@ LOOM_TEST(sched_assign, pass2_four_sweeps) {
     loom_tensor *wg = W(&f, &w, 0, "w_gpu", 16, 16);
     loom_tensor *wc = W(&f, &w, -1, "w_cpu", 16, 16);
     loom_tensor *x = fx_input(&f, "x", 16, 4);
-    loom_tensor *up = named(loom_sqr(f.ctx, x), "up");            /* before a GPU op */
-    loom_tensor *g1 = named(loom_mul_mat(f.ctx, wg, up), "g1");   /* GPU anchor */
-    loom_tensor *dn = named(loom_sqrt(f.ctx, g1), "dn");          /* after a GPU op */
-    loom_tensor *c1 = named(loom_mul_mat(f.ctx, wc, dn), "c1");   /* CPU anchor */
-    loom_tensor *rd = named(loom_scale(f.ctx, c1, 2.0f), "rd");   /* after the CPU, no GPU after */
+    loom_tensor *up = named(loom_sqr(f.ctx, x), "up");          /* before a GPU op */
+    loom_tensor *g1 = named(loom_mul_mat(f.ctx, wg, up), "g1"); /* GPU anchor */
+    loom_tensor *dn = named(loom_sqrt(f.ctx, g1), "dn");        /* after a GPU op */
+    loom_tensor *c1 = named(loom_mul_mat(f.ctx, wc, dn), "c1"); /* CPU anchor */
+    loom_tensor *rd = named(loom_scale(f.ctx, c1, 2.0f), "rd"); /* after the CPU, no GPU after */
     loom_tensor *y = fx_input(&f, "y", 16, 4);
-    loom_tensor *ru = named(loom_sqr(f.ctx, y), "ru");            /* only a CPU op after it */
+    loom_tensor *ru = named(loom_sqr(f.ctx, y), "ru"); /* only a CPU op after it */
     loom_tensor *c2 = named(loom_mul_mat(f.ctx, wc, ru), "c2");
     loom_tensor *out = named(loom_add(f.ctx, rd, c2), "out");
     loom_graph *g = tu_graph(f.ctx, out);
@@ -254,7 +257,7 @@ LOOM_TEST(sched_assign, pass3_upgrade_and_best_pass4_fill) {
     loom_tensor *x = fx_input(&f, "x", 16, 4);
     loom_tensor *mm = named(loom_mul_mat(f.ctx, wh, x), "mm"); /* only the CPU can */
     loom_tensor *sq = named(loom_sqr(f.ctx, mm), "sq");        /* CPU by sweep, then upgraded */
-    loom_tensor *rs = loom_reshape_1d(f.ctx, sq, 64);           /* a view: follows sq */
+    loom_tensor *rs = loom_reshape_1d(f.ctx, sq, 64);          /* a view: follows sq */
     loom_set_name(rs, "rs");
     loom_tensor *k = loom_new_tensor_1d(f.ctx, LOOM_TYPE_F32, 64); /* constant leaf, no buffer */
     loom_set_name(k, "k");
@@ -363,8 +366,10 @@ LOOM_TEST(sched_assign, cpu_never_spreads_between_gpu_ops) {
                 gpu = kind[i] == 1;
             } else {
                 int down = 0, up = 0; /* first anchor kind seen going each way */
-                for (int j = i - 1; j >= 0 && !down; j--) down = kind[j];
-                for (int j = i + 1; j < N && !up; j++) up = kind[j];
+                for (int j = i - 1; j >= 0 && !down; j--)
+                    down = kind[j];
+                for (int j = i + 1; j < N && !up; j++)
+                    up = kind[j];
                 gpu = down == 1 || up == 1;
             }
             loom_backend_t want = gpu ? f.d.backends[0] : f.d.cpu;
@@ -417,7 +422,8 @@ LOOM_TEST(sched_assign, construction_errors) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM0");
     /* at most 16 */
     loom_backend_t many[17];
-    for (int i = 0; i < 16; i++) many[i] = d.backends[i];
+    for (int i = 0; i < 16; i++)
+        many[i] = d.backends[i];
     many[16] = d.cpu;
     LOOM_CHECK(loom_sched_new(many, NULL, 17, 64, false, false) == NULL);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "at most 16 backends (got 17)");

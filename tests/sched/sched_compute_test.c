@@ -19,17 +19,18 @@ static const tu_cfg k_cfg = {.n_layer = 4, .d = 64, .n_head = 4, .n_ff = 96, .n_
 
 /* Weight placement: layer i on backend place[i] (the last entry: the output head). */
 static void place(const tu_devs *d, const int *place, int n, loom_buft_t *bufts) {
-    for (int i = 0; i < n; i++) bufts[i] = tu_buft(d, place[i]);
+    for (int i = 0; i < n; i++)
+        bufts[i] = tu_buft(d, place[i]);
 }
 
-static double run_and_compare(const tu_devs *d, const int *placement, bool parallel,
-                              int rounds, loom_sched_stats *stats) {
+static double run_and_compare(const tu_devs *d, const int *placement, bool parallel, int rounds,
+                              loom_sched_stats *stats) {
     loom_buft_t bufts[TU_MAX_LAYERS + 1];
     place(d, placement, k_cfg.n_layer + 1, bufts);
     tu_model m;
     if (!tu_model_new(&m, &k_cfg, bufts)) return -1;
-    loom_sched *s = loom_sched_new((loom_backend_t *)d->backends, NULL, d->n, 1024, parallel,
-                                   false);
+    loom_sched *s =
+        loom_sched_new((loom_backend_t *)d->backends, NULL, d->n, 1024, parallel, false);
     if (!s) return -2;
     double worst = 0;
     for (int r = 0; r < rounds && worst >= 0; r++) {
@@ -367,5 +368,63 @@ LOOM_TEST(sched_compute, eval_callback_observes_and_stops) {
     loom_sched_free(s);
     tu_model_free(&m);
     tu_ref_free(&ref);
+    tu_devs_close(&d);
+}
+
+/* Rounds issued back to back without waiting: the graph ends on SIM1 (its result copied
+ * into a per-round tensor in SIM1's memory), so compute_async returns while the devices
+ * still run, and the next round starts on SIM0 while SIM1 finishes the previous one. Every
+ * round must still produce its own result (copy slots, events and the ordering of
+ * asynchronous device-to-device copies against later writes). */
+LOOM_TEST(sched_compute, back_to_back_async_rounds_are_race_free) {
+    enum { R = 6 };
+    const tu_cfg cfg = {.n_layer = 4, .d = 128, .n_head = 4, .n_ff = 256, .n_out = 64, .T = 16};
+    tu_devs d;
+    const char *spec[] = {"sim:2"};
+    LOOM_REQUIRE(tu_devs_open(&d, spec, 1, 2));
+    loom_buft_t bufts[5] = {tu_buft(&d, 0), tu_buft(&d, 0), tu_buft(&d, 1), tu_buft(&d, 1),
+                            tu_buft(&d, 1)};
+    tu_weights w;
+    LOOM_REQUIRE(tu_weights_new(&w, &cfg, bufts));
+    tu_ref ref[R];
+    for (int k = 0; k < R; k++) LOOM_REQUIRE(tu_ref_compute(&ref[k], &cfg, 50 + (uint32_t)k));
+
+    for (int parallel = 0; parallel < 2; parallel++) {
+        loom_ctx *dctx = tu_ctx(R + 1, true);
+        loom_tensor *dst[R];
+        for (int k = 0; k < R; k++) {
+            dst[k] = loom_new_tensor_2d(dctx, LOOM_TYPE_F32, cfg.n_out, cfg.T);
+            loom_format_name(dst[k], "result-%d", k);
+        }
+        loom_buffer_t dbuf = loom_alloc_ctx_tensors(dctx, tu_buft(&d, 1));
+        LOOM_REQUIRE(dbuf != NULL);
+        loom_sched *s = loom_sched_new(d.backends, NULL, d.n, 1024, parallel, false);
+        loom_ctx *ctx[R];
+        for (int k = 0; k < R; k++) {
+            ctx[k] = tu_ctx(64 + 40 * (size_t)cfg.n_layer, true);
+            tu_inputs in;
+            loom_tensor *out = tu_build(ctx[k], &w, &in);
+            loom_graph *g = tu_graph(ctx[k], loom_cpy(ctx[k], out, dst[k]));
+            LOOM_REQUIRE(g != NULL);
+            LOOM_REQUIRE(loom_sched_alloc_graph(s, g) == LOOM_OK);
+            LOOM_CHECK(loom_sched_get_tensor_backend(s, g->nodes[g->n_nodes - 1]) ==
+                       d.backends[1]);
+            tu_set_inputs(&in, 50 + (uint32_t)k);
+            LOOM_REQUIRE(loom_sched_graph_compute_async(s, g) == LOOM_OK);
+            loom_sched_reset(s); /* no synchronize: the next round starts at once */
+        }
+        loom_sched_synchronize(s);
+        for (int k = 0; k < R; k++) {
+            double err = tu_max_rel_err(dst[k], ref[k].out);
+            LOOM_CHECK_MSG(err >= 0 && err < 1e-5, "parallel=%d round %d: error %g", parallel, k,
+                           err);
+        }
+        loom_sched_free(s);
+        for (int k = 0; k < R; k++) loom_ctx_free(ctx[k]);
+        loom_buffer_free(dbuf);
+        loom_ctx_free(dctx);
+    }
+    for (int k = 0; k < R; k++) tu_ref_free(&ref[k]);
+    tu_weights_free(&w);
     tu_devs_close(&d);
 }

@@ -110,7 +110,8 @@ LOOM_TEST(sched_split, copies_are_named_and_the_graph_reads_them) {
     for (int n = 0; n < 4; n++) {
         for (int r = 0; r < 16; r++) {
             double acc = 0;
-            for (int k = 0; k < 16; k++) acc += (double)wv[r * 16 + k] * xv[n * 16 + k];
+            for (int k = 0; k < 16; k++)
+                acc += (double)wv[r * 16 + k] * xv[n * 16 + k];
             double e = fabs(2 * acc - ov[n * 16 + r]);
             if (e > worst) worst = e;
         }
@@ -142,14 +143,16 @@ LOOM_TEST(sched_split, new_weight_to_stage_cuts_and_bounds_memory) {
     }
     loom_buffer_t wbuf = loom_alloc_ctx_tensors(wctx, loom_cpu_buffer_type());
     loom_buffer_set_usage(wbuf, LOOM_BUFFER_USAGE_WEIGHTS);
-    for (int l = 0; l < L; l++) tu_fill(w[l], 2, 1.0f / sqrtf(D));
+    for (int l = 0; l < L; l++)
+        tu_fill(w[l], 2, 1.0f / sqrtf(D));
 
     loom_ctx *ctx = tu_ctx(64, true);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, D, T);
     loom_set_name(x, "x");
     loom_set_input(x);
     loom_tensor *cur = x;
-    for (int l = 0; l < L; l++) cur = loom_relu(ctx, loom_mul_mat(ctx, w[l], cur));
+    for (int l = 0; l < L; l++)
+        cur = loom_relu(ctx, loom_mul_mat(ctx, w[l], cur));
     loom_set_output(cur);
     loom_graph *g = tu_graph(ctx, cur);
     loom_sched *s = loom_sched_new(d.backends, NULL, d.n, 256, false, true);
@@ -160,7 +163,8 @@ LOOM_TEST(sched_split, new_weight_to_stage_cuts_and_bounds_memory) {
         LOOM_REQUIRE(loom_sched_get_split(s, k, &sp) == LOOM_OK);
         LOOM_CHECK(sp.backend == d.backends[0]);
         bool stages_weight = false;
-        for (int j = 0; j < sp.n_inputs; j++) stages_weight |= sp.inputs[j] == w[k];
+        for (int j = 0; j < sp.n_inputs; j++)
+            stages_weight |= sp.inputs[j] == w[k];
         LOOM_CHECK_MSG(stages_weight, "split %d does not stage blk.%d.w", k, k);
     }
     size_t wsize = loom_nbytes(w[0]);
@@ -172,15 +176,15 @@ LOOM_TEST(sched_split, new_weight_to_stage_cuts_and_bounds_memory) {
     tu_fill(x, 5, 1.0f);
     LOOM_REQUIRE(loom_sched_graph_compute(s, g) == LOOM_OK);
     /* reference: the same chain on the host */
-    loom_ctx *hctx = tu_ctx(64 + (size_t)(L + 1) * 2 * D * T * sizeof(float) /
-                                      loom_tensor_overhead(),
-                            false);
+    loom_ctx *hctx =
+        tu_ctx(64 + (size_t)(L + 1) * 2 * D * T * sizeof(float) / loom_tensor_overhead(), false);
     loom_tensor *hx = loom_new_tensor_2d(hctx, LOOM_TYPE_F32, D, T);
     float *xv = tu_read(x);
     memcpy(hx->data, xv, loom_nbytes(hx));
     free(xv);
     loom_tensor *hc = hx;
-    for (int l = 0; l < L; l++) hc = loom_relu(hctx, loom_mul_mat(hctx, w[l], hc));
+    for (int l = 0; l < L; l++)
+        hc = loom_relu(hctx, loom_mul_mat(hctx, w[l], hc));
     LOOM_REQUIRE(loom_cpu_graph_compute(tu_graph(hctx, hc), NULL) == LOOM_OK);
     double err = tu_max_rel_err(cur, hc);
     LOOM_CHECK_MSG(err >= 0 && err < 1e-5, "error %g", err);
@@ -279,7 +283,8 @@ LOOM_TEST(sched_split, dependency_keeps_a_source_alive_until_its_copy) {
     loom_tensor *a = loom_mul_mat(ctx, w, x);
     loom_set_name(a, "a");
     loom_tensor *cur = loom_sqr(ctx, a); /* a's last device consumer */
-    for (int i = 0; i < N; i++) cur = loom_mul_mat(ctx, w, loom_scale(ctx, cur, 0.5f));
+    for (int i = 0; i < N; i++)
+        cur = loom_mul_mat(ctx, w, loom_scale(ctx, cur, 0.5f));
     loom_tensor *late = loom_scale(ctx, a, 3.0f); /* on the CPU, reads a */
     loom_set_name(late, "late");
     loom_tensor *out = loom_add(ctx, late, cur);
@@ -313,7 +318,8 @@ LOOM_TEST(sched_split, dependency_keeps_a_source_alive_until_its_copy) {
     double worst = 0;
     for (int r = 0; r < D; r++) {
         double acc = 0;
-        for (int k = 0; k < D; k++) acc += (double)wv[r * D + k] * xv[k];
+        for (int k = 0; k < D; k++)
+            acc += (double)wv[r * D + k] * xv[k];
         double e = fabs(3 * acc - lv[r]);
         if (e > worst) worst = e;
     }
@@ -384,7 +390,9 @@ static const struct loom_dev_i spy_dev_i = {
     .supports_buft = spy_supports_buft,
 };
 
-static void spy_free(loom_backend_t be) { (void)be; }
+static void spy_free(loom_backend_t be) {
+    (void)be;
+}
 static loom_status spy_compute(loom_backend_t be, loom_graph *g) {
     (void)be;
     return loom_cpu_graph_compute(g, NULL);
@@ -394,7 +402,8 @@ static void spy_optimize(loom_backend_t be, loom_graph *g) {
     if (sp->n_calls < 8) sp->first_seen[sp->n_calls] = g->n_nodes ? g->nodes[0] : NULL;
     sp->n_calls++;
     sp->n_nodes_seen += g->n_nodes;
-    for (int i = 0; i < g->n_nodes; i++) sp->n_allocated_seen += g->nodes[i]->data != NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        sp->n_allocated_seen += g->nodes[i]->data != NULL;
 }
 static const struct loom_backend_i spy_be_i = {
     .free = spy_free,
@@ -431,7 +440,7 @@ LOOM_TEST(sched_split, graph_optimize_runs_on_each_split_before_allocation) {
     LOOM_CHECK(sp.first_seen[1] == c);
     LOOM_CHECK_EQ_INT(sp.n_nodes_seen, 2);
     LOOM_CHECK_EQ_INT(sp.n_allocated_seen, 0); /* before allocation */
-    LOOM_CHECK(c->data != NULL);              /* allocated afterwards */
+    LOOM_CHECK(c->data != NULL);               /* allocated afterwards */
     loom_sched_stats st;
     loom_sched_get_stats(s, &st);
     LOOM_CHECK_EQ_INT(st.n_inputs, 0); /* same memory: no copies */

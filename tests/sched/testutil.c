@@ -44,12 +44,16 @@ bool tu_devs_open(tu_devs *d, const char *const *specs, int n_specs, int cpu_thr
 }
 
 void tu_devs_close(tu_devs *d) {
-    for (int i = 0; i < d->n; i++) loom_backend_free(d->backends[i]);
-    for (int r = 0; r < d->n_regs; r++) loom_sim_reg_free(d->regs[r]);
+    for (int i = 0; i < d->n; i++)
+        loom_backend_free(d->backends[i]);
+    for (int r = 0; r < d->n_regs; r++)
+        loom_sim_reg_free(d->regs[r]);
     memset(d, 0, sizeof(*d));
 }
 
-loom_buft_t tu_buft(const tu_devs *d, int i) { return loom_backend_default_buft(d->backends[i]); }
+loom_buft_t tu_buft(const tu_devs *d, int i) {
+    return loom_backend_default_buft(d->backends[i]);
+}
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -65,7 +69,8 @@ loom_ctx *tu_ctx(size_t n_tensors, bool no_alloc) {
 
 float tu_value(const char *name, uint32_t seed, int64_t i) {
     uint32_t h = 2166136261u ^ seed;
-    for (const char *c = name; *c; c++) h = (h ^ (uint8_t)*c) * 16777619u;
+    for (const char *c = name; *c; c++)
+        h = (h ^ (uint8_t)*c) * 16777619u;
     h ^= (uint32_t)i * 2654435761u;
     h ^= h >> 15;
     h *= 2246822519u;
@@ -79,13 +84,16 @@ void tu_fill(loom_tensor *t, uint32_t seed, float scale) {
     void *raw = malloc(bytes ? bytes : 1);
     if (t->type == LOOM_TYPE_F32) {
         float *f = raw;
-        for (int64_t i = 0; i < n; i++) f[i] = scale * tu_value(t->name, seed, i);
+        for (int64_t i = 0; i < n; i++)
+            f[i] = scale * tu_value(t->name, seed, i);
     } else if (t->type == LOOM_TYPE_F16) {
         uint16_t *h = raw;
-        for (int64_t i = 0; i < n; i++) h[i] = loom_fp32_to_fp16(scale * tu_value(t->name, seed, i));
+        for (int64_t i = 0; i < n; i++)
+            h[i] = loom_fp32_to_fp16(scale * tu_value(t->name, seed, i));
     } else if (t->type == LOOM_TYPE_I32) {
         int32_t *v = raw;
-        for (int64_t i = 0; i < n; i++) v[i] = (int32_t)i;
+        for (int64_t i = 0; i < n; i++)
+            v[i] = (int32_t)i;
     } else {
         memset(raw, 0, bytes);
     }
@@ -167,7 +175,8 @@ bool tu_weights_new(tu_weights *w, const tu_cfg *cfg, const loom_buft_t *bufts) 
             if (norm) {
                 /* norms near 1: 1 + 0.5 * u */
                 float *f = tu_read(t);
-                for (int64_t k = 0; k < t->ne[0]; k++) f[k] += 1.0f;
+                for (int64_t k = 0; k < t->ne[0]; k++)
+                    f[k] += 1.0f;
                 loom_tensor_set(t, f, 0, loom_nbytes(t));
                 free(f);
             }
@@ -213,13 +222,14 @@ loom_tensor *tu_build(loom_ctx *ctx, const tu_weights *w, tu_inputs *in) {
         q = loom_permute(ctx, q, 0, 2, 1, 3);
         k = loom_permute(ctx, k, 0, 2, 1, 3);
         v = loom_permute(ctx, v, 0, 2, 1, 3);
-        loom_tensor *a = loom_flash_attn_ext(ctx, q, k, v, in->mask, NULL,
-                                             1.0f / sqrtf((float)hd), 0.0f, 0.0f);
+        loom_tensor *a =
+            loom_flash_attn_ext(ctx, q, k, v, in->mask, NULL, 1.0f / sqrtf((float)hd), 0.0f, 0.0f);
         a = loom_reshape_2d(ctx, a, c->d, c->T);
         x = loom_add(ctx, x, loom_mul_mat(ctx, l->wo, a));
         loom_format_name(x, "attn_out-%d", i);
         loom_tensor *f = loom_mul(ctx, loom_rms_norm(ctx, x, 1e-5f), l->ffn_norm);
-        loom_tensor *g = loom_swiglu_split(ctx, loom_mul_mat(ctx, l->w1, f), loom_mul_mat(ctx, l->w3, f));
+        loom_tensor *g =
+            loom_swiglu_split(ctx, loom_mul_mat(ctx, l->w1, f), loom_mul_mat(ctx, l->w3, f));
         x = loom_add(ctx, x, loom_mul_mat(ctx, l->w2, g));
         if (!x) return NULL;
         loom_format_name(x, "l_out-%d", i);
@@ -234,12 +244,14 @@ void tu_set_inputs(const tu_inputs *in, uint32_t seed) {
     tu_fill(in->x, seed, 1.0f);
     int64_t T = in->pos->ne[0];
     int32_t *pos = malloc((size_t)T * sizeof(*pos));
-    for (int64_t i = 0; i < T; i++) pos[i] = (int32_t)i;
+    for (int64_t i = 0; i < T; i++)
+        pos[i] = (int32_t)i;
     loom_tensor_set(in->pos, pos, 0, (size_t)T * sizeof(*pos));
     free(pos);
     float *mask = malloc((size_t)(T * T) * sizeof(*mask));
     for (int64_t j = 0; j < T; j++) {
-        for (int64_t i = 0; i < T; i++) mask[j * T + i] = i <= j ? 0.0f : -INFINITY;
+        for (int64_t i = 0; i < T; i++)
+            mask[j * T + i] = i <= j ? 0.0f : -INFINITY;
     }
     loom_tensor_set(in->mask, mask, 0, (size_t)(T * T) * sizeof(*mask));
     free(mask);
@@ -277,7 +289,8 @@ void tu_model_free(tu_model *m) {
 bool tu_ref_compute(tu_ref *ref, const tu_cfg *cfg, uint32_t seed) {
     memset(ref, 0, sizeof(*ref));
     loom_buft_t cpu_bufts[TU_MAX_LAYERS + 1];
-    for (int i = 0; i <= cfg->n_layer; i++) cpu_bufts[i] = loom_cpu_buffer_type();
+    for (int i = 0; i <= cfg->n_layer; i++)
+        cpu_bufts[i] = loom_cpu_buffer_type();
     if (!tu_weights_new(&ref->w, cfg, cpu_bufts)) return false;
     ref->ctx = tu_ctx(64 + 40 * (size_t)cfg->n_layer, true);
     tu_inputs in;
@@ -312,8 +325,12 @@ static loom_buffer_t small_alloc(loom_buft_t b, size_t size) {
     (void)b;
     return loom_buft_alloc_buffer(loom_cpu_buffer_type(), size);
 }
-static size_t small_align(loom_buft_t b) { return ((small_buft_ctx *)b->context)->alignment; }
-static size_t small_max(loom_buft_t b) { return ((small_buft_ctx *)b->context)->max_size; }
+static size_t small_align(loom_buft_t b) {
+    return ((small_buft_ctx *)b->context)->alignment;
+}
+static size_t small_max(loom_buft_t b) {
+    return ((small_buft_ctx *)b->context)->max_size;
+}
 static bool small_is_host(loom_buft_t b) {
     (void)b;
     return true;
@@ -354,7 +371,8 @@ static void log_sink(loom_log_level level, const char *msg, void *ud) {
     size_t n = strlen(msg);
     if (g_log_len + n + 2 > g_log_cap) {
         size_t cap = g_log_cap ? g_log_cap : 4096;
-        while (cap < g_log_len + n + 2) cap *= 2;
+        while (cap < g_log_len + n + 2)
+            cap *= 2;
         char *p = realloc(g_log, cap);
         if (!p) {
             pthread_mutex_unlock(&g_log_mu);
@@ -385,11 +403,14 @@ void tu_log_stop(void) {
     loom_log_set_level(g_log_prev_level);
 }
 
-const char *tu_log_text(void) { return g_log ? g_log : ""; }
+const char *tu_log_text(void) {
+    return g_log ? g_log : "";
+}
 
 int tu_log_count(const char *needle) {
     int n = 0;
-    for (const char *p = tu_log_text(); (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+    for (const char *p = tu_log_text(); (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
     return n;
 }
 

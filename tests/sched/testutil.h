@@ -34,7 +34,7 @@ loom_buft_t tu_buft(const tu_devs *d, int i); /* default buffer type of backend 
 
 /* ---------------------------------------------------------------- tensors */
 
-loom_ctx *tu_ctx(size_t n_tensors, bool no_alloc); /* with room for one graph */
+loom_ctx *tu_ctx(size_t n_tensors, bool no_alloc);          /* with room for one graph */
 float tu_value(const char *name, uint32_t seed, int64_t i); /* deterministic, [-1, 1) */
 /* Writes tu_value(name, seed, i) * scale in t's type (F32, F16; I32 gets i % modulo). */
 void tu_fill(loom_tensor *t, uint32_t seed, float scale);
@@ -49,11 +49,11 @@ double tu_max_rel_err(const loom_tensor *a, const loom_tensor *b);
 
 typedef struct tu_cfg {
     int n_layer;
-    int d;       /* model width */
-    int n_head;  /* head dim = d / n_head */
+    int d;      /* model width */
+    int n_head; /* head dim = d / n_head */
     int n_ff;
-    int n_out;   /* output projection rows */
-    int T;       /* tokens in the batch */
+    int n_out; /* output projection rows */
+    int T;     /* tokens in the batch */
 } tu_cfg;
 
 typedef struct tu_layer {

@@ -109,7 +109,8 @@ LOOM_TEST(splitcache, unchanged_graphs_are_not_rederived) {
     loom_split_ctx_stats s0 = loom_split_ctx_get_stats(f.sc);
     const int calls0 = f.lt.calls;
     LOOM_CHECK_EQ_INT(s0.entries, 8); /* 3 leafs + 5 nodes (wq2 is not in the graph) */
-    for (int i = 0; i < 3; i++) CHECK_DERIVED(&f, c.qp, ST_AX(2, 2, 2, 2));
+    for (int i = 0; i < 3; i++)
+        CHECK_DERIVED(&f, c.qp, ST_AX(2, 2, 2, 2));
     loom_split_ctx_stats s1 = loom_split_ctx_get_stats(f.sc);
     LOOM_CHECK_EQ_INT(s1.computed, s0.computed);
     LOOM_CHECK(s1.hits > s0.hits);
@@ -154,8 +155,9 @@ LOOM_TEST(splitcache, edits_are_seen) {
     CHECK_DERIVED(&f, hb, ST_AX(1, 2, 1, 2));
     c.nw->ne[1] = 3;
     c.nw->nb[2] = c.nw->nb[3] = c.nw->nb[1] * 3;
-    CHECK_REFUSED(&f, hb, "mul 'hb': a 'h' AXIS_1 [1,2] is split along axis 1 but b 'norm_w' "
-                          "MIRRORED has ne[1] = 3");
+    CHECK_REFUSED(&f, hb,
+                  "mul 'hb': a 'h' AXIS_1 [1,2] is split along axis 1 but b 'norm_w' "
+                  "MIRRORED has ne[1] = 3");
     c.nw->ne[1] = 1;
     c.nw->nb[2] = c.nw->nb[3] = c.nw->nb[1];
     CHECK_DERIVED(&f, hb, ST_AX(1, 2, 1, 2));
@@ -177,13 +179,20 @@ LOOM_TEST(splitcache, an_edit_ripples_only_as_far_as_it_matters) {
     LOOM_REQUIRE(build_chain(&f, &c));
     CHECK_DERIVED(&f, c.qp, ST_AX(2, 2, 2, 2));
     loom_split_ctx_stats s0 = loom_split_ctx_get_stats(f.sc);
-    /* renamed to a name with the same state: only the leaf is asked again */
-    leaf_set(&f.lt, "x_again", M(2));
-    loom_set_name(c.x, "x_again");
+    /* a leaf's flags change (the callback may read them) and its state does not: only the
+     * leaf is asked again */
+    loom_set_input(c.x);
     CHECK_DERIVED(&f, c.qp, ST_AX(2, 2, 2, 2));
     loom_split_ctx_stats s1 = loom_split_ctx_get_stats(f.sc);
     LOOM_CHECK_EQ_INT(s1.computed - s0.computed, 1);
     LOOM_CHECK_EQ_INT(s1.invalidated - s0.invalidated, 1);
+    /* renamed to a name with the same state: its consumer (which names it in messages)
+     * rederives too, and nothing beyond */
+    leaf_set(&f.lt, "x_again", M(2));
+    loom_set_name(c.x, "x_again");
+    CHECK_DERIVED(&f, c.qp, ST_AX(2, 2, 2, 2));
+    loom_split_ctx_stats s2 = loom_split_ctx_get_stats(f.sc);
+    LOOM_CHECK_EQ_INT(s2.computed - s1.computed, 2);
     fx_free(&f);
 }
 
@@ -194,22 +203,49 @@ LOOM_TEST(splitcache, batches_validate_each_tensor_once) {
     LOOM_REQUIRE(build_chain(&f, &c));
     loom_tensor *nodes[5] = {c.norm, c.normed, c.q, c.q3, c.qp};
     loom_split_state s;
-    for (int i = 0; i < 5; i++) LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
+    for (int i = 0; i < 5; i++)
+        LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
     /* unbatched: each query walks its whole upstream graph */
     loom_split_ctx_stats a = loom_split_ctx_get_stats(f.sc);
-    for (int i = 0; i < 5; i++) LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
+    for (int i = 0; i < 5; i++)
+        LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
     loom_split_ctx_stats b = loom_split_ctx_get_stats(f.sc);
     /* upstream sizes: norm 2, normed 4, q 6, q3 7, qp 8 */
     LOOM_CHECK_EQ_INT(b.lookups - a.lookups, 2 + 4 + 6 + 7 + 8);
     loom_split_ctx_begin(f.sc);
     loom_split_ctx_begin(f.sc); /* nests */
-    for (int i = 0; i < 5; i++) LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
+    for (int i = 0; i < 5; i++)
+        LOOM_REQUIRE(loom_split_ctx_get(f.sc, nodes[i], false, &s) == 0);
     LOOM_CHECK(loom_split_ctx_can_split(f.sc, c.qp));
     loom_split_ctx_end(f.sc);
     loom_split_ctx_end(f.sc);
     loom_split_ctx_stats d = loom_split_ctx_get_stats(f.sc);
     LOOM_CHECK_EQ_INT(d.lookups - b.lookups, 8); /* every tensor once */
     LOOM_CHECK_EQ_INT(d.computed, b.computed);
+    fx_free(&f);
+}
+
+LOOM_TEST(splitcache, whole_graph_in_one_batch) {
+    fixture f;
+    LOOM_REQUIRE(fx_init(&f, 2));
+    chain c;
+    LOOM_REQUIRE(build_chain(&f, &c));
+    loom_graph *g = loom_graph_new(f.ctx, 64);
+    LOOM_REQUIRE(g && loom_graph_build_forward(g, c.qp) == LOOM_OK);
+    LOOM_REQUIRE(g->n_nodes == 5);
+    loom_split_state states[5];
+    LOOM_REQUIRE(loom_split_ctx_get_graph(f.sc, g, false, states) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_split_ctx_get_stats(f.sc).lookups, 8); /* each tensor once */
+    for (int i = 0; i < 5; i++) {
+        loom_split_state s = state_of(&f, g->nodes[i]);
+        CHECK_STATE(states[i], s);
+    }
+    /* the first failing node stops it, with its message */
+    leaf_set(&f.lt, "x", ST_AX(0, 2, 4, 4));
+    loom_split_ctx_clear(f.sc);
+    LOOM_CHECK_EQ_INT(loom_split_ctx_get_graph(f.sc, g, false, states), LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "rms_norm 'norm': cannot split along axis 0");
+    LOOM_CHECK_EQ_INT(loom_split_ctx_get_graph(f.sc, NULL, false, states), LOOM_ERR_INVALID_ARG);
     fx_free(&f);
 }
 
@@ -293,7 +329,8 @@ LOOM_TEST(splitcache, survives_out_of_memory_everywhere) {
     /* a graph deep enough to grow the walk's stack and the table */
     loom_tensor *t = leaf_t(&f, "x", F32, M(2), 8, 3, 1, 1);
     loom_tensor *w = leaf_t(&f, "w", F32, ST_AX(1, 2, 4, 4), 8, 8, 1, 1);
-    for (int i = 0; i < 200; i++) t = loom_add(f.ctx, t, t);
+    for (int i = 0; i < 200; i++)
+        t = loom_add(f.ctx, t, t);
     loom_tensor *last = named(loom_mul_mat(f.ctx, w, t), "last");
     LOOM_REQUIRE(last);
     int succeeded = 0;

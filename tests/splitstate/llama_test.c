@@ -14,11 +14,11 @@
 #define P(n) st_kind(LOOM_SPLIT_PARTIAL, n)
 
 typedef struct plan {
-    int n;              /* devices */
-    int64_t D, H, Hkv;  /* head dim, query heads, KV heads */
+    int n;             /* devices */
+    int64_t D, H, Hkv; /* head dim, query heads, KV heads */
     int64_t n_ff, T, n_kv;
-    int64_t ff_gran;    /* FFN granularity */
-    int rotation;       /* the layer's rotation */
+    int64_t ff_gran;                     /* FFN granularity */
+    int rotation;                        /* the layer's rotation */
     int64_t kvh[LOOM_SPLIT_MAX_DEVICES]; /* KV heads per device */
     int64_t qh[LOOM_SPLIT_MAX_DEVICES];  /* query heads per device */
     int64_t ff[LOOM_SPLIT_MAX_DEVICES];  /* FFN columns per device */
@@ -39,7 +39,8 @@ static void make_plan(plan *p) {
 
 static loom_split_state scaled(int axis, int n, const int64_t *c, int64_t mul) {
     int64_t x[LOOM_SPLIT_MAX_DEVICES];
-    for (int j = 0; j < n; j++) x[j] = c[j] * mul;
+    for (int j = 0; j < n; j++)
+        x[j] = c[j] * mul;
     return st_ax_arr(axis, n, x);
 }
 
@@ -85,8 +86,10 @@ static bool build_llama(fixture *f, const plan *p, bool use_fa, block *b) {
     loom_tensor *ck = leaf_t(f, "cache_k_l1", F32, kv_rows, Ekv, p->n_kv, 1, 1);
     loom_tensor *cv = leaf_t(f, "cache_v_l1", F32, kv_rows, Ekv, p->n_kv, 1, 1);
     loom_tensor *ffn_nw = leaf_t(f, "blk.1.ffn_norm.weight", F32, M(n), E, 1, 1, 1);
-    loom_tensor *wup = leaf_t(f, "blk.1.ffn_up.weight", F32, scaled(1, n, p->ff, 1), E, p->n_ff, 1, 1);
-    loom_tensor *wgate = leaf_t(f, "blk.1.ffn_gate.weight", F32, scaled(1, n, p->ff, 1), E, p->n_ff, 1, 1);
+    loom_tensor *wup =
+        leaf_t(f, "blk.1.ffn_up.weight", F32, scaled(1, n, p->ff, 1), E, p->n_ff, 1, 1);
+    loom_tensor *wgate =
+        leaf_t(f, "blk.1.ffn_gate.weight", F32, scaled(1, n, p->ff, 1), E, p->n_ff, 1, 1);
     loom_tensor *wdown = leaf_t(f, "blk.1.ffn_down.weight", F32, ff_rows, p->n_ff, E, 1, 1);
 
     loom_ctx *c = f->ctx;
@@ -104,10 +107,12 @@ static bool build_llama(fixture *f, const plan *p, bool use_fa, block *b) {
     loom_tensor *k2 = node(b, loom_reshape_2d(c, k, Ekv, T), "Kstore-1", kv_rows);
     loom_tensor *ks = node(b, loom_set_rows(c, ck, k2, idx), "k_stored-1", kv_rows);
     loom_tensor *vs = node(b, loom_set_rows(c, cv, v, idx), "v_stored-1", kv_rows);
-    loom_tensor *kview = node(b, loom_view_3d(c, ks, D, Hkv, p->n_kv, D * sizeof(float), ck->nb[1], 0),
-                              "k_view-1", kv_heads1);
-    loom_tensor *vview = node(b, loom_view_3d(c, vs, D, Hkv, p->n_kv, D * sizeof(float), cv->nb[1], 0),
-                              "v_view-1", kv_heads1);
+    loom_tensor *kview =
+        node(b, loom_view_3d(c, ks, D, Hkv, p->n_kv, D * sizeof(float), ck->nb[1], 0), "k_view-1",
+             kv_heads1);
+    loom_tensor *vview =
+        node(b, loom_view_3d(c, vs, D, Hkv, p->n_kv, D * sizeof(float), cv->nb[1], 0), "v_view-1",
+             kv_heads1);
     loom_tensor *qp = node(b, loom_permute(c, q, 0, 2, 1, 3), "q_perm-1", q_heads2);
     loom_tensor *kp = node(b, loom_permute(c, kview, 0, 2, 1, 3), "k_perm-1", kv_heads2);
     loom_tensor *vp = node(b, loom_permute(c, vview, 0, 2, 1, 3), "v_perm-1", kv_heads2);
@@ -172,7 +177,14 @@ static int check_block(fixture *f, block *b) {
 LOOM_TEST(splitllama, block_flash_attn_gqa_fewer_kv_heads_than_devices) {
     /* 4 devices, 6 query heads over 2 KV heads: devices 0 and 3 hold no heads at all;
      * n_ff 44 in units of 4 over 4 devices is uneven, and layer 1 rotates the remainder */
-    plan p = {.n = 4, .D = 8, .H = 6, .Hkv = 2, .n_ff = 44, .T = 5, .n_kv = 8, .ff_gran = 4,
+    plan p = {.n = 4,
+              .D = 8,
+              .H = 6,
+              .Hkv = 2,
+              .n_ff = 44,
+              .T = 5,
+              .n_kv = 8,
+              .ff_gran = 4,
               .rotation = 1};
     make_plan(&p);
     LOOM_CHECK(p.kvh[0] == 0 && p.kvh[1] == 1 && p.kvh[2] == 1 && p.kvh[3] == 0);
@@ -187,7 +199,14 @@ LOOM_TEST(splitllama, block_flash_attn_gqa_fewer_kv_heads_than_devices) {
 
 LOOM_TEST(splitllama, block_soft_max_with_mask) {
     for (int n = 1; n <= 8; n++) {
-        plan p = {.n = n, .D = 4, .H = 8, .Hkv = 4, .n_ff = 24, .T = 3, .n_kv = 6, .ff_gran = 1,
+        plan p = {.n = n,
+                  .D = 4,
+                  .H = 8,
+                  .Hkv = 4,
+                  .n_ff = 24,
+                  .T = 3,
+                  .n_kv = 6,
+                  .ff_gran = 1,
                   .rotation = 0};
         make_plan(&p);
         fixture f;
@@ -230,9 +249,9 @@ LOOM_TEST(splitllama, fused_qkv_weight) {
     CHECK_DERIVED(&f, q, ST_AX(1, n, 2, 2));
     CHECK_DERIVED(&f, k, ST_AX(1, n, 1, 1));
     CHECK_DERIVED(&f, v, ST_AX(1, n, 1, 1));
-    loom_tensor *fa = loom_flash_attn_ext(f.ctx, loom_permute(f.ctx, q, 0, 2, 1, 3),
-                                          loom_permute(f.ctx, k, 0, 2, 1, 3),
-                                          loom_permute(f.ctx, v, 0, 2, 1, 3), mask, NULL, 0.5f, 0, 0);
+    loom_tensor *fa = loom_flash_attn_ext(
+        f.ctx, loom_permute(f.ctx, q, 0, 2, 1, 3), loom_permute(f.ctx, k, 0, 2, 1, 3),
+        loom_permute(f.ctx, v, 0, 2, 1, 3), mask, NULL, 0.5f, 0, 0);
     CHECK_DERIVED(&f, fa, ST_AX(1, n, 2, 2));
     /* a fused weight split as one even segment puts all of q on device 0: refused at the
      * views, with the reason */
@@ -245,11 +264,11 @@ LOOM_TEST(splitllama, fused_qkv_weight) {
     CHECK_DERIVED(&g, q2, ST_AX(1, n, 4, 0)); /* legal, but device 1 has no q heads */
     loom_tensor *k2 = loom_view_3d(g.ctx, qkv2, D, Hkv, T, D * es, qkv2->nb[1], E * es);
     CHECK_DERIVED(&g, k2, ST_AX(1, n, 0, 2));
-    loom_tensor *fa2 = named(loom_flash_attn_ext(g.ctx, loom_permute(g.ctx, q2, 0, 2, 1, 3),
-                                                 loom_permute(g.ctx, k2, 0, 2, 1, 3),
-                                                 loom_permute(g.ctx, k2, 0, 2, 1, 3), NULL, NULL,
-                                                 0.5f, 0, 0),
-                             "fa_even");
+    loom_tensor *fa2 =
+        named(loom_flash_attn_ext(g.ctx, loom_permute(g.ctx, q2, 0, 2, 1, 3),
+                                  loom_permute(g.ctx, k2, 0, 2, 1, 3),
+                                  loom_permute(g.ctx, k2, 0, 2, 1, 3), NULL, NULL, 0.5f, 0, 0),
+              "fa_even");
     CHECK_REFUSED(&g, fa2, "split the heads inconsistently");
     fx_free(&g);
     fx_free(&f);
@@ -317,8 +336,8 @@ LOOM_TEST(splitllama, moe_block) {
     out = node(&b, loom_mul(c, out, wts), "weighted", M(n));
     loom_tensor *sum = node(&b, loom_view_2d(c, out, E, T, out->nb[2], 0), "slot0", M(n));
     for (int64_t k = 1; k < K; k++) {
-        loom_tensor *vk = node(&b, loom_view_2d(c, out, E, T, out->nb[2], (size_t)k * out->nb[1]),
-                               "slot1", M(n));
+        loom_tensor *vk =
+            node(&b, loom_view_2d(c, out, E, T, out->nb[2], (size_t)k * out->nb[1]), "slot1", M(n));
         sum = node(&b, loom_add(c, sum, vk), "moe_out", M(n));
     }
     b.out = sum;

@@ -21,7 +21,8 @@ static void unflat(int64_t f, const int64_t ne[4], int64_t idx[4]) {
 
 /* The device-local index of a global multi-index along a split axis. */
 static int local_index(const loom_split_state *s, const int64_t idx[4], int64_t out[4]) {
-    for (int d = 0; d < 4; d++) out[d] = idx[d];
+    for (int d = 0; d < 4; d++)
+        out[d] = idx[d];
     int64_t l = 0;
     int j = oracle_owner(s, idx[s->axis], &l);
     out[s->axis] = l;
@@ -45,18 +46,21 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
         LOOM_REQUIRE(a->type == LOOM_TYPE_F32);
         span = (int64_t)loom_nbytes(a) / 4 + 1;
         by_off = malloc((size_t)span * sizeof *by_off);
-        for (int64_t i = 0; i < span; i++) by_off[i] = -1;
+        for (int64_t i = 0; i < span; i++)
+            by_off[i] = -1;
         for (int64_t f = 0; f < na; f++) {
             int64_t idx[4];
             unflat(f, a->ne, idx);
             int64_t off = 0;
-            for (int d = 0; d < 4; d++) off += idx[d] * (int64_t)a->nb[d];
+            for (int d = 0; d < 4; d++)
+                off += idx[d] * (int64_t)a->nb[d];
             by_off[off / 4] = f;
         }
     }
     const int n = sa->n_devices;
     int64_t *dev_off = malloc((size_t)(nv * n) * sizeof *dev_off);
-    for (int64_t i = 0; i < nv * n; i++) dev_off[i] = -1;
+    for (int64_t i = 0; i < nv * n; i++)
+        dev_off[i] = -1;
     int bad = 0;
     for (int64_t fv = 0; fv < nv && bad < 5; fv++) {
         int64_t iv[4], ia[4], lv[4], la[4], sne_v[4], sne_a[4];
@@ -66,7 +70,8 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
             fa = fv;
         } else {
             int64_t off = rel;
-            for (int d = 0; d < 4; d++) off += iv[d] * (int64_t)v->nb[d];
+            for (int d = 0; d < 4; d++)
+                off += iv[d] * (int64_t)v->nb[d];
             LOOM_REQUIRE(off % 4 == 0 && off / 4 < span && by_off[off / 4] >= 0);
             fa = by_off[off / 4];
         }
@@ -75,7 +80,8 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
         int jv = local_index(sv, iv, lv);
         if (ja != jv) {
             bad++;
-            loom_test_fail(__FILE__, __LINE__, "element %lld of the view is on device %d, its source on %d",
+            loom_test_fail(__FILE__, __LINE__,
+                           "element %lld of the view is on device %d, its source on %d",
                            (long long)fv, jv, ja);
             continue;
         }
@@ -85,9 +91,10 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
         if (logical) {
             /* the device reshapes its own slice in row-major order */
             if (local_v != local_a) bad++;
-            LOOM_CHECK_MSG(local_v == local_a, "element %lld: local %lld in the result, %lld in "
-                           "the source slice", (long long)fv, (long long)local_v,
-                           (long long)local_a);
+            LOOM_CHECK_MSG(local_v == local_a,
+                           "element %lld: local %lld in the result, %lld in "
+                           "the source slice",
+                           (long long)fv, (long long)local_v, (long long)local_a);
         } else {
             dev_off[jv * nv + local_v] = local_a;
         }
@@ -113,8 +120,10 @@ static void check_mapping(const loom_tensor *a, const loom_split_state *sa, cons
                                l[3] * stride[3];
                 if (o[f] != want) {
                     bad++;
-                    loom_test_fail(__FILE__, __LINE__, "device %d: its slice of the view is not a strided view "
-                                   "of its slice of the source (element %lld)", j, (long long)f);
+                    loom_test_fail(__FILE__, __LINE__,
+                                   "device %d: its slice of the view is not a strided view "
+                                   "of its slice of the source (element %lld)",
+                                   j, (long long)f);
                     break;
                 }
             }
@@ -311,8 +320,9 @@ LOOM_TEST(splitmap, view_refusals) {
     loom_tensor *every2 = named(loom_view_2d(f.ctx, b, 1, 4, 2 * sizeof(float), 0), "every2");
     loom_split_state s;
     LOOM_CHECK_EQ_INT(loom_split_ctx_get(f.sc, every2, false, &s), LOOM_ERR_UNSUPPORTED);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "view 'every2': cannot map the split of 'flat' "
-                                               "AXIS_0 [4,4] into the view [1, 4, 1, 1] at offset 0");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(),
+                            "view 'every2': cannot map the split of 'flat' "
+                            "AXIS_0 [4,4] into the view [1, 4, 1, 1] at offset 0");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "one element in every 2 of the split axis 0");
     LOOM_CHECK(!loom_split_ctx_can_split(f.sc, every2));
     /* a view dimension that straddles the split axis and a lower one */
@@ -353,8 +363,8 @@ LOOM_TEST(splitmap, permute_and_transpose_follow_the_axes) {
                      LOOM_OK);
         loom_tensor *a = leaf(&f, names[axis], sa, 3, 4, 5);
         for (int p = 0; p < 4; p++) {
-            loom_tensor *t = loom_permute(f.ctx, a, perms[p][0], perms[p][1], perms[p][2],
-                                          perms[p][3]);
+            loom_tensor *t =
+                loom_permute(f.ctx, a, perms[p][0], perms[p][1], perms[p][2], perms[p][3]);
             LOOM_REQUIRE(t);
             loom_split_state st = state_of(&f, t);
             LOOM_CHECK_EQ_INT(st.axis, perms[p][axis]);

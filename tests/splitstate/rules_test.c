@@ -364,8 +364,8 @@ LOOM_TEST(splitrules, flash_attn_heads_and_gqa) {
     CHECK_REFUSED(&f, named(loom_flash_attn_ext(f.ctx, q, k, v, mask, NULL, 0.5f, 8.0f, 0), "fal"),
                   "ALiBi (max_bias 8) slopes depend on the global head index");
     loom_tensor *v_other = leaf_t(&f, "v_other", F32, ST_AX(2, 4, 2, 0, 0, 0), 4, 5, 2, 1);
-    CHECK_REFUSED(&f, named(loom_flash_attn_ext(f.ctx, q, k, v_other, mask, NULL, 0.5f, 0, 0),
-                            "fv"),
+    CHECK_REFUSED(&f,
+                  named(loom_flash_attn_ext(f.ctx, q, k, v_other, mask, NULL, 0.5f, 0, 0), "fv"),
                   "k 'k' AXIS_2 [1,1,0,0] and v 'v_other' AXIS_2 [2,0,0,0] must be split alike");
     fx_free(&f);
 }
@@ -377,7 +377,8 @@ LOOM_TEST(splitrules, flash_attn_queries_and_refusals) {
     loom_tensor *k = leaf_t(&f, "k", F32, M(2), 4, 5, 2, 1);
     loom_tensor *mask = leaf_t(&f, "mask", F32, ST_AX(1, 2, 2, 1), 5, 3, 1, 1);
     loom_tensor *mask_m = leaf_t(&f, "mask_m", F32, M(2), 5, 3, 1, 1);
-    CHECK_DERIVED(&f, loom_flash_attn_ext(f.ctx, q, k, k, mask, NULL, 0.5f, 0, 0), ST_AX(2, 2, 2, 1));
+    CHECK_DERIVED(&f, loom_flash_attn_ext(f.ctx, q, k, k, mask, NULL, 0.5f, 0, 0),
+                  ST_AX(2, 2, 2, 1));
     CHECK_REFUSED(&f, named(loom_flash_attn_ext(f.ctx, q, k, k, mask_m, NULL, 0.5f, 0, 0), "fq"),
                   "q 'q' AXIS_1 [2,1] is split on queries, so the mask 'mask_m' MIRRORED must be "
                   "split along axis 1 the same way");

@@ -70,7 +70,7 @@ static inline int oracle_owner_nd(const loom_split_state *s, const int64_t idx[4
 }
 
 #define CHECK_STATE(got, want)                                                                     \
-    LOOM_CHECK_MSG(loom_split_state_equal(&(got), &(want)), "state %s, expected %s",              \
+    LOOM_CHECK_MSG(loom_split_state_equal(&(got), &(want)), "state %s, expected %s",               \
                    st_str(&(got)), st_str(&(want)))
 
 /* ---------------------------------------------------------------- leaf table */
@@ -151,7 +151,7 @@ static inline loom_split_state state_of(fixture *f, const loom_tensor *t) {
 }
 
 static inline loom_tensor *leaf(fixture *f, const char *name, loom_split_state s, int64_t ne0,
-                         int64_t ne1, int64_t ne2) {
+                                int64_t ne1, int64_t ne2) {
     loom_tensor *t = named(loom_new_tensor_3d(f->ctx, LOOM_TYPE_F32, ne0, ne1, ne2), name);
     leaf_set(&f->lt, name, s);
     return t;
@@ -171,7 +171,7 @@ static inline loom_tensor *leaf_t(fixture *f, const char *name, loom_type type, 
         LOOM_REQUIRE(t_ != NULL);                                                                  \
         loom_split_state got_ = state_of((f), t_), want_ = (want);                                 \
         CHECK_STATE(got_, want_);                                                                  \
-        LOOM_CHECK_MSG(loom_split_ctx_can_split((f)->sc, t_), "can_split '%s': %s", t_->name,   \
+        LOOM_CHECK_MSG(loom_split_ctx_can_split((f)->sc, t_), "can_split '%s': %s", t_->name,      \
                        loom_last_error());                                                         \
     } while (0)
 

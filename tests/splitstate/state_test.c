@@ -25,9 +25,11 @@ LOOM_TEST(splitstate, counts_even_properties) {
                         /* device j is the k-th in rotated order */
                         int k = (j - rot + n) % n;
                         int64_t want = (base + (k < rem ? 1 : 0)) * g;
-                        LOOM_CHECK_MSG(c[j] == want, "size %lld g %lld n %d rot %d: dev %d has "
-                                       "%lld, want %lld", (long long)(units * g), (long long)g,
-                                       n, rot, j, (long long)c[j], (long long)want);
+                        LOOM_CHECK_MSG(c[j] == want,
+                                       "size %lld g %lld n %d rot %d: dev %d has "
+                                       "%lld, want %lld",
+                                       (long long)(units * g), (long long)g, n, rot, j,
+                                       (long long)c[j], (long long)want);
                     }
                     LOOM_CHECK_EQ_INT(sum, units * g);
                 }
@@ -40,7 +42,8 @@ LOOM_TEST(splitstate, counts_rotation_balances_layers) {
     for (int layer = 0; layer < 4; layer++) {
         int64_t c[4];
         LOOM_REQUIRE(loom_split_counts(10 * 64, 64, 4, layer, NULL, c) == LOOM_OK);
-        for (int j = 0; j < 4; j++) total[j] += c[j];
+        for (int j = 0; j < 4; j++)
+            total[j] += c[j];
         int64_t lo = c[0], hi = c[0];
         for (int j = 1; j < 4; j++) {
             lo = c[j] < lo ? c[j] : lo;
@@ -48,7 +51,8 @@ LOOM_TEST(splitstate, counts_rotation_balances_layers) {
         }
         LOOM_CHECK_EQ_INT(hi - lo, 64); /* uneven in every layer */
     }
-    for (int j = 0; j < 4; j++) LOOM_CHECK_EQ_INT(total[j], 10 * 64);
+    for (int j = 0; j < 4; j++)
+        LOOM_CHECK_EQ_INT(total[j], 10 * 64);
 }
 
 LOOM_TEST(splitstate, counts_errors) {
@@ -78,7 +82,8 @@ LOOM_TEST(splitstate, counts_weighted) {
         LOOM_REQUIRE(loom_split_counts(10 * 32, 32, 4, rot, w, c) == LOOM_OK);
         LOOM_CHECK_EQ_INT(c[1], 0);
         LOOM_CHECK_EQ_INT(c[0] + c[2] + c[3], 320);
-        for (int j = 0; j < 4; j++) LOOM_CHECK(c[j] % 32 == 0);
+        for (int j = 0; j < 4; j++)
+            LOOM_CHECK(c[j] % 32 == 0);
         /* each positive-weight device is within one unit of its exact share (10/3 units) */
         for (int j = 0; j < 4; j++)
             if (j != 1) LOOM_CHECK(c[j] == 96 || c[j] == 128);
@@ -279,13 +284,15 @@ LOOM_TEST(splitstate, equality_is_layout_equality) {
     LOOM_CHECK(!loom_split_state_equal(&m2, &m3));
     LOOM_CHECK(!loom_split_state_equal(&m2, &p2));
     /* the oracle agrees: equal layouts put every element on the same device */
-    for (int64_t g = 0; g < 8; g++) LOOM_CHECK_EQ_INT(oracle_owner(&a, g, NULL), oracle_owner(&b, g, NULL));
+    for (int64_t g = 0; g < 8; g++)
+        LOOM_CHECK_EQ_INT(oracle_owner(&a, g, NULL), oracle_owner(&b, g, NULL));
 }
 
 LOOM_TEST(splitstate, printing) {
     char buf[128];
     loom_split_state s = ST_AX(0, 4, 48, 48, 40, 36);
-    LOOM_CHECK_EQ_INT(loom_split_state_format(&s, buf, sizeof buf), (int)strlen("AXIS_0 [48,48,40,36]"));
+    LOOM_CHECK_EQ_INT(loom_split_state_format(&s, buf, sizeof buf),
+                      (int)strlen("AXIS_0 [48,48,40,36]"));
     LOOM_CHECK(!strcmp(buf, "AXIS_0 [48,48,40,36]"));
     s = st_kind(LOOM_SPLIT_MIRRORED, 4);
     loom_split_state_format(&s, buf, sizeof buf);
@@ -350,7 +357,8 @@ LOOM_TEST(splitstate, sub_ranges_match_oracle) {
 LOOM_TEST(splitstate, segments_full_and_bad_input) {
     loom_split_state s;
     loom_split_state_init(&s, LOOM_SPLIT_AXIS_0, 2);
-    for (int i = 0; i < LOOM_SPLIT_MAX_SEGMENTS; i++) LOOM_CHECK_EQ_INT(ST_ADD(&s, 1, 1, 1), LOOM_OK);
+    for (int i = 0; i < LOOM_SPLIT_MAX_SEGMENTS; i++)
+        LOOM_CHECK_EQ_INT(ST_ADD(&s, 1, 1, 1), LOOM_OK);
     LOOM_CHECK_EQ_INT(ST_ADD(&s, 1, 1, 1), LOOM_ERR_FULL);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "more than 8 segments");
     loom_split_state_init(&s, LOOM_SPLIT_AXIS_0, 2);

@@ -1,0 +1,368 @@
+/*
+ * CUDA command streams (backends) and events.
+ *
+ * A backend is one non-blocking CUDA stream on its device's GPU, with a cuBLAS handle
+ * bound to it (and a fixed workspace, so GEMMs can be captured into CUDA graphs), a
+ * scratch buffer for graph_compute, and a mapped error record for the kernels that follow
+ * indices. Async set/get are cudaMemcpyAsync on the stream; graph_compute (cuda-graph.c)
+ * enqueues kernels; synchronize waits for the stream and harvests asynchronous errors.
+ *
+ * Copies between backends keep sim's ordering contract: the copy runs on the destination
+ * stream after all work issued so far on the source stream (an event recorded there).
+ * Same GPU: a device copy. Another GPU reachable peer to peer: cudaMemcpyPeerAsync.
+ * Otherwise the copy is staged through the destination backend's pinned host buffer:
+ * device to host on the source stream, host to device on the destination stream, with a
+ * second event keeping the staging buffer from being overwritten while still being read.
+ *
+ * Hooks without a status (async copies, synchronize, event record/wait) keep their first
+ * failure as the backend's sticky error; the next graph_compute returns it.
+ */
+#define _POSIX_C_SOURCE 200809L /* pthread */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda-impl.h"
+
+/* ---------------------------------------------------------------- events */
+
+typedef struct loom__cuda_event {
+    struct loom_event ev; /* ev.context = this */
+    cudaEvent_t event;
+    int cuda_id;
+} loom__cuda_event;
+
+static loom__cuda_event *loom__cuda_event_of(loom_event_t ev) {
+    LOOM_ASSERT(ev != NULL && loom__cuda_dev_of(ev->device) != NULL); /* not a CUDA event */
+    return ev->context;
+}
+
+loom_event_t loom__cuda_event_new(loom_dev_t dev) {
+    loom__cuda_dev *cd = loom__cuda_dev_of(dev);
+    loom__cuda_event *ce = loom_calloc(1, sizeof *ce);
+    if (!ce) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for an event", cd->name);
+        return NULL;
+    }
+    if (LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id)) != LOOM_OK ||
+        LOOM_CUDA_CHECK(cd->name,
+                        cudaEventCreateWithFlags(&ce->event, cudaEventDisableTiming)) != LOOM_OK) {
+        loom_free(ce);
+        return NULL;
+    }
+    ce->ev.device = dev;
+    ce->ev.context = ce;
+    ce->cuda_id = cd->cuda_id;
+    return &ce->ev;
+}
+
+void loom__cuda_event_free(loom_dev_t dev, loom_event_t ev) {
+    loom__cuda_event *ce = loom__cuda_event_of(ev);
+    /* Released by the driver once a pending record completes. */
+    if (LOOM_CUDA_CHECK(loom_dev_name(dev), cudaEventDestroy(ce->event)) != LOOM_OK)
+        LOOM_LOG_ERROR("%s", loom_last_error());
+    loom_free(ce);
+}
+
+void loom__cuda_event_synchronize(loom_dev_t dev, loom_event_t ev) {
+    loom__cuda_event *ce = loom__cuda_event_of(ev);
+    if (LOOM_CUDA_CHECK(loom_dev_name(dev), cudaEventSynchronize(ce->event)) != LOOM_OK)
+        LOOM_LOG_ERROR("%s", loom_last_error());
+}
+
+/* ---------------------------------------------------------------- errors */
+
+void loom__cuda_backend_set_error(loom__cuda_backend *cb, loom_status s) {
+    LOOM_LOG_ERROR("%s", loom_last_error());
+    if (cb->async_status != LOOM_OK) return;
+    cb->async_status = s;
+    snprintf(cb->async_msg, sizeof cb->async_msg, "%s", loom_last_error());
+}
+
+/* Makes the backend's GPU current; a failure becomes the sticky error. */
+static bool loom__cuda_use(loom__cuda_backend *cb) {
+    loom_status s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+    if (s != LOOM_OK) loom__cuda_backend_set_error(cb, s);
+    return s == LOOM_OK;
+}
+
+static void loom__cuda_check_async(loom__cuda_backend *cb, loom_status s) {
+    if (s != LOOM_OK) loom__cuda_backend_set_error(cb, s);
+}
+
+/* After the stream went idle: an index error written by a kernel becomes the sticky error. */
+static void loom__cuda_harvest(loom__cuda_backend *cb) {
+    volatile loom_cu_err *err = cb->err;
+    if (err->code == 0) return;
+    const unsigned long long op = err->code;
+    loom_status s = loom_error(
+        LOOM_ERR_INVALID_ARG,
+        "%s: %s (node %lld of its graph): index %lld out of range [0, %lld); that row was "
+        "skipped",
+        cb->name, op < LOOM_OP_COUNT ? loom_op_name((loom_op)op) : "?", (long long)err->node,
+        (long long)err->value, (long long)err->limit);
+    memset((void *)cb->err, 0, sizeof *cb->err);
+    loom__cuda_backend_set_error(cb, s);
+}
+
+/* ---------------------------------------------------------------- backend methods */
+
+static const struct loom_backend_i loom__cuda_backend_i;
+
+loom__cuda_backend *loom__cuda_backend_of(loom_backend_t b) {
+    if (!b || b->iface != &loom__cuda_backend_i) return NULL;
+    return b->context;
+}
+
+static loom__cuda_backend *loom__cuda_ctx(loom_backend_t b) {
+    LOOM_ASSERT(b != NULL && b->iface == &loom__cuda_backend_i);
+    return b->context;
+}
+
+static const char *loom__cuda_backend_name(loom_backend_t backend) {
+    return loom__cuda_ctx(backend)->name;
+}
+
+/* Releases everything of a (possibly partly built) backend. */
+static void loom__cuda_backend_destroy(loom__cuda_backend *cb) {
+    const char *w = cb->name;
+    (void)LOOM_CUDA_CHECK(w, cudaSetDevice(cb->cd->cuda_id));
+    if (cb->stream) (void)LOOM_CUDA_CHECK(w, cudaStreamSynchronize(cb->stream));
+    loom__cuda_gcache_free(cb->gcache);
+    if (cb->cublas) (void)LOOM_CUBLAS_CHECK(w, cublasDestroy(cb->cublas));
+    if (cb->cublas_ws) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->cublas_ws));
+    if (cb->scratch) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->scratch));
+    if (cb->staging) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->staging));
+    if (cb->err) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->err));
+    if (cb->copy_event) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->copy_event));
+    if (cb->staging_free) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->staging_free));
+    if (cb->stream) (void)LOOM_CUDA_CHECK(w, cudaStreamDestroy(cb->stream));
+    loom_free(cb);
+}
+
+static void loom__cuda_backend_free(loom_backend_t backend) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    loom__cuda_dev *cd = cb->cd;
+    loom__cuda_backend_destroy(cb);
+    pthread_mutex_lock(&cd->mu);
+    cd->n_backends--;
+    pthread_mutex_unlock(&cd->mu);
+}
+
+/* A stream reaches only its own device's memory (the scheduler guarantees it). */
+static void loom__cuda_check_tensor(loom__cuda_backend *cb, const loom_tensor *t) {
+    LOOM_ASSERT(t->buffer != NULL);
+    LOOM_ASSERT(loom__cuda_buffer_dev(t->buffer) == cb->cd);
+}
+
+static void loom__cuda_set_async(loom_backend_t backend, loom_tensor *t, const void *data,
+                                 size_t offset, size_t size) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    loom__cuda_check_tensor(cb, t);
+    if (!loom__cuda_use(cb)) return;
+    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name,
+                                               cudaMemcpyAsync((char *)t->data + offset, data, size,
+                                                               cudaMemcpyHostToDevice, cb->stream)));
+}
+
+static void loom__cuda_get_async(loom_backend_t backend, const loom_tensor *t, void *data,
+                                 size_t offset, size_t size) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    loom__cuda_check_tensor(cb, t);
+    if (!loom__cuda_use(cb)) return;
+    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(
+                                                             data, (const char *)t->data + offset,
+                                                             size, cudaMemcpyDeviceToHost,
+                                                             cb->stream)));
+}
+
+/* Staged copy of n bytes between GPUs without peer access (see the file comment). */
+static bool loom__cuda_cpy_staged(loom__cuda_backend *bs, loom__cuda_backend *bd,
+                                  const loom_tensor *src, loom_tensor *dst, size_t n) {
+    /* Grow the staging buffer once nothing reads it any more. */
+    if (n > bd->staging_size) {
+        loom_status s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(bd->cd->cuda_id));
+        if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaEventSynchronize(bd->staging_free));
+        if (s == LOOM_OK && bd->staging) {
+            s = LOOM_CUDA_CHECK(bd->name, cudaFreeHost(bd->staging));
+            bd->staging = NULL;
+            bd->staging_size = 0;
+        }
+        void *p = NULL;
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(bd->name, cudaHostAlloc(&p, n, cudaHostAllocPortable));
+        if (s != LOOM_OK) {
+            LOOM_LOG_WARN("%s: no pinned staging buffer for %zu bytes (%s); copying "
+                          "synchronously",
+                          bd->name, n, loom_last_error());
+            return false;
+        }
+        bd->staging = p;
+        bd->staging_size = n;
+    }
+    /* Source stream: wait until the staging buffer is free, copy into it, mark it ready. */
+    loom_status s = LOOM_CUDA_CHECK(bs->name, cudaSetDevice(bs->cd->cuda_id));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaStreamWaitEvent(bs->stream, bd->staging_free, 0));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(bs->name, cudaMemcpyAsync(bd->staging, src->data, n,
+                                                      cudaMemcpyDeviceToHost, bs->stream));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaEventRecord(bs->copy_event, bs->stream));
+    if (s != LOOM_OK) {
+        loom__cuda_backend_set_error(bs, s);
+        return true; /* the failure is reported by the source backend */
+    }
+    /* Destination stream: wait until it is ready, copy out, mark the buffer free. */
+    s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(bd->cd->cuda_id));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, bs->copy_event, 0));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyAsync(dst->data, bd->staging, n,
+                                                      cudaMemcpyHostToDevice, bd->stream));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaEventRecord(bd->staging_free, bd->stream));
+    if (s != LOOM_OK) loom__cuda_backend_set_error(bd, s);
+    bd->stats.staged_copies++;
+    return true;
+}
+
+/* Device-to-device copies between CUDA backends of this library (see the file comment);
+ * anything else: false (the caller synchronises both and stages through host memory). */
+static bool loom__cuda_cpy_async(loom_backend_t backend_src, loom_backend_t backend_dst,
+                                 const loom_tensor *src, loom_tensor *dst) {
+    loom__cuda_backend *bs = loom__cuda_backend_of(backend_src);
+    loom__cuda_backend *bd = loom__cuda_backend_of(backend_dst);
+    if (!bs || !bd) return false;
+    if (loom__cuda_buffer_dev(src->buffer) != bs->cd || loom__cuda_buffer_dev(dst->buffer) != bd->cd)
+        return false;
+    const size_t n = loom_nbytes(src);
+    const int sgpu = bs->cd->cuda_id, dgpu = bd->cd->cuda_id;
+    if (bs == bd) {
+        if (!loom__cuda_use(bd)) return true;
+        loom__cuda_check_async(bd, LOOM_CUDA_CHECK(bd->name,
+                                                   cudaMemcpyAsync(dst->data, src->data, n,
+                                                                   cudaMemcpyDeviceToDevice,
+                                                                   bd->stream)));
+        return true;
+    }
+    const bool peer = sgpu != dgpu && loom__cuda_peer_ok(dgpu, sgpu);
+    if (sgpu != dgpu && !peer) return loom__cuda_cpy_staged(bs, bd, src, dst, n);
+    /* Order after the source stream's work so far. */
+    loom_status s = LOOM_CUDA_CHECK(bs->name, cudaSetDevice(sgpu));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaEventRecord(bs->copy_event, bs->stream));
+    if (s != LOOM_OK) {
+        loom__cuda_backend_set_error(bs, s);
+        return true;
+    }
+    s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(dgpu));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, bs->copy_event, 0));
+    if (s == LOOM_OK) {
+        if (peer) {
+            s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyPeerAsync(dst->data, dgpu, src->data, sgpu, n,
+                                                              bd->stream));
+            bd->stats.peer_copies++;
+        } else {
+            s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyAsync(dst->data, src->data, n,
+                                                          cudaMemcpyDeviceToDevice, bd->stream));
+        }
+    }
+    loom__cuda_check_async(bd, s);
+    return true;
+}
+
+static void loom__cuda_synchronize(loom_backend_t backend) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    if (!loom__cuda_use(cb)) return;
+    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream)));
+    loom__cuda_harvest(cb);
+}
+
+static void loom__cuda_event_record(loom_backend_t backend, loom_event_t ev) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    loom__cuda_event *ce = loom__cuda_event_of(ev);
+    LOOM_ASSERT(ce->cuda_id == cb->cd->cuda_id); /* an event is recorded on its own GPU */
+    if (!loom__cuda_use(cb)) return;
+    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name, cudaEventRecord(ce->event, cb->stream)));
+}
+
+static void loom__cuda_event_wait(loom_backend_t backend, loom_event_t ev) {
+    loom__cuda_backend *cb = loom__cuda_ctx(backend);
+    loom__cuda_event *ce = loom__cuda_event_of(ev);
+    if (!loom__cuda_use(cb)) return;
+    loom__cuda_check_async(cb,
+                           LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, ce->event, 0)));
+}
+
+static const struct loom_backend_i loom__cuda_backend_i = {
+    .get_name = loom__cuda_backend_name,
+    .free = loom__cuda_backend_free,
+    .set_tensor_async = loom__cuda_set_async,
+    .get_tensor_async = loom__cuda_get_async,
+    .cpy_tensor_async = loom__cuda_cpy_async,
+    .synchronize = loom__cuda_synchronize,
+    .graph_compute = loom__cuda_graph_compute,
+    .event_record = loom__cuda_event_record,
+    .event_wait = loom__cuda_event_wait,
+};
+
+void loom_cuda_backend_get_stats(loom_backend_t backend, loom_cuda_backend_stats *out) {
+    LOOM_ASSERT(out != NULL);
+    memset(out, 0, sizeof *out);
+    loom__cuda_backend *cb = loom__cuda_backend_of(backend);
+    if (cb) *out = cb->stats;
+}
+
+/* ---------------------------------------------------------------- constructor */
+
+loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
+    if (params && params[0]) {
+        loom_error(LOOM_ERR_FORMAT, "%s: backend params '%s': the CUDA backend takes no options",
+                   cd->name, params);
+        return NULL;
+    }
+    loom__cuda_backend *cb = loom_calloc(1, sizeof *cb);
+    if (!cb) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a backend", cd->name);
+        return NULL;
+    }
+    cb->backend.iface = &loom__cuda_backend_i;
+    cb->backend.device = &cd->dev;
+    cb->backend.context = cb;
+    cb->cd = cd;
+    snprintf(cb->name, sizeof cb->name, "%s", cd->name);
+    const char *w = cb->name;
+    const char *g = getenv("LOOM_CUDA_GRAPHS");
+    cb->graphs_enabled = !(g && strcmp(g, "0") == 0);
+    /* cuBLAS recommends 32 MiB of workspace on Hopper, 4 MiB before. */
+    cb->cublas_ws_size = cd->cc >= 90 ? ((size_t)32 << 20) : ((size_t)4 << 20);
+
+    loom_status s = LOOM_CUDA_CHECK(w, cudaSetDevice(cd->cuda_id));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w, cudaEventCreateWithFlags(&cb->copy_event, cudaEventDisableTiming));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w,
+                            cudaEventCreateWithFlags(&cb->staging_free, cudaEventDisableTiming));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w, cudaHostAlloc((void **)&cb->err, sizeof *cb->err,
+                                             cudaHostAllocMapped | cudaHostAllocPortable));
+    if (s == LOOM_OK) memset(cb->err, 0, sizeof *cb->err);
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(w, cudaMalloc(&cb->cublas_ws, cb->cublas_ws_size));
+    if (s == LOOM_OK) s = LOOM_CUBLAS_CHECK(w, cublasCreate(&cb->cublas));
+    if (s == LOOM_OK) s = LOOM_CUBLAS_CHECK(w, cublasSetStream(cb->cublas, cb->stream));
+    if (s == LOOM_OK)
+        s = LOOM_CUBLAS_CHECK(w, cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_size));
+    if (s == LOOM_OK) {
+        cb->gcache = loom__cuda_gcache_new();
+        if (!cb->gcache) s = loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a graph cache", w);
+    }
+    if (s != LOOM_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        loom__cuda_backend_destroy(cb);
+        loom_error(s, "%s", msg);
+        return NULL;
+    }
+    pthread_mutex_lock(&cd->mu);
+    cd->n_backends++;
+    pthread_mutex_unlock(&cd->mu);
+    return &cb->backend;
+}

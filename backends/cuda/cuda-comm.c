@@ -1,0 +1,317 @@
+/*
+ * The CUDA communicator: what the reg exports as LOOM_PROC_COMM_INIT / _ALLREDUCE / _FREE
+ * (include/loom/reduce.h), so the reducer's ladder can sum PARTIAL tensors natively.
+ *
+ *   init       NCCL communicators for the backends' GPUs (ncclCommInitAll), only when every
+ *              backend is a CUDA backend of this library on a distinct GPU; otherwise NULL,
+ *              and the reducer uses its own algorithms.
+ *   allreduce  F32 tensors, queued on the backends' streams in stream order:
+ *              - small tensors (<= LOOM_CUDA_ALLREDUCE_ONESHOT_MAX, default 256 KiB) when
+ *                every pair of GPUs has peer access: a one-shot kernel on each device reads
+ *                every peer's tensor and sums them in device order (bit-identical results
+ *                everywhere), into scratch, copied back once all devices have read;
+ *              - large tensors (>= LOOM_CUDA_ALLREDUCE_BF16_MIN, default 1 MiB): converted to
+ *                BF16 in scratch, reduced by NCCL, converted back;
+ *              - others: NCCL in F32, out of place into scratch, copied back.
+ *              Anything it cannot do (bad tensors, no NCCL, an NCCL or CUDA error) returns
+ *              false having changed nothing (every path writes the tensors only after its
+ *              last fallible step), and logs why; after an NCCL error the communicator is
+ *              marked broken and declines every later call, so the reducer's ladder takes
+ *              over at run time.
+ *   free       waits for the streams and destroys the communicators.
+ *
+ * loom__cuda_comm_init_shared builds one without NCCL whose devices may share a GPU (only
+ * the one-shot path), so the one-shot kernel and the run-time decline can be tested on a
+ * single GPU.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <string.h>
+
+#include <nccl.h>
+
+#include "backends/cuda/cuda-impl.h"
+
+typedef struct loom__cuda_comm {
+    int n;
+    loom__cuda_backend *b[LOOM_CU_MAX_PEERS];
+    ncclComm_t nccl[LOOM_CU_MAX_PEERS];
+    bool have_nccl;
+    bool oneshot; /* every device can read every other device's memory */
+    bool broken;
+    size_t oneshot_max, bf16_min;
+    void *scratch[LOOM_CU_MAX_PEERS];
+    size_t scratch_size[LOOM_CU_MAX_PEERS];
+    cudaEvent_t ev_in[LOOM_CU_MAX_PEERS];   /* device j's input is ready */
+    cudaEvent_t ev_read[LOOM_CU_MAX_PEERS]; /* device j has read every input */
+} loom__cuda_comm;
+
+#define LOOM_NCCL_CHECK(where, call) loom__nccl_check((call), #call, (where), __FILE__, __LINE__)
+
+static loom_status loom__nccl_check(ncclResult_t r, const char *call, const char *where,
+                                    const char *file, int line) {
+    if (r == ncclSuccess) return LOOM_OK;
+    LOOM_LOG_DEBUG("%s:%d: %s: %s -> NCCL result %d", file, line, where, call, (int)r);
+    return loom_error(LOOM_ERR_DEVICE, "%s: %s failed: %s (NCCL result %d)", where, call,
+                      ncclGetErrorString(r), (int)r);
+}
+
+static void loom__cuda_comm_destroy(loom__cuda_comm *c) {
+    for (int j = 0; j < c->n; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        if (!cb) continue;
+        const char *w = cb->name;
+        (void)LOOM_CUDA_CHECK(w, cudaSetDevice(cb->cd->cuda_id));
+        (void)LOOM_CUDA_CHECK(w, cudaStreamSynchronize(cb->stream));
+        if (c->nccl[j]) (void)LOOM_NCCL_CHECK(w, ncclCommDestroy(c->nccl[j]));
+        if (c->scratch[j]) (void)LOOM_CUDA_CHECK(w, cudaFree(c->scratch[j]));
+        if (c->ev_in[j]) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(c->ev_in[j]));
+        if (c->ev_read[j]) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(c->ev_read[j]));
+    }
+    loom_free(c);
+}
+
+/* The common part of both constructors: CUDA backends only, events, thresholds. */
+static loom__cuda_comm *loom__cuda_comm_alloc(loom_backend_t *backends, size_t n) {
+    if (!backends || n < 2 || n > LOOM_CU_MAX_PEERS) return NULL;
+    loom__cuda_comm *c = loom_calloc(1, sizeof *c);
+    if (!c) {
+        LOOM_LOG_WARN("CUDA comm: out of host memory");
+        return NULL;
+    }
+    c->n = (int)n;
+    for (size_t j = 0; j < n; j++) {
+        c->b[j] = loom__cuda_backend_of(backends[j]);
+        if (!c->b[j]) {
+            LOOM_LOG_INFO("CUDA comm: backend %zu (%s) is not a CUDA backend: no communicator", j,
+                          backends[j] ? loom_backend_name(backends[j]) : "NULL");
+            c->n = (int)j;
+            loom__cuda_comm_destroy(c);
+            return NULL;
+        }
+    }
+    for (int j = 0; j < c->n; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        loom_status s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name,
+                                cudaEventCreateWithFlags(&c->ev_in[j], cudaEventDisableTiming));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name,
+                                cudaEventCreateWithFlags(&c->ev_read[j], cudaEventDisableTiming));
+        if (s != LOOM_OK) {
+            LOOM_LOG_WARN("CUDA comm: %s: no communicator", loom_last_error());
+            loom__cuda_comm_destroy(c);
+            return NULL;
+        }
+    }
+    c->oneshot = true;
+    for (int i = 0; i < c->n && c->oneshot; i++)
+        for (int j = 0; j < c->n && c->oneshot; j++)
+            if (i != j && !loom__cuda_peer_ok(c->b[i]->cd->cuda_id, c->b[j]->cd->cuda_id))
+                c->oneshot = false;
+    c->oneshot_max = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_ONESHOT_MAX", (size_t)256 << 10);
+    c->bf16_min = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_BF16_MIN", (size_t)1 << 20);
+    return c;
+}
+
+void *loom__cuda_comm_init(loom_backend_t *backends, size_t n) {
+    loom__cuda_comm *c = loom__cuda_comm_alloc(backends, n);
+    if (!c) return NULL;
+    int gpus[LOOM_CU_MAX_PEERS];
+    for (int j = 0; j < c->n; j++) {
+        gpus[j] = c->b[j]->cd->cuda_id;
+        for (int i = 0; i < j; i++) {
+            if (gpus[i] == gpus[j]) {
+                LOOM_LOG_INFO("CUDA comm: %s and %s share GPU %d; NCCL needs distinct GPUs: no "
+                              "communicator (loom's own AllReduce is used)",
+                              c->b[i]->name, c->b[j]->name, gpus[j]);
+                loom__cuda_comm_destroy(c);
+                return NULL;
+            }
+        }
+    }
+    if (LOOM_NCCL_CHECK("CUDA comm", ncclCommInitAll(c->nccl, c->n, gpus)) != LOOM_OK) {
+        LOOM_LOG_WARN("%s: no communicator (loom's own AllReduce is used)", loom_last_error());
+        memset(c->nccl, 0, sizeof c->nccl);
+        loom__cuda_comm_destroy(c);
+        return NULL;
+    }
+    c->have_nccl = true;
+    LOOM_LOG_INFO("CUDA comm: NCCL over %d GPUs, one-shot peer kernel %s", c->n,
+                  c->oneshot ? "on" : "off (no peer access)");
+    return c;
+}
+
+void *loom__cuda_comm_init_shared(loom_backend_t *backends, size_t n) {
+    loom__cuda_comm *c = loom__cuda_comm_alloc(backends, n);
+    if (c && !c->oneshot) {
+        LOOM_LOG_INFO("CUDA comm: devices without peer access: no shared communicator");
+        loom__cuda_comm_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
+void loom__cuda_comm_free(void *comm) {
+    if (comm) loom__cuda_comm_destroy(comm);
+}
+
+/* ---------------------------------------------------------------- allreduce */
+
+/* Scratch of `bytes` on device j; growing waits for the stream (the old one may be in use). */
+static loom_status comm_scratch(loom__cuda_comm *c, int j, size_t bytes) {
+    if (bytes <= c->scratch_size[j]) return LOOM_OK;
+    loom__cuda_backend *cb = c->b[j];
+    loom_status s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream));
+    if (s == LOOM_OK && c->scratch[j]) s = LOOM_CUDA_CHECK(cb->name, cudaFree(c->scratch[j]));
+    if (s != LOOM_OK) return s;
+    c->scratch[j] = NULL;
+    c->scratch_size[j] = 0;
+    s = LOOM_CUDA_CHECK(cb->name, cudaMalloc(&c->scratch[j], bytes));
+    if (s == LOOM_OK) c->scratch_size[j] = bytes;
+    return s;
+}
+
+/* Past the last fallible step a failure cannot be undone: it becomes the backend's sticky
+ * error, so the next graph_compute reports it. */
+static void comm_late_failure(loom__cuda_backend *cb, loom_status s) {
+    loom__cuda_backend_set_error(cb, s);
+}
+
+static loom_status comm_oneshot(loom__cuda_comm *c, loom_tensor *const *t, int64_t n) {
+    const int N = c->n;
+    loom_status s = LOOM_OK;
+    for (int j = 0; j < N && s == LOOM_OK; j++) s = comm_scratch(c, j, (size_t)n * sizeof(float));
+    /* every input is ready */
+    for (int j = 0; j < N && s == LOOM_OK; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaEventRecord(c->ev_in[j], cb->stream));
+    }
+    loom_cu_ptrs src;
+    memset(&src, 0, sizeof src);
+    for (int k = 0; k < N; k++) src.p[k] = t[k]->data;
+    /* each device sums every input into its scratch, then says it has read them */
+    for (int j = 0; j < N && s == LOOM_OK; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        for (int k = 0; k < N && s == LOOM_OK; k++)
+            if (k != j) s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_in[k], 0));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name, loom__cu_sum_peers(c->scratch[j], src, N, n, cb->stream));
+        if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaEventRecord(c->ev_read[j], cb->stream));
+    }
+    if (s != LOOM_OK) return s; /* the tensors are untouched */
+    /* once every device has read every input, each copies its sum back */
+    for (int j = 0; j < N; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        for (int k = 0; k < N && s == LOOM_OK; k++)
+            if (k != j) s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_read[k], 0));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(t[j]->data, c->scratch[j],
+                                                          (size_t)n * sizeof(float),
+                                                          cudaMemcpyDeviceToDevice, cb->stream));
+        if (s != LOOM_OK) comm_late_failure(cb, s);
+    }
+    return LOOM_OK;
+}
+
+static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t n, bool bf16) {
+    const int N = c->n;
+    const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    loom_status s = LOOM_OK;
+    for (int j = 0; j < N && s == LOOM_OK; j++) s = comm_scratch(c, j, (size_t)n * es);
+    for (int j = 0; j < N && s == LOOM_OK && bf16; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name, loom__cu_f32_to_bf16(t[j]->data, c->scratch[j], n,
+                                                               cb->stream));
+    }
+    if (s != LOOM_OK) return s;
+    s = LOOM_NCCL_CHECK("CUDA comm", ncclGroupStart());
+    if (s != LOOM_OK) return s;
+    loom_status first = LOOM_OK;
+    for (int j = 0; j < N; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = bf16 ? LOOM_NCCL_CHECK(cb->name, ncclAllReduce(c->scratch[j], c->scratch[j], (size_t)n,
+                                                           ncclBfloat16, ncclSum, c->nccl[j],
+                                                           cb->stream))
+                 : LOOM_NCCL_CHECK(cb->name, ncclAllReduce(t[j]->data, c->scratch[j], (size_t)n,
+                                                           ncclFloat, ncclSum, c->nccl[j],
+                                                           cb->stream));
+        if (s != LOOM_OK && first == LOOM_OK) first = s;
+    }
+    char msg[512] = "";
+    if (first != LOOM_OK) snprintf(msg, sizeof msg, "%s", loom_last_error());
+    s = LOOM_NCCL_CHECK("CUDA comm", ncclGroupEnd());
+    if (first != LOOM_OK) return loom_error(first, "%s", msg);
+    if (s != LOOM_OK) return s; /* the tensors are untouched: only scratch was written */
+    for (int j = 0; j < N; j++) {
+        loom__cuda_backend *cb = c->b[j];
+        s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+        if (s == LOOM_OK)
+            s = bf16 ? LOOM_CUDA_CHECK(cb->name, loom__cu_bf16_to_f32(c->scratch[j], t[j]->data, n,
+                                                                      cb->stream))
+                     : LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(t[j]->data, c->scratch[j],
+                                                                 (size_t)n * sizeof(float),
+                                                                 cudaMemcpyDeviceToDevice,
+                                                                 cb->stream));
+        if (s != LOOM_OK) comm_late_failure(cb, s);
+    }
+    return LOOM_OK;
+}
+
+/* Why the tensors cannot be reduced here, or NULL. */
+static const char *comm_check(const loom__cuda_comm *c, loom_tensor *const *t, size_t n) {
+    if (!t || n != (size_t)c->n) return "wrong device count";
+    for (int j = 0; j < c->n; j++) {
+        if (!t[j] || t[j]->type != LOOM_TYPE_F32 || !loom_is_contiguous(t[j])) return "not contiguous F32";
+        if (loom__cuda_buffer_dev(t[j]->buffer) != c->b[j]->cd) return "not in the device's memory";
+        if (loom_nelements(t[j]) != loom_nelements(t[0])) return "element counts differ";
+        if (((uintptr_t)t[j]->data) % sizeof(float)) return "misaligned";
+    }
+    return NULL;
+}
+
+bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n) {
+    loom__cuda_comm *c = comm;
+    if (!c) return false;
+    if (c->broken) {
+        LOOM_LOG_DEBUG("CUDA comm: broken by an earlier error; declining");
+        return false;
+    }
+    const char *why = comm_check(c, tensors, n);
+    if (why) {
+        LOOM_LOG_DEBUG("CUDA comm: declining: %s", why);
+        return false;
+    }
+    const int64_t ne = loom_nelements(tensors[0]);
+    const size_t bytes = (size_t)ne * sizeof(float);
+    if (ne == 0) return true;
+    loom_status s;
+    const char *path;
+    if (c->oneshot && bytes <= c->oneshot_max) {
+        path = "one-shot";
+        s = comm_oneshot(c, tensors, ne);
+    } else if (c->have_nccl) {
+        const bool bf16 = bytes >= c->bf16_min;
+        path = bf16 ? "NCCL bf16" : "NCCL f32";
+        s = comm_nccl(c, tensors, ne, bf16);
+        if (s != LOOM_OK) c->broken = true;
+    } else {
+        LOOM_LOG_DEBUG("CUDA comm: no NCCL for %zu bytes (one-shot limit %zu); declining", bytes,
+                       c->oneshot_max);
+        return false;
+    }
+    if (s != LOOM_OK) {
+        LOOM_LOG_WARN("CUDA comm: %s AllReduce of %zu bytes failed: %s; declining (loom's own "
+                      "AllReduce takes over%s)",
+                      path, bytes, loom_last_error(), c->broken ? " from now on" : "");
+        return false;
+    }
+    return true;
+}

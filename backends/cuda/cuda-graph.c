@@ -1,0 +1,733 @@
+/*
+ * CUDA graph compute: checks a graph (supported ops, shapes, memory this device owns,
+ * alignment) before anything is queued, sizes the backend's scratch, then enqueues one
+ * kernel launch (or a few cuBLAS calls) per node on the backend's stream.
+ *
+ * MUL_MAT: few columns (N <= 8), or shapes cuBLAS cannot take, go to the dot-product
+ * kernel for every weight type; larger float and quantised products go to cuBLAS SGEMM in
+ * F32 (weights that are not contiguous F32 are first converted, in panels of at most
+ * 64 MiB, to F32 scratch; activations and results are never rounded to 16 bits).
+ *
+ * CUDA graphs: a graph is identified by a key holding, per node, the tensor and source
+ * pointers, data addresses, types, shapes, strides and op params: everything a launch's
+ * arguments are made of. The first compute of a key runs eagerly; the second captures the
+ * launches into a CUDA graph and replays it; later computes only replay it. A cache of
+ * recent keys (LRU) serves the meta device, which alternates many small graphs per token.
+ * LOOM_CUDA_GRAPHS=0 disables capture; a capture that fails falls back to eager launches.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backends/cuda/cuda-impl.h"
+
+#define LOOM_CUDA_MMV_MAX_N 8                  /* columns up to which the dot kernel runs */
+#define LOOM_CUDA_PANEL_BYTES ((size_t)64 << 20) /* F32 weight panel for cuBLAS */
+#define LOOM_CUDA_GCACHE_CAP 128               /* captured graphs kept per backend */
+#define LOOM_CUDA_GRAPH_MIN_NODES 4            /* smaller graphs are not worth capturing */
+
+static const char *tname(const loom_tensor *t) {
+    return t->name[0] ? t->name : "(unnamed)";
+}
+
+static loom_cu_t loom__cu(const loom_tensor *t) {
+    loom_cu_t d;
+    memset(&d, 0, sizeof d);
+    if (!t) return d;
+    d.data = t->data;
+    for (int i = 0; i < 4; i++) {
+        d.ne[i] = t->ne[i];
+        d.nb[i] = (int64_t)t->nb[i];
+    }
+    d.type = (int32_t)t->type;
+    return d;
+}
+
+static size_t align_up(size_t n) {
+    return (n + LOOM_CUDA_ALIGNMENT - 1) / LOOM_CUDA_ALIGNMENT * LOOM_CUDA_ALIGNMENT;
+}
+
+static bool fits_int(int64_t v) {
+    return v > 0 && v <= INT_MAX;
+}
+
+/* ---------------------------------------------------------------- matmul plan */
+
+typedef struct mm_plan {
+    bool blas;     /* cuBLAS; otherwise the dot kernel */
+    bool a_direct; /* a is contiguous F32 rows cuBLAS reads in place */
+    bool b_direct;
+    bool c_direct;
+    int64_t mc; /* weight rows per panel */
+    size_t off_a, off_b, off_c, total;
+} mm_plan;
+
+/* The path of a MUL_MAT and the scratch it needs (graph_compute sizes the scratch from
+ * the same function, so the two always agree). */
+static mm_plan mm_plan_of(const loom_tensor *node) {
+    const loom_tensor *a = node->src[0], *b = node->src[1];
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t B2 = b->ne[2], B3 = b->ne[3];
+    mm_plan p;
+    memset(&p, 0, sizeof p);
+    p.blas = N > LOOM_CUDA_MMV_MAX_N && fits_int(K) && fits_int(M) && fits_int(N);
+    if (!p.blas) return p;
+    p.a_direct = a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float) &&
+                 a->nb[1] % sizeof(float) == 0 && (int64_t)(a->nb[1] / sizeof(float)) >= K &&
+                 fits_int((int64_t)(a->nb[1] / sizeof(float)));
+    p.b_direct = b->nb[0] == sizeof(float) && b->nb[1] % sizeof(float) == 0 &&
+                 (int64_t)(b->nb[1] / sizeof(float)) >= K &&
+                 fits_int((int64_t)(b->nb[1] / sizeof(float)));
+    p.c_direct = node->nb[0] == sizeof(float) && node->nb[1] % sizeof(float) == 0 &&
+                 (int64_t)(node->nb[1] / sizeof(float)) >= M &&
+                 fits_int((int64_t)(node->nb[1] / sizeof(float)));
+    int64_t mc = M;
+    if (!p.a_direct) {
+        mc = (int64_t)(LOOM_CUDA_PANEL_BYTES / ((size_t)K * sizeof(float)));
+        if (mc < 1) mc = 1;
+        if (mc > M) mc = M;
+    }
+    p.mc = mc;
+    size_t off = 0;
+    if (!p.a_direct) {
+        p.off_a = off;
+        off += align_up((size_t)K * (size_t)mc * sizeof(float));
+    }
+    if (!p.b_direct) {
+        p.off_b = off;
+        off += align_up((size_t)(K * N * B2 * B3) * sizeof(float));
+    }
+    if (!p.c_direct) {
+        p.off_c = off;
+        off += align_up((size_t)(M * N * B2 * B3) * sizeof(float));
+    }
+    p.total = off;
+    return p;
+}
+
+/* A contiguous F32 descriptor of shape ne at p. */
+static loom_cu_t contiguous_f32(void *p, const int64_t *ne) {
+    loom_cu_t d;
+    memset(&d, 0, sizeof d);
+    d.data = p;
+    d.type = LOOM_TYPE_F32;
+    size_t nb = sizeof(float);
+    for (int i = 0; i < 4; i++) {
+        d.ne[i] = ne[i];
+        d.nb[i] = (int64_t)nb;
+        nb *= (size_t)ne[i];
+    }
+    return d;
+}
+
+static loom_status kernel_status(loom__cuda_backend *cb, const loom_tensor *node, int index,
+                                 cudaError_t e) {
+    if (e == cudaSuccess) return LOOM_OK;
+    char call[128];
+    snprintf(call, sizeof call, "the %s kernel launch (node %d '%s')", loom_op_name(node->op), index,
+             tname(node));
+    return loom__cuda_check(e, call, cb->name, __FILE__, __LINE__);
+}
+
+static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int index) {
+    const loom_tensor *a = node->src[0], *b = node->src[1];
+    const mm_plan p = mm_plan_of(node);
+    if (!p.blas)
+        return kernel_status(cb, node, index,
+                             loom__cu_mul_mat_vec(loom__cu(node), loom__cu(a), loom__cu(b), cb->stream));
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t A2 = a->ne[2], A3 = a->ne[3];
+    const int64_t r2 = b->ne[2] / A2, r3 = b->ne[3] / A3;
+    char *scratch = cb->scratch;
+    loom_status s = LOOM_OK;
+
+    /* b: in place, or a contiguous copy */
+    const char *bbase = b->data;
+    size_t bnb1 = b->nb[1], bnb2 = b->nb[2], bnb3 = b->nb[3];
+    if (!p.b_direct) {
+        loom_cu_t bc = contiguous_f32(scratch + p.off_b, b->ne);
+        s = kernel_status(cb, node, index, loom__cu_cpy(bc, loom__cu(b), cb->stream));
+        if (s != LOOM_OK) return s;
+        bbase = bc.data;
+        bnb1 = (size_t)bc.nb[1];
+        bnb2 = (size_t)bc.nb[2];
+        bnb3 = (size_t)bc.nb[3];
+    }
+    /* the result: in place, or a contiguous temporary copied out at the end */
+    char *cbase = node->data;
+    size_t cnb1 = node->nb[1], cnb2 = node->nb[2], cnb3 = node->nb[3];
+    loom_cu_t ctmp;
+    if (!p.c_direct) {
+        ctmp = contiguous_f32(scratch + p.off_c, node->ne);
+        cbase = ctmp.data;
+        cnb1 = (size_t)ctmp.nb[1];
+        cnb2 = (size_t)ctmp.nb[2];
+        cnb3 = (size_t)ctmp.nb[3];
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const int ldb = (int)(bnb1 / sizeof(float)), ldc = (int)(cnb1 / sizeof(float));
+    for (int64_t i3a = 0; i3a < A3 && s == LOOM_OK; i3a++) {
+        for (int64_t i2a = 0; i2a < A2 && s == LOOM_OK; i2a++) {
+            for (int64_t m0 = 0; m0 < M && s == LOOM_OK; m0 += p.mc) {
+                const int64_t mcur = M - m0 < p.mc ? M - m0 : p.mc;
+                const float *A;
+                int lda;
+                if (p.a_direct) {
+                    A = (const float *)((const char *)a->data + i2a * (int64_t)a->nb[2] +
+                                        i3a * (int64_t)a->nb[3] + m0 * (int64_t)a->nb[1]);
+                    lda = (int)(a->nb[1] / sizeof(float));
+                } else {
+                    float *panel = (float *)(scratch + p.off_a);
+                    s = kernel_status(cb, node, index,
+                                      loom__cu_weights_to_f32(loom__cu(a), i2a, i3a, m0, mcur, panel,
+                                                              cb->stream));
+                    A = panel;
+                    lda = (int)K;
+                }
+                for (int64_t i3 = i3a * r3; i3 < (i3a + 1) * r3 && s == LOOM_OK; i3++) {
+                    for (int64_t i2 = i2a * r2; i2 < (i2a + 1) * r2 && s == LOOM_OK; i2++) {
+                        const float *B = (const float *)(bbase + i2 * (int64_t)bnb2 + i3 * (int64_t)bnb3);
+                        float *C = (float *)(cbase + i2 * (int64_t)cnb2 + i3 * (int64_t)cnb3) + m0;
+                        /* C[m, n] = sum_k A[k, m] B[k, n]: A is K x mcur column-major */
+                        s = LOOM_CUBLAS_CHECK(cb->name,
+                                              cublasSgemm(cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N,
+                                                          (int)mcur, (int)N, (int)K, &one, A, lda,
+                                                          B, ldb, &zero, C, ldc));
+                        cb->stats.cublas_calls++;
+                    }
+                }
+            }
+        }
+    }
+    if (s == LOOM_OK && !p.c_direct)
+        s = kernel_status(cb, node, index, loom__cu_cpy(loom__cu(node), ctmp, cb->stream));
+    return s;
+}
+
+/* ---------------------------------------------------------------- one node */
+
+static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
+    const loom_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
+    cudaStream_t st = cb->stream;
+    loom_cu_err *err = cb->err;
+    cudaError_t e = cudaSuccess;
+    switch (t->op) {
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+    case LOOM_OP_CPY:
+        e = loom__cu_cpy(loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_ADD:
+    case LOOM_OP_SUB:
+    case LOOM_OP_MUL:
+    case LOOM_OP_DIV:
+        e = loom__cu_binary((int)t->op, loom__cu(t), loom__cu(a), loom__cu(b), st);
+        break;
+    case LOOM_OP_ADD_ID:
+        e = loom__cu_add_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), err, index, st);
+        break;
+    case LOOM_OP_SCALE:
+    case LOOM_OP_CLAMP:
+        e = loom__cu_map((int)t->op, -1, loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
+                         loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_SQR:
+    case LOOM_OP_SQRT:
+        e = loom__cu_map((int)t->op, -1, 0.0f, 0.0f, loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_UNARY:
+        e = loom__cu_map((int)t->op, loom_get_op_params_i32(t, 0), 0.0f, 0.0f, loom__cu(t),
+                         loom__cu(a), st);
+        break;
+    case LOOM_OP_GLU:
+        e = loom__cu_glu(loom_get_op_params_i32(t, 0), loom_get_op_params_i32(t, 1) != 0,
+                         loom__cu(t), loom__cu(a), loom__cu(b), st);
+        break;
+    case LOOM_OP_FILL:
+        e = loom__cu_fill(loom_get_op_params_f32(t, 0), loom__cu(t), st);
+        break;
+    case LOOM_OP_SUM_ROWS:
+    case LOOM_OP_MEAN:
+        e = loom__cu_reduce_rows(t->op == LOOM_OP_MEAN, loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_ARGMAX:
+        e = loom__cu_argmax(loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_NORM:
+    case LOOM_OP_RMS_NORM:
+        e = loom__cu_norm(t->op == LOOM_OP_RMS_NORM, loom_get_op_params_f32(t, 0), loom__cu(t),
+                          loom__cu(a), st);
+        break;
+    case LOOM_OP_SOFT_MAX:
+        e = loom__cu_soft_max(loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
+                              loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), st);
+        break;
+    case LOOM_OP_ARGSORT:
+        e = loom__cu_argsort(loom_get_op_params_i32(t, 0) == LOOM_SORT_DESC, a->ne[0], loom__cu(t),
+                             loom__cu(a), st);
+        break;
+    case LOOM_OP_TOP_K:
+        e = loom__cu_argsort(1, t->ne[0], loom__cu(t), loom__cu(a), st);
+        break;
+    case LOOM_OP_ROPE:
+        e = loom__cu_rope(loom_get_op_params_i32(t, 0), loom_get_op_params_i32(t, 1),
+                          loom_get_op_params_f32(t, 2), loom_get_op_params_f32(t, 3), loom__cu(t),
+                          loom__cu(a), loom__cu(b), loom__cu(c), st);
+        break;
+    case LOOM_OP_GET_ROWS:
+        e = loom__cu_get_rows(loom__cu(t), loom__cu(a), loom__cu(b), err, index, st);
+        break;
+    case LOOM_OP_SET_ROWS:
+        e = loom__cu_set_rows(loom__cu(t), loom__cu(a), loom__cu(b), err, index, st);
+        break;
+    case LOOM_OP_CONCAT:
+        e = loom__cu_concat(loom_get_op_params_i32(t, 0), loom__cu(t), loom__cu(a), loom__cu(b), st);
+        break;
+    case LOOM_OP_MUL_MAT:
+        return mul_mat(cb, t, index);
+    case LOOM_OP_MUL_MAT_ID:
+        e = loom__cu_mul_mat_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), err, index, st);
+        break;
+    case LOOM_OP_FLASH_ATTN_EXT:
+        e = loom__cu_flash_attn(loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
+                                loom_get_op_params_f32(t, 2), loom__cu(t), loom__cu(a), loom__cu(b),
+                                loom__cu(c), loom__cu(t->src[3]), loom__cu(t->src[4]), st);
+        break;
+    default:
+        return LOOM_OK; /* views: nothing to compute */
+    }
+    return kernel_status(cb, t, index, e);
+}
+
+static loom_status run_nodes(loom__cuda_backend *cb, loom_graph *g) {
+    for (int i = 0; i < g->n_nodes; i++) {
+        loom_tensor *t = g->nodes[i];
+        if (loom_op_is_view(t->op) || loom_nelements(t) == 0) continue;
+        loom_status s = run_node(cb, t, i);
+        if (s != LOOM_OK) return s;
+    }
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static loom_status unsupported(const loom__cuda_backend *cb, const loom_tensor *t, int index) {
+    char types[160];
+    int n = 0;
+    types[0] = 0;
+    for (int i = 0; i < LOOM_MAX_SRC && n < (int)sizeof types - 16; i++) {
+        if (!t->src[i]) continue;
+        n += snprintf(types + n, sizeof types - (size_t)n, "%s%s", n ? ", " : "",
+                      loom_type_is_valid((int)t->src[i]->type) ? loom_type_name(t->src[i]->type)
+                                                               : "?");
+    }
+    return loom_error(LOOM_ERR_UNSUPPORTED,
+                      "%s: op %s (node %d '%s') is not supported for sources (%s) -> %s", cb->name,
+                      (unsigned)t->op < LOOM_OP_COUNT ? loom_op_name(t->op) : "?", index, tname(t),
+                      types, loom_type_is_valid((int)t->type) ? loom_type_name(t->type) : "?");
+}
+
+static loom_status bad_shape(const loom__cuda_backend *cb, const loom_tensor *t, const char *what) {
+    return loom_error(LOOM_ERR_SHAPE, "%s: op %s (tensor '%s'): %s", cb->name, loom_op_name(t->op),
+                      tname(t), what);
+}
+
+static bool same_ne(const loom_tensor *a, const loom_tensor *b) {
+    return a->ne[0] == b->ne[0] && a->ne[1] == b->ne[1] && a->ne[2] == b->ne[2] &&
+           a->ne[3] == b->ne[3];
+}
+
+/* Shape rules whose violation would make a kernel read or write out of bounds (the
+ * builders enforce them; a hand-made node might not). The CPU oracle's rules. */
+static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor *t) {
+    const loom_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
+    switch (t->op) {
+    case LOOM_OP_DUP:
+    case LOOM_OP_CONT:
+    case LOOM_OP_CPY:
+        if (loom_nelements(a) != loom_nelements(t)) return bad_shape(cb, t, "element counts differ");
+        break;
+    case LOOM_OP_ADD:
+    case LOOM_OP_SUB:
+    case LOOM_OP_MUL:
+    case LOOM_OP_DIV:
+        if (!same_ne(a, t) || !loom_can_repeat(b, a)) return bad_shape(cb, t, "b does not repeat into a");
+        break;
+    case LOOM_OP_ADD_ID:
+        if (!same_ne(a, t) || b->ne[0] != a->ne[0] || c->ne[0] != a->ne[1] || c->ne[1] != a->ne[2])
+            return bad_shape(cb, t, "expected a [n,U,T], b [n,E], ids [U,T]");
+        break;
+    case LOOM_OP_MUL_MAT:
+        if (a->ne[0] != b->ne[0] || t->ne[0] != a->ne[1] || t->ne[1] != b->ne[1] ||
+            t->ne[2] != b->ne[2] || t->ne[3] != b->ne[3] || a->ne[2] <= 0 || a->ne[3] <= 0 ||
+            b->ne[2] % a->ne[2] != 0 || b->ne[3] % a->ne[3] != 0)
+            return bad_shape(cb, t, "expected a [K,M,A2,A3] x b [K,N,B2,B3] -> [M,N,B2,B3]");
+        break;
+    case LOOM_OP_MUL_MAT_ID:
+        if (a->ne[0] != b->ne[0] || t->ne[0] != a->ne[1] || c->ne[0] != t->ne[1] ||
+            c->ne[1] != t->ne[2] || b->ne[2] != t->ne[2] || b->ne[1] <= 0 ||
+            (b->ne[1] != 1 && b->ne[1] != c->ne[0]))
+            return bad_shape(cb, t, "expected as [K,M,E], b [K,U or 1,T], ids [U,T] -> [M,U,T]");
+        break;
+    case LOOM_OP_GET_ROWS:
+        if (t->ne[0] != a->ne[0] || t->ne[1] != b->ne[0] || t->ne[2] != b->ne[1] ||
+            t->ne[3] != b->ne[2] || a->ne[2] <= 0 || a->ne[3] <= 0 || b->ne[1] % a->ne[2] != 0 ||
+            b->ne[2] % a->ne[3] != 0)
+            return bad_shape(cb, t, "expected a [n,R,A2,A3], ids [X,B1,B2] -> [n,X,B1,B2]");
+        break;
+    case LOOM_OP_SET_ROWS:
+        if (t->ne[0] != a->ne[0] || b->ne[0] != a->ne[1] || b->ne[1] != a->ne[2] ||
+            b->ne[2] != a->ne[3] || a->ne[2] <= 0 || a->ne[3] <= 0 || t->ne[2] % a->ne[2] != 0 ||
+            t->ne[3] % a->ne[3] != 0)
+            return bad_shape(cb, t, "expected dst [n,R,D2,D3], b [n,X,B2,B3], ids [X,B2,B3]");
+        break;
+    case LOOM_OP_SOFT_MAX:
+        if (!same_ne(a, t)) return bad_shape(cb, t, "result shape differs from a");
+        if (b && (b->ne[0] != a->ne[0] || b->ne[1] < a->ne[1] || b->ne[2] <= 0 || b->ne[3] <= 0 ||
+                  a->ne[2] % b->ne[2] != 0 || a->ne[3] % b->ne[3] != 0))
+            return bad_shape(cb, t, "mask must be [ne0, >= ne1, ne2 or 1, ne3 or 1]");
+        if (c && loom_nelements(c) < a->ne[2]) return bad_shape(cb, t, "sinks need ne2 values");
+        break;
+    case LOOM_OP_ROPE: {
+        int n_dims = loom_get_op_params_i32(t, 0);
+        if (!same_ne(a, t) || b->ne[0] < a->ne[2] || n_dims < 0 || n_dims % 2 || n_dims > a->ne[0])
+            return bad_shape(cb, t, "expected a [D,H,T], pos [T], even n_dims <= D");
+        if (c && loom_nelements(c) < n_dims / 2)
+            return bad_shape(cb, t, "freq_factors need n_dims/2 values");
+        break;
+    }
+    case LOOM_OP_FLASH_ATTN_EXT: {
+        const loom_tensor *k = b, *v = c, *mask = t->src[3], *sinks = t->src[4];
+        if (k->ne[0] != a->ne[0] || v->ne[1] != k->ne[1] || k->ne[2] <= 0 ||
+            a->ne[2] % k->ne[2] != 0 || v->ne[2] != k->ne[2] || k->ne[3] != a->ne[3] ||
+            v->ne[3] != a->ne[3] || t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] ||
+            t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
+            return bad_shape(cb, t, "expected q [D,Nq,H,S], k [D,Nkv,Hk,S], v [Dv,Nkv,Hk,S]");
+        if (mask && (mask->ne[0] < k->ne[1] || mask->ne[1] < a->ne[1] || mask->ne[2] <= 0 ||
+                     mask->ne[3] <= 0 || a->ne[2] % mask->ne[2] != 0 ||
+                     a->ne[3] % mask->ne[3] != 0))
+            return bad_shape(cb, t, "mask must be [Nkv, >= Nq, 1, 1]");
+        if (sinks && loom_nelements(sinks) < a->ne[2]) return bad_shape(cb, t, "sinks need H values");
+        break;
+    }
+    case LOOM_OP_CONCAT: {
+        int dim = loom_get_op_params_i32(t, 0);
+        if (dim < 0 || dim >= LOOM_MAX_DIMS) return bad_shape(cb, t, "bad concat dim");
+        for (int d = 0; d < LOOM_MAX_DIMS; d++) {
+            int64_t want = d == dim ? a->ne[d] + b->ne[d] : a->ne[d];
+            if (t->ne[d] != want || (d != dim && b->ne[d] != a->ne[d]))
+                return bad_shape(cb, t, "a and b must agree except along dim");
+        }
+        break;
+    }
+    case LOOM_OP_GLU:
+        if (b && (!same_ne(a, b) || !same_ne(a, t)))
+            return bad_shape(cb, t, "split GLU needs equal shapes");
+        if (!b && (a->ne[0] != 2 * t->ne[0] || a->ne[1] != t->ne[1] || a->ne[2] != t->ne[2] ||
+                   a->ne[3] != t->ne[3]))
+            return bad_shape(cb, t, "fused GLU needs a [2n, ...] -> [n, ...]");
+        break;
+    case LOOM_OP_ARGSORT:
+        if (!same_ne(a, t)) return bad_shape(cb, t, "result shape differs from a");
+        break;
+    case LOOM_OP_TOP_K:
+        if (t->ne[0] < 1 || t->ne[0] > a->ne[0] || t->ne[1] != a->ne[1] || t->ne[2] != a->ne[2] ||
+            t->ne[3] != a->ne[3])
+            return bad_shape(cb, t, "need 1 <= k <= ne0");
+        break;
+    case LOOM_OP_ARGMAX:
+        if (loom_nelements(t) != loom_nrows(a)) return bad_shape(cb, t, "result needs one value per row");
+        break;
+    case LOOM_OP_SUM_ROWS:
+    case LOOM_OP_MEAN:
+        if (t->ne[0] != 1 || t->ne[1] != a->ne[1] || t->ne[2] != a->ne[2] || t->ne[3] != a->ne[3])
+            return bad_shape(cb, t, "result must be [1, ne1, ne2, ne3]");
+        break;
+    case LOOM_OP_FILL:
+        break;
+    default:
+        if (a && !same_ne(a, t)) return bad_shape(cb, t, "result shape differs from a");
+        break;
+    }
+    return LOOM_OK;
+}
+
+/* The kernels load elements with their natural alignment (quantised blocks: 2 bytes). */
+static bool aligned_ok(const loom_tensor *t) {
+    const size_t al = loom_type_traits_get((int)t->type)->is_quantized ? 2 : loom_type_size(t->type);
+    if (al <= 1) return true;
+    if ((uintptr_t)t->data % al) return false;
+    for (int i = 0; i < LOOM_MAX_DIMS; i++)
+        if (t->ne[i] > 1 && t->nb[i] % al) return false;
+    return true;
+}
+
+static loom_status check_tensor(const loom__cuda_backend *cb, const loom_tensor *t,
+                                const loom_tensor *node, int index) {
+    if (loom_nelements(t) == 0) return LOOM_OK;
+    if (!t->data) {
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "%s: tensor '%s' (used by node %d '%s') is not allocated", cb->name,
+                          tname(t), index, tname(node));
+    }
+    if (loom__cuda_buffer_dev(t->buffer) != cb->cd) {
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "%s: tensor '%s' (used by node %d '%s') is in %s, which this device "
+                          "cannot compute on",
+                          cb->name, tname(t), index, tname(node),
+                          t->buffer ? loom_buffer_name(t->buffer) : "unmanaged memory");
+    }
+    if (!aligned_ok(t)) {
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "%s: tensor '%s' (used by node %d '%s') is not aligned to its %s "
+                          "elements",
+                          cb->name, tname(t), index, tname(node), loom_type_name(t->type));
+    }
+    return LOOM_OK;
+}
+
+/* Everything that can be known before queueing: a misuse fails synchronously, with nothing
+ * queued. *scratch gets the scratch bytes the graph needs, *n_work its computing nodes. */
+static loom_status validate(const loom__cuda_backend *cb, const loom_graph *g, size_t *scratch,
+                            int *n_work) {
+    *scratch = 0;
+    *n_work = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (!t) return loom_error(LOOM_ERR_INVALID_ARG, "%s: graph node %d is NULL", cb->name, i);
+        if (!loom__cuda_dev_supports_op(cb->cd, t)) return unsupported(cb, t, i);
+        if (loom_op_is_view(t->op) || loom_nelements(t) == 0) continue;
+        loom_status s = check_tensor(cb, t, t, i);
+        for (int j = 0; j < LOOM_MAX_SRC && s == LOOM_OK; j++) {
+            if (t->src[j] && t->op != LOOM_OP_FILL) s = check_tensor(cb, t->src[j], t, i);
+        }
+        if (s == LOOM_OK) s = check_shapes(cb, t);
+        if (s != LOOM_OK) return s;
+        (*n_work)++;
+        if (t->op == LOOM_OP_MUL_MAT) {
+            mm_plan p = mm_plan_of(t);
+            if (p.total > *scratch) *scratch = p.total;
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- graph cache */
+
+typedef struct gentry {
+    uint64_t hash;
+    uint64_t *key; /* words */
+    size_t n;
+    cudaGraphExec_t exec; /* NULL until captured */
+    uint64_t last_use;
+    bool no_capture; /* capture failed once: always eager */
+} gentry;
+
+struct loom__cuda_gcache {
+    gentry e[LOOM_CUDA_GCACHE_CAP];
+    int n;
+    uint64_t clock;
+    uint64_t *key; /* the key being built */
+    size_t key_n, key_cap;
+    bool oom;
+};
+
+loom__cuda_gcache *loom__cuda_gcache_new(void) {
+    return loom_calloc(1, sizeof(loom__cuda_gcache));
+}
+
+static void gentry_release(gentry *e) {
+    if (e->exec) (void)LOOM_CUDA_CHECK("CUDA graph cache", cudaGraphExecDestroy(e->exec));
+    loom_free(e->key);
+    memset(e, 0, sizeof *e);
+}
+
+void loom__cuda_gcache_clear(loom__cuda_gcache *gc) {
+    if (!gc) return;
+    for (int i = 0; i < gc->n; i++) gentry_release(&gc->e[i]);
+    gc->n = 0;
+}
+
+void loom__cuda_gcache_free(loom__cuda_gcache *gc) {
+    if (!gc) return;
+    loom__cuda_gcache_clear(gc);
+    loom_free(gc->key);
+    loom_free(gc);
+}
+
+static void key_push(loom__cuda_gcache *gc, uint64_t w) {
+    if (gc->oom) return;
+    if (gc->key_n == gc->key_cap) {
+        size_t cap = gc->key_cap ? 2 * gc->key_cap : 1024;
+        uint64_t *p = loom_realloc(gc->key, cap * sizeof *p);
+        if (!p) {
+            gc->oom = true;
+            return;
+        }
+        gc->key = p;
+        gc->key_cap = cap;
+    }
+    gc->key[gc->key_n++] = w;
+}
+
+static void key_push_tensor(loom__cuda_gcache *gc, const loom_tensor *t) {
+    key_push(gc, (uint64_t)(uintptr_t)t);
+    key_push(gc, (uint64_t)(uintptr_t)t->data);
+    key_push(gc, (uint64_t)t->type | ((uint64_t)t->op << 32));
+    for (int i = 0; i < LOOM_MAX_DIMS; i++) {
+        key_push(gc, (uint64_t)t->ne[i]);
+        key_push(gc, (uint64_t)t->nb[i]);
+    }
+}
+
+/* Builds the key of g; false when the host is out of memory (then no caching). */
+static bool key_build(loom__cuda_gcache *gc, const loom_graph *g, uint64_t *hash) {
+    gc->key_n = 0;
+    gc->oom = false;
+    key_push(gc, (uint64_t)g->n_nodes);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        key_push_tensor(gc, t);
+        for (size_t w = 0; w < LOOM_MAX_OP_PARAMS / sizeof(uint64_t); w++) {
+            uint64_t v;
+            memcpy(&v, (const char *)t->op_params + w * sizeof v, sizeof v);
+            key_push(gc, v);
+        }
+        for (int j = 0; j < LOOM_MAX_SRC; j++) {
+            if (!t->src[j]) continue;
+            key_push(gc, 0x5352430000000000ull | (uint64_t)j); /* "SRC" + slot */
+            key_push_tensor(gc, t->src[j]);
+        }
+    }
+    if (gc->oom) return false;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < gc->key_n; i++) h = (h ^ gc->key[i]) * 1099511628211ull;
+    *hash = h;
+    return true;
+}
+
+static gentry *gcache_find(loom__cuda_gcache *gc, uint64_t hash) {
+    for (int i = 0; i < gc->n; i++) {
+        gentry *e = &gc->e[i];
+        if (e->hash == hash && e->n == gc->key_n &&
+            memcmp(e->key, gc->key, gc->key_n * sizeof *gc->key) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* Remembers the current key (evicting the least recently used entry when full). */
+static gentry *gcache_insert(loom__cuda_gcache *gc, uint64_t hash) {
+    uint64_t *copy = loom_malloc(gc->key_n * sizeof *copy);
+    if (!copy) return NULL;
+    memcpy(copy, gc->key, gc->key_n * sizeof *copy);
+    gentry *e;
+    if (gc->n < LOOM_CUDA_GCACHE_CAP) {
+        e = &gc->e[gc->n++];
+    } else {
+        e = &gc->e[0];
+        for (int i = 1; i < gc->n; i++)
+            if (gc->e[i].last_use < e->last_use) e = &gc->e[i];
+        gentry_release(e);
+    }
+    e->hash = hash;
+    e->key = copy;
+    e->n = gc->key_n;
+    e->last_use = ++gc->clock;
+    return e;
+}
+
+/* Captures g's launches into a CUDA graph, instantiates and launches it. false (with
+ * nothing launched and every error cleared) when the capture did not work out; the caller
+ * then runs the graph eagerly. */
+static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e) {
+    if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(cb->stream,
+                                                         cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
+        LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());
+        return false;
+    }
+    loom_status rs = run_nodes(cb, g);
+    char why[512] = "";
+    if (rs != LOOM_OK) snprintf(why, sizeof why, "%s", loom_last_error());
+    cudaGraph_t graph = NULL;
+    loom_status es = LOOM_CUDA_CHECK(cb->name, cudaStreamEndCapture(cb->stream, &graph));
+    if (es != LOOM_OK && !why[0]) snprintf(why, sizeof why, "%s", loom_last_error());
+    cudaGraphExec_t exec = NULL;
+    if (rs == LOOM_OK && es == LOOM_OK &&
+        LOOM_CUDA_CHECK(cb->name, cudaGraphInstantiate(&exec, graph, 0)) != LOOM_OK) {
+        snprintf(why, sizeof why, "%s", loom_last_error());
+        exec = NULL;
+    }
+    if (graph) (void)LOOM_CUDA_CHECK(cb->name, cudaGraphDestroy(graph));
+    (void)cudaGetLastError();
+    if (!exec) {
+        LOOM_LOG_DEBUG("%s: CUDA graph capture failed (%s); running this graph eagerly", cb->name,
+                       why);
+        e->no_capture = true;
+        return false;
+    }
+    e->exec = exec;
+    cb->stats.graph_captures++;
+    return true;
+}
+
+/* ---------------------------------------------------------------- compute */
+
+static loom_status ensure_scratch(loom__cuda_backend *cb, size_t need) {
+    if (need <= cb->scratch_size) return LOOM_OK;
+    /* Nothing may still use the old scratch; captured graphs hold its address. */
+    loom_status s = LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream));
+    loom__cuda_gcache_clear(cb->gcache);
+    if (s == LOOM_OK && cb->scratch) s = LOOM_CUDA_CHECK(cb->name, cudaFree(cb->scratch));
+    cb->scratch = NULL;
+    cb->scratch_size = 0;
+    if (s != LOOM_OK) return s;
+    size_t grow = need + need / 4;
+    void *p = NULL;
+    if (cudaMalloc(&p, grow) != cudaSuccess) {
+        (void)cudaGetLastError();
+        grow = need;
+        s = LOOM_CUDA_CHECK(cb->name, cudaMalloc(&p, grow));
+        if (s != LOOM_OK) return s;
+    }
+    cb->scratch = p;
+    cb->scratch_size = grow;
+    return LOOM_OK;
+}
+
+loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
+    loom__cuda_backend *cb = loom__cuda_backend_of(backend);
+    LOOM_ASSERT(cb != NULL);
+    if (cb->async_status != LOOM_OK) {
+        loom_status pending = cb->async_status;
+        cb->async_status = LOOM_OK;
+        return loom_error(pending, "%s: an earlier operation failed: %s", cb->name, cb->async_msg);
+    }
+    size_t need = 0;
+    int n_work = 0;
+    loom_status s = validate(cb, g, &need, &n_work);
+    if (s != LOOM_OK) return s;
+    cb->stats.graphs++;
+    if (n_work == 0) return LOOM_OK;
+    s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
+    if (s == LOOM_OK) s = ensure_scratch(cb, need);
+    if (s != LOOM_OK) return s;
+
+    uint64_t hash = 0;
+    if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES && key_build(cb->gcache, g, &hash)) {
+        loom__cuda_gcache *gc = cb->gcache;
+        gentry *e = gcache_find(gc, hash);
+        if (e) {
+            e->last_use = ++gc->clock;
+            if (!e->exec && !e->no_capture) capture_and_launch(cb, g, e);
+            if (e->exec) {
+                s = LOOM_CUDA_CHECK(cb->name, cudaGraphLaunch(e->exec, cb->stream));
+                if (s == LOOM_OK) cb->stats.graph_launches++;
+                return s;
+            }
+        } else {
+            (void)gcache_insert(gc, hash); /* seen once: eager now, captured next time */
+        }
+    }
+    return run_nodes(cb, g);
+}

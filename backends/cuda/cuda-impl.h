@@ -1,0 +1,154 @@
+/*
+ * CUDA backend internals shared by the host files of backends/cuda/ (reg and devices,
+ * buffers, backends and events, graph compute, the communicator). Not a public header.
+ *
+ * Object layout: a loom__cuda_reg holds the reg, its pinned-host buffer type and all its
+ * devices inline (the default reg lives in static storage); each device holds its device
+ * buffer type inline. A loom device maps to one GPU (cuda_id); several loom devices may
+ * share a GPU (virtual devices, for tests on one GPU).
+ *
+ * Errors: every CUDA runtime / cuBLAS / NCCL call goes through a check (LOOM_CUDA_CHECK,
+ * LOOM_CUBLAS_CHECK, and NCCL's in cuda-comm.c) that records a loom_status naming the
+ * call, the error and the device, and leaves a debug trace line with the source location.
+ * Hooks without a status (async copies, synchronize) keep the first failure as the
+ * backend's sticky error, which the next graph_compute returns.
+ */
+#ifndef LOOM_CUDA_IMPL_H
+#define LOOM_CUDA_IMPL_H
+
+#include <pthread.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "backends/backend-impl.h"
+#include "backends/cuda/kernels.h"
+#include "loom/cuda.h"
+
+#define LOOM_CUDA_MAX_DEVICES 64 /* loom devices per reg */
+#define LOOM_CUDA_MAX_GPUS 16
+#define LOOM_CUDA_MAX_PER_GPU 8
+#define LOOM_CUDA_ALIGNMENT 256      /* device buffer base and tensor offsets */
+#define LOOM_CUDA_HOST_ALIGNMENT 64  /* pinned host buffers */
+#define LOOM_CUDA_MIN_CC 80          /* the kernels are built for sm_80 and sm_90 */
+
+typedef struct loom__cuda_reg loom__cuda_reg;
+
+typedef struct loom__cuda_dev {
+    struct loom_dev dev;   /* dev.context = this */
+    struct loom_buft buft; /* device memory "CUDAk"; buft.context = this */
+    loom__cuda_reg *creg;
+    int index;     /* loom device index in the reg */
+    int cuda_id;   /* the GPU */
+    int n_shared;  /* loom devices of this reg on that GPU (1: the GPU is its own) */
+    int cc;        /* compute capability, 10 * major + minor */
+    size_t gpu_total_mem;
+    char name[32]; /* "CUDA0", "V1-CUDA0" */
+    char desc[320];
+    pthread_mutex_t mu; /* guards the counters below */
+    int n_buffers;      /* live device buffers */
+    int n_backends;     /* live backends */
+} loom__cuda_dev;
+
+struct loom__cuda_reg {
+    struct loom_reg reg;        /* reg.context = this */
+    struct loom_buft host_buft; /* pinned host memory; device = the first device */
+    char name[16];              /* "CUDA", "V1-CUDA", ... */
+    char host_name[24];         /* "CUDA_Host", "V1-CUDA_Host" */
+    char prefix[8];             /* "", "V1-", ... */
+    int slot;
+    bool is_static;
+    int per_gpu;
+    int n_devices;
+    char no_devices_reason[256];
+    loom__cuda_dev devs[LOOM_CUDA_MAX_DEVICES];
+};
+
+typedef struct loom__cuda_gcache loom__cuda_gcache; /* cuda-graph.c */
+
+typedef struct loom__cuda_backend {
+    struct loom_backend backend; /* backend.context = this */
+    loom__cuda_dev *cd;
+    char name[48];
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_ws; /* cuBLAS workspace (fixed, so captured GEMMs never allocate) */
+    size_t cublas_ws_size;
+    void *scratch; /* per-node temporaries of graph_compute (matmul panels) */
+    size_t scratch_size;
+    loom_cu_err *err; /* mapped pinned host memory written by the index-checking kernels */
+    cudaEvent_t copy_event;    /* recorded on this stream before copies out of this device */
+    void *staging;             /* pinned host staging of copies between GPUs without P2P */
+    size_t staging_size;
+    cudaEvent_t staging_free;  /* recorded on this stream after the last read of staging */
+    loom_status async_status;  /* first failure of an asynchronous operation, until reported */
+    char async_msg[512];
+    bool graphs_enabled;
+    loom__cuda_gcache *gcache;
+    loom_cuda_backend_stats stats;
+} loom__cuda_backend;
+
+/* ---------------------------------------------------------------- checks (cuda-reg.c) */
+
+/* LOOM_OK for cudaSuccess; otherwise clears the (non-sticky) error, records "<where>:
+ * <call> failed: <message> (<name>)" with LOOM_ERR_DEVICE_OOM for an out-of-memory error
+ * and LOOM_ERR_DEVICE otherwise, logs a debug trace with file:line, and returns it. */
+loom_status loom__cuda_check(cudaError_t err, const char *call, const char *where,
+                             const char *file, int line);
+loom_status loom__cublas_check(cublasStatus_t st, const char *call, const char *where,
+                               const char *file, int line);
+#define LOOM_CUDA_CHECK(where, call) loom__cuda_check((call), #call, (where), __FILE__, __LINE__)
+#define LOOM_CUBLAS_CHECK(where, call)                                                             \
+    loom__cublas_check((call), #call, (where), __FILE__, __LINE__)
+
+/* "3.00 GiB", "1.20 MiB", "512 B". */
+void loom__cuda_format_size(size_t bytes, char *buf, size_t size);
+/* A non-negative integer from the environment, or def when unset; a bad value is logged
+ * and def used. */
+size_t loom__cuda_env_size(const char *name, size_t def);
+
+/* ---------------------------------------------------------------- cuda-reg.c */
+
+/* The CUDA device behind dev, or NULL if dev is not a device of this library. */
+loom__cuda_dev *loom__cuda_dev_of(loom_dev_t dev);
+bool loom__cuda_dev_supports_op(const loom__cuda_dev *cd, const loom_tensor *op);
+/* Whether GPU `from` can read GPU `to`'s memory directly; enables peer access (once, for
+ * the process) the first time it is asked. Same GPU: true. */
+bool loom__cuda_peer_ok(int from, int to);
+
+/* ---------------------------------------------------------------- cuda-buffer.c */
+
+extern const struct loom_buft_i loom__cuda_buft_i;
+extern const struct loom_buft_i loom__cuda_host_buft_i;
+/* The CUDA device owning buf's device memory, or NULL (host memory or another backend). */
+loom__cuda_dev *loom__cuda_buffer_dev(loom_buffer_t buf);
+
+/* ---------------------------------------------------------------- cuda-backend.c */
+
+loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params);
+/* The CUDA backend behind b, or NULL if b is not a backend of this library. */
+loom__cuda_backend *loom__cuda_backend_of(loom_backend_t b);
+/* Keeps the first asynchronous failure (the current loom_last_error) for the next
+ * graph_compute, and logs it. */
+void loom__cuda_backend_set_error(loom__cuda_backend *cb, loom_status s);
+loom_event_t loom__cuda_event_new(loom_dev_t dev);
+void loom__cuda_event_free(loom_dev_t dev, loom_event_t ev);
+void loom__cuda_event_synchronize(loom_dev_t dev, loom_event_t ev);
+
+/* ---------------------------------------------------------------- cuda-graph.c */
+
+loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g);
+loom__cuda_gcache *loom__cuda_gcache_new(void);
+void loom__cuda_gcache_free(loom__cuda_gcache *gc); /* NULL: no-op */
+void loom__cuda_gcache_clear(loom__cuda_gcache *gc);
+
+/* ---------------------------------------------------------------- cuda-comm.c */
+
+void *loom__cuda_comm_init(loom_backend_t *backends, size_t n);
+/* A communicator for tests on one GPU: devices may share a GPU, no NCCL (only the one-shot
+ * peer-to-peer kernel; larger tensors are declined). */
+void *loom__cuda_comm_init_shared(loom_backend_t *backends, size_t n);
+bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n);
+void loom__cuda_comm_free(void *comm);
+
+#endif /* LOOM_CUDA_IMPL_H */

@@ -1,0 +1,227 @@
+/*
+ * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
+ * weight type, Q8_0/Q4_0 dequantised in registers, any strides, batch broadcasting),
+ * MUL_MAT_ID (one warp per output element, the expert read from ids on the device), the
+ * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (one
+ * warp per output row with an online softmax, as the CPU backend computes it).
+ *
+ * The large float products go to cuBLAS from the host code (cuda-graph.c); these kernels
+ * are the simple, always-correct path: the CPU oracle's sums in another order, never a
+ * lower precision (b is never rounded to 16 bits or quantised).
+ */
+#include "backends/cuda/kernels-common.cuh"
+
+#define MMV_COLS 8  /* columns of b per warp */
+#define MMV_WARPS 4 /* warps per block */
+#define FA_WARPS 4
+
+static __device__ __forceinline__ float cu_mm_b(const char *bcol, const loom_cu_t &b, int64_t k,
+                                                int c) {
+    return *(const float *)(bcol + k * b.nb[0] + c * b.nb[1]);
+}
+
+/* acc[c] += a_row . b[:, n0 + c] for c < nc (this lane's share of k). */
+static __device__ __forceinline__ void cu_mm_dot(const loom_cu_t &a, const char *arow,
+                                                 const loom_cu_t &b, const char *bcol, int nc,
+                                                 float *acc) {
+    const int lane = threadIdx.x & 31;
+    const int64_t K = a.ne[0];
+    if (cu_is_quant(a.type)) {
+        const bool q8 = a.type == LOOM_CU_Q8_0;
+        for (int64_t blk = lane; blk < K / LOOM_CU_QK; blk += 32) {
+            const char *q = arow + blk * a.nb[0];
+            const float d = cu_block_d(q);
+            for (int l = 0; l < LOOM_CU_QK; l++) {
+                const float av = q8 ? cu_q8_0_val(q, d, l) : cu_q4_0_val(q, d, l);
+                const int64_t k = blk * LOOM_CU_QK + l;
+#pragma unroll
+                for (int c = 0; c < MMV_COLS; c++)
+                    if (c < nc) acc[c] += av * cu_mm_b(bcol, b, k, c);
+            }
+        }
+        return;
+    }
+    for (int64_t k = lane; k < K; k += 32) {
+        const float av = cu_load_f_ptr(arow + k * a.nb[0], a.type);
+#pragma unroll
+        for (int c = 0; c < MMV_COLS; c++)
+            if (c < nc) acc[c] += av * cu_mm_b(bcol, b, k, c);
+    }
+}
+
+/* Work item w: weight row m, column group cg (MMV_COLS columns of b), batch (i2, i3). */
+static __global__ void k_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, int64_t n_items) {
+    const int lane = threadIdx.x & 31;
+    const int64_t M = a.ne[1], N = b.ne[1], B2 = b.ne[2];
+    const int64_t ncg = (N + MMV_COLS - 1) / MMV_COLS;
+    const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+    const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
+    for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
+         w += nwarps) {
+        const int64_t m = w % M;
+        int64_t rest = w / M;
+        const int64_t cg = rest % ncg;
+        rest /= ncg;
+        const int64_t i2 = rest % B2, i3 = rest / B2;
+        const int64_t n0 = cg * MMV_COLS;
+        const int nc = N - n0 < MMV_COLS ? (int)(N - n0) : MMV_COLS;
+        float acc[MMV_COLS];
+#pragma unroll
+        for (int c = 0; c < MMV_COLS; c++) acc[c] = 0.0f;
+        cu_mm_dot(a, cu_at(a, 0, m, i2 / r2, i3 / r3), b, cu_at(b, 0, n0, i2, i3), nc, acc);
+#pragma unroll
+        for (int c = 0; c < MMV_COLS; c++) acc[c] = cu_warp_sum(acc[c]);
+        if (lane == 0) {
+            for (int c = 0; c < nc; c++) *(float *)cu_at(dst, m, n0 + c, i2, i3) = acc[c];
+        }
+    }
+}
+
+extern "C" cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b,
+                                            cudaStream_t s) {
+    const int64_t M = a.ne[1], N = b.ne[1];
+    const int64_t n_items = M * ((N + MMV_COLS - 1) / MMV_COLS) * b.ne[2] * b.ne[3];
+    if (n_items == 0) return cudaSuccess;
+    k_mul_mat_vec<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, a, b, n_items);
+    return cu_launched();
+}
+
+/* Work item w: output element (m, u, t) = as[:, m, ids[u, t]] . b[:, u % B1, t]. A bad
+ * expert id gives 0 and is reported. */
+static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
+                                    int64_t n_items, loom_cu_err *err, long long node) {
+    const int lane = threadIdx.x & 31;
+    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], B1 = b.ne[1];
+    const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
+    for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
+         w += nwarps) {
+        const int64_t m = w % M, u = (w / M) % U, t = w / (M * U);
+        const int32_t e = *(const int32_t *)cu_at(ids, u, t, 0, 0);
+        float *out = (float *)cu_at(dst, m, u, t, 0);
+        if (e < 0 || e >= E) {
+            if (lane == 0) {
+                cu_report(err, LOOM_CU_ERR_MUL_MAT_ID, node, e, E);
+                *out = 0.0f;
+            }
+            continue;
+        }
+        float acc[MMV_COLS];
+#pragma unroll
+        for (int c = 0; c < MMV_COLS; c++) acc[c] = 0.0f;
+        cu_mm_dot(as, cu_at(as, 0, m, e, 0), b, cu_at(b, 0, u % B1, t, 0), 1, acc);
+        const float r = cu_warp_sum(acc[0]);
+        if (lane == 0) *out = r;
+    }
+}
+
+extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b,
+                                           loom_cu_t ids, loom_cu_err *err, long long node,
+                                           cudaStream_t s) {
+    const int64_t n_items = dst.ne[0] * dst.ne[1] * dst.ne[2];
+    if (n_items == 0) return cudaSuccess;
+    k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ids, n_items,
+                                                                         err, node);
+    return cu_launched();
+}
+
+/* out[k + (m - m0) K] = a[k, m, i2, i3] for m in [m0, m0 + mc). */
+static __global__ void k_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0,
+                                        int64_t mc, float *out) {
+    const int64_t K = a.ne[0];
+    CU_FOR(e, K * mc) {
+        const int64_t k = e % K, m = e / K;
+        out[e] = cu_load_f(a, k, m0 + m, i2, i3);
+    }
+}
+
+extern "C" cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0,
+                                               int64_t mc, float *out, cudaStream_t s) {
+    const int64_t n = a.ne[0] * mc;
+    if (n == 0) return cudaSuccess;
+    k_weights_to_f32<<<cu_blocks(n), CU_BLOCK, 0, s>>>(a, i2, i3, m0, mc, out);
+    return cu_launched();
+}
+
+/* ---------------------------------------------------------------- flash attention */
+
+/* Row r = (h, j, s) of dst [Dv, H, Nq, S]. Each lane owns the dimensions d = lane mod 32
+ * of the query (staged in shared memory) and of the accumulator, so no lane reads another
+ * lane's data and the warp needs no synchronisation besides its shuffles. The sums of a
+ * butterfly shuffle are bit-identical on every lane, so every branch is warp-uniform. */
+static __global__ void k_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
+                                    loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
+                                    loom_cu_t sinks, int64_t nrows) {
+    extern __shared__ float fa_sh[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t D = q.ne[0], Nq = q.ne[1], H = q.ne[2];
+    const int64_t Nkv = k.ne[1], Hk = k.ne[2], Dv = v.ne[0];
+    const int64_t group = H / Hk;
+    float *qs = fa_sh + wid * (D + Dv);
+    float *acc = qs + D;
+    for (int64_t r = (int64_t)blockIdx.x * FA_WARPS + wid; r < nrows;
+         r += (int64_t)gridDim.x * FA_WARPS) {
+        const int64_t h = r % H, j = (r / H) % Nq, s = r / (H * Nq);
+        const int64_t hk = h / group;
+        const float slope = cu_alibi_slope(max_bias, H, h);
+        const char *qrow = cu_at(q, 0, j, h, s);
+        for (int64_t d = lane; d < D; d += 32) qs[d] = *(const float *)(qrow + d * q.nb[0]);
+        for (int64_t d = lane; d < Dv; d += 32) acc[d] = 0.0f;
+        const char *mrow =
+            mask.data ? cu_at(mask, 0, j, h % mask.ne[2], s % mask.ne[3]) : (const char *)NULL;
+        float M = -INFINITY, S = 0.0f;
+        for (int64_t i = 0; i < Nkv; i++) {
+            const float mv = mrow ? cu_load_f_ptr(mrow + i * mask.nb[0], mask.type) : 0.0f;
+            if (mv == -INFINITY) continue;
+            const char *krow = cu_at(k, 0, i, hk, s);
+            float part = 0.0f;
+            for (int64_t d = lane; d < D; d += 32)
+                part += qs[d] * cu_load_f_ptr(krow + d * k.nb[0], k.type);
+            float z = cu_warp_sum(part);
+            z = __fmul_rn(z, scale);
+            if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
+            z = __fadd_rn(z, __fmul_rn(slope, mv));
+            if (z == -INFINITY || z != z) continue;
+            float vs;
+            if (z > M) {
+                const float ms = expf(M - z); /* 0 on the first key */
+                if (ms != 1.0f) {
+                    for (int64_t d = lane; d < Dv; d += 32) acc[d] *= ms;
+                }
+                S *= ms;
+                M = z;
+                vs = 1.0f;
+            } else {
+                vs = expf(z - M);
+            }
+            const char *vrow = cu_at(v, 0, i, hk, s);
+            for (int64_t d = lane; d < Dv; d += 32)
+                acc[d] += vs * cu_load_f_ptr(vrow + d * v.nb[0], v.type);
+            S += vs;
+        }
+        if (sinks.data) {
+            const float sk = *(const float *)(sinks.data + h * sinks.nb[0]);
+            if (sk > M) {
+                const float ms = expf(M - sk);
+                for (int64_t d = lane; d < Dv; d += 32) acc[d] *= ms;
+                S = S * ms + 1.0f;
+                M = sk;
+            } else {
+                S += expf(sk - M);
+            }
+        }
+        const float inv = S > 0.0f ? 1.0f / S : 0.0f;
+        char *y = cu_at(dst, 0, h, j, s);
+        for (int64_t d = lane; d < Dv; d += 32) *(float *)(y + d * dst.nb[0]) = acc[d] * inv;
+    }
+}
+
+extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap,
+                                           loom_cu_t dst, loom_cu_t q, loom_cu_t k, loom_cu_t v,
+                                           loom_cu_t mask, loom_cu_t sinks, cudaStream_t s) {
+    const int64_t nrows = dst.ne[1] * dst.ne[2] * dst.ne[3];
+    if (nrows == 0 || dst.ne[0] == 0) return cudaSuccess;
+    const size_t smem = (size_t)FA_WARPS * (size_t)(q.ne[0] + v.ne[0]) * sizeof(float);
+    k_flash_attn<<<cu_blocks(nrows, FA_WARPS), 32 * FA_WARPS, smem, s>>>(
+        scale, max_bias, softcap, dst, q, k, v, mask, sinks, nrows);
+    return cu_launched();
+}

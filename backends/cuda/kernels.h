@@ -1,0 +1,160 @@
+/*
+ * The boundary between the CUDA backend's host code (C, compiled by the C compiler) and its
+ * kernels (CUDA C++, compiled by nvcc): plain tensor descriptors passed by value, and one
+ * launcher per kernel family. Every launcher only enqueues work on the given stream and
+ * returns the launch status (cudaGetLastError after the launch); it never synchronises,
+ * never allocates and never reads device memory from the host, so a sequence of launches
+ * can be recorded into a CUDA graph unchanged.
+ *
+ * Semantics are exactly those of docs/ops.md (the CPU backend is the oracle): every
+ * element is reached through ne/nb, so any source may be a strided view. Optional tensors
+ * (a mask, sinks, frequency factors, the second GLU operand) are passed with data == NULL.
+ * Kernels that follow indices (get_rows, set_rows, add_id, mul_mat_id) never read or write
+ * out of range: a bad index is recorded in the loom_cu_err the backend passes (first one
+ * wins) and that row is left untouched (or written as zeros, for results).
+ */
+#ifndef LOOM_CUDA_KERNELS_H
+#define LOOM_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A tensor as the kernels see it: element (i0, i1, i2, i3) is at data + i0 nb0 + i1 nb1 +
+ * i2 nb2 + i3 nb3 (for Q8_0/Q4_0, i0 counts blocks of 32 in that formula). */
+typedef struct loom_cu_t {
+    char *data;
+    int64_t ne[4];
+    int64_t nb[4];
+    int32_t type; /* enum loom_cu_type */
+} loom_cu_t;
+
+/* A device-visible error record (mapped pinned host memory), written by kernels that meet
+ * an out-of-range index: code (enum loom_cu_err_code) says which kernel, node is the graph
+ * node index, value the bad index, limit the bound it broke. code 0: no error. */
+typedef struct loom_cu_err {
+    unsigned long long code;
+    long long node;
+    long long value;
+    long long limit;
+} loom_cu_err;
+
+#define LOOM_CU_MAX_PEERS 16
+
+/* The kernels' own names for storage types and operations (the kernel files include no
+ * loom header; the host code maps loom_type / loom_op to these). */
+enum loom_cu_type {
+    LOOM_CU_F32 = 0,
+    LOOM_CU_F16,
+    LOOM_CU_BF16,
+    LOOM_CU_Q8_0, /* blocks of 32: fp16 d, 32 x int8 */
+    LOOM_CU_Q4_0, /* blocks of 32: fp16 d, 16 bytes of nibbles (low: x[j], high: x[j+16]) */
+    LOOM_CU_I8,
+    LOOM_CU_I16,
+    LOOM_CU_I32,
+    LOOM_CU_I64,
+    LOOM_CU_TYPE_COUNT
+};
+#define LOOM_CU_QK 32          /* values per quantised block */
+#define LOOM_CU_Q8_0_BYTES 34 /* bytes per Q8_0 block */
+#define LOOM_CU_Q4_0_BYTES 18 /* bytes per Q4_0 block */
+
+enum loom_cu_binary { LOOM_CU_ADD, LOOM_CU_SUB, LOOM_CU_MUL, LOOM_CU_DIV };
+enum loom_cu_map {
+    LOOM_CU_SCALE, /* x f0 + f1 */
+    LOOM_CU_SQR,
+    LOOM_CU_SQRT,
+    LOOM_CU_CLAMP, /* min(max(x, f0), f1) */
+    LOOM_CU_SILU,
+    LOOM_CU_GELU, /* tanh approximation */
+    LOOM_CU_RELU
+};
+enum loom_cu_glu { LOOM_CU_SWIGLU, LOOM_CU_GEGLU };
+/* loom_cu_err.code: which kernel met a bad index. */
+enum loom_cu_err_code {
+    LOOM_CU_ERR_NONE = 0,
+    LOOM_CU_ERR_GET_ROWS,
+    LOOM_CU_ERR_SET_ROWS,
+    LOOM_CU_ERR_ADD_ID,
+    LOOM_CU_ERR_MUL_MAT_ID
+};
+
+/* Device pointers of up to LOOM_CU_MAX_PEERS peers, passed by value to a kernel. */
+typedef struct loom_cu_ptrs {
+    const float *p[LOOM_CU_MAX_PEERS];
+} loom_cu_ptrs;
+
+/* ---------------------------------------------------------------- kernels-basic.cu */
+
+/* DUP / CONT / CPY: dst = src in row-major element order, converted to dst's type
+ * (F32<->F16/BF16, F32->Q8_0/Q4_0, Q8_0/Q4_0->F32, or any type to itself; quantised rows
+ * hold whole blocks). */
+cudaError_t loom__cu_cpy(loom_cu_t dst, loom_cu_t src, cudaStream_t s);
+/* ADD / SUB / MUL / DIV (op: enum loom_cu_binary) with b broadcast over a. */
+cudaError_t loom__cu_binary(int op, loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
+cudaError_t loom__cu_add_id(loom_cu_t dst, loom_cu_t a, loom_cu_t b, loom_cu_t ids,
+                            loom_cu_err *err, long long node, cudaStream_t s);
+/* One-input maps (op: enum loom_cu_map). */
+cudaError_t loom__cu_map(int op, float f0, float f1, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
+/* GLU (op: enum loom_cu_glu): split (b.data != NULL) or fused. */
+cudaError_t loom__cu_glu(int op, int swapped, loom_cu_t dst, loom_cu_t a, loom_cu_t b,
+                         cudaStream_t s);
+cudaError_t loom__cu_fill(float v, loom_cu_t dst, cudaStream_t s);
+/* SUM_ROWS (mean = 0) / MEAN (mean = 1). */
+cudaError_t loom__cu_reduce_rows(int mean, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
+cudaError_t loom__cu_argmax(loom_cu_t dst, loom_cu_t a, cudaStream_t s);
+/* NORM (rms = 0) / RMS_NORM (rms = 1). */
+cudaError_t loom__cu_norm(int rms, float eps, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
+cudaError_t loom__cu_soft_max(float scale, float max_bias, loom_cu_t dst, loom_cu_t a,
+                              loom_cu_t mask, loom_cu_t sinks, cudaStream_t s);
+/* ARGSORT (keep = ne0) / TOP_K (keep = k, desc = 1). */
+cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
+                             cudaStream_t s);
+/* ROPE: neox rotates halves, otherwise adjacent pairs. */
+cudaError_t loom__cu_rope(int n_dims, int neox, float freq_base, float freq_scale, loom_cu_t dst,
+                          loom_cu_t a, loom_cu_t pos, loom_cu_t ff, cudaStream_t s);
+cudaError_t loom__cu_get_rows(loom_cu_t dst, loom_cu_t a, loom_cu_t ids, loom_cu_err *err,
+                              long long node, cudaStream_t s);
+/* SET_ROWS: dst is the result view (dst's storage); b the rows, ids I32/I64. */
+cudaError_t loom__cu_set_rows(loom_cu_t dst, loom_cu_t b, loom_cu_t ids, loom_cu_err *err,
+                              long long node, cudaStream_t s);
+cudaError_t loom__cu_concat(int dim, loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
+
+/* Communicator helpers (contiguous arrays of n elements). */
+cudaError_t loom__cu_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t s);
+cudaError_t loom__cu_bf16_to_f32(const uint16_t *x, float *y, int64_t n, cudaStream_t s);
+/* dst[i] = sum over j < n_src of src.p[j][i], in the order j = 0, 1, ... (so every device
+ * summing the same inputs gets bit-identical results). The sources may be peer memory. */
+cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t n,
+                               cudaStream_t s);
+
+/* ---------------------------------------------------------------- kernels-mm.cu */
+
+/* MUL_MAT by dot products: one warp per weight row and up to 8 columns of b, any weight
+ * type (F32/F16/BF16/Q8_0/Q4_0, quantised rows dequantised in registers), any strides,
+ * batch broadcasting of a over b. The backend's path for few columns and for layouts
+ * cuBLAS cannot take. */
+cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
+/* MUL_MAT_ID: one warp per output element (m, u, t). */
+cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
+                                loom_cu_err *err, long long node, cudaStream_t s);
+/* The M-rows [m0, m0 + mc) of weight batch (i2, i3) of a, as a contiguous F32 [K, mc]
+ * matrix at out (cuBLAS's A operand; any weight type and layout). */
+cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
+                                    float *out, cudaStream_t s);
+/* FLASH_ATTN_EXT: one warp per output row (head, query, sequence); D, Dv <= 1024. */
+cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
+                                loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
+                                loom_cu_t sinks, cudaStream_t s);
+
+#define LOOM_CU_FA_MAX_D 1024
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_CUDA_KERNELS_H */
