@@ -273,7 +273,17 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
     if (!idx) st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
     loom_split_ctx_begin(mb->md->split);
-    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) st = plan_map(mb, p, g->nodes[i], &idx[i]);
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        /* a view whose storage is not ours (the scheduler keeps views inside a split
+         * whatever their backend) computes nothing here; a node that reads it would fail
+         * to map below with a message naming it */
+        const loom_tensor *t = g->nodes[i], *owner = t->view_src ? t->view_src : t;
+        if (loom_op_is_view(t->op) && owner->buffer && owner->buffer->iface != &loom__meta_buffer_i) {
+            idx[i] = -1;
+            continue;
+        }
+        st = plan_map(mb, p, t, &idx[i]);
+    }
 
     /* cut into subgraphs */
     int start = 0;
@@ -308,6 +318,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
             dg->uid = loom_graph_next_uid();
             for (int i = sub->first; i <= sub->last; i++) {
                 int x = idx[i];
+                if (x < 0) continue; /* a foreign view */
                 loom_tensor *d = &p->dev[j][x];
                 bool dead = false;
                 if (loom_nelements(d) == 0) continue; /* nothing of it lives here */

@@ -105,29 +105,25 @@ static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *
     return true;
 }
 
-/* Device j's copy of a tensor that is whole on every device (MIRRORED or PARTIAL). */
+/* Device j's copy of a storage owner that is whole on every device (MIRRORED, PARTIAL). */
 static void whole(meta_buffer *mb, const loom_tensor *t, int j, loom_tensor *dev) {
     loom_split_state m;
     loom_split_state_init(&m, LOOM_SPLIT_MIRRORED, mb->md->n);
-    loom_tensor owner;
-    const loom_tensor *src = t->view_src ? t->view_src : t;
-    loom_status st = loom__meta_slice(mb->md, src, &m, j, NULL, &owner);
-    LOOM_ASSERT(st == LOOM_OK);
-    if (!t->view_src) {
-        *dev = owner;
-        return;
-    }
-    st = loom__meta_slice(mb->md, t, &m, j, &owner, dev);
+    loom_status st = loom__meta_slice(mb->md, t, &m, j, NULL, dev);
     LOOM_ASSERT(st == LOOM_OK);
 }
 
+/* Bytes of a view are bytes of its storage owner at view_offs + offset, whatever the
+ * view's shape: raw spans are addressed through the owner, which knows its layout. */
 static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
-    LOOM_ASSERT(t->view_src == NULL || loom_is_contiguous(t));
+    if (t->view_src) {
+        mb_set(buf, t->view_src, data, t->view_offs + offset, size);
+        return;
+    }
     loom_split_state s;
     if (!true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {
-        LOOM_ASSERT(t->view_src == NULL); /* split views are written through their owner */
         io x = {.src = data, .offset = offset};
         for_each_run(mb, t, &s, offset, size, run_set, &x);
         return;
@@ -142,10 +138,13 @@ static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t o
 
 static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
+    if (t->view_src) {
+        mb_get(buf, t->view_src, data, t->view_offs + offset, size);
+        return;
+    }
     loom_split_state s;
     if (!true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {
-        LOOM_ASSERT(t->view_src == NULL);
         io x = {.dst = data, .offset = offset};
         for_each_run(mb, t, &s, offset, size, run_get, &x);
         return;
@@ -171,6 +170,10 @@ static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t o
 
 static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
+    if (t->view_src) {
+        mb_memset(buf, t->view_src, value, t->view_offs + offset, size);
+        return;
+    }
     loom_split_state s;
     if (!true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {

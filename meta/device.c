@@ -132,6 +132,16 @@ static const struct loom_dev_i meta_dev_i = {
     .supports_buft = dev_supports_buft,
 };
 
+/* Leafs: a tensor that lives outside this device's buffers reaches the devices as a whole
+ * copy (the scheduler copies it in), so it is MIRRORED whatever the caller's table says;
+ * the rest is the caller's. */
+static loom_status leaf_state(const loom_tensor *t, loom_split_state *out, void *ud) {
+    meta_dev *md = ud;
+    const loom_tensor *owner = t->view_src ? t->view_src : t;
+    if (owner->buffer && loom_buffer_buft(owner->buffer) != &md->buft) return LOOM_OK;
+    return md->user_leaf ? md->user_leaf(t, out, md->user_data) : LOOM_OK;
+}
+
 loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get_split_state,
                                  void *user_data, loom_dev_t *out) {
     *out = NULL;
@@ -151,7 +161,9 @@ loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get
     if (!md) return loom_error(LOOM_ERR_NOMEM, "meta device: out of memory");
     md->n = n;
     memcpy(md->devs, devs, sizeof(loom_dev_t) * (size_t)n);
-    md->split = loom_split_ctx_new(n, get_split_state, user_data);
+    md->user_leaf = get_split_state;
+    md->user_data = user_data;
+    md->split = loom_split_ctx_new(n, leaf_state, md);
     if (!md->split) {
         loom_free(md);
         return loom_last_status();

@@ -12,6 +12,8 @@ typedef struct meta_dev {
     int n;
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
     loom_split_ctx *split; /* states of every tensor this device sees */
+    loom_split_leaf_fn user_leaf; /* the caller's callback for static tensors */
+    void *user_data;
     char name[256];
     struct loom_dev dev;
     struct loom_buft buft;

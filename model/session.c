@@ -213,6 +213,23 @@ static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
     if (!s->graph_ctx) return loom_last_status();
     loom_status st = loom_model_build_graph(s->model, s->kv, s->graph_ctx, n, s->n_past, all_logits, &s->bg);
     if (st) return st;
+    if (s->p.no_kv_offload && s->n_dev > 0) {
+        /* the cache is in host memory: run what reads it there too (as llama.cpp pins its
+         * attention output), instead of copying the whole cache to the devices every token */
+        const loom_graph *g = s->bg.graph;
+        for (int i = 0; i < g->n_nodes; i++) {
+            loom_tensor *t = g->nodes[i];
+            if (loom_op_is_view(t->op)) continue;
+            for (int k = 0; k < LOOM_MAX_SRC; k++) {
+                const loom_tensor *src = t->src[k];
+                if (src && src->view_src && strncmp(src->view_src->name, "cache_", 6) == 0 &&
+                    t->op != LOOM_OP_SET_ROWS) {
+                    if ((st = loom_sched_set_tensor_backend(s->sched, t, s->cpu))) return st;
+                    break;
+                }
+            }
+        }
+    }
     if ((st = loom_sched_alloc_graph(s->sched, s->bg.graph))) return st;
     loom_sched_stats ss;
     loom_sched_get_stats(s->sched, &ss);

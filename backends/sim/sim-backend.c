@@ -358,6 +358,9 @@ static loom_status loom__sim_validate(loom__sim_backend *sb, const loom_graph *g
     loom__sim_dev *sd = sb->sd;
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *node = g->nodes[i];
+        /* view ops are metadata: a scheduler keeps them inside a split whatever backend
+         * their storage belongs to; only nodes that compute must be readable here */
+        if (loom_op_is_view(node->op)) continue;
         if (!loom__sim_dev_supports_op(sd, node)) {
             return loom_error(LOOM_ERR_UNSUPPORTED, "%s: op %s (node %d '%s') is not supported",
                               sd->name, loom_op_name(node->op), i, node->name);
