@@ -89,28 +89,47 @@ static void plan_insert(plan *p, const loom_tensor *t, int idx) {
     p->slot[k] = idx;
 }
 
-/* Maps t (and, first, its view source and sources) to per-device headers. */
-static loom_status plan_map(meta_backend *mb, plan *p, const loom_tensor *t, int *out) {
-    int idx = plan_find(p, t);
-    if (idx >= 0) {
-        *out = idx;
-        return LOOM_OK;
-    }
-    const int n = mb->md->n;
-    int vsrc = -1, srcs[LOOM_MAX_SRC];
+/* Pass 1: gives t, and first everything it reads (view source, sources), an index, in
+ * dependency order. Grows the index arrays as needed. */
+static loom_status plan_collect(plan *p, const loom_tensor *t) {
+    if (plan_find(p, t) >= 0) return LOOM_OK;
     loom_status st;
-    if (t->view_src && (st = plan_map(mb, p, t->view_src, &vsrc))) return st;
-    for (int k = 0; k < LOOM_MAX_SRC; k++) {
-        srcs[k] = -1;
-        if (t->src[k] && (st = plan_map(mb, p, t->src[k], &srcs[k]))) return st;
+    if (t->view_src && (st = plan_collect(p, t->view_src))) return st;
+    for (int k = 0; k < LOOM_MAX_SRC; k++)
+        if (t->src[k] && (st = plan_collect(p, t->src[k]))) return st;
+    if (p->n_tensors == p->cap) {
+        int cap = p->cap * 2;
+        const loom_tensor **meta = loom_realloc(p->meta, (size_t)cap * sizeof *meta);
+        if (!meta) return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+        p->meta = meta;
+        p->cap = cap;
     }
-    if (p->n_tensors >= p->cap)
-        return loom_error(LOOM_ERR_FULL, "meta: more than %d tensors reachable from the graph", p->cap);
-    idx = p->n_tensors++;
-    p->meta[idx] = t;
-    plan_insert(p, t, idx);
+    if ((p->n_tensors + 1) * 2 > p->slot_cap) {
+        int cap = p->slot_cap * 2;
+        int *slot = loom_malloc((size_t)cap * sizeof *slot);
+        if (!slot) return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+        loom_free(p->slot);
+        p->slot = slot;
+        p->slot_cap = cap;
+        for (int k = 0; k < cap; k++) p->slot[k] = -1;
+        for (int i = 0; i < p->n_tensors; i++) plan_insert(p, p->meta[i], i);
+    }
+    p->meta[p->n_tensors] = t;
+    plan_insert(p, t, p->n_tensors);
+    p->n_tensors++;
+    return LOOM_OK;
+}
+
+/* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). */
+static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
+    const int n = mb->md->n;
+    const loom_tensor *t = p->meta[idx];
+    int vsrc = t->view_src ? plan_find(p, t->view_src) : -1;
+    int srcs[LOOM_MAX_SRC];
+    for (int k = 0; k < LOOM_MAX_SRC; k++) srcs[k] = t->src[k] ? plan_find(p, t->src[k]) : -1;
     loom_split_state s;
-    if ((st = loom__meta_state(mb->md, t, true, &s))) return st;
+    loom_status st = loom__meta_state(mb->md, t, true, &s);
+    if (st) return st;
     for (int j = 0; j < n; j++) {
         loom_tensor *d = &p->dev[j][idx];
         st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL, d);
@@ -122,7 +141,6 @@ static loom_status plan_map(meta_backend *mb, plan *p, const loom_tensor *t, int
         for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
         p->dead[j][idx] = false;
     }
-    *out = idx;
     return LOOM_OK;
 }
 
@@ -251,27 +269,20 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     const int n = mb->md->n;
     plan *p = loom_calloc(1, sizeof *p);
     if (!p) return loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
-    int cap = g->n_nodes * (LOOM_MAX_SRC + 2) + 16;
-    p->cap = cap;
-    p->slot_cap = 16;
-    while (p->slot_cap < cap * 2) p->slot_cap <<= 1;
-    p->meta = loom_calloc((size_t)cap, sizeof *p->meta);
+    p->cap = g->n_nodes + 16;
+    p->slot_cap = 64;
+    while (p->slot_cap < p->cap * 2) p->slot_cap <<= 1;
+    p->meta = loom_calloc((size_t)p->cap, sizeof *p->meta);
     p->slot = loom_malloc((size_t)p->slot_cap * sizeof *p->slot);
     p->subs = loom_calloc((size_t)g->n_nodes + 1, sizeof *p->subs);
-    bool ok = p->meta && p->slot && p->subs;
-    for (int j = 0; j < n && ok; j++) {
-        p->dev[j] = loom_calloc((size_t)cap, sizeof(loom_tensor));
-        p->dead[j] = loom_calloc((size_t)cap, sizeof(bool));
-        ok = p->dev[j] && p->dead[j];
-    }
-    if (!ok) {
+    int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
+    if (!p->meta || !p->slot || !p->subs || !idx) {
+        loom_free(idx);
         plan_free(p, n);
         return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning %d nodes", g->n_nodes);
     }
     for (int k = 0; k < p->slot_cap; k++) p->slot[k] = -1;
     loom_status st = LOOM_OK;
-    int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
-    if (!idx) st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
     loom_split_ctx_begin(mb->md->split);
     for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         /* a view whose storage is not ours (the scheduler keeps views inside a split
@@ -282,8 +293,15 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
             idx[i] = -1;
             continue;
         }
-        st = plan_map(mb, p, t, &idx[i]);
+        st = plan_collect(p, t);
+        idx[i] = plan_find(p, t);
     }
+    for (int j = 0; j < n && st == LOOM_OK; j++) {
+        p->dev[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(loom_tensor));
+        p->dead[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(bool));
+        if (!p->dev[j] || !p->dead[j]) st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+    }
+    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
 
     /* cut into subgraphs */
     int start = 0;
