@@ -358,6 +358,8 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                 if (dead) p->dead[j][x] = true;
                 dg->nodes[dg->n_nodes++] = d;
             }
+            /* each member may fuse or reorder its own subgraph (upstream never asks) */
+            if (dg->n_nodes > 0) loom_backend_graph_optimize(mb->be[j], dg);
             if (sub->reduce >= 0) {
                 int x = idx[sub->reduce];
                 sub->red[j] = &p->dev[j][x];
