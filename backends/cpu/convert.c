@@ -9,7 +9,8 @@ void loom__cpu_quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) 
     for (int64_t i = 0; i < n / LOOM_QK8_0; i++) {
         const float *v = x + i * LOOM_QK8_0;
         float amax = 0.0f;
-        for (int l = 0; l < LOOM_QK8_0; l++) amax = fmaxf(amax, fabsf(v[l]));
+        for (int l = 0; l < LOOM_QK8_0; l++)
+            amax = fmaxf(amax, fabsf(v[l]));
         float d = amax / 127.0f;
         y[i].d = loom__fp32_to_fp16(d);
         for (int l = 0; l < LOOM_QK8_0; l++)
@@ -45,7 +46,8 @@ void loom__cpu_quantize_row_q4_0(const float *x, loom_block_q4_0 *y, int64_t n) 
 void loom__cpu_dequantize_row_q8_0(const loom_block_q8_0 *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n / LOOM_QK8_0; i++) {
         float d = loom__fp16_to_fp32(x[i].d);
-        for (int l = 0; l < LOOM_QK8_0; l++) y[i * LOOM_QK8_0 + l] = (float)x[i].qs[l] * d;
+        for (int l = 0; l < LOOM_QK8_0; l++)
+            y[i * LOOM_QK8_0 + l] = (float)x[i].qs[l] * d;
     }
 }
 
@@ -67,7 +69,8 @@ void loom__cpu_row_to_f32(loom_type type, const void *row, size_t nb0, int64_t i
         if (nb0 == sizeof(float)) {
             memcpy(y, p + i0 * sizeof(float), (size_t)n * sizeof(float));
         } else {
-            for (int64_t i = 0; i < n; i++) memcpy(&y[i], p + (i0 + i) * nb0, sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                memcpy(&y[i], p + (i0 + i) * nb0, sizeof(float));
         }
         return;
     case LOOM_TYPE_F16:
@@ -115,13 +118,15 @@ void loom__cpu_row_from_f32(loom_type type, const float *x, void *row, size_t nb
         if (nb0 == sizeof(float)) {
             memmove(p, x, (size_t)n * sizeof(float));
         } else {
-            for (int64_t i = 0; i < n; i++) memcpy(p + i * nb0, &x[i], sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                memcpy(p + i * nb0, &x[i], sizeof(float));
         }
         return;
     case LOOM_TYPE_F16:
     case LOOM_TYPE_BF16:
         for (int64_t i = 0; i < n; i++) {
-            uint16_t h = type == LOOM_TYPE_F16 ? loom__fp32_to_fp16(x[i]) : loom__fp32_to_bf16(x[i]);
+            uint16_t h =
+                type == LOOM_TYPE_F16 ? loom__fp32_to_fp16(x[i]) : loom__fp32_to_bf16(x[i]);
             memcpy(p + i * nb0, &h, sizeof h);
         }
         return;

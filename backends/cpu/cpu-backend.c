@@ -238,7 +238,8 @@ static const char *cpu_dev_get_description(loom_dev_t dev) {
                 const char *v = strchr(line, ':');
                 if (!v) break;
                 v++;
-                while (*v == ' ' || *v == '\t') v++;
+                while (*v == ' ' || *v == '\t')
+                    v++;
                 snprintf(desc, sizeof desc, "%s", v);
                 desc[strcspn(desc, "\n")] = 0;
                 break;
@@ -321,8 +322,8 @@ static loom_backend_t cpu_dev_init_backend(loom_dev_t dev, const char *params) {
                 }
                 threads = (int)v;
             } else {
-                loom_error(LOOM_ERR_FORMAT, "CPU backend params: unknown key in '%s' (known: threads)",
-                           item);
+                loom_error(LOOM_ERR_FORMAT,
+                           "CPU backend params: unknown key in '%s' (known: threads)", item);
                 return NULL;
             }
         }

@@ -25,14 +25,23 @@
 
 /* ---------------------------------------------------------------- activations as Q8 */
 
-/* One block of 32 activations quantised as Q8_0 for the integer dot products of
- * quantised matmuls. Same values as loom_block_q8_0 (d = max|x| / 127, q = round(x / d)),
- * but d kept in f32 and with s = d * sum(q) precomputed for the Q4_0 offset. 40 bytes. */
-typedef struct loom__q8a {
-    float d;
-    float s;
-    int8_t qs[LOOM_QK8_0];
-} loom__q8a;
+/* A row of activations quantised as Q8_0 for the integer dot products of quantised
+ * matmuls: the same values as loom_block_q8_0 (d = max|x| / 127, q = round(x / d)), laid
+ * out as arrays so the SIMD dots load several blocks' scales at once:
+ *   float d[nblk]; float s[nblk] (s = d * sum(q), for the Q4_0 offset);
+ *   int8_t qs[nblk][32]; padded to 64 bytes. */
+static inline size_t loom__q8a_row_bytes(int64_t nblk) {
+    return ((size_t)nblk * (2 * sizeof(float) + 32) + 63) & ~(size_t)63;
+}
+static inline float *loom__q8a_d(void *row) {
+    return (float *)row;
+}
+static inline float *loom__q8a_s(void *row, int64_t nblk) {
+    return (float *)row + nblk;
+}
+static inline int8_t *loom__q8a_qs(void *row, int64_t nblk) {
+    return (int8_t *)((float *)row + 2 * nblk);
+}
 
 /* ---------------------------------------------------------------- SIMD table */
 
@@ -42,25 +51,23 @@ typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp,
                                    size_t ldc, int first, int mvalid, int nvalid);
 /* Packs rows [0, rows) (rows <= MR) of kc floats each, lda floats apart, into one MR-wide
  * panel panel[k * MR + i]; rows past `rows` are zero. panel is 64-byte aligned. */
-typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows,
-                                   float *panel);
+typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows, float *panel);
 
 typedef struct loom__cpu_simd {
     const char *name; /* "scalar", "avx2", "avx512" */
 
     /* out[j] = dot(a[0:k], b + j * ldb) for j < nb (1 <= nb <= 4); a typed as named. */
     void (*dot_f32)(int64_t k, const float *a, const float *b, size_t ldb, int nb, float *out);
-    void (*dot_f16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
-                    float *out);
-    void (*dot_bf16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+    void (*dot_f16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb, float *out);
+    void (*dot_bf16)(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb, float *out);
+    /* nblk blocks of a against nb Q8 activation rows (see loom__q8a_row_bytes), ldb
+     * bytes apart. */
+    void (*dot_q8_0)(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb, int nb,
                      float *out);
-    /* nblk blocks of a against nb rows of quantised activations, ldb blocks apart. */
-    void (*dot_q8_0)(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
-                     int nb, float *out);
-    void (*dot_q4_0)(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
-                     int nb, float *out);
-    /* k a multiple of 32. */
-    void (*quantize_q8a)(const float *x, loom__q8a *y, int64_t k);
+    void (*dot_q4_0)(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb, int nb,
+                     float *out);
+    /* x[0:k] -> one Q8 activation row; k a multiple of 32. */
+    void (*quantize_q8a)(const float *x, void *row, int64_t k);
 
     /* F32 GEMM micro-kernel (NULL: the portable path uses dot products only). */
     loom__gemm_tile_fn gemm_tile;
@@ -78,6 +85,9 @@ typedef struct loom__cpu_simd {
     /* y += x * s */
     void (*vec_mad_f32)(int64_t n, float *y, const float *x, float s);
     void (*vec_mad_f16)(int64_t n, float *y, const uint16_t *x, float s);
+    /* nblk whole blocks -> 32 * nblk floats */
+    void (*dequant_q8_0)(const loom_block_q8_0 *x, float *y, int64_t nblk);
+    void (*dequant_q4_0)(const loom_block_q4_0 *x, float *y, int64_t nblk);
     void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
 } loom__cpu_simd;
@@ -96,16 +106,16 @@ bool loom__cpu_has_avx512(void);
 typedef struct loom__cpu_state {
     loom_threadpool *tp; /* NULL when single-threaded */
     int nth;
-    _Atomic int failed;   /* first failing thread wins */
+    _Atomic int failed; /* first failing thread wins */
     loom_status status;
     char message[256];
 } loom__cpu_state;
 
 typedef struct loom__cpu_params {
     int ith, nth;
-    void *wshared;        /* scratch shared by all threads for this node */
+    void *wshared; /* scratch shared by all threads for this node */
     size_t wshared_size;
-    void *wthread;        /* this thread's private scratch */
+    void *wthread; /* this thread's private scratch */
     size_t wthread_size;
     const loom__cpu_simd *simd;
     loom__cpu_state *state;
@@ -155,8 +165,7 @@ void loom__cpu_op_argsort(const loom__cpu_params *p, loom_tensor *dst); /* ARGSO
 
 void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst);
 void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst);
-loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
-                                      const loom__cpu_simd *simd);
+loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd);
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd);
 
@@ -179,6 +188,11 @@ void loom__cpu_dequantize_row_q4_0(const loom_block_q4_0 *x, float *y, int64_t n
 
 /* ---------------------------------------------------------------- helpers */
 
+/* A tensor's name for messages. */
+static inline const char *loom__cpu_name(const loom_tensor *t) {
+    return t->name[0] ? t->name : "(unnamed)";
+}
+
 static inline void loom__range(int64_t n, int ith, int nth, int64_t *i0, int64_t *i1) {
     int64_t per = (n + nth - 1) / nth;
     int64_t a = per * ith;
@@ -188,8 +202,7 @@ static inline void loom__range(int64_t n, int ith, int nth, int64_t *i0, int64_t
 }
 
 /* Address of element (i0, i1, i2, i3) (for blocks, i0 counts blocks). */
-static inline void *loom__at(const loom_tensor *t, int64_t i0, int64_t i1, int64_t i2,
-                             int64_t i3) {
+static inline void *loom__at(const loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     return (char *)t->data + i0 * (int64_t)t->nb[0] + i1 * (int64_t)t->nb[1] +
            i2 * (int64_t)t->nb[2] + i3 * (int64_t)t->nb[3];
 }

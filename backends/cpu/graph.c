@@ -117,8 +117,8 @@ bool loom_cpu_supports_op(const loom_tensor *op) {
         return a && b && is_mm_weight(a->type) && blocks_ok(a) && b->type == LOOM_TYPE_F32 &&
                op->type == LOOM_TYPE_F32;
     case LOOM_OP_MUL_MAT_ID:
-        return a && b && c && is_mm_weight(a->type) && blocks_ok(a) &&
-               b->type == LOOM_TYPE_F32 && c->type == LOOM_TYPE_I32 && op->type == LOOM_TYPE_F32;
+        return a && b && c && is_mm_weight(a->type) && blocks_ok(a) && b->type == LOOM_TYPE_F32 &&
+               c->type == LOOM_TYPE_I32 && op->type == LOOM_TYPE_F32;
     case LOOM_OP_GET_ROWS:
         if (!a || !b || b->type != LOOM_TYPE_I32) return false;
         if (a->type == LOOM_TYPE_I32) return op->type == LOOM_TYPE_I32;
@@ -147,7 +147,8 @@ bool loom_cpu_supports_op(const loom_tensor *op) {
     }
     case LOOM_OP_CONCAT:
         return a && b && a->type == b->type && op->type == a->type &&
-               loom_type_is_valid((int)a->type) && !loom_type_traits_get((int)a->type)->is_quantized;
+               loom_type_is_valid((int)a->type) &&
+               !loom_type_traits_get((int)a->type)->is_quantized;
     default:
         return false;
     }
@@ -199,7 +200,8 @@ static loom_status check_shapes(const loom_tensor *t) {
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:
     case LOOM_OP_DIV:
-        if (!same_ne(a, t) || !loom_can_repeat(b, a)) return bad_shape(t, "b does not repeat into a");
+        if (!same_ne(a, t) || !loom_can_repeat(b, a))
+            return bad_shape(t, "b does not repeat into a");
         break;
     case LOOM_OP_ADD_ID:
         if (!same_ne(a, t) || b->ne[0] != a->ne[0] || c->ne[0] != a->ne[1] || c->ne[1] != a->ne[2])
@@ -266,7 +268,8 @@ static loom_status check_shapes(const loom_tensor *t) {
         break;
     }
     case LOOM_OP_GLU:
-        if (b && (!same_ne(a, b) || !same_ne(a, t))) return bad_shape(t, "split GLU needs equal shapes");
+        if (b && (!same_ne(a, b) || !same_ne(a, t)))
+            return bad_shape(t, "split GLU needs equal shapes");
         if (!b && (a->ne[0] != 2 * t->ne[0] || a->ne[1] != t->ne[1] || a->ne[2] != t->ne[2] ||
                    a->ne[3] != t->ne[3]))
             return bad_shape(t, "fused GLU needs a [2n, ...] -> [n, ...]");
@@ -278,7 +281,8 @@ static loom_status check_shapes(const loom_tensor *t) {
         break;
     }
     case LOOM_OP_ARGMAX:
-        if (loom_nelements(t) != loom_nrows(a)) return bad_shape(t, "result needs one value per row");
+        if (loom_nelements(t) != loom_nrows(a))
+            return bad_shape(t, "result needs one value per row");
         break;
     case LOOM_OP_SUM_ROWS:
     case LOOM_OP_MEAN:
@@ -298,35 +302,54 @@ static loom__cpu_kernel_fn kernel_for(const loom_tensor *t) {
     switch (t->op) {
     case LOOM_OP_DUP:
     case LOOM_OP_CONT:
-    case LOOM_OP_CPY: return loom__cpu_op_dup;
+    case LOOM_OP_CPY:
+        return loom__cpu_op_dup;
     case LOOM_OP_ADD:
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:
-    case LOOM_OP_DIV: return loom__cpu_op_binary;
-    case LOOM_OP_ADD_ID: return loom__cpu_op_add_id;
+    case LOOM_OP_DIV:
+        return loom__cpu_op_binary;
+    case LOOM_OP_ADD_ID:
+        return loom__cpu_op_add_id;
     case LOOM_OP_SCALE:
     case LOOM_OP_SQR:
     case LOOM_OP_SQRT:
     case LOOM_OP_UNARY:
-    case LOOM_OP_CLAMP: return loom__cpu_op_unary_map;
-    case LOOM_OP_GLU: return loom__cpu_op_glu;
-    case LOOM_OP_FILL: return loom__cpu_op_fill;
+    case LOOM_OP_CLAMP:
+        return loom__cpu_op_unary_map;
+    case LOOM_OP_GLU:
+        return loom__cpu_op_glu;
+    case LOOM_OP_FILL:
+        return loom__cpu_op_fill;
     case LOOM_OP_SUM_ROWS:
-    case LOOM_OP_MEAN: return loom__cpu_op_reduce_rows;
-    case LOOM_OP_ARGMAX: return loom__cpu_op_argmax;
+    case LOOM_OP_MEAN:
+        return loom__cpu_op_reduce_rows;
+    case LOOM_OP_ARGMAX:
+        return loom__cpu_op_argmax;
     case LOOM_OP_NORM:
-    case LOOM_OP_RMS_NORM: return loom__cpu_op_norm;
-    case LOOM_OP_SOFT_MAX: return loom__cpu_op_soft_max;
+    case LOOM_OP_RMS_NORM:
+        return loom__cpu_op_norm;
+    case LOOM_OP_SOFT_MAX:
+        return loom__cpu_op_soft_max;
     case LOOM_OP_ARGSORT:
-    case LOOM_OP_TOP_K: return loom__cpu_op_argsort;
-    case LOOM_OP_MUL_MAT: return loom__cpu_op_mul_mat;
-    case LOOM_OP_MUL_MAT_ID: return loom__cpu_op_mul_mat_id;
-    case LOOM_OP_GET_ROWS: return loom__cpu_op_get_rows;
-    case LOOM_OP_SET_ROWS: return loom__cpu_op_set_rows;
-    case LOOM_OP_ROPE: return loom__cpu_op_rope;
-    case LOOM_OP_FLASH_ATTN_EXT: return loom__cpu_op_flash_attn;
-    case LOOM_OP_CONCAT: return loom__cpu_op_concat;
-    default: return NULL;
+    case LOOM_OP_TOP_K:
+        return loom__cpu_op_argsort;
+    case LOOM_OP_MUL_MAT:
+        return loom__cpu_op_mul_mat;
+    case LOOM_OP_MUL_MAT_ID:
+        return loom__cpu_op_mul_mat_id;
+    case LOOM_OP_GET_ROWS:
+        return loom__cpu_op_get_rows;
+    case LOOM_OP_SET_ROWS:
+        return loom__cpu_op_set_rows;
+    case LOOM_OP_ROPE:
+        return loom__cpu_op_rope;
+    case LOOM_OP_FLASH_ATTN_EXT:
+        return loom__cpu_op_flash_attn;
+    case LOOM_OP_CONCAT:
+        return loom__cpu_op_concat;
+    default:
+        return NULL;
     }
 }
 
@@ -353,7 +376,8 @@ static loom__cpu_work node_work(const loom_tensor *t, int nth, const loom__cpu_s
         w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(float);
         break;
     case LOOM_OP_FLASH_ATTN_EXT:
-        w.per_thread = ((size_t)a->ne[0] * 2 + (size_t)t->src[2]->ne[0] * 2 + 64) * sizeof(float);
+        /* 4 gathered queries + a key row, a value row + 4 accumulators (ops-attn.c) */
+        w.per_thread = ((size_t)a->ne[0] * 5 + (size_t)t->src[2]->ne[0] * 5 + 64) * sizeof(float);
         break;
     case LOOM_OP_MUL_MAT:
         w = loom__cpu_mul_mat_work(t, nth, simd);

@@ -3,9 +3,10 @@
  * FLASH_ATTN_EXT (F32/F16 K and V, optional F32/F16 mask with ALiBi slopes, softcap,
  * sinks, grouped-query heads).
  *
- * Flash attention keeps one output row at a time: an online softmax (running max M, sum
- * S, accumulator V) over the keys of the row, skipping masked (-INF) keys, then the sink
- * logit folded into the normalisation. Threads split the output rows (query, head, seq).
+ * Flash attention takes up to 4 queries of one head at a time, so each key row is loaded
+ * once for all of them: per query an online softmax (running max M, sum S, accumulator V)
+ * over the keys, skipping masked (-INF) keys, then the sink logit folded into the
+ * normalisation. Threads split the (query block, head, sequence) items.
  */
 #include "backends/cpu/cpu-impl.h"
 
@@ -56,7 +57,8 @@ void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst) {
             memcpy(y + j1 * ys, &y1, sizeof y1);
         }
         if (x != y || xs != ys)
-            for (int64_t i = n_dims; i < D; i++) memcpy(y + i * ys, x + i * xs, sizeof(float));
+            for (int64_t i = n_dims; i < D; i++)
+                memcpy(y + i * ys, x + i * xs, sizeof(float));
     }
 }
 
@@ -67,7 +69,8 @@ static float alibi_slope(float max_bias, int64_t n_head, int64_t h) {
     const int64_t n_head_log2 = (int64_t)1 << (int)floor(log2((double)n_head));
     const float m0 = powf(2.0f, -max_bias / (float)n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n_head_log2);
-    return h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    return h < n_head_log2 ? powf(m0, (float)(h + 1))
+                           : powf(m1, (float)(2 * (h - n_head_log2) + 1));
 }
 
 static float read_mask(const loom_tensor *mask, const char *row, int64_t i) {
@@ -96,6 +99,8 @@ static const void *row_view(const loom_tensor *t, const void *row, int64_t n, fl
     return buf;
 }
 
+enum { FA_QB = 4 }; /* queries processed together against each key */
+
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     const loom_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
     const loom_tensor *mask = dst->src[3], *sinks = dst->src[4];
@@ -105,74 +110,104 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     const int64_t D = q->ne[0], Nq = q->ne[1], H = q->ne[2];
     const int64_t Nkv = k->ne[1], Hk = k->ne[2], Dv = v->ne[0];
     const int64_t group = H / Hk;
+    const int64_t nqb = (Nq + FA_QB - 1) / FA_QB;
     const loom__cpu_simd *simd = p->simd;
+    const bool q_in_place = q->nb[0] == sizeof(float) && q->nb[1] % sizeof(float) == 0;
 
-    float *qbuf = p->wthread;   /* D */
-    float *kbuf = qbuf + D;     /* D */
-    float *vbuf = kbuf + D;     /* Dv */
-    float *acc = vbuf + Dv;     /* Dv */
+    float *qbuf = p->wthread;       /* FA_QB * D: queries gathered when strided */
+    float *kbuf = qbuf + FA_QB * D; /* D */
+    float *vbuf = kbuf + D;         /* Dv */
+    float *acc = vbuf + Dv;         /* FA_QB * Dv */
 
     int64_t r0, r1;
-    loom__range(loom_nrows(dst), p->ith, p->nth, &r0, &r1);
+    loom__range(nqb * H * q->ne[3], p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
-        /* dst row (h, j, s) */
-        int64_t h = r % H, j = (r / H) % Nq, s = r / (H * Nq);
-        int64_t hk = h / group;
+        /* item (query block, head, seq) */
+        const int64_t jb = r % nqb, h = (r / nqb) % H, s = r / (nqb * H);
+        const int64_t j0 = jb * FA_QB;
+        const int nq = Nq - j0 < FA_QB ? (int)(Nq - j0) : FA_QB;
+        const int64_t hk = h / group;
         const float slope = alibi_slope(max_bias, H, h);
-        bool f16;
-        const float *qr = row_view(q, loom__at(q, 0, j, h, s), D, qbuf, &f16);
-        const char *mrow = mask ? loom__at(mask, 0, j, h % mask->ne[2], s % mask->ne[3]) : NULL;
 
-        float M = -INFINITY, S = 0.0f;
-        memset(acc, 0, (size_t)Dv * sizeof *acc);
+        const float *qr = qbuf;
+        size_t ldq = (size_t)D;
+        if (q_in_place) {
+            qr = loom__at(q, 0, j0, h, s);
+            ldq = q->nb[1] / sizeof(float);
+        } else {
+            for (int jj = 0; jj < nq; jj++)
+                loom__cpu_row_to_f32(LOOM_TYPE_F32, loom__at(q, 0, j0 + jj, h, s), q->nb[0], 0, D,
+                                     qbuf + jj * D);
+        }
+        const char *mrow[FA_QB];
+        float M[FA_QB], S[FA_QB];
+        for (int jj = 0; jj < nq; jj++) {
+            mrow[jj] = mask ? loom__at(mask, 0, j0 + jj, h % mask->ne[2], s % mask->ne[3]) : NULL;
+            M[jj] = -INFINITY;
+            S[jj] = 0.0f;
+        }
+        memset(acc, 0, (size_t)(nq * Dv) * sizeof *acc);
+
         for (int64_t i = 0; i < Nkv; i++) {
-            float mv = mrow ? read_mask(mask, mrow, i) : 0.0f;
-            if (mv == -INFINITY) continue;
+            float mv[FA_QB];
+            bool any = false;
+            for (int jj = 0; jj < nq; jj++) {
+                mv[jj] = mrow[jj] ? read_mask(mask, mrow[jj], i) : 0.0f;
+                any |= mv[jj] != -INFINITY;
+            }
+            if (!any) continue;
             bool kf16, vf16;
             const void *kr = row_view(k, loom__at(k, 0, i, hk, s), D, kbuf, &kf16);
-            float z;
+            float z[FA_QB];
             if (kf16)
-                simd->dot_f16(D, kr, qr, 0, 1, &z);
+                simd->dot_f16(D, kr, qr, ldq, nq, z);
             else
-                simd->dot_f32(D, kr, qr, 0, 1, &z);
-            z *= scale;
-            if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
-            z += slope * mv;
-            if (z == -INFINITY || z != z) continue;
-            float vs;
-            if (z > M) {
-                float ms = expf(M - z); /* 0 on the first key */
-                if (ms != 1.0f) simd->vec_scale(Dv, acc, acc, ms, 0.0f);
-                S *= ms;
-                M = z;
-                vs = 1.0f;
-            } else {
-                vs = expf(z - M);
-            }
+                simd->dot_f32(D, kr, qr, ldq, nq, z);
             const void *vr = row_view(v, loom__at(v, 0, i, hk, s), Dv, vbuf, &vf16);
-            if (vf16)
-                simd->vec_mad_f16(Dv, acc, vr, vs);
-            else
-                simd->vec_mad_f32(Dv, acc, vr, vs);
-            S += vs;
-        }
-        if (sinks) {
-            float sk;
-            memcpy(&sk, (const char *)sinks->data + h * (int64_t)sinks->nb[0], sizeof sk);
-            if (sk > M) {
-                float ms = expf(M - sk);
-                simd->vec_scale(Dv, acc, acc, ms, 0.0f);
-                S = S * ms + 1.0f;
-                M = sk;
-            } else {
-                S += expf(sk - M);
+            for (int jj = 0; jj < nq; jj++) {
+                if (mv[jj] == -INFINITY) continue;
+                float zj = z[jj] * scale;
+                if (softcap > 0.0f) zj = softcap * tanhf(zj / softcap);
+                zj += slope * mv[jj];
+                if (zj == -INFINITY || zj != zj) continue;
+                float *aj = acc + jj * Dv;
+                float vs;
+                if (zj > M[jj]) {
+                    float ms = expf(M[jj] - zj); /* 0 on the first key */
+                    if (ms != 1.0f) simd->vec_scale(Dv, aj, aj, ms, 0.0f);
+                    S[jj] *= ms;
+                    M[jj] = zj;
+                    vs = 1.0f;
+                } else {
+                    vs = expf(zj - M[jj]);
+                }
+                if (vf16)
+                    simd->vec_mad_f16(Dv, aj, vr, vs);
+                else
+                    simd->vec_mad_f32(Dv, aj, vr, vs);
+                S[jj] += vs;
             }
         }
-        char *y = loom__at(dst, 0, h, j, s);
-        const float inv = S > 0.0f ? 1.0f / S : 0.0f;
-        for (int64_t d = 0; d < Dv; d++) {
-            float o = acc[d] * inv;
-            memcpy(y + d * (int64_t)dst->nb[0], &o, sizeof o);
+        for (int jj = 0; jj < nq; jj++) {
+            float *aj = acc + jj * Dv;
+            if (sinks) {
+                float sk;
+                memcpy(&sk, (const char *)sinks->data + h * (int64_t)sinks->nb[0], sizeof sk);
+                if (sk > M[jj]) {
+                    float ms = expf(M[jj] - sk);
+                    simd->vec_scale(Dv, aj, aj, ms, 0.0f);
+                    S[jj] = S[jj] * ms + 1.0f;
+                    M[jj] = sk;
+                } else {
+                    S[jj] += expf(sk - M[jj]);
+                }
+            }
+            char *y = loom__at(dst, 0, h, j0 + jj, s);
+            const float inv = S[jj] > 0.0f ? 1.0f / S[jj] : 0.0f;
+            for (int64_t d = 0; d < Dv; d++) {
+                float o = aj[d] * inv;
+                memcpy(y + d * (int64_t)dst->nb[0], &o, sizeof o);
+            }
         }
     }
 }

@@ -68,7 +68,8 @@ void loom__cpu_op_dup(const loom__cpu_params *p, loom_tensor *dst) {
         size_t n = loom_nbytes(dst);
         int64_t b0, b1;
         loom__range((int64_t)n, p->ith, p->nth, &b0, &b1);
-        if (b1 > b0) memcpy((char *)dst->data + b0, (const char *)src->data + b0, (size_t)(b1 - b0));
+        if (b1 > b0)
+            memcpy((char *)dst->data + b0, (const char *)src->data + b0, (size_t)(b1 - b0));
         return;
     }
 
@@ -127,15 +128,16 @@ void loom__cpu_op_get_rows(const loom__cpu_params *p, loom_tensor *dst) {
             loom__cpu_fail(p, LOOM_ERR_INVALID_ARG,
                            "GET_ROWS '%s': row index %lld (ids[%lld, %lld, %lld]) out of range "
                            "[0, %lld)",
-                           dst->name, (long long)row, (long long)x, (long long)i1, (long long)i2,
-                           (long long)R);
+                           loom__cpu_name(dst), (long long)row, (long long)x, (long long)i1,
+                           (long long)i2, (long long)R);
             return;
         }
         const char *srow = loom__at(a, 0, row, i1 % a->ne[2], i2 % a->ne[3]);
         char *drow = loom__at(dst, 0, x, i1, i2);
         if (a->type == LOOM_TYPE_I32) {
             for (int64_t i = 0; i < n; i++)
-                memcpy(drow + i * (int64_t)dst->nb[0], srow + i * (int64_t)a->nb[0], sizeof(int32_t));
+                memcpy(drow + i * (int64_t)dst->nb[0], srow + i * (int64_t)a->nb[0],
+                       sizeof(int32_t));
             continue;
         }
         float *y = dst->nb[0] == sizeof(float) ? (float *)drow : tmp;
@@ -164,7 +166,7 @@ void loom__cpu_op_set_rows(const loom__cpu_params *p, loom_tensor *dst) {
             loom__cpu_fail(p, LOOM_ERR_INVALID_ARG,
                            "SET_ROWS '%s': row index %lld (ids[%lld, %lld, %lld]) out of range "
                            "[0, %lld)",
-                           dst->name, (long long)row, (long long)x, (long long)(i2 % B2),
+                           loom__cpu_name(dst), (long long)row, (long long)x, (long long)(i2 % B2),
                            (long long)(i3 % B3), (long long)R);
             return;
         }

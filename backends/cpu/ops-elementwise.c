@@ -30,23 +30,33 @@ static void row_of(const loom_tensor *t, int64_t r, int64_t *i1, int64_t *i2, in
 
 static float apply_binary(loom_op op, float x, float y) {
     switch (op) {
-    case LOOM_OP_ADD: return x + y;
-    case LOOM_OP_SUB: return x - y;
-    case LOOM_OP_MUL: return x * y;
-    default: return x / y;
+    case LOOM_OP_ADD:
+        return x + y;
+    case LOOM_OP_SUB:
+        return x - y;
+    case LOOM_OP_MUL:
+        return x * y;
+    default:
+        return x / y;
     }
 }
 
-static void vec_binary(const loom__cpu_simd *simd, loom_op op, int64_t n, float *z,
-                       const float *x, const float *y) {
+static void vec_binary(const loom__cpu_simd *simd, loom_op op, int64_t n, float *z, const float *x,
+                       const float *y) {
     switch (op) {
-    case LOOM_OP_ADD: simd->vec_add(n, z, x, y); break;
-    case LOOM_OP_MUL: simd->vec_mul(n, z, x, y); break;
+    case LOOM_OP_ADD:
+        simd->vec_add(n, z, x, y);
+        break;
+    case LOOM_OP_MUL:
+        simd->vec_mul(n, z, x, y);
+        break;
     case LOOM_OP_SUB:
-        for (int64_t i = 0; i < n; i++) z[i] = x[i] - y[i];
+        for (int64_t i = 0; i < n; i++)
+            z[i] = x[i] - y[i];
         break;
     default:
-        for (int64_t i = 0; i < n; i++) z[i] = x[i] / y[i];
+        for (int64_t i = 0; i < n; i++)
+            z[i] = x[i] / y[i];
         break;
     }
 }
@@ -54,8 +64,8 @@ static void vec_binary(const loom__cpu_simd *simd, loom_op op, int64_t n, float 
 void loom__cpu_op_binary(const loom__cpu_params *p, loom_tensor *dst) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const int64_t ne0 = dst->ne[0], bne0 = b->ne[0];
-    const bool contig = a->nb[0] == sizeof(float) && b->nb[0] == sizeof(float) &&
-                        dst->nb[0] == sizeof(float);
+    const bool contig =
+        a->nb[0] == sizeof(float) && b->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float);
     int64_t r0, r1;
     loom__range(loom_nrows(dst), p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
@@ -67,9 +77,11 @@ void loom__cpu_op_binary(const loom__cpu_params *p, loom_tensor *dst) {
         if (contig) {
             if (bne0 == 1) {
                 float v = y[0];
-                for (int64_t i = 0; i < ne0; i++) z[i] = apply_binary(dst->op, x[i], v);
+                for (int64_t i = 0; i < ne0; i++)
+                    z[i] = apply_binary(dst->op, x[i], v);
             } else {
-                for (int64_t k = 0; k < ne0; k += bne0) vec_binary(p->simd, dst->op, bne0, z + k, x + k, y);
+                for (int64_t k = 0; k < ne0; k += bne0)
+                    vec_binary(p->simd, dst->op, bne0, z + k, x + k, y);
             }
         } else {
             for (int64_t i = 0; i < ne0; i++)
@@ -94,7 +106,7 @@ void loom__cpu_op_add_id(const loom__cpu_params *p, loom_tensor *dst) {
         if (id < 0 || id >= E) {
             loom__cpu_fail(p, LOOM_ERR_INVALID_ARG,
                            "ADD_ID '%s': expert id %d (ids[%lld, %lld]) out of range [0, %lld)",
-                           dst->name, id, (long long)u, (long long)t, (long long)E);
+                           loom__cpu_name(dst), id, (long long)u, (long long)t, (long long)E);
             return;
         }
         float *z = loom__at(dst, 0, u, t, i3);
@@ -118,15 +130,22 @@ typedef struct map_args {
 
 static float apply_map(const map_args *m, float x) {
     switch (m->op) {
-    case LOOM_OP_SCALE: return x * m->f0 + m->f1;
-    case LOOM_OP_SQR: return x * x;
-    case LOOM_OP_SQRT: return sqrtf(x);
-    case LOOM_OP_CLAMP: return fminf(fmaxf(x, m->f0), m->f1);
+    case LOOM_OP_SCALE:
+        return x * m->f0 + m->f1;
+    case LOOM_OP_SQR:
+        return x * x;
+    case LOOM_OP_SQRT:
+        return sqrtf(x);
+    case LOOM_OP_CLAMP:
+        return fminf(fmaxf(x, m->f0), m->f1);
     default:
         switch (m->unary) {
-        case LOOM_UNARY_SILU: return silu1(x);
-        case LOOM_UNARY_GELU: return gelu1(x);
-        default: return x > 0.0f ? x : 0.0f;
+        case LOOM_UNARY_SILU:
+            return silu1(x);
+        case LOOM_UNARY_GELU:
+            return gelu1(x);
+        default:
+            return x > 0.0f ? x : 0.0f;
         }
     }
 }
@@ -153,9 +172,11 @@ void loom__cpu_op_unary_map(const loom__cpu_params *p, loom_tensor *dst) {
         } else if (contig && m.op == LOOM_OP_UNARY && m.unary == LOOM_UNARY_SILU) {
             p->simd->vec_silu(n, y, x);
         } else if (contig) {
-            for (int64_t i = 0; i < n; i++) y[i] = apply_map(&m, x[i]);
+            for (int64_t i = 0; i < n; i++)
+                y[i] = apply_map(&m, x[i]);
         } else {
-            for (int64_t i = 0; i < n; i++) EL(y, i, dst->nb[0]) = apply_map(&m, CEL(x, i, a->nb[0]));
+            for (int64_t i = 0; i < n; i++)
+                EL(y, i, dst->nb[0]) = apply_map(&m, CEL(x, i, a->nb[0]));
         }
     }
 }
@@ -211,6 +232,7 @@ void loom__cpu_op_fill(const loom__cpu_params *p, loom_tensor *dst) {
         int64_t i1, i2, i3;
         row_of(dst, r, &i1, &i2, &i3);
         float *y = loom__at(dst, 0, i1, i2, i3);
-        for (int64_t i = 0; i < dst->ne[0]; i++) EL(y, i, dst->nb[0]) = v;
+        for (int64_t i = 0; i < dst->ne[0]; i++)
+            EL(y, i, dst->nb[0]) = v;
     }
 }

@@ -3,13 +3,13 @@
  * type, b: f32 activations), with batch broadcasting of a over b.
  *
  * Three paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
- *   GEMM  float weights and N >= MM_GEMM_MIN_N on a SIMD table with a micro-kernel: b is
- *         packed once into NR-wide panels ([k][NR], shared), each thread packs MC x KC
- *         blocks of a into MR-wide panels ([k][MR], converted to f32) and runs the
- *         register-tiled micro-kernel over them (BLIS loop order: KC, then B panels kept
- *         in L1, then A panels from L2).
- *   QUANT Q8_0/Q4_0 weights: b is quantised to Q8 activations once (shared), then
- *         integer dot products, each weight row against up to 4 activation rows.
+ *   GEMM  N >= MM_GEMM_MIN_N (MM_QGEMM_MIN_N for quantised weights) on a SIMD table with
+ *         a micro-kernel: b is packed once into NR-wide panels ([k][NR], shared), each
+ *         thread packs MC x KC blocks of a into MR-wide panels ([k][MR], converted or
+ *         dequantised to f32) and runs the register-tiled micro-kernel over them (BLIS
+ *         loop order: KC, then B panels kept in L1, then A panels from L2).
+ *   QUANT Q8_0/Q4_0 weights, smaller N: b is quantised to Q8 activations once (shared),
+ *         then integer dot products, each weight row against up to 4 activation rows.
  *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
  *         products, each weight row against up to 4 rows of b.
  * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
@@ -18,16 +18,11 @@
  */
 #include "backends/cpu/cpu-impl.h"
 
-#ifndef MM_KC_TUNE
-#define MM_KC_TUNE 256
-#endif
-#ifndef MM_MC_TUNE
-#define MM_MC_TUNE 256
-#endif
 enum {
-    MM_GEMM_MIN_N = 8, /* columns (rows of b) from which the tiled GEMM pays */
-    MM_KC = MM_KC_TUNE,       /* k block of the GEMM */
-    MM_MC = MM_MC_TUNE,       /* rows of a per GEMM unit (a multiple of every MR) */
+    MM_GEMM_MIN_N = 8,   /* columns (rows of b) from which the tiled GEMM pays */
+    MM_QGEMM_MIN_N = 32, /* the same for quantised weights (dequantised while packing) */
+    MM_KC = 256,         /* k block of the GEMM (a multiple of the quant block) */
+    MM_MC = 256,         /* rows of a per GEMM unit (a multiple of every MR) */
     MM_NBLK_BYTES = 256 * 1024,
 };
 
@@ -39,11 +34,11 @@ static bool is_quant(loom_type t) {
 
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    if (is_quant(a->type)) return MM_QUANT;
-    if (simd->gemm_tile && simd->gemm_pack_a && b->ne[1] >= MM_GEMM_MIN_N && dst->nb[0] == sizeof(float) &&
+    const int64_t min_n = is_quant(a->type) ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
+    if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
         dst->nb[1] % sizeof(float) == 0)
         return MM_GEMM;
-    return MM_DOT;
+    return is_quant(a->type) ? MM_QUANT : MM_DOT;
 }
 
 /* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
@@ -74,7 +69,8 @@ static int64_t nblk_rows(size_t row_bytes, int64_t n) {
 /* ---------------------------------------------------------------- dot products */
 
 /* What the dot loop reads: typed weight rows and b rows (f32 or Q8 activations) at a
- * constant stride `ldb` (elements or blocks) between consecutive columns. */
+ * constant stride `ldb` between consecutive columns (floats for f32 rows, bytes for Q8
+ * activation rows). */
 typedef struct mm_dot_args {
     const loom_tensor *a;
     loom_type atype;
@@ -95,12 +91,23 @@ static void dot_rows(const mm_dot_args *x, const void *arow, const void *brows, 
         return;
     }
     switch (x->atype) {
-    case LOOM_TYPE_F32: s->dot_f32(x->K, arow, brows, x->ldb, nb, out); break;
-    case LOOM_TYPE_F16: s->dot_f16(x->K, arow, brows, x->ldb, nb, out); break;
-    case LOOM_TYPE_BF16: s->dot_bf16(x->K, arow, brows, x->ldb, nb, out); break;
-    case LOOM_TYPE_Q8_0: s->dot_q8_0(x->K / LOOM_QK8_0, arow, brows, x->ldb, nb, out); break;
-    case LOOM_TYPE_Q4_0: s->dot_q4_0(x->K / LOOM_QK4_0, arow, brows, x->ldb, nb, out); break;
-    default: LOOM_ASSERT(!"matmul weight type");
+    case LOOM_TYPE_F32:
+        s->dot_f32(x->K, arow, brows, x->ldb, nb, out);
+        break;
+    case LOOM_TYPE_F16:
+        s->dot_f16(x->K, arow, brows, x->ldb, nb, out);
+        break;
+    case LOOM_TYPE_BF16:
+        s->dot_bf16(x->K, arow, brows, x->ldb, nb, out);
+        break;
+    case LOOM_TYPE_Q8_0:
+        s->dot_q8_0(x->K / LOOM_QK8_0, arow, brows, x->ldb, nb, out);
+        break;
+    case LOOM_TYPE_Q4_0:
+        s->dot_q4_0(x->K / LOOM_QK4_0, arow, brows, x->ldb, nb, out);
+        break;
+    default:
+        LOOM_ASSERT(!"matmul weight type");
     }
 }
 
@@ -124,8 +131,7 @@ static mm_shape shape_of(const loom_tensor *dst) {
     return s;
 }
 
-loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
-                                      const loom__cpu_simd *simd) {
+loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     mm_shape s = shape_of(dst);
     loom__cpu_work w = {0, 0};
@@ -133,7 +139,7 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
     (void)nth;
     switch (choose_path(dst, simd)) {
     case MM_QUANT:
-        w.shared = brows * (size_t)(s.K / LOOM_QK8_0) * sizeof(loom__q8a);
+        w.shared = brows * loom__q8a_row_bytes(s.K / LOOM_QK8_0);
         w.per_thread = (size_t)s.K * sizeof(float);
         break;
     case MM_DOT:
@@ -142,7 +148,8 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth,
         break;
     case MM_GEMM: {
         const int64_t npan = ceil_div(s.N, simd->gemm_nr);
-        w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
+        w.shared =
+            (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
         w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) +
                        (size_t)simd->gemm_mr * MM_KC * sizeof(float) + 64;
         break;
@@ -157,8 +164,8 @@ static float *dst_at(const loom_tensor *dst, int64_t m, int64_t n, int64_t i2, i
 
 /* DOT / QUANT: (batch, m) pairs split across threads; b walked in L2-sized blocks. */
 static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s,
-                        const mm_dot_args *x, const char *bbase, size_t bstride_n,
-                        size_t bstride2, size_t bstride3) {
+                        const mm_dot_args *x, const char *bbase, size_t bstride_n, size_t bstride2,
+                        size_t bstride3) {
     const loom_tensor *a = dst->src[0];
     const int64_t items = s->B2 * s->B3 * s->M;
     int64_t t0, t1;
@@ -175,7 +182,8 @@ static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
             for (int64_t n = n0; n < n1; n += 4) {
                 int nb = n1 - n < 4 ? (int)(n1 - n) : 4;
                 dot_rows(x, arow, bb + n * bstride_n, nb, out);
-                for (int j = 0; j < nb; j++) *dst_at(dst, m, n + j, i2, i3) = out[j];
+                for (int j = 0; j < nb; j++)
+                    *dst_at(dst, m, n + j, i2, i3) = out[j];
             }
         }
     }
@@ -217,8 +225,8 @@ static void mm_path_dot(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
 }
 
 /* Quantises rows [r0, r1) of b (flat over n, i2, i3) to Q8 activations. */
-static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int64_t r0,
-                            int64_t r1, loom__q8a *out) {
+static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int64_t r0, int64_t r1,
+                            char *out) {
     const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nblk = K / LOOM_QK8_0;
     float *tmp = p->wthread;
     for (int64_t r = r0; r < r1; r++) {
@@ -228,14 +236,14 @@ static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int
             loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
             row = tmp;
         }
-        p->simd->quantize_q8a(row, out + r * nblk, K);
+        p->simd->quantize_q8a(row, out + r * (int64_t)loom__q8a_row_bytes(nblk), K);
     }
 }
 
 static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const int64_t nblk = s->K / LOOM_QK8_0;
-    loom__q8a *qb = p->wshared;
+    char *qb = p->wshared;
     int64_t r0, r1;
     loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
     quantize_b_rows(p, b, r0, r1, qb);
@@ -244,11 +252,11 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
         .a = a,
         .atype = a->type,
         .K = s->K,
-        .ldb = (size_t)nblk,
-        .b_row_bytes = (size_t)nblk * sizeof(loom__q8a),
+        .ldb = loom__q8a_row_bytes(nblk),
+        .b_row_bytes = loom__q8a_row_bytes(nblk),
         .simd = p->simd,
     };
-    const size_t rb = (size_t)nblk * sizeof(loom__q8a);
+    const size_t rb = loom__q8a_row_bytes(nblk);
     mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
                 rb * (size_t)(s->N * s->B2));
 }
@@ -266,13 +274,15 @@ static void gemm_pack_b(const loom_tensor *b, const mm_shape *s, int nr, int64_t
         for (int j = 0; j < nr; j++) {
             const int64_t n = pn * nr + j;
             if (n >= s->N) {
-                for (int64_t k = 0; k < s->K; k++) dstp[k * nr + j] = 0.0f;
+                for (int64_t k = 0; k < s->K; k++)
+                    dstp[k * nr + j] = 0.0f;
                 continue;
             }
             const char *row = loom__at(b, 0, n, i2, i3);
             if (b->nb[0] == sizeof(float)) {
                 const float *r = (const float *)row;
-                for (int64_t k = 0; k < s->K; k++) dstp[k * nr + j] = r[k];
+                for (int64_t k = 0; k < s->K; k++)
+                    dstp[k * nr + j] = r[k];
             } else {
                 for (int64_t k = 0; k < s->K; k++)
                     memcpy(&dstp[k * nr + j], row + k * (int64_t)b->nb[0], sizeof(float));
@@ -283,12 +293,12 @@ static void gemm_pack_b(const loom_tensor *b, const mm_shape *s, int nr, int64_t
 
 /* Rows [m0, m0 + mlen) of a, k in [k0, k0 + kc) -> MR-wide panels [k][MR], zero past M.
  * F32 rows are packed straight from a; other types are converted to f32 lines first. */
-static void gemm_pack_a(const loom__cpu_params *p, const loom_tensor *a, int64_t i2a,
-                        int64_t i3a, int64_t m0, int64_t mlen, int64_t k0, int64_t kc, int mr,
-                        float *ap, float *lines) {
+static void gemm_pack_a(const loom__cpu_params *p, const loom_tensor *a, int64_t i2a, int64_t i3a,
+                        int64_t m0, int64_t mlen, int64_t k0, int64_t kc, int mr, float *ap,
+                        float *lines) {
     const int64_t mpan = ceil_div(mlen, mr);
-    const bool direct = a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float) &&
-                        a->nb[1] % sizeof(float) == 0;
+    const bool direct =
+        a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float) && a->nb[1] % sizeof(float) == 0;
     for (int64_t mp = 0; mp < mpan; mp++) {
         const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
         const float *src = lines;
@@ -301,6 +311,12 @@ static void gemm_pack_a(const loom__cpu_params *p, const loom_tensor *a, int64_t
                 const char *row = loom__at(a, 0, m0 + mp * mr + i, i2a, i3a);
                 if (a->type == LOOM_TYPE_F16 && a->nb[0] == sizeof(uint16_t))
                     p->simd->f16_to_f32((const uint16_t *)row + k0, lines + i * kc, kc);
+                else if (a->type == LOOM_TYPE_Q8_0) /* k0, kc: whole blocks */
+                    p->simd->dequant_q8_0((const loom_block_q8_0 *)row + k0 / LOOM_QK8_0,
+                                          lines + i * kc, kc / LOOM_QK8_0);
+                else if (a->type == LOOM_TYPE_Q4_0)
+                    p->simd->dequant_q4_0((const loom_block_q4_0 *)row + k0 / LOOM_QK4_0,
+                                          lines + i * kc, kc / LOOM_QK4_0);
                 else
                     loom__cpu_row_to_f32(a->type, row, a->nb[0], k0, kc, lines + i * kc);
             }
@@ -323,37 +339,41 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     float *ap = p->wthread;
     float *lines = (float *)((char *)p->wthread + align64((size_t)MM_MC * MM_KC * sizeof(float)));
     const size_t ldc = dst->nb[1] / sizeof(float);
-    const int64_t mblocks = ceil_div(s->M, MM_MC);
+
+    /* Work units: (batch, row block, column chunk). Row blocks shrink and the columns split
+     * into chunks until every thread has about two units (small M, few batches). */
+    int64_t mc = MM_MC;
+    while (mc > mr && batches * ceil_div(s->M, mc) < 2 * p->nth)
+        mc /= 2;
+    const int64_t mblocks = ceil_div(s->M, mc);
+    int64_t nchunks = 1;
+    if (batches * mblocks < 2 * p->nth) nchunks = ceil_div(2 * p->nth, batches * mblocks);
+    if (nchunks > npan) nchunks = npan;
+    const int64_t chunk = ceil_div(npan, nchunks);
+
     int64_t u0, u1;
-    loom__range(batches * mblocks, p->ith, p->nth, &u0, &u1);
+    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t batch = u / mblocks, mc0 = (u % mblocks) * MM_MC;
+        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
+                      batch = u / (nchunks * mblocks);
+        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
+                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
         const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
-        const int64_t mlen = s->M - mc0 < MM_MC ? s->M - mc0 : MM_MC;
+        const int64_t mlen = s->M - mc0 < mc ? s->M - mc0 : mc;
         const int64_t mpan = ceil_div(mlen, mr);
         const float *bpan = bp + batch * npan * s->K * nr;
+        if (pn0 >= pn1) continue;
         for (int64_t k0 = 0; k0 < s->K; k0 += MM_KC) {
             const int64_t kc = s->K - k0 < MM_KC ? s->K - k0 : MM_KC;
             gemm_pack_a(p, a, i2 / s->r2, i3 / s->r3, mc0, mlen, k0, kc, mr, ap, lines);
-#ifdef MM_ORDER_MP
-            for (int64_t mp = 0; mp < mpan; mp++) {
-                const int64_t m = mc0 + mp * mr;
-                const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
-                for (int64_t pn = 0; pn < npan; pn++) {
-                    const float *bpk = bpan + pn * s->K * nr + k0 * nr;
-                    const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
-#else
-            for (int64_t pn = 0; pn < npan; pn++) {
+            for (int64_t pn = pn0; pn < pn1; pn++) {
                 const float *bpk = bpan + pn * s->K * nr + k0 * nr;
                 const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
                 for (int64_t mp = 0; mp < mpan; mp++) {
                     const int64_t m = mc0 + mp * mr;
                     const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
-#endif
-#ifndef NO_TILE
                     p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, dst_at(dst, m, pn * nr, i2, i3),
                                        ldc, k0 == 0, mvalid, nvalid);
-#endif
                 }
             }
         }
@@ -366,7 +386,8 @@ static void zero_dst(const loom__cpu_params *p, loom_tensor *dst) {
     for (int64_t r = r0; r < r1; r++) {
         int64_t i1 = r % dst->ne[1], i2 = (r / dst->ne[1]) % dst->ne[2];
         int64_t i3 = r / (dst->ne[1] * dst->ne[2]);
-        for (int64_t i = 0; i < dst->ne[0]; i++) *dst_at(dst, i, i1, i2, i3) = 0.0f;
+        for (int64_t i = 0; i < dst->ne[0]; i++)
+            *dst_at(dst, i, i1, i2, i3) = 0.0f;
     }
 }
 
@@ -377,9 +398,15 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
         return;
     }
     switch (choose_path(dst, p->simd)) {
-    case MM_GEMM: mm_path_gemm(p, dst, &s); break;
-    case MM_QUANT: mm_path_quant(p, dst, &s); break;
-    case MM_DOT: mm_path_dot(p, dst, &s); break;
+    case MM_GEMM:
+        mm_path_gemm(p, dst, &s);
+        break;
+    case MM_QUANT:
+        mm_path_quant(p, dst, &s);
+        break;
+    case MM_DOT:
+        mm_path_dot(p, dst, &s);
+        break;
     }
 }
 
@@ -396,8 +423,8 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst) {
     const loom_tensor *as = dst->src[0], *ids = dst->src[2];
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
-    l.row_bytes = is_quant(as->type) ? (size_t)(K / LOOM_QK8_0) * sizeof(loom__q8a)
-                                     : (size_t)K * sizeof(float);
+    l.row_bytes =
+        is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0) : (size_t)K * sizeof(float);
     l.off_count = 0;
     l.off_start = align64((size_t)E * sizeof(int64_t));
     l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));
@@ -435,14 +462,16 @@ void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
                     loom__cpu_fail(p, LOOM_ERR_INVALID_ARG,
                                    "MUL_MAT_ID '%s': expert id %d (ids[%lld, %lld]) out of "
                                    "range [0, %lld)",
-                                   dst->name, e, (long long)u, (long long)t, (long long)E);
+                                   loom__cpu_name(dst), e, (long long)u, (long long)t,
+                                   (long long)E);
                     goto done;
                 }
                 count[e]++;
             }
         }
         start[0] = 0;
-        for (int64_t e = 0; e < E; e++) start[e + 1] = start[e] + count[e];
+        for (int64_t e = 0; e < E; e++)
+            start[e + 1] = start[e] + count[e];
         memset(count, 0, (size_t)E * sizeof *count);
         for (int64_t t = 0; t < T; t++) {
             for (int64_t u = 0; u < U; u++) {
@@ -467,7 +496,7 @@ done:
         float *tmp = p->wthread;
         loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
         if (is_quant(as->type))
-            p->simd->quantize_q8a(tmp, (loom__q8a *)(rows + r * l.row_bytes), K);
+            p->simd->quantize_q8a(tmp, rows + r * l.row_bytes, K);
         else
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
@@ -475,12 +504,13 @@ done:
 
     /* (expert, m) pairs of the experts in use, split across threads */
     int64_t active = 0;
-    for (int64_t e = 0; e < E; e++) active += start[e + 1] > start[e];
+    for (int64_t e = 0; e < E; e++)
+        active += start[e + 1] > start[e];
     mm_dot_args x = {
         .a = as,
         .atype = as->type,
         .K = K,
-        .ldb = is_quant(as->type) ? (size_t)(K / LOOM_QK8_0) : (size_t)K,
+        .ldb = is_quant(as->type) ? l.row_bytes : (size_t)K,
         .b_row_bytes = l.row_bytes,
         .simd = p->simd,
         .a_tmp = a_in_place(as) ? NULL : p->wthread,

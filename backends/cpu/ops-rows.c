@@ -41,7 +41,8 @@ void loom__cpu_op_reduce_rows(const loom__cpu_params *p, loom_tensor *dst) {
         row_of(a, r, &i1, &i2, &i3);
         const void *x = loom__at(a, 0, i1, i2, i3);
         double s = 0.0;
-        for (int64_t i = 0; i < n; i++) s += getf(x, i, a->nb[0]);
+        for (int64_t i = 0; i < n; i++)
+            s += getf(x, i, a->nb[0]);
         if (dst->op == LOOM_OP_MEAN) s /= (double)n;
         setf(loom__at(dst, 0, i1, i2, i3), 0, dst->nb[0], (float)s);
     }
@@ -87,10 +88,12 @@ void loom__cpu_op_norm(const loom__cpu_params *p, loom_tensor *dst) {
                 ss += v * v;
             }
             const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-            for (int64_t i = 0; i < n; i++) setf(y, i, dst->nb[0], getf(x, i, a->nb[0]) * scale);
+            for (int64_t i = 0; i < n; i++)
+                setf(y, i, dst->nb[0], getf(x, i, a->nb[0]) * scale);
         } else {
             double s = 0.0;
-            for (int64_t i = 0; i < n; i++) s += getf(x, i, a->nb[0]);
+            for (int64_t i = 0; i < n; i++)
+                s += getf(x, i, a->nb[0]);
             const double mean = s / (double)n;
             double var = 0.0;
             for (int64_t i = 0; i < n; i++) {
@@ -112,7 +115,8 @@ static float alibi_slope(float max_bias, int64_t n_head, int64_t h) {
     const int64_t n_head_log2 = (int64_t)1 << (int)floor(log2((double)n_head));
     const float m0 = powf(2.0f, -max_bias / (float)n_head_log2);
     const float m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n_head_log2);
-    return h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+    return h < n_head_log2 ? powf(m0, (float)(h + 1))
+                           : powf(m1, (float)(2 * (h - n_head_log2) + 1));
 }
 
 void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst) {
@@ -154,7 +158,8 @@ void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst) {
         }
         void *y = loom__at(dst, 0, i1, i2, i3);
         if (max == -INFINITY) { /* every logit masked, no sink */
-            for (int64_t i = 0; i < n; i++) setf(y, i, dst->nb[0], 0.0f);
+            for (int64_t i = 0; i < n; i++)
+                setf(y, i, dst->nb[0], 0.0f);
             continue;
         }
         double sum = p->simd->vec_exp_sum(n, z, z, max);
@@ -163,7 +168,8 @@ void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst) {
         if (dst->nb[0] == sizeof(float))
             p->simd->vec_scale(n, y, z, inv, 0.0f);
         else
-            for (int64_t i = 0; i < n; i++) setf(y, i, dst->nb[0], z[i] * inv);
+            for (int64_t i = 0; i < n; i++)
+                setf(y, i, dst->nb[0], z[i] * inv);
     }
 }
 
@@ -182,8 +188,10 @@ static void merge_sort(int32_t *idx, int32_t *tmp, int64_t n, const float *x, si
                 bool take_j = desc ? vj > vi : vj < vi;
                 tmp[k++] = take_j ? idx[j++] : idx[i++];
             }
-            while (i < mid) tmp[k++] = idx[i++];
-            while (j < hi) tmp[k++] = idx[j++];
+            while (i < mid)
+                tmp[k++] = idx[i++];
+            while (j < hi)
+                tmp[k++] = idx[j++];
         }
         memcpy(idx, tmp, (size_t)n * sizeof *idx);
     }
@@ -202,9 +210,11 @@ void loom__cpu_op_argsort(const loom__cpu_params *p, loom_tensor *dst) {
         int64_t i1, i2, i3;
         row_of(a, r, &i1, &i2, &i3);
         const float *x = loom__at(a, 0, i1, i2, i3);
-        for (int64_t i = 0; i < n; i++) idx[i] = (int32_t)i;
+        for (int64_t i = 0; i < n; i++)
+            idx[i] = (int32_t)i;
         merge_sort(idx, tmp, n, x, a->nb[0], desc);
         char *y = loom__at(dst, 0, i1, i2, i3);
-        for (int64_t i = 0; i < keep; i++) memcpy(y + i * (int64_t)dst->nb[0], &idx[i], sizeof(int32_t));
+        for (int64_t i = 0; i < keep; i++)
+            memcpy(y + i * (int64_t)dst->nb[0], &idx[i], sizeof(int32_t));
     }
 }

@@ -52,7 +52,8 @@ I256 __m256 exp256(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
     __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_and_ps(live, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
@@ -79,7 +80,8 @@ I256 __m256 silu256(__m256 x) {
     }                                                                                              \
     _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                         \
         float s = hsum256(_mm256_add_ps(acc[j][0], acc[j][1]));                                    \
-        for (int64_t l = i; l < k; l++) s += SCALAR(a[l]) * b[j * ldb + l];                        \
+        for (int64_t l = i; l < k; l++)                                                            \
+            s += SCALAR(a[l]) * b[j * ldb + l];                                                    \
         out[j] = s;                                                                                \
     }
 
@@ -88,15 +90,11 @@ I256 float id_f32(float x) {
 }
 
 I256 void dot_f32_n(int64_t k, const float *a, const float *b, size_t ldb, float *out,
+                    const int NB){DOT_BODY(loadu_f32, id_f32)} I256
+    void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                   const int NB){DOT_BODY(load_f16, loom__fp16_to_fp32)} I256
+    void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
                     const int NB) {
-    DOT_BODY(loadu_f32, id_f32)
-}
-I256 void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
-                    const int NB) {
-    DOT_BODY(load_f16, loom__fp16_to_fp32)
-}
-I256 void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
-                     const int NB) {
     DOT_BODY(load_bf16, loom__bf16_to_fp32)
 }
 
@@ -112,37 +110,62 @@ static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     for (; i + 8 <= k; i += 8)
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < k; i++) s += a[i] * b[i];
+    for (; i < k; i++)
+        s += a[i] * b[i];
     out[0] = s;
 }
 
 static T256 void avx2_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
                               float *out) {
     switch (nb) {
-    case 1: dot1_f32(k, a, b, out); break;
-    case 2: dot_f32_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_f32_n(k, a, b, ldb, out, 3); break;
-    default: dot_f32_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot1_f32(k, a, b, out);
+        break;
+    case 2:
+        dot_f32_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_f32_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_f32_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T256 void avx2_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
-                              int nb, float *out) {
+static T256 void avx2_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                              float *out) {
     switch (nb) {
-    case 1: dot_f16_n(k, a, b, ldb, out, 1); break;
-    case 2: dot_f16_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_f16_n(k, a, b, ldb, out, 3); break;
-    default: dot_f16_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot_f16_n(k, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_f16_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_f16_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_f16_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T256 void avx2_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
-                               int nb, float *out) {
+static T256 void avx2_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                               float *out) {
     switch (nb) {
-    case 1: dot_bf16_n(k, a, b, ldb, out, 1); break;
-    case 2: dot_bf16_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_bf16_n(k, a, b, ldb, out, 3); break;
-    default: dot_bf16_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot_bf16_n(k, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_bf16_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_bf16_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_bf16_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
@@ -154,67 +177,101 @@ I256 __m256i dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-I256 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
-                     float *out, const int NB) {
+I256 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb, float *out,
+                     const int NB) {
     __m256 acc[4];
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+    const float *yd[4];
+    const int8_t *yq[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        acc[j] = _mm256_setzero_ps();
+        void *row = (char *)b + (j < NB ? j : 0) * ldb;
+        yd[j] = loom__q8a_d(row);
+        yq[j] = loom__q8a_qs(row, nblk);
+    }
     for (int64_t i = 0; i < nblk; i++) {
         __m256i va = _mm256_loadu_si256((const __m256i *)a[i].qs);
         __m256i ax = _mm256_sign_epi8(va, va);
         float da = _cvtsh_ss(a[i].d);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-            const loom__q8a *y = b + j * ldb + i;
-            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
+            __m256i sy =
+                _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(yq[j] + 32 * i)), va);
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(ax, sy)),
-                                     _mm256_set1_ps(da * y->d), acc[j]);
+                                     _mm256_set1_ps(da * yd[j][i]), acc[j]);
         }
     }
     _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] = hsum256(acc[j]);
 }
 
-I256 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
-                     float *out, const int NB) {
+I256 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb, float *out,
+                     const int NB) {
     __m256 acc[4];
     float corr[4] = {0, 0, 0, 0};
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+    const float *yd[4], *ys[4];
+    const int8_t *yq[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        acc[j] = _mm256_setzero_ps();
+        void *row = (char *)b + (j < NB ? j : 0) * ldb;
+        yd[j] = loom__q8a_d(row);
+        ys[j] = loom__q8a_s(row, nblk);
+        yq[j] = loom__q8a_qs(row, nblk);
+    }
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     for (int64_t i = 0; i < nblk; i++) {
         __m128i t = _mm_loadu_si128((const __m128i *)a[i].qs);
         __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), low4);
         float da = _cvtsh_ss(a[i].d);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-            const loom__q8a *y = b + j * ldb + i;
-            __m256i dot = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)y->qs));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d), acc[j]);
-            corr[j] += da * y->s;
+            __m256i dot = dot_u8s8(q, _mm256_loadu_si256((const __m256i *)(yq[j] + 32 * i)));
+            acc[j] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * yd[j][i]), acc[j]);
+            corr[j] += da * ys[j][i];
         }
     }
     _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] = hsum256(acc[j]) - 8.0f * corr[j];
 }
 
-static T256 void avx2_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
-                               size_t ldb, int nb, float *out) {
+static T256 void avx2_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb,
+                               int nb, float *out) {
     switch (nb) {
-    case 1: dot_q8_0_n(nblk, a, b, ldb, out, 1); break;
-    case 2: dot_q8_0_n(nblk, a, b, ldb, out, 2); break;
-    case 3: dot_q8_0_n(nblk, a, b, ldb, out, 3); break;
-    default: dot_q8_0_n(nblk, a, b, ldb, out, 4); break;
+    case 1:
+        dot_q8_0_n(nblk, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_q8_0_n(nblk, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_q8_0_n(nblk, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_q8_0_n(nblk, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T256 void avx2_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
-                               size_t ldb, int nb, float *out) {
+static T256 void avx2_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb,
+                               int nb, float *out) {
     switch (nb) {
-    case 1: dot_q4_0_n(nblk, a, b, ldb, out, 1); break;
-    case 2: dot_q4_0_n(nblk, a, b, ldb, out, 2); break;
-    case 3: dot_q4_0_n(nblk, a, b, ldb, out, 3); break;
-    default: dot_q4_0_n(nblk, a, b, ldb, out, 4); break;
+    case 1:
+        dot_q4_0_n(nblk, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_q4_0_n(nblk, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_q4_0_n(nblk, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_q4_0_n(nblk, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T256 void avx2_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
+static T256 void avx2_quantize_q8a(const float *x, void *row, int64_t k) {
+    const int64_t nblk = k / LOOM_QK8_0;
+    float *yd = loom__q8a_d(row), *ys = loom__q8a_s(row, nblk);
+    int8_t *yq = loom__q8a_qs(row, nblk);
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+    for (int64_t i = 0; i < nblk; i++) {
         __m256 v[4];
         __m256 m = _mm256_setzero_ps();
         for (int l = 0; l < 4; l++) {
@@ -225,15 +282,16 @@ static T256 void avx2_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         float d = _mm_cvtss_f32(h) / 127.0f;
-        y[i].d = d;
+        yd[i] = d;
         if (d == 0.0f) {
-            memset(y[i].qs, 0, sizeof y[i].qs);
-            y[i].s = 0.0f;
+            memset(yq + 32 * i, 0, 32);
+            ys[i] = 0.0f;
             continue;
         }
         __m256 vd = _mm256_set1_ps(d);
         __m256i q[4];
-        for (int l = 0; l < 4; l++) q[l] = _mm256_cvtps_epi32(_mm256_div_ps(v[l], vd));
+        for (int l = 0; l < 4; l++)
+            q[l] = _mm256_cvtps_epi32(_mm256_div_ps(v[l], vd));
         __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
@@ -243,8 +301,8 @@ static T256 void avx2_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
         __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
         __m256i p8 = _mm256_packs_epi16(p16a, p16b);
         p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)y[i].qs, p8);
-        y[i].s = d * (float)_mm_cvtsi128_si32(s4);
+        _mm256_storeu_si256((__m256i *)(yq + 32 * i), p8);
+        ys[i] = d * (float)_mm_cvtsi128_si32(s4);
     }
 }
 
@@ -253,8 +311,8 @@ static T256 void avx2_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
 #define MR 16
 #define NR 6
 
-static T256 void avx2_gemm_tile(int64_t kc, const float *ap, const float *bp, float *c,
-                                size_t ldc, int first, int mvalid, int nvalid) {
+static T256 void avx2_gemm_tile(int64_t kc, const float *ap, const float *bp, float *c, size_t ldc,
+                                int first, int mvalid, int nvalid) {
     __m256 c0[NR], c1[NR];
     _Pragma("GCC unroll 6") for (int j = 0; j < NR; j++) {
         c0[j] = _mm256_setzero_ps();
@@ -312,21 +370,22 @@ I256 void transpose8(__m256 r[8]) {
     }
 }
 
-static T256 void avx2_gemm_pack_a(const float *a, size_t lda, int64_t kc, int rows,
-                                  float *panel) {
+static T256 void avx2_gemm_pack_a(const float *a, size_t lda, int64_t kc, int rows, float *panel) {
     const int64_t kv = kc & ~(int64_t)7;
     for (int h = 0; h < MR / 8; h++) {
         for (int64_t k0 = 0; k0 < kv; k0 += 8) {
             __m256 r[8];
             _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) r[i] =
-                8 * h + i < rows ? _mm256_loadu_ps(a + (8 * h + i) * lda + k0) : _mm256_setzero_ps();
+                8 * h + i < rows ? _mm256_loadu_ps(a + (8 * h + i) * lda + k0)
+                                 : _mm256_setzero_ps();
             transpose8(r);
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
                 _mm256_store_ps(panel + (k0 + j) * MR + 8 * h, r[j]);
         }
     }
     for (int64_t k = kv; k < kc; k++)
-        for (int i = 0; i < MR; i++) panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
+        for (int i = 0; i < MR; i++)
+            panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -335,14 +394,16 @@ static T256 void avx2_vec_add(int64_t n, float *z, const float *x, const float *
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(z + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) z[i] = x[i] + y[i];
+    for (; i < n; i++)
+        z[i] = x[i] + y[i];
 }
 
 static T256 void avx2_vec_mul(int64_t n, float *z, const float *x, const float *y) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(z + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) z[i] = x[i] * y[i];
+    for (; i < n; i++)
+        z[i] = x[i] * y[i];
 }
 
 static T256 void avx2_vec_scale(int64_t n, float *y, const float *x, float s, float b) {
@@ -350,20 +411,25 @@ static T256 void avx2_vec_scale(int64_t n, float *y, const float *x, float s, fl
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, vb));
-    for (; i < n; i++) y[i] = fmaf(x[i], s, b);
+    for (; i < n; i++)
+        y[i] = fmaf(x[i], s, b);
 }
 
 static T256 void avx2_vec_silu(int64_t n, float *y, const float *x) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, silu256(_mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, silu256(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 static T256 void avx2_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu256(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
-    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+        _mm256_storeu_ps(y + i,
+                         _mm256_mul_ps(silu256(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+    for (; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
 static T256 double avx2_vec_exp_sum(int64_t n, float *y, const float *x, float max) {
@@ -391,8 +457,10 @@ static T256 void avx2_vec_mad_f32(int64_t n, float *y, const float *x, float s) 
     __m256 vs = _mm256_set1_ps(s);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += x[i] * s;
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vs, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += x[i] * s;
 }
 
 static T256 void avx2_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
@@ -400,13 +468,42 @@ static T256 void avx2_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float 
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(load_f16(x + i), vs, _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += loom__fp16_to_fp32(x[i]) * s;
+    for (; i < n; i++)
+        y[i] += loom__fp16_to_fp32(x[i]) * s;
+}
+
+static T256 void avx2_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
+    for (int64_t i = 0; i < nblk; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d));
+        for (int l = 0; l < 4; l++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[i].qs + 8 * l)));
+            _mm256_storeu_ps(y + 32 * i + 8 * l, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+static T256 void avx2_dequant_q4_0(const loom_block_q4_0 *x, float *y, int64_t nblk) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < nblk; i++) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d));
+        __m128i t = _mm_loadu_si128((const __m128i *)x[i].qs);
+        __m128i nib[2] = {_mm_and_si128(t, low4), _mm_and_si128(_mm_srli_epi16(t, 4), low4)};
+        for (int h = 0; h < 2; h++) {
+            __m256i q0 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(nib[h]), eight);
+            __m256i q1 = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(nib[h], 8)), eight);
+            _mm256_storeu_ps(y + 32 * i + 16 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), d));
+            _mm256_storeu_ps(y + 32 * i + 16 * h + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d));
+        }
+    }
 }
 
 static T256 void avx2_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_f16(x + i));
-    for (; i < n; i++) y[i] = loom__fp16_to_fp32(x[i]);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, load_f16(x + i));
+    for (; i < n; i++)
+        y[i] = loom__fp16_to_fp32(x[i]);
 }
 
 static T256 void avx2_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
@@ -414,7 +511,8 @@ static T256 void avx2_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(y + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) y[i] = loom__fp32_to_fp16(x[i]);
+    for (; i < n; i++)
+        y[i] = loom__fp32_to_fp16(x[i]);
 }
 
 const loom__cpu_simd loom__cpu_simd_avx2 = {
@@ -437,6 +535,8 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .vec_exp_sum = avx2_vec_exp_sum,
     .vec_mad_f32 = avx2_vec_mad_f32,
     .vec_mad_f16 = avx2_vec_mad_f16,
+    .dequant_q8_0 = avx2_dequant_q8_0,
+    .dequant_q4_0 = avx2_dequant_q4_0,
     .f16_to_f32 = avx2_f16_to_f32,
     .f32_to_f16 = avx2_f32_to_f16,
 };

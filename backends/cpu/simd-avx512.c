@@ -98,15 +98,11 @@ I512 __m512 maskload_f32(__mmask16 m, const float *p) {
 }
 
 I512 void dot_f32_n(int64_t k, const float *a, const float *b, size_t ldb, float *out,
+                    const int NB){DOT_BODY(loadu_f32, maskload_f32)} I512
+    void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
+                   const int NB){DOT_BODY(load_f16, maskload_f16)} I512
+    void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
                     const int NB) {
-    DOT_BODY(loadu_f32, maskload_f32)
-}
-I512 void dot_f16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
-                    const int NB) {
-    DOT_BODY(load_f16, maskload_f16)
-}
-I512 void dot_bf16_n(int64_t k, const uint16_t *a, const float *b, size_t ldb, float *out,
-                     const int NB) {
     DOT_BODY(load_bf16, maskload_bf16)
 }
 
@@ -130,30 +126,54 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
 static T512 void avx512_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
                                 float *out) {
     switch (nb) {
-    case 1: dot1_f32(k, a, b, out); break;
-    case 2: dot_f32_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_f32_n(k, a, b, ldb, out, 3); break;
-    default: dot_f32_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot1_f32(k, a, b, out);
+        break;
+    case 2:
+        dot_f32_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_f32_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_f32_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T512 void avx512_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
-                                int nb, float *out) {
+static T512 void avx512_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                                float *out) {
     switch (nb) {
-    case 1: dot_f16_n(k, a, b, ldb, out, 1); break;
-    case 2: dot_f16_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_f16_n(k, a, b, ldb, out, 3); break;
-    default: dot_f16_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot_f16_n(k, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_f16_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_f16_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_f16_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T512 void avx512_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb,
-                                 int nb, float *out) {
+static T512 void avx512_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t ldb, int nb,
+                                 float *out) {
     switch (nb) {
-    case 1: dot_bf16_n(k, a, b, ldb, out, 1); break;
-    case 2: dot_bf16_n(k, a, b, ldb, out, 2); break;
-    case 3: dot_bf16_n(k, a, b, ldb, out, 3); break;
-    default: dot_bf16_n(k, a, b, ldb, out, 4); break;
+    case 1:
+        dot_bf16_n(k, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_bf16_n(k, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_bf16_n(k, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_bf16_n(k, a, b, ldb, out, 4);
+        break;
     }
 }
 
@@ -163,27 +183,74 @@ I512 float fp16_1(uint16_t h) {
     return _cvtsh_ss(h);
 }
 
-/* Q8_0 x Q8: |a| (unsigned) times b with a's sign, summed by VNNI into 8 int32 lanes. */
-I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b, size_t ldb,
-                     float *out, const int NB) {
-    __m256 acc[4][2];
+/* Two 32-byte quant payloads (blocks i and i + 1) in one zmm. */
+I512 __m512i load2x32(const int8_t *p0, const int8_t *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+I512 float hsum256(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* The fp16 scales of blocks i..i+3 as 4 floats. */
+#define FP16X4(a, i)                                                                               \
+    _mm_cvtph_ps(_mm_setr_epi16((short)(a)[(i)].d, (short)(a)[(i) + 1].d, (short)(a)[(i) + 2].d,   \
+                                (short)(a)[(i) + 3].d, 0, 0, 0, 0))
+
+/* Per-block scale vectors for two blocks per zmm: [s0 x 8, s1 x 8] and [s2 x 8, s3 x 8]. */
+I512 __m512i idx_lo(void) {
+    return _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+I512 __m512i idx_hi(void) {
+    return _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+}
+
+I512 float hsum128(__m128 h) {
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* Q8_0 x Q8, four blocks per step (two per zmm): |a| (unsigned) times b carrying a's
+ * sign, summed by VNNI into 8 int32 lanes per block, scaled per block. */
+I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb, float *out,
+                     const int NB) {
+    __m512 acc[4], acc2[4];
+    __m256 tail[4];
+    const float *yd[4];
+    const int8_t *yq[4];
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-        acc[j][0] = _mm256_setzero_ps();
-        acc[j][1] = _mm256_setzero_ps();
+        acc[j] = acc2[j] = _mm512_setzero_ps();
+        tail[j] = _mm256_setzero_ps();
+        void *row = (char *)b + (j < NB ? j : 0) * ldb;
+        yd[j] = loom__q8a_d(row);
+        yq[j] = loom__q8a_qs(row, nblk);
     }
+    const __m512i ilo = idx_lo(), ihi = idx_hi();
     int64_t i = 0;
-    for (; i + 2 <= nblk; i += 2) {
-        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
-            __m256i va = _mm256_loadu_si256((const __m256i *)a[i + u].qs);
-            __m256i ax = _mm256_sign_epi8(va, va);
-            float da = fp16_1(a[i + u].d);
-            _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-                const loom__q8a *y = b + j * ldb + i + u;
-                __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-                acc[j][u] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d),
-                                            acc[j][u]);
-            }
+    for (; i + 4 <= nblk; i += 4) {
+        __m512i va0 = load2x32(a[i].qs, a[i + 1].qs), va1 = load2x32(a[i + 2].qs, a[i + 3].qs);
+        __m512i ax0 = _mm512_abs_epi8(va0), ax1 = _mm512_abs_epi8(va1);
+        __mmask64 neg0 = _mm512_movepi8_mask(va0), neg1 = _mm512_movepi8_mask(va1);
+        __m128 da = FP16X4(a, i);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(da, _mm_loadu_ps(yd[j] + i)));
+            __m512i vb0 = _mm512_loadu_si512(yq[j] + 32 * i);
+            __m512i vb1 = _mm512_loadu_si512(yq[j] + 32 * i + 64);
+            __m512i dot0 =
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax0,
+                                    _mm512_mask_sub_epi8(vb0, neg0, _mm512_setzero_si512(), vb0));
+            __m512i dot1 =
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax1,
+                                    _mm512_mask_sub_epi8(vb1, neg1, _mm512_setzero_si512(), vb1));
+            acc[j] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(ilo, sc), acc[j]);
+            acc2[j] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(ihi, sc), acc2[j]);
         }
     }
     for (; i < nblk; i++) {
@@ -191,96 +258,140 @@ I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
         __m256i ax = _mm256_sign_epi8(va, va);
         float da = fp16_1(a[i].d);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-            const loom__q8a *y = b + j * ldb + i;
-            __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), va);
+            __m256i sy =
+                _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(yq[j] + 32 * i)), va);
             __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
-            acc[j][0] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d), acc[j][0]);
+            tail[j] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * yd[j][i]), tail[j]);
         }
     }
-    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-        __m256 s = _mm256_add_ps(acc[j][0], acc[j][1]);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        out[j] = _mm_cvtss_f32(h);
-    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] =
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[j], acc2[j])) + hsum256(tail[j]);
 }
 
-/* Q4_0 x Q8: the nibbles (0..15, unsigned) times b by VNNI; the -8 offset is applied once
- * per block through b's precomputed s = d * sum(q). */
-I512 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b, size_t ldb,
-                     float *out, const int NB) {
-    __m256 acc[4][2];
-    float corr[4] = {0, 0, 0, 0};
+/* Q4_0 x Q8, four blocks per step: the nibbles (0..15, unsigned) times b by VNNI; the -8
+ * offset is applied through b's precomputed s = d * sum(q). */
+I512 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb, float *out,
+                     const int NB) {
+    __m512 acc[4], acc2[4];
+    __m256 tail[4];
+    __m128 corr[4];
+    float tcorr[4] = {0, 0, 0, 0};
+    const float *yd[4], *ys[4];
+    const int8_t *yq[4];
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-        acc[j][0] = _mm256_setzero_ps();
-        acc[j][1] = _mm256_setzero_ps();
+        acc[j] = acc2[j] = _mm512_setzero_ps();
+        tail[j] = _mm256_setzero_ps();
+        corr[j] = _mm_setzero_ps();
+        void *row = (char *)b + (j < NB ? j : 0) * ldb;
+        yd[j] = loom__q8a_d(row);
+        ys[j] = loom__q8a_s(row, nblk);
+        yq[j] = loom__q8a_qs(row, nblk);
     }
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    for (int64_t i = 0; i < nblk; i++) {
-        int u = (int)(i & 1);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    const __m512i ilo = idx_lo(), ihi = idx_hi();
+    int64_t i = 0;
+    for (; i + 4 <= nblk; i += 4) {
+        /* lanes [qs0, qs0, qs1, qs1]; the upper copy of each shifted by 4 -> high nibbles */
+        __m512i v0 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a[i].qs))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a[i + 1].qs)), 1);
+        __m512i v1 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(
+                _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a[i + 2].qs))),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)a[i + 3].qs)), 1);
+        __m512i q0 = _mm512_and_si512(_mm512_srlv_epi64(v0, shifts), low4);
+        __m512i q1 = _mm512_and_si512(_mm512_srlv_epi64(v1, shifts), low4);
+        __m128 da = FP16X4(a, i);
+        _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
+            __m512 sc = _mm512_castps128_ps512(_mm_mul_ps(da, _mm_loadu_ps(yd[j] + i)));
+            __m512i dot0 =
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(yq[j] + 32 * i));
+            __m512i dot1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1,
+                                               _mm512_loadu_si512(yq[j] + 32 * i + 64));
+            acc[j] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot0), _mm512_permutexvar_ps(ilo, sc), acc[j]);
+            acc2[j] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot1), _mm512_permutexvar_ps(ihi, sc), acc2[j]);
+            corr[j] = _mm_fmadd_ps(da, _mm_loadu_ps(ys[j] + i), corr[j]);
+        }
+    }
+    for (; i < nblk; i++) {
         __m128i t = _mm_loadu_si128((const __m128i *)a[i].qs);
-        __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), low4);
+        __m256i q =
+            _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
         float da = fp16_1(a[i].d);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-            const loom__q8a *y = b + j * ldb + i;
-            __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q,
-                                              _mm256_loadu_si256((const __m256i *)y->qs));
-            __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * y->d));
-            if (u)
-                acc[j][1] = _mm256_add_ps(v, acc[j][1]);
-            else
-                acc[j][0] = _mm256_add_ps(v, acc[j][0]);
-            corr[j] += da * y->s;
+            __m256i dot = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(), q, _mm256_loadu_si256((const __m256i *)(yq[j] + 32 * i)));
+            tail[j] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(da * yd[j][i]), tail[j]);
+            tcorr[j] += da * ys[j][i];
         }
     }
-    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
-        __m256 s = _mm256_add_ps(acc[j][0], acc[j][1]);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        out[j] = _mm_cvtss_f32(h) - 8.0f * corr[j];
-    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) out[j] =
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[j], acc2[j])) + hsum256(tail[j]) -
+        8.0f * (hsum128(corr[j]) + tcorr[j]);
 }
 
-static T512 void avx512_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
-                                 size_t ldb, int nb, float *out) {
+static T512 void avx512_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb,
+                                 int nb, float *out) {
     switch (nb) {
-    case 1: dot_q8_0_n(nblk, a, b, ldb, out, 1); break;
-    case 2: dot_q8_0_n(nblk, a, b, ldb, out, 2); break;
-    case 3: dot_q8_0_n(nblk, a, b, ldb, out, 3); break;
-    default: dot_q8_0_n(nblk, a, b, ldb, out, 4); break;
+    case 1:
+        dot_q8_0_n(nblk, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_q8_0_n(nblk, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_q8_0_n(nblk, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_q8_0_n(nblk, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T512 void avx512_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
-                                 size_t ldb, int nb, float *out) {
+static T512 void avx512_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb,
+                                 int nb, float *out) {
     switch (nb) {
-    case 1: dot_q4_0_n(nblk, a, b, ldb, out, 1); break;
-    case 2: dot_q4_0_n(nblk, a, b, ldb, out, 2); break;
-    case 3: dot_q4_0_n(nblk, a, b, ldb, out, 3); break;
-    default: dot_q4_0_n(nblk, a, b, ldb, out, 4); break;
+    case 1:
+        dot_q4_0_n(nblk, a, b, ldb, out, 1);
+        break;
+    case 2:
+        dot_q4_0_n(nblk, a, b, ldb, out, 2);
+        break;
+    case 3:
+        dot_q4_0_n(nblk, a, b, ldb, out, 3);
+        break;
+    default:
+        dot_q4_0_n(nblk, a, b, ldb, out, 4);
+        break;
     }
 }
 
-static T512 void avx512_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
-    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+static T512 void avx512_quantize_q8a(const float *x, void *row, int64_t k) {
+    const int64_t nblk = k / LOOM_QK8_0;
+    float *yd = loom__q8a_d(row), *ys = loom__q8a_s(row, nblk);
+    int8_t *yq = loom__q8a_qs(row, nblk);
+    for (int64_t i = 0; i < nblk; i++) {
         __m512 v0 = _mm512_loadu_ps(x + i * 32), v1 = _mm512_loadu_ps(x + i * 32 + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         float d = amax / 127.0f;
-        y[i].d = d;
+        yd[i] = d;
         if (d == 0.0f) {
-            memset(y[i].qs, 0, sizeof y[i].qs);
-            y[i].s = 0.0f;
+            memset(yq + 32 * i, 0, 32);
+            ys[i] = 0.0f;
             continue;
         }
         __m512 vd = _mm512_set1_ps(d);
         __m512i q0 = _mm512_cvtps_epi32(_mm512_div_ps(v0, vd));
         __m512i q1 = _mm512_cvtps_epi32(_mm512_div_ps(v1, vd));
-        _mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(q0));
-        _mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(q1));
-        y[i].s = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        _mm_storeu_si128((__m128i *)(yq + 32 * i), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(yq + 32 * i + 16), _mm512_cvtsepi32_epi8(q1));
+        ys[i] = d * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     }
 }
 
@@ -365,14 +476,16 @@ static T512 void avx512_gemm_pack_a(const float *a, size_t lda, int64_t kc, int 
         for (int64_t k0 = 0; k0 < kv; k0 += 16) {
             __m512 r[16];
             _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =
-                16 * h + i < rows ? _mm512_loadu_ps(a + (16 * h + i) * lda + k0) : _mm512_setzero_ps();
+                16 * h + i < rows ? _mm512_loadu_ps(a + (16 * h + i) * lda + k0)
+                                  : _mm512_setzero_ps();
             transpose16(r);
             _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
                 _mm512_store_ps(panel + (k0 + j) * MR + 16 * h, r[j]);
         }
     }
     for (int64_t k = kv; k < kc; k++)
-        for (int i = 0; i < MR; i++) panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
+        for (int i = 0; i < MR; i++)
+            panel[k * MR + i] = i < rows ? a[i * lda + k] : 0.0f;
 }
 
 /* ---------------------------------------------------------------- elementwise */
@@ -384,7 +497,8 @@ static T512 void avx512_vec_add(int64_t n, float *z, const float *x, const float
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(
-            z + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+            z + i, m,
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 
@@ -395,7 +509,8 @@ static T512 void avx512_vec_mul(int64_t n, float *z, const float *x, const float
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(
-            z + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+            z + i, m,
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 
@@ -430,10 +545,12 @@ static T512 double avx512_vec_exp_sum(int64_t n, float *y, const float *x, float
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
-        __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
+        __m512 e =
+            _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
         _mm512_mask_storeu_ps(y + i, m, e);
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+        s1 = _mm512_add_pd(
+            s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
     }
     return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
 }
@@ -442,12 +559,13 @@ static T512 void avx512_vec_mad_f32(int64_t n, float *y, const float *x, float s
     __m512 vs = _mm512_set1_ps(s);
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, _mm512_loadu_ps(y + i)));
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, _mm512_loadu_ps(y + i)));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m,
-                              _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs,
-                                              _mm512_maskz_loadu_ps(m, y + i)));
+        _mm512_mask_storeu_ps(
+            y + i, m,
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 
@@ -458,15 +576,39 @@ static T512 void avx512_vec_mad_f16(int64_t n, float *y, const uint16_t *x, floa
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(load_f16(x + i), vs, _mm512_loadu_ps(y + i)));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m,
-                              _mm512_fmadd_ps(maskload_f16(m, x + i), vs,
-                                              _mm512_maskz_loadu_ps(m, y + i)));
+        _mm512_mask_storeu_ps(
+            y + i, m, _mm512_fmadd_ps(maskload_f16(m, x + i), vs, _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T512 void avx512_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
+    for (int64_t i = 0; i < nblk; i++) {
+        __m512 d = _mm512_set1_ps(fp16_1(x[i].d));
+        __m512i q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x[i].qs));
+        __m512i q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x[i].qs + 16)));
+        _mm512_storeu_ps(y + 32 * i, _mm512_mul_ps(_mm512_cvtepi32_ps(q0), d));
+        _mm512_storeu_ps(y + 32 * i + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d));
+    }
+}
+
+static T512 void avx512_dequant_q4_0(const loom_block_q4_0 *x, float *y, int64_t nblk) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (int64_t i = 0; i < nblk; i++) {
+        __m512 d = _mm512_set1_ps(fp16_1(x[i].d));
+        __m128i t = _mm_loadu_si128((const __m128i *)x[i].qs);
+        __m512i lo = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(t, low4)), eight);
+        __m512i hi = _mm512_sub_epi32(
+            _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(t, 4), low4)), eight);
+        _mm512_storeu_ps(y + 32 * i, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(y + 32 * i + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
     }
 }
 
 static T512 void avx512_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, load_f16(x + i));
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, load_f16(x + i));
     if (i < n) {
         __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, maskload_f16(m, x + i));
@@ -505,6 +647,8 @@ const loom__cpu_simd loom__cpu_simd_avx512 = {
     .vec_exp_sum = avx512_vec_exp_sum,
     .vec_mad_f32 = avx512_vec_mad_f32,
     .vec_mad_f16 = avx512_vec_mad_f16,
+    .dequant_q8_0 = avx512_dequant_q8_0,
+    .dequant_q4_0 = avx512_dequant_q4_0,
     .f16_to_f32 = avx512_f16_to_f32,
     .f32_to_f16 = avx512_f32_to_f16,
 };

@@ -18,7 +18,8 @@ static void scalar_dot_f32(int64_t k, const float *a, const float *b, size_t ldb
     for (int j = 0; j < nb; j++) {
         const float *y = b + j * ldb;
         float s = 0.0f;
-        for (int64_t i = 0; i < k; i++) s += a[i] * y[i];
+        for (int64_t i = 0; i < k; i++)
+            s += a[i] * y[i];
         out[j] = s;
     }
 }
@@ -28,7 +29,8 @@ static void scalar_dot_f16(int64_t k, const uint16_t *a, const float *b, size_t 
     for (int j = 0; j < nb; j++) {
         const float *y = b + j * ldb;
         float s = 0.0f;
-        for (int64_t i = 0; i < k; i++) s += loom__fp16_to_fp32(a[i]) * y[i];
+        for (int64_t i = 0; i < k; i++)
+            s += loom__fp16_to_fp32(a[i]) * y[i];
         out[j] = s;
     }
 }
@@ -38,81 +40,96 @@ static void scalar_dot_bf16(int64_t k, const uint16_t *a, const float *b, size_t
     for (int j = 0; j < nb; j++) {
         const float *y = b + j * ldb;
         float s = 0.0f;
-        for (int64_t i = 0; i < k; i++) s += loom__bf16_to_fp32(a[i]) * y[i];
+        for (int64_t i = 0; i < k; i++)
+            s += loom__bf16_to_fp32(a[i]) * y[i];
         out[j] = s;
     }
 }
 
-static void scalar_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const loom__q8a *b,
-                            size_t ldb, int nb, float *out) {
+static void scalar_dot_q8_0(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb,
+                            int nb, float *out) {
     for (int j = 0; j < nb; j++) {
-        const loom__q8a *y = b + j * ldb;
+        void *row = (char *)b + j * ldb;
+        const float *yd = loom__q8a_d(row);
+        const int8_t *yq = loom__q8a_qs(row, nblk);
         float s = 0.0f;
         for (int64_t i = 0; i < nblk; i++) {
             int32_t acc = 0;
-            for (int l = 0; l < LOOM_QK8_0; l++) acc += (int32_t)a[i].qs[l] * y[i].qs[l];
-            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * y[i].d);
+            for (int l = 0; l < LOOM_QK8_0; l++)
+                acc += (int32_t)a[i].qs[l] * yq[32 * i + l];
+            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * yd[i]);
         }
         out[j] = s;
     }
 }
 
-static void scalar_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const loom__q8a *b,
-                            size_t ldb, int nb, float *out) {
+static void scalar_dot_q4_0(int64_t nblk, const loom_block_q4_0 *a, const void *b, size_t ldb,
+                            int nb, float *out) {
     for (int j = 0; j < nb; j++) {
-        const loom__q8a *y = b + j * ldb;
+        void *row = (char *)b + j * ldb;
+        const float *yd = loom__q8a_d(row);
+        const int8_t *yq = loom__q8a_qs(row, nblk);
         float s = 0.0f;
         for (int64_t i = 0; i < nblk; i++) {
             int32_t acc = 0;
             for (int l = 0; l < LOOM_QK4_0 / 2; l++) {
                 int lo = (a[i].qs[l] & 0x0f) - 8;
                 int hi = (a[i].qs[l] >> 4) - 8;
-                acc += lo * y[i].qs[l] + hi * y[i].qs[l + LOOM_QK4_0 / 2];
+                acc += lo * yq[32 * i + l] + hi * yq[32 * i + l + LOOM_QK4_0 / 2];
             }
-            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * y[i].d);
+            s += (float)acc * (loom__fp16_to_fp32(a[i].d) * yd[i]);
         }
         out[j] = s;
     }
 }
 
-static void scalar_quantize_q8a(const float *x, loom__q8a *y, int64_t k) {
-    for (int64_t i = 0; i < k / LOOM_QK8_0; i++) {
+static void scalar_quantize_q8a(const float *x, void *row, int64_t k) {
+    const int64_t nblk = k / LOOM_QK8_0;
+    float *yd = loom__q8a_d(row), *ys = loom__q8a_s(row, nblk);
+    int8_t *yq = loom__q8a_qs(row, nblk);
+    for (int64_t i = 0; i < nblk; i++) {
         const float *v = x + i * LOOM_QK8_0;
         float amax = 0.0f;
-        for (int l = 0; l < LOOM_QK8_0; l++) amax = fmaxf(amax, fabsf(v[l]));
+        for (int l = 0; l < LOOM_QK8_0; l++)
+            amax = fmaxf(amax, fabsf(v[l]));
         float d = amax / 127.0f;
         int32_t sum = 0;
         for (int l = 0; l < LOOM_QK8_0; l++) {
             /* nearest-even, as the SIMD paths (cvtps2dq) round */
             int q = d != 0.0f ? (int)lrintf(v[l] / d) : 0;
-            y[i].qs[l] = (int8_t)q;
+            yq[32 * i + l] = (int8_t)q;
             sum += q;
         }
-        y[i].d = d;
-        y[i].s = d * (float)sum;
+        yd[i] = d;
+        ys[i] = d * (float)sum;
     }
 }
 
 /* ---------------------------------------------------------------- elementwise */
 
 static void scalar_vec_add(int64_t n, float *z, const float *x, const float *y) {
-    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
+    for (int64_t i = 0; i < n; i++)
+        z[i] = x[i] + y[i];
 }
 
 static void scalar_vec_mul(int64_t n, float *z, const float *x, const float *y) {
-    for (int64_t i = 0; i < n; i++) z[i] = x[i] * y[i];
+    for (int64_t i = 0; i < n; i++)
+        z[i] = x[i] * y[i];
 }
 
 static void scalar_vec_scale(int64_t n, float *y, const float *x, float s, float b) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] * s + b;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * s + b;
 }
 
 static void scalar_vec_silu(int64_t n, float *y, const float *x) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 static void scalar_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
 static double scalar_vec_exp_sum(int64_t n, float *y, const float *x, float max) {
@@ -126,19 +143,31 @@ static double scalar_vec_exp_sum(int64_t n, float *y, const float *x, float max)
 }
 
 static void scalar_vec_mad_f32(int64_t n, float *y, const float *x, float s) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i] * s;
+    for (int64_t i = 0; i < n; i++)
+        y[i] += x[i] * s;
 }
 
 static void scalar_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
-    for (int64_t i = 0; i < n; i++) y[i] += loom__fp16_to_fp32(x[i]) * s;
+    for (int64_t i = 0; i < n; i++)
+        y[i] += loom__fp16_to_fp32(x[i]) * s;
+}
+
+static void scalar_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
+    loom__cpu_dequantize_row_q8_0(x, y, nblk * LOOM_QK8_0);
+}
+
+static void scalar_dequant_q4_0(const loom_block_q4_0 *x, float *y, int64_t nblk) {
+    loom__cpu_dequantize_row_q4_0(x, y, nblk * LOOM_QK4_0);
 }
 
 static void scalar_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = loom__fp16_to_fp32(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = loom__fp16_to_fp32(x[i]);
 }
 
 static void scalar_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = loom__fp32_to_fp16(x[i]);
+    for (int64_t i = 0; i < n; i++)
+        y[i] = loom__fp32_to_fp16(x[i]);
 }
 
 const loom__cpu_simd loom__cpu_simd_scalar = {
@@ -160,6 +189,8 @@ const loom__cpu_simd loom__cpu_simd_scalar = {
     .vec_exp_sum = scalar_vec_exp_sum,
     .vec_mad_f32 = scalar_vec_mad_f32,
     .vec_mad_f16 = scalar_vec_mad_f16,
+    .dequant_q8_0 = scalar_dequant_q8_0,
+    .dequant_q4_0 = scalar_dequant_q4_0,
     .f16_to_f32 = scalar_f16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
 };
