@@ -7,6 +7,7 @@
  * designated initializers naming only the hooks implemented (see backend-impl.h for the
  * defaults of the others).
  */
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -385,10 +386,21 @@ static loom_dev_t cpu_reg_get_device(loom_reg_t reg, size_t index) {
     return index == 0 ? &cpu_device : NULL;
 }
 
+/* Extras by name. A dlopen'ed module carries its own copy of core, so the registry's
+ * wrappers fetch the module's last error through these to pass it on to the caller. */
+static void *cpu_reg_get_proc_address(loom_reg_t reg, const char *name) {
+    (void)reg;
+    if (strcmp(name, "loom_last_error") == 0) return (void *)(uintptr_t)loom_last_error;
+    if (strcmp(name, "loom_last_status") == 0) return (void *)(uintptr_t)loom_last_status;
+    if (strcmp(name, "loom_cpu_simd_name") == 0) return (void *)(uintptr_t)loom_cpu_simd_name;
+    return NULL;
+}
+
 static const struct loom_reg_i cpu_reg_i = {
     .get_name = cpu_reg_get_name,
     .get_device_count = cpu_reg_get_device_count,
     .get_device = cpu_reg_get_device,
+    .get_proc_address = cpu_reg_get_proc_address,
 };
 
 static struct loom_reg cpu_reg = {
