@@ -384,8 +384,25 @@ loom_status loom__sched_apply_pins(loom_sched *s) {
     return LOOM_OK;
 }
 
+/* Puts the caller's graph back as it was before the split (sources edited to copies). */
+static void undo_rewrites(loom_sched *s) {
+    for (int i = s->n_rewrites - 1; i >= 0; i--) {
+        s->rewrites[i].node->src[s->rewrites[i].j] = s->rewrites[i].orig;
+    }
+    s->n_rewrites = 0;
+}
+
+static bool is_current(const loom_sched *s, const loom_graph *g);
+
 static loom_status split_round(loom_sched *s, loom_graph *g) {
     loom__sched_full *f = full_of(s);
+    /* splitting the graph of this round again: put its sources back first (its copies are
+     * about to be forgotten) */
+    if (f->dirty && is_current(s, g)) {
+        for (int b = 0; b < s->n_backends; b++)
+            loom_backend_synchronize(s->backends[b]);
+        undo_rewrites(s);
+    }
     if (f->dirty) sched_reset(s, true);
     f->dirty = true;
     s->is_reset = false;
@@ -495,14 +512,6 @@ loom_status loom_sched_graph_compute(loom_sched *s, loom_graph *g) {
     loom_status st = loom_sched_graph_compute_async(s, g);
     if (st == LOOM_OK) loom_sched_synchronize(s);
     return st;
-}
-
-/* Puts the caller's graph back as it was before the split (sources edited to copies). */
-static void undo_rewrites(loom_sched *s) {
-    for (int i = s->n_rewrites - 1; i >= 0; i--) {
-        s->rewrites[i].node->src[s->rewrites[i].j] = s->rewrites[i].orig;
-    }
-    s->n_rewrites = 0;
 }
 
 static loom_status reserve_impl(loom_sched *s, loom_graph *g, size_t *sizes) {

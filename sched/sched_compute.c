@@ -214,7 +214,6 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
     }
     /* A copy may still be queued on this backend when the source backend moves on (to the
      * next graph, with pipeline copies): it must not overwrite what is being copied. */
-    return LOOM_OK;
     loom_event_t done = s->copies_done[b];
     bool recorded = false;
     for (int a = 0; a < s->n_backends; a++) {
