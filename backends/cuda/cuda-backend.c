@@ -3,12 +3,14 @@
  *
  * A backend is one non-blocking CUDA stream on its device's GPU, with a cuBLAS handle
  * bound to it (and a fixed workspace, so GEMMs can be captured into CUDA graphs), a
- * scratch buffer for graph_compute, and a mapped error record for the kernels that follow
+ * scratch buffer for graph_compute, and a device error record for the kernels that follow
  * indices. Async set/get are cudaMemcpyAsync on the stream; graph_compute (cuda-graph.c)
- * enqueues kernels; synchronize waits for the stream and harvests asynchronous errors.
+ * enqueues kernels; synchronize waits for the stream and harvests asynchronous errors
+ * (the kernels' error record is copied back in the same wait).
  *
  * Copies between backends keep sim's ordering contract: the copy runs on the destination
- * stream after all work issued so far on the source stream (an event recorded there).
+ * stream after all work issued so far on the source stream (a fresh event recorded there
+ * for each copy, so copies issued from several threads never share event state).
  * Same GPU: a device copy. Another GPU reachable peer to peer: cudaMemcpyPeerAsync.
  * Otherwise the copy is staged through the destination backend's pinned host buffer:
  * device to host on the source stream, host to device on the destination stream, with a
@@ -45,8 +47,8 @@ loom_event_t loom__cuda_event_new(loom_dev_t dev) {
         return NULL;
     }
     if (LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id)) != LOOM_OK ||
-        LOOM_CUDA_CHECK(cd->name,
-                        cudaEventCreateWithFlags(&ce->event, cudaEventDisableTiming)) != LOOM_OK) {
+        LOOM_CUDA_CHECK(cd->name, cudaEventCreateWithFlags(&ce->event, cudaEventDisableTiming)) !=
+            LOOM_OK) {
         loom_free(ce);
         return NULL;
     }
@@ -90,19 +92,26 @@ static void loom__cuda_check_async(loom__cuda_backend *cb, loom_status s) {
     if (s != LOOM_OK) loom__cuda_backend_set_error(cb, s);
 }
 
-/* After the stream went idle: an index error written by a kernel becomes the sticky error. */
+/* After the stream went idle (the record was copied to err_host in stream order): an index
+ * error written by a kernel becomes the sticky error, and the record is cleared. */
 static void loom__cuda_harvest(loom__cuda_backend *cb) {
-    volatile loom_cu_err *err = cb->err;
-    if (err->code == 0) return;
-    const unsigned long long op = err->code;
+    const loom_cu_err e = *cb->err_host;
+    if (e.code == LOOM_CU_ERR_NONE) return;
+    const loom_op op = e.code == LOOM_CU_ERR_GET_ROWS   ? LOOM_OP_GET_ROWS
+                       : e.code == LOOM_CU_ERR_SET_ROWS ? LOOM_OP_SET_ROWS
+                       : e.code == LOOM_CU_ERR_ADD_ID   ? LOOM_OP_ADD_ID
+                                                        : LOOM_OP_MUL_MAT_ID;
+    memset(cb->err_host, 0, sizeof *cb->err_host);
     loom_status s = loom_error(
         LOOM_ERR_INVALID_ARG,
         "%s: %s (node %lld of its graph): index %lld out of range [0, %lld); that row was "
         "skipped",
-        cb->name, op < LOOM_OP_COUNT ? loom_op_name((loom_op)op) : "?", (long long)err->node,
-        (long long)err->value, (long long)err->limit);
-    memset((void *)cb->err, 0, sizeof *cb->err);
+        cb->name, loom_op_name(op), (long long)e.node, (long long)e.value, (long long)e.limit);
     loom__cuda_backend_set_error(cb, s);
+    /* later kernels on this stream see a clean record */
+    loom__cuda_check_async(
+        cb, LOOM_CUDA_CHECK(cb->name,
+                            cudaMemsetAsync(cb->err_dev, 0, sizeof *cb->err_dev, cb->stream)));
 }
 
 /* ---------------------------------------------------------------- backend methods */
@@ -133,10 +142,11 @@ static void loom__cuda_backend_destroy(loom__cuda_backend *cb) {
     if (cb->cublas_ws) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->cublas_ws));
     if (cb->scratch) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->scratch));
     if (cb->staging) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->staging));
-    if (cb->err) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->err));
-    if (cb->copy_event) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->copy_event));
+    if (cb->err_host) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->err_host));
+    if (cb->err_dev) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->err_dev));
     if (cb->staging_free) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->staging_free));
     if (cb->stream) (void)LOOM_CUDA_CHECK(w, cudaStreamDestroy(cb->stream));
+    if (cb->mu_ok) pthread_mutex_destroy(&cb->staging_mu);
     loom_free(cb);
 }
 
@@ -160,9 +170,9 @@ static void loom__cuda_set_async(loom_backend_t backend, loom_tensor *t, const v
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_check_tensor(cb, t);
     if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name,
-                                               cudaMemcpyAsync((char *)t->data + offset, data, size,
-                                                               cudaMemcpyHostToDevice, cb->stream)));
+    loom__cuda_check_async(
+        cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync((char *)t->data + offset, data, size,
+                                                      cudaMemcpyHostToDevice, cb->stream)));
 }
 
 static void loom__cuda_get_async(loom_backend_t backend, const loom_tensor *t, void *data,
@@ -170,15 +180,33 @@ static void loom__cuda_get_async(loom_backend_t backend, const loom_tensor *t, v
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_check_tensor(cb, t);
     if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(
-                                                             data, (const char *)t->data + offset,
-                                                             size, cudaMemcpyDeviceToHost,
-                                                             cb->stream)));
+    loom__cuda_check_async(
+        cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(data, (const char *)t->data + offset, size,
+                                                      cudaMemcpyDeviceToHost, cb->stream)));
 }
 
-/* Staged copy of n bytes between GPUs without peer access (see the file comment). */
+/* A fresh event recorded on bs's stream: everything issued there so far. The caller makes
+ * the destination wait for it, then destroys it (the driver keeps it until it completes). */
+static loom_status loom__cuda_mark(loom__cuda_backend *bs, cudaEvent_t *ev) {
+    *ev = NULL;
+    loom_status s = LOOM_CUDA_CHECK(bs->name, cudaSetDevice(bs->cd->cuda_id));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(bs->name, cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+    if (s == LOOM_OK) {
+        s = LOOM_CUDA_CHECK(bs->name, cudaEventRecord(*ev, bs->stream));
+        if (s != LOOM_OK) {
+            (void)cudaEventDestroy(*ev);
+            *ev = NULL;
+        }
+    }
+    return s;
+}
+
+/* Staged copy of n bytes between GPUs without peer access (see the file comment); the
+ * destination's staging mutex keeps concurrent staged copies into it apart. */
 static bool loom__cuda_cpy_staged(loom__cuda_backend *bs, loom__cuda_backend *bd,
                                   const loom_tensor *src, loom_tensor *dst, size_t n) {
+    pthread_mutex_lock(&bd->staging_mu);
     /* Grow the staging buffer once nothing reads it any more. */
     if (n > bd->staging_size) {
         loom_status s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(bd->cd->cuda_id));
@@ -192,6 +220,7 @@ static bool loom__cuda_cpy_staged(loom__cuda_backend *bs, loom__cuda_backend *bd
         if (s == LOOM_OK)
             s = LOOM_CUDA_CHECK(bd->name, cudaHostAlloc(&p, n, cudaHostAllocPortable));
         if (s != LOOM_OK) {
+            pthread_mutex_unlock(&bd->staging_mu);
             LOOM_LOG_WARN("%s: no pinned staging buffer for %zu bytes (%s); copying "
                           "synchronously",
                           bd->name, n, loom_last_error());
@@ -201,25 +230,30 @@ static bool loom__cuda_cpy_staged(loom__cuda_backend *bs, loom__cuda_backend *bd
         bd->staging_size = n;
     }
     /* Source stream: wait until the staging buffer is free, copy into it, mark it ready. */
+    cudaEvent_t ready = NULL;
     loom_status s = LOOM_CUDA_CHECK(bs->name, cudaSetDevice(bs->cd->cuda_id));
-    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaStreamWaitEvent(bs->stream, bd->staging_free, 0));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(bs->name, cudaStreamWaitEvent(bs->stream, bd->staging_free, 0));
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(bs->name, cudaMemcpyAsync(bd->staging, src->data, n,
                                                       cudaMemcpyDeviceToHost, bs->stream));
-    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaEventRecord(bs->copy_event, bs->stream));
+    if (s == LOOM_OK) s = loom__cuda_mark(bs, &ready);
     if (s != LOOM_OK) {
+        pthread_mutex_unlock(&bd->staging_mu);
         loom__cuda_backend_set_error(bs, s);
         return true; /* the failure is reported by the source backend */
     }
     /* Destination stream: wait until it is ready, copy out, mark the buffer free. */
     s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(bd->cd->cuda_id));
-    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, bs->copy_event, 0));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, ready, 0));
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyAsync(dst->data, bd->staging, n,
                                                       cudaMemcpyHostToDevice, bd->stream));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaEventRecord(bd->staging_free, bd->stream));
-    if (s != LOOM_OK) loom__cuda_backend_set_error(bd, s);
+    (void)LOOM_CUDA_CHECK(bs->name, cudaEventDestroy(ready));
     bd->stats.staged_copies++;
+    pthread_mutex_unlock(&bd->staging_mu);
+    if (s != LOOM_OK) loom__cuda_backend_set_error(bd, s);
     return true;
 }
 
@@ -230,39 +264,40 @@ static bool loom__cuda_cpy_async(loom_backend_t backend_src, loom_backend_t back
     loom__cuda_backend *bs = loom__cuda_backend_of(backend_src);
     loom__cuda_backend *bd = loom__cuda_backend_of(backend_dst);
     if (!bs || !bd) return false;
-    if (loom__cuda_buffer_dev(src->buffer) != bs->cd || loom__cuda_buffer_dev(dst->buffer) != bd->cd)
+    if (loom__cuda_buffer_dev(src->buffer) != bs->cd ||
+        loom__cuda_buffer_dev(dst->buffer) != bd->cd)
         return false;
     const size_t n = loom_nbytes(src);
     const int sgpu = bs->cd->cuda_id, dgpu = bd->cd->cuda_id;
     if (bs == bd) {
         if (!loom__cuda_use(bd)) return true;
-        loom__cuda_check_async(bd, LOOM_CUDA_CHECK(bd->name,
-                                                   cudaMemcpyAsync(dst->data, src->data, n,
-                                                                   cudaMemcpyDeviceToDevice,
-                                                                   bd->stream)));
+        loom__cuda_check_async(
+            bd, LOOM_CUDA_CHECK(bd->name, cudaMemcpyAsync(dst->data, src->data, n,
+                                                          cudaMemcpyDeviceToDevice, bd->stream)));
         return true;
     }
     const bool peer = sgpu != dgpu && loom__cuda_peer_ok(dgpu, sgpu);
     if (sgpu != dgpu && !peer) return loom__cuda_cpy_staged(bs, bd, src, dst, n);
     /* Order after the source stream's work so far. */
-    loom_status s = LOOM_CUDA_CHECK(bs->name, cudaSetDevice(sgpu));
-    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bs->name, cudaEventRecord(bs->copy_event, bs->stream));
+    cudaEvent_t ev = NULL;
+    loom_status s = loom__cuda_mark(bs, &ev);
     if (s != LOOM_OK) {
         loom__cuda_backend_set_error(bs, s);
         return true;
     }
     s = LOOM_CUDA_CHECK(bd->name, cudaSetDevice(dgpu));
-    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, bs->copy_event, 0));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(bd->name, cudaStreamWaitEvent(bd->stream, ev, 0));
     if (s == LOOM_OK) {
         if (peer) {
-            s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyPeerAsync(dst->data, dgpu, src->data, sgpu, n,
-                                                              bd->stream));
+            s = LOOM_CUDA_CHECK(
+                bd->name, cudaMemcpyPeerAsync(dst->data, dgpu, src->data, sgpu, n, bd->stream));
             bd->stats.peer_copies++;
         } else {
             s = LOOM_CUDA_CHECK(bd->name, cudaMemcpyAsync(dst->data, src->data, n,
                                                           cudaMemcpyDeviceToDevice, bd->stream));
         }
     }
+    (void)LOOM_CUDA_CHECK(bs->name, cudaEventDestroy(ev));
     loom__cuda_check_async(bd, s);
     return true;
 }
@@ -270,8 +305,13 @@ static bool loom__cuda_cpy_async(loom_backend_t backend_src, loom_backend_t back
 static void loom__cuda_synchronize(loom_backend_t backend) {
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(cb, LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream)));
-    loom__cuda_harvest(cb);
+    /* the kernels' error record comes back with the same wait */
+    loom_status s =
+        LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(cb->err_host, cb->err_dev, sizeof *cb->err_host,
+                                                  cudaMemcpyDeviceToHost, cb->stream));
+    if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream));
+    loom__cuda_check_async(cb, s);
+    if (s == LOOM_OK) loom__cuda_harvest(cb);
 }
 
 static void loom__cuda_event_record(loom_backend_t backend, loom_event_t ev) {
@@ -286,8 +326,8 @@ static void loom__cuda_event_wait(loom_backend_t backend, loom_event_t ev) {
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_event *ce = loom__cuda_event_of(ev);
     if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(cb,
-                           LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, ce->event, 0)));
+    loom__cuda_check_async(
+        cb, LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, ce->event, 0)));
 }
 
 static const struct loom_backend_i loom__cuda_backend_i = {
@@ -328,6 +368,12 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     cb->cd = cd;
     snprintf(cb->name, sizeof cb->name, "%s", cd->name);
     const char *w = cb->name;
+    if (pthread_mutex_init(&cb->staging_mu, NULL) != 0) {
+        loom_free(cb);
+        loom_error(LOOM_ERR_INTERNAL, "%s: cannot initialise a mutex", cd->name);
+        return NULL;
+    }
+    cb->mu_ok = true;
     const char *g = getenv("LOOM_CUDA_GRAPHS");
     cb->graphs_enabled = !(g && strcmp(g, "0") == 0);
     /* cuBLAS recommends 32 MiB of workspace on Hopper, 4 MiB before. */
@@ -337,14 +383,15 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(w, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     if (s == LOOM_OK)
-        s = LOOM_CUDA_CHECK(w, cudaEventCreateWithFlags(&cb->copy_event, cudaEventDisableTiming));
+        s = LOOM_CUDA_CHECK(w, cudaEventCreateWithFlags(&cb->staging_free, cudaEventDisableTiming));
     if (s == LOOM_OK)
-        s = LOOM_CUDA_CHECK(w,
-                            cudaEventCreateWithFlags(&cb->staging_free, cudaEventDisableTiming));
+        s = LOOM_CUDA_CHECK(
+            w, cudaHostAlloc((void **)&cb->err_host, sizeof *cb->err_host, cudaHostAllocDefault));
+    if (s == LOOM_OK) memset(cb->err_host, 0, sizeof *cb->err_host);
     if (s == LOOM_OK)
-        s = LOOM_CUDA_CHECK(w, cudaHostAlloc((void **)&cb->err, sizeof *cb->err,
-                                             cudaHostAllocMapped | cudaHostAllocPortable));
-    if (s == LOOM_OK) memset(cb->err, 0, sizeof *cb->err);
+        s = LOOM_CUDA_CHECK(w, cudaMalloc((void **)&cb->err_dev, sizeof *cb->err_dev));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w, cudaMemsetAsync(cb->err_dev, 0, sizeof *cb->err_dev, cb->stream));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(w, cudaMalloc(&cb->cublas_ws, cb->cublas_ws_size));
     if (s == LOOM_OK) s = LOOM_CUBLAS_CHECK(w, cublasCreate(&cb->cublas));
     if (s == LOOM_OK) s = LOOM_CUBLAS_CHECK(w, cublasSetStream(cb->cublas, cb->stream));
@@ -352,7 +399,8 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
         s = LOOM_CUBLAS_CHECK(w, cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_size));
     if (s == LOOM_OK) {
         cb->gcache = loom__cuda_gcache_new();
-        if (!cb->gcache) s = loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a graph cache", w);
+        if (!cb->gcache)
+            s = loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a graph cache", w);
     }
     if (s != LOOM_OK) {
         char msg[512];

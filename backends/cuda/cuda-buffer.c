@@ -64,8 +64,8 @@ static void loom__cuda_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t 
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
     if (s == LOOM_OK)
-        s = LOOM_CUDA_CHECK(cd->name, cudaMemsetAsync((char *)t->data + offset, value, size,
-                                                      cudaStreamPerThread));
+        s = LOOM_CUDA_CHECK(
+            cd->name, cudaMemsetAsync((char *)t->data + offset, value, size, cudaStreamPerThread));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cd->name, cudaStreamSynchronize(cudaStreamPerThread));
     if (s != LOOM_OK) loom__cuda_buffer_fail();
 }
@@ -122,8 +122,8 @@ static void loom__cuda_buffer_clear(loom_buffer_t buf, uint8_t value) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
     if (s == LOOM_OK)
-        s = LOOM_CUDA_CHECK(cd->name, cudaMemsetAsync(loom__cuda_buffer_base(buf), value,
-                                                      buf->size, cudaStreamPerThread));
+        s = LOOM_CUDA_CHECK(cd->name, cudaMemsetAsync(loom__cuda_buffer_base(buf), value, buf->size,
+                                                      cudaStreamPerThread));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cd->name, cudaStreamSynchronize(cudaStreamPerThread));
     if (s != LOOM_OK) loom__cuda_buffer_fail();
 }

@@ -183,7 +183,8 @@ static void comm_late_failure(loom__cuda_backend *cb, loom_status s) {
 static loom_status comm_oneshot(loom__cuda_comm *c, loom_tensor *const *t, int64_t n) {
     const int N = c->n;
     loom_status s = LOOM_OK;
-    for (int j = 0; j < N && s == LOOM_OK; j++) s = comm_scratch(c, j, (size_t)n * sizeof(float));
+    for (int j = 0; j < N && s == LOOM_OK; j++)
+        s = comm_scratch(c, j, (size_t)n * sizeof(float));
     /* every input is ready */
     for (int j = 0; j < N && s == LOOM_OK; j++) {
         loom__cuda_backend *cb = c->b[j];
@@ -192,13 +193,15 @@ static loom_status comm_oneshot(loom__cuda_comm *c, loom_tensor *const *t, int64
     }
     loom_cu_ptrs src;
     memset(&src, 0, sizeof src);
-    for (int k = 0; k < N; k++) src.p[k] = t[k]->data;
+    for (int k = 0; k < N; k++)
+        src.p[k] = t[k]->data;
     /* each device sums every input into its scratch, then says it has read them */
     for (int j = 0; j < N && s == LOOM_OK; j++) {
         loom__cuda_backend *cb = c->b[j];
         s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
         for (int k = 0; k < N && s == LOOM_OK; k++)
-            if (k != j) s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_in[k], 0));
+            if (k != j)
+                s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_in[k], 0));
         if (s == LOOM_OK)
             s = LOOM_CUDA_CHECK(cb->name, loom__cu_sum_peers(c->scratch[j], src, N, n, cb->stream));
         if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaEventRecord(c->ev_read[j], cb->stream));
@@ -209,7 +212,8 @@ static loom_status comm_oneshot(loom__cuda_comm *c, loom_tensor *const *t, int64
         loom__cuda_backend *cb = c->b[j];
         s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
         for (int k = 0; k < N && s == LOOM_OK; k++)
-            if (k != j) s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_read[k], 0));
+            if (k != j)
+                s = LOOM_CUDA_CHECK(cb->name, cudaStreamWaitEvent(cb->stream, c->ev_read[k], 0));
         if (s == LOOM_OK)
             s = LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(t[j]->data, c->scratch[j],
                                                           (size_t)n * sizeof(float),
@@ -223,13 +227,14 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
     const int N = c->n;
     const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
     loom_status s = LOOM_OK;
-    for (int j = 0; j < N && s == LOOM_OK; j++) s = comm_scratch(c, j, (size_t)n * es);
+    for (int j = 0; j < N && s == LOOM_OK; j++)
+        s = comm_scratch(c, j, (size_t)n * es);
     for (int j = 0; j < N && s == LOOM_OK && bf16; j++) {
         loom__cuda_backend *cb = c->b[j];
         s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
         if (s == LOOM_OK)
-            s = LOOM_CUDA_CHECK(cb->name, loom__cu_f32_to_bf16(t[j]->data, c->scratch[j], n,
-                                                               cb->stream));
+            s = LOOM_CUDA_CHECK(cb->name,
+                                loom__cu_f32_to_bf16(t[j]->data, c->scratch[j], n, cb->stream));
     }
     if (s != LOOM_OK) return s;
     s = LOOM_NCCL_CHECK("CUDA comm", ncclGroupStart());
@@ -237,12 +242,12 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
     loom_status first = LOOM_OK;
     for (int j = 0; j < N; j++) {
         loom__cuda_backend *cb = c->b[j];
-        s = bf16 ? LOOM_NCCL_CHECK(cb->name, ncclAllReduce(c->scratch[j], c->scratch[j], (size_t)n,
-                                                           ncclBfloat16, ncclSum, c->nccl[j],
-                                                           cb->stream))
-                 : LOOM_NCCL_CHECK(cb->name, ncclAllReduce(t[j]->data, c->scratch[j], (size_t)n,
-                                                           ncclFloat, ncclSum, c->nccl[j],
-                                                           cb->stream));
+        s = bf16 ? LOOM_NCCL_CHECK(cb->name,
+                                   ncclAllReduce(c->scratch[j], c->scratch[j], (size_t)n,
+                                                 ncclBfloat16, ncclSum, c->nccl[j], cb->stream))
+                 : LOOM_NCCL_CHECK(cb->name,
+                                   ncclAllReduce(t[j]->data, c->scratch[j], (size_t)n, ncclFloat,
+                                                 ncclSum, c->nccl[j], cb->stream));
         if (s != LOOM_OK && first == LOOM_OK) first = s;
     }
     char msg[512] = "";
@@ -254,12 +259,12 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
         loom__cuda_backend *cb = c->b[j];
         s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
         if (s == LOOM_OK)
-            s = bf16 ? LOOM_CUDA_CHECK(cb->name, loom__cu_bf16_to_f32(c->scratch[j], t[j]->data, n,
-                                                                      cb->stream))
-                     : LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(t[j]->data, c->scratch[j],
-                                                                 (size_t)n * sizeof(float),
-                                                                 cudaMemcpyDeviceToDevice,
-                                                                 cb->stream));
+            s = bf16 ? LOOM_CUDA_CHECK(
+                           cb->name, loom__cu_bf16_to_f32(c->scratch[j], t[j]->data, n, cb->stream))
+                     : LOOM_CUDA_CHECK(cb->name,
+                                       cudaMemcpyAsync(t[j]->data, c->scratch[j],
+                                                       (size_t)n * sizeof(float),
+                                                       cudaMemcpyDeviceToDevice, cb->stream));
         if (s != LOOM_OK) comm_late_failure(cb, s);
     }
     return LOOM_OK;
@@ -269,7 +274,8 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
 static const char *comm_check(const loom__cuda_comm *c, loom_tensor *const *t, size_t n) {
     if (!t || n != (size_t)c->n) return "wrong device count";
     for (int j = 0; j < c->n; j++) {
-        if (!t[j] || t[j]->type != LOOM_TYPE_F32 || !loom_is_contiguous(t[j])) return "not contiguous F32";
+        if (!t[j] || t[j]->type != LOOM_TYPE_F32 || !loom_is_contiguous(t[j]))
+            return "not contiguous F32";
         if (loom__cuda_buffer_dev(t[j]->buffer) != c->b[j]->cd) return "not in the device's memory";
         if (loom_nelements(t[j]) != loom_nelements(t[0])) return "element counts differ";
         if (((uintptr_t)t[j]->data) % sizeof(float)) return "misaligned";

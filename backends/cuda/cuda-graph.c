@@ -21,13 +21,43 @@
 
 #include "backends/cuda/cuda-impl.h"
 
-#define LOOM_CUDA_MMV_MAX_N 8                  /* columns up to which the dot kernel runs */
+#define LOOM_CUDA_MMV_MAX_N 8                    /* columns up to which the dot kernel runs */
 #define LOOM_CUDA_PANEL_BYTES ((size_t)64 << 20) /* F32 weight panel for cuBLAS */
-#define LOOM_CUDA_GCACHE_CAP 128               /* captured graphs kept per backend */
-#define LOOM_CUDA_GRAPH_MIN_NODES 4            /* smaller graphs are not worth capturing */
+#define LOOM_CUDA_GCACHE_CAP 128                 /* captured graphs kept per backend */
+#define LOOM_CUDA_GRAPH_MIN_NODES 4              /* smaller graphs are not worth capturing */
 
 static const char *tname(const loom_tensor *t) {
     return t->name[0] ? t->name : "(unnamed)";
+}
+
+_Static_assert(sizeof(loom_block_q8_0) == LOOM_CU_Q8_0_BYTES, "Q8_0 block layout");
+_Static_assert(sizeof(loom_block_q4_0) == LOOM_CU_Q4_0_BYTES, "Q4_0 block layout");
+_Static_assert(LOOM_QK8_0 == LOOM_CU_QK && LOOM_QK4_0 == LOOM_CU_QK, "block length");
+
+/* The kernels' name of a storage type (-1: none; supports_op never lets one through). */
+static int32_t cu_type_of(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_F32:
+        return LOOM_CU_F32;
+    case LOOM_TYPE_F16:
+        return LOOM_CU_F16;
+    case LOOM_TYPE_BF16:
+        return LOOM_CU_BF16;
+    case LOOM_TYPE_Q8_0:
+        return LOOM_CU_Q8_0;
+    case LOOM_TYPE_Q4_0:
+        return LOOM_CU_Q4_0;
+    case LOOM_TYPE_I8:
+        return LOOM_CU_I8;
+    case LOOM_TYPE_I16:
+        return LOOM_CU_I16;
+    case LOOM_TYPE_I32:
+        return LOOM_CU_I32;
+    case LOOM_TYPE_I64:
+        return LOOM_CU_I64;
+    default:
+        return -1;
+    }
 }
 
 static loom_cu_t loom__cu(const loom_tensor *t) {
@@ -39,7 +69,7 @@ static loom_cu_t loom__cu(const loom_tensor *t) {
         d.ne[i] = t->ne[i];
         d.nb[i] = (int64_t)t->nb[i];
     }
-    d.type = (int32_t)t->type;
+    d.type = cu_type_of(t->type);
     return d;
 }
 
@@ -110,7 +140,7 @@ static loom_cu_t contiguous_f32(void *p, const int64_t *ne) {
     loom_cu_t d;
     memset(&d, 0, sizeof d);
     d.data = p;
-    d.type = LOOM_TYPE_F32;
+    d.type = LOOM_CU_F32;
     size_t nb = sizeof(float);
     for (int i = 0; i < 4; i++) {
         d.ne[i] = ne[i];
@@ -124,8 +154,8 @@ static loom_status kernel_status(loom__cuda_backend *cb, const loom_tensor *node
                                  cudaError_t e) {
     if (e == cudaSuccess) return LOOM_OK;
     char call[128];
-    snprintf(call, sizeof call, "the %s kernel launch (node %d '%s')", loom_op_name(node->op), index,
-             tname(node));
+    snprintf(call, sizeof call, "the %s kernel launch (node %d '%s')", loom_op_name(node->op),
+             index, tname(node));
     return loom__cuda_check(e, call, cb->name, __FILE__, __LINE__);
 }
 
@@ -133,8 +163,9 @@ static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int 
     const loom_tensor *a = node->src[0], *b = node->src[1];
     const mm_plan p = mm_plan_of(node);
     if (!p.blas)
-        return kernel_status(cb, node, index,
-                             loom__cu_mul_mat_vec(loom__cu(node), loom__cu(a), loom__cu(b), cb->stream));
+        return kernel_status(
+            cb, node, index,
+            loom__cu_mul_mat_vec(loom__cu(node), loom__cu(a), loom__cu(b), cb->stream));
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3];
     const int64_t r2 = b->ne[2] / A2, r3 = b->ne[3] / A3;
@@ -179,14 +210,15 @@ static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int 
                 } else {
                     float *panel = (float *)(scratch + p.off_a);
                     s = kernel_status(cb, node, index,
-                                      loom__cu_weights_to_f32(loom__cu(a), i2a, i3a, m0, mcur, panel,
-                                                              cb->stream));
+                                      loom__cu_weights_to_f32(loom__cu(a), i2a, i3a, m0, mcur,
+                                                              panel, cb->stream));
                     A = panel;
                     lda = (int)K;
                 }
                 for (int64_t i3 = i3a * r3; i3 < (i3a + 1) * r3 && s == LOOM_OK; i3++) {
                     for (int64_t i2 = i2a * r2; i2 < (i2a + 1) * r2 && s == LOOM_OK; i2++) {
-                        const float *B = (const float *)(bbase + i2 * (int64_t)bnb2 + i3 * (int64_t)bnb3);
+                        const float *B =
+                            (const float *)(bbase + i2 * (int64_t)bnb2 + i3 * (int64_t)bnb3);
                         float *C = (float *)(cbase + i2 * (int64_t)cnb2 + i3 * (int64_t)cnb3) + m0;
                         /* C[m, n] = sum_k A[k, m] B[k, n]: A is K x mcur column-major */
                         s = LOOM_CUBLAS_CHECK(cb->name,
@@ -209,7 +241,7 @@ static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int 
 static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
     const loom_tensor *a = t->src[0], *b = t->src[1], *c = t->src[2];
     cudaStream_t st = cb->stream;
-    loom_cu_err *err = cb->err;
+    loom_cu_err *err = cb->err_dev;
     cudaError_t e = cudaSuccess;
     switch (t->op) {
     case LOOM_OP_DUP:
@@ -220,28 +252,43 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
     case LOOM_OP_ADD:
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:
-    case LOOM_OP_DIV:
-        e = loom__cu_binary((int)t->op, loom__cu(t), loom__cu(a), loom__cu(b), st);
+    case LOOM_OP_DIV: {
+        const int op = t->op == LOOM_OP_ADD   ? LOOM_CU_ADD
+                       : t->op == LOOM_OP_SUB ? LOOM_CU_SUB
+                       : t->op == LOOM_OP_MUL ? LOOM_CU_MUL
+                                              : LOOM_CU_DIV;
+        e = loom__cu_binary(op, loom__cu(t), loom__cu(a), loom__cu(b), st);
         break;
+    }
     case LOOM_OP_ADD_ID:
         e = loom__cu_add_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), err, index, st);
         break;
     case LOOM_OP_SCALE:
+        e = loom__cu_map(LOOM_CU_SCALE, loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
+                         loom__cu(t), loom__cu(a), st);
+        break;
     case LOOM_OP_CLAMP:
-        e = loom__cu_map((int)t->op, -1, loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
+        e = loom__cu_map(LOOM_CU_CLAMP, loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
                          loom__cu(t), loom__cu(a), st);
         break;
     case LOOM_OP_SQR:
+        e = loom__cu_map(LOOM_CU_SQR, 0.0f, 0.0f, loom__cu(t), loom__cu(a), st);
+        break;
     case LOOM_OP_SQRT:
-        e = loom__cu_map((int)t->op, -1, 0.0f, 0.0f, loom__cu(t), loom__cu(a), st);
+        e = loom__cu_map(LOOM_CU_SQRT, 0.0f, 0.0f, loom__cu(t), loom__cu(a), st);
         break;
-    case LOOM_OP_UNARY:
-        e = loom__cu_map((int)t->op, loom_get_op_params_i32(t, 0), 0.0f, 0.0f, loom__cu(t),
-                         loom__cu(a), st);
+    case LOOM_OP_UNARY: {
+        const int u = loom_get_op_params_i32(t, 0);
+        const int op = u == LOOM_UNARY_SILU   ? LOOM_CU_SILU
+                       : u == LOOM_UNARY_GELU ? LOOM_CU_GELU
+                                              : LOOM_CU_RELU;
+        e = loom__cu_map(op, 0.0f, 0.0f, loom__cu(t), loom__cu(a), st);
         break;
+    }
     case LOOM_OP_GLU:
-        e = loom__cu_glu(loom_get_op_params_i32(t, 0), loom_get_op_params_i32(t, 1) != 0,
-                         loom__cu(t), loom__cu(a), loom__cu(b), st);
+        e = loom__cu_glu(
+            loom_get_op_params_i32(t, 0) == LOOM_GLU_SWIGLU ? LOOM_CU_SWIGLU : LOOM_CU_GEGLU,
+            loom_get_op_params_i32(t, 1) != 0, loom__cu(t), loom__cu(a), loom__cu(b), st);
         break;
     case LOOM_OP_FILL:
         e = loom__cu_fill(loom_get_op_params_f32(t, 0), loom__cu(t), st);
@@ -270,7 +317,8 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
         e = loom__cu_argsort(1, t->ne[0], loom__cu(t), loom__cu(a), st);
         break;
     case LOOM_OP_ROPE:
-        e = loom__cu_rope(loom_get_op_params_i32(t, 0), loom_get_op_params_i32(t, 1),
+        e = loom__cu_rope(loom_get_op_params_i32(t, 0),
+                          loom_get_op_params_i32(t, 1) == LOOM_ROPE_TYPE_NEOX,
                           loom_get_op_params_f32(t, 2), loom_get_op_params_f32(t, 3), loom__cu(t),
                           loom__cu(a), loom__cu(b), loom__cu(c), st);
         break;
@@ -281,7 +329,8 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
         e = loom__cu_set_rows(loom__cu(t), loom__cu(a), loom__cu(b), err, index, st);
         break;
     case LOOM_OP_CONCAT:
-        e = loom__cu_concat(loom_get_op_params_i32(t, 0), loom__cu(t), loom__cu(a), loom__cu(b), st);
+        e = loom__cu_concat(loom_get_op_params_i32(t, 0), loom__cu(t), loom__cu(a), loom__cu(b),
+                            st);
         break;
     case LOOM_OP_MUL_MAT:
         return mul_mat(cb, t, index);
@@ -345,13 +394,15 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
     case LOOM_OP_DUP:
     case LOOM_OP_CONT:
     case LOOM_OP_CPY:
-        if (loom_nelements(a) != loom_nelements(t)) return bad_shape(cb, t, "element counts differ");
+        if (loom_nelements(a) != loom_nelements(t))
+            return bad_shape(cb, t, "element counts differ");
         break;
     case LOOM_OP_ADD:
     case LOOM_OP_SUB:
     case LOOM_OP_MUL:
     case LOOM_OP_DIV:
-        if (!same_ne(a, t) || !loom_can_repeat(b, a)) return bad_shape(cb, t, "b does not repeat into a");
+        if (!same_ne(a, t) || !loom_can_repeat(b, a))
+            return bad_shape(cb, t, "b does not repeat into a");
         break;
     case LOOM_OP_ADD_ID:
         if (!same_ne(a, t) || b->ne[0] != a->ne[0] || c->ne[0] != a->ne[1] || c->ne[1] != a->ne[2])
@@ -403,11 +454,12 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
             v->ne[3] != a->ne[3] || t->ne[0] != v->ne[0] || t->ne[1] != a->ne[2] ||
             t->ne[2] != a->ne[1] || t->ne[3] != a->ne[3])
             return bad_shape(cb, t, "expected q [D,Nq,H,S], k [D,Nkv,Hk,S], v [Dv,Nkv,Hk,S]");
-        if (mask && (mask->ne[0] < k->ne[1] || mask->ne[1] < a->ne[1] || mask->ne[2] <= 0 ||
-                     mask->ne[3] <= 0 || a->ne[2] % mask->ne[2] != 0 ||
-                     a->ne[3] % mask->ne[3] != 0))
+        if (mask &&
+            (mask->ne[0] < k->ne[1] || mask->ne[1] < a->ne[1] || mask->ne[2] <= 0 ||
+             mask->ne[3] <= 0 || a->ne[2] % mask->ne[2] != 0 || a->ne[3] % mask->ne[3] != 0))
             return bad_shape(cb, t, "mask must be [Nkv, >= Nq, 1, 1]");
-        if (sinks && loom_nelements(sinks) < a->ne[2]) return bad_shape(cb, t, "sinks need H values");
+        if (sinks && loom_nelements(sinks) < a->ne[2])
+            return bad_shape(cb, t, "sinks need H values");
         break;
     }
     case LOOM_OP_CONCAT: {
@@ -436,7 +488,8 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
             return bad_shape(cb, t, "need 1 <= k <= ne0");
         break;
     case LOOM_OP_ARGMAX:
-        if (loom_nelements(t) != loom_nrows(a)) return bad_shape(cb, t, "result needs one value per row");
+        if (loom_nelements(t) != loom_nrows(a))
+            return bad_shape(cb, t, "result needs one value per row");
         break;
     case LOOM_OP_SUM_ROWS:
     case LOOM_OP_MEAN:
@@ -454,7 +507,9 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
 
 /* The kernels load elements with their natural alignment (quantised blocks: 2 bytes). */
 static bool aligned_ok(const loom_tensor *t) {
-    const size_t al = loom_type_traits_get((int)t->type)->is_quantized ? 2 : loom_type_size(t->type);
+    const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+    if (!tr) return false;
+    const size_t al = tr->is_quantized ? 2 : tr->type_size;
     if (al <= 1) return true;
     if ((uintptr_t)t->data % al) return false;
     for (int i = 0; i < LOOM_MAX_DIMS; i++)
@@ -544,7 +599,8 @@ static void gentry_release(gentry *e) {
 
 void loom__cuda_gcache_clear(loom__cuda_gcache *gc) {
     if (!gc) return;
-    for (int i = 0; i < gc->n; i++) gentry_release(&gc->e[i]);
+    for (int i = 0; i < gc->n; i++)
+        gentry_release(&gc->e[i]);
     gc->n = 0;
 }
 
@@ -601,7 +657,8 @@ static bool key_build(loom__cuda_gcache *gc, const loom_graph *g, uint64_t *hash
     }
     if (gc->oom) return false;
     uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < gc->key_n; i++) h = (h ^ gc->key[i]) * 1099511628211ull;
+    for (size_t i = 0; i < gc->key_n; i++)
+        h = (h ^ gc->key[i]) * 1099511628211ull;
     *hash = h;
     return true;
 }
@@ -641,8 +698,8 @@ static gentry *gcache_insert(loom__cuda_gcache *gc, uint64_t hash) {
  * nothing launched and every error cleared) when the capture did not work out; the caller
  * then runs the graph eagerly. */
 static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e) {
-    if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(cb->stream,
-                                                         cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
+    if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(
+                                      cb->stream, cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
         LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());
         return false;
     }
@@ -714,7 +771,8 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     if (s != LOOM_OK) return s;
 
     uint64_t hash = 0;
-    if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES && key_build(cb->gcache, g, &hash)) {
+    if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES &&
+        key_build(cb->gcache, g, &hash)) {
         loom__cuda_gcache *gc = cb->gcache;
         gentry *e = gcache_find(gc, hash);
         if (e) {

@@ -28,9 +28,9 @@
 #define LOOM_CUDA_MAX_DEVICES 64 /* loom devices per reg */
 #define LOOM_CUDA_MAX_GPUS 16
 #define LOOM_CUDA_MAX_PER_GPU 8
-#define LOOM_CUDA_ALIGNMENT 256      /* device buffer base and tensor offsets */
-#define LOOM_CUDA_HOST_ALIGNMENT 64  /* pinned host buffers */
-#define LOOM_CUDA_MIN_CC 80          /* the kernels are built for sm_80 and sm_90 */
+#define LOOM_CUDA_ALIGNMENT 256     /* device buffer base and tensor offsets */
+#define LOOM_CUDA_HOST_ALIGNMENT 64 /* pinned host buffers */
+#define LOOM_CUDA_MIN_CC 80         /* the kernels are built for sm_80 and sm_90 */
 
 typedef struct loom__cuda_reg loom__cuda_reg;
 
@@ -38,13 +38,13 @@ typedef struct loom__cuda_dev {
     struct loom_dev dev;   /* dev.context = this */
     struct loom_buft buft; /* device memory "CUDAk"; buft.context = this */
     loom__cuda_reg *creg;
-    int index;     /* loom device index in the reg */
-    int cuda_id;   /* the GPU */
-    int n_shared;  /* loom devices of this reg on that GPU (1: the GPU is its own) */
-    int cc;        /* compute capability, 10 * major + minor */
+    int index;    /* loom device index in the reg */
+    int cuda_id;  /* the GPU */
+    int n_shared; /* loom devices of this reg on that GPU (1: the GPU is its own) */
+    int cc;       /* compute capability, 10 * major + minor */
     size_t gpu_total_mem;
     char name[32]; /* "CUDA0", "V1-CUDA0" */
-    char desc[320];
+    char desc[512];
     pthread_mutex_t mu; /* guards the counters below */
     int n_buffers;      /* live device buffers */
     int n_backends;     /* live backends */
@@ -76,12 +76,14 @@ typedef struct loom__cuda_backend {
     size_t cublas_ws_size;
     void *scratch; /* per-node temporaries of graph_compute (matmul panels) */
     size_t scratch_size;
-    loom_cu_err *err; /* mapped pinned host memory written by the index-checking kernels */
-    cudaEvent_t copy_event;    /* recorded on this stream before copies out of this device */
-    void *staging;             /* pinned host staging of copies between GPUs without P2P */
+    loom_cu_err *err_dev;       /* device memory written by the index-checking kernels */
+    loom_cu_err *err_host;      /* pinned copy, read back by synchronize */
+    pthread_mutex_t staging_mu; /* guards the staging buffer and its event */
+    bool mu_ok;                 /* staging_mu initialised */
+    void *staging;              /* pinned host staging of copies between GPUs without P2P */
     size_t staging_size;
-    cudaEvent_t staging_free;  /* recorded on this stream after the last read of staging */
-    loom_status async_status;  /* first failure of an asynchronous operation, until reported */
+    cudaEvent_t staging_free; /* recorded on this stream after the last read of staging */
+    loom_status async_status; /* first failure of an asynchronous operation, until reported */
     char async_msg[512];
     bool graphs_enabled;
     loom__cuda_gcache *gcache;
@@ -93,8 +95,8 @@ typedef struct loom__cuda_backend {
 /* LOOM_OK for cudaSuccess; otherwise clears the (non-sticky) error, records "<where>:
  * <call> failed: <message> (<name>)" with LOOM_ERR_DEVICE_OOM for an out-of-memory error
  * and LOOM_ERR_DEVICE otherwise, logs a debug trace with file:line, and returns it. */
-loom_status loom__cuda_check(cudaError_t err, const char *call, const char *where,
-                             const char *file, int line);
+loom_status loom__cuda_check(cudaError_t err, const char *call, const char *where, const char *file,
+                             int line);
 loom_status loom__cublas_check(cublasStatus_t st, const char *call, const char *where,
                                const char *file, int line);
 #define LOOM_CUDA_CHECK(where, call) loom__cuda_check((call), #call, (where), __FILE__, __LINE__)

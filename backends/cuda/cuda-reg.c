@@ -16,8 +16,8 @@
 
 /* ---------------------------------------------------------------- checks */
 
-loom_status loom__cuda_check(cudaError_t err, const char *call, const char *where,
-                             const char *file, int line) {
+loom_status loom__cuda_check(cudaError_t err, const char *call, const char *where, const char *file,
+                             int line) {
     if (err == cudaSuccess) return LOOM_OK;
     (void)cudaGetLastError(); /* clear a non-sticky error so later calls are not blamed */
     loom_status s = err == cudaErrorMemoryAllocation ? LOOM_ERR_DEVICE_OOM : LOOM_ERR_DEVICE;
@@ -190,8 +190,8 @@ bool loom__cuda_dev_supports_op(const loom__cuda_dev *cd, const loom_tensor *op)
         return a && b && is_mm_weight(a->type) && blocks_ok(a) && b->type == LOOM_TYPE_F32 &&
                op->type == LOOM_TYPE_F32;
     case LOOM_OP_MUL_MAT_ID:
-        return a && b && c && is_mm_weight(a->type) && blocks_ok(a) &&
-               b->type == LOOM_TYPE_F32 && c->type == LOOM_TYPE_I32 && op->type == LOOM_TYPE_F32;
+        return a && b && c && is_mm_weight(a->type) && blocks_ok(a) && b->type == LOOM_TYPE_F32 &&
+               c->type == LOOM_TYPE_I32 && op->type == LOOM_TYPE_F32;
     case LOOM_OP_GET_ROWS:
         if (!a || !b || b->type != LOOM_TYPE_I32) return false;
         if (a->type == LOOM_TYPE_I32) return op->type == LOOM_TYPE_I32;
@@ -221,7 +221,8 @@ bool loom__cuda_dev_supports_op(const loom__cuda_dev *cd, const loom_tensor *op)
     }
     case LOOM_OP_CONCAT:
         return a && b && a->type == b->type && op->type == a->type &&
-               loom_type_is_valid((int)a->type) && !loom_type_traits_get((int)a->type)->is_quantized;
+               loom_type_is_valid((int)a->type) &&
+               !loom_type_traits_get((int)a->type)->is_quantized;
     default:
         return false;
     }
@@ -435,8 +436,8 @@ static void loom__cuda_reg_init(loom__cuda_reg *cr, int per_gpu, int slot, bool 
     cudaError_t e = cudaGetDeviceCount(&n_gpus);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        snprintf(cr->no_devices_reason, sizeof cr->no_devices_reason,
-                 "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        snprintf(cr->no_devices_reason, sizeof cr->no_devices_reason, "cudaGetDeviceCount: %s (%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
         LOOM_LOG_INFO("CUDA: no CUDA devices (%s)", cr->no_devices_reason);
         n_gpus = 0;
     } else if (n_gpus == 0) {
@@ -484,11 +485,12 @@ static void loom__cuda_reg_init(loom__cuda_reg *cr, int per_gpu, int slot, bool 
             cd->gpu_total_mem = p.totalGlobalMem;
             snprintf(cd->name, sizeof cd->name, "%sCUDA%d", cr->prefix, cd->index);
             if (per_gpu == 1)
-                snprintf(cd->desc, sizeof cd->desc, "%s (GPU %d, sm_%d, %s)", p.name, g, cc, mem);
+                snprintf(cd->desc, sizeof cd->desc, "%.256s (GPU %d, sm_%d, %s)", p.name, g, cc,
+                         mem);
             else
                 snprintf(cd->desc, sizeof cd->desc,
-                         "%s (GPU %d, sm_%d, %s), loom device %d of %d on this GPU", p.name, g, cc,
-                         mem, v + 1, per_gpu);
+                         "%.256s (GPU %d, sm_%d, %s), loom device %d of %d on this GPU", p.name, g,
+                         cc, mem, v + 1, per_gpu);
             cr->n_devices++;
         }
     }

@@ -16,26 +16,42 @@
 static int cu_type_size(int type) {
     switch (type) {
     case LOOM_CU_F32:
-    case LOOM_CU_I32: return 4;
+    case LOOM_CU_I32:
+        return 4;
     case LOOM_CU_F16:
     case LOOM_CU_BF16:
-    case LOOM_CU_I16: return 2;
-    case LOOM_CU_I8: return 1;
-    case LOOM_CU_I64: return 8;
-    case LOOM_CU_Q8_0: return LOOM_CU_Q8_0_BYTES;
-    case LOOM_CU_Q4_0: return LOOM_CU_Q4_0_BYTES;
-    default: return 0;
+    case LOOM_CU_I16:
+        return 2;
+    case LOOM_CU_I8:
+        return 1;
+    case LOOM_CU_I64:
+        return 8;
+    case LOOM_CU_Q8_0:
+        return LOOM_CU_Q8_0_BYTES;
+    case LOOM_CU_Q4_0:
+        return LOOM_CU_Q4_0_BYTES;
+    default:
+        return 0;
     }
 }
 
 static __device__ __forceinline__ void cu_copy_bytes(char *d, const char *p, int es) {
     switch (es) {
-    case 1: *d = *p; break;
-    case 2: *(uint16_t *)d = *(const uint16_t *)p; break;
-    case 4: *(uint32_t *)d = *(const uint32_t *)p; break;
-    case 8: *(uint64_t *)d = *(const uint64_t *)p; break;
+    case 1:
+        *d = *p;
+        break;
+    case 2:
+        *(uint16_t *)d = *(const uint16_t *)p;
+        break;
+    case 4:
+        *(uint32_t *)d = *(const uint32_t *)p;
+        break;
+    case 8:
+        *(uint64_t *)d = *(const uint64_t *)p;
+        break;
     default:
-        for (int k = 0; k < es; k++) d[k] = p[k];
+        for (int k = 0; k < es; k++)
+            d[k] = p[k];
         break;
     }
 }
@@ -75,7 +91,8 @@ static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk
         if (src.type == dst.type) {
             cu_unravel(src.ne, e0, j);
             const char *in = cu_at(src, j[0] / LOOM_CU_QK, j[1], j[2], j[3]);
-            for (int k = 0; k < bs; k++) out[k] = in[k];
+            for (int k = 0; k < bs; k++)
+                out[k] = in[k];
             continue;
         }
         float v[LOOM_CU_QK];
@@ -95,8 +112,7 @@ extern "C" cudaError_t loom__cu_cpy(loom_cu_t dst, loom_cu_t src, cudaStream_t s
     if (n == 0) return cudaSuccess;
     if (cu_is_quant(dst.type)) {
         const int64_t nblk = n / LOOM_CU_QK;
-        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk,
-                                                             cu_type_size(dst.type));
+        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk, cu_type_size(dst.type));
     } else {
         const int es = src.type == dst.type ? cu_type_size(dst.type) : 0;
         k_cpy_elem<<<cu_blocks(n), CU_BLOCK, 0, s>>>(dst, src, n, es);
@@ -115,10 +131,18 @@ static __global__ void k_binary(int op, loom_cu_t dst, loom_cu_t a, loom_cu_t b,
                                               i[3] % b.ne[3]);
         float r;
         switch (op) {
-        case LOOM_CU_ADD: r = x + y; break;
-        case LOOM_CU_SUB: r = x - y; break;
-        case LOOM_CU_MUL: r = x * y; break;
-        default: r = x / y; break;
+        case LOOM_CU_ADD:
+            r = x + y;
+            break;
+        case LOOM_CU_SUB:
+            r = x - y;
+            break;
+        case LOOM_CU_MUL:
+            r = x * y;
+            break;
+        default:
+            r = x / y;
+            break;
         }
         *(float *)cu_at(dst, i[0], i[1], i[2], i[3]) = r;
     }
@@ -164,13 +188,27 @@ static __global__ void k_map(int op, float f0, float f1, loom_cu_t dst, loom_cu_
         const float x = *(const float *)cu_at(a, i[0], i[1], i[2], i[3]);
         float r;
         switch (op) {
-        case LOOM_CU_SCALE: r = x * f0 + f1; break;
-        case LOOM_CU_SQR: r = x * x; break;
-        case LOOM_CU_SQRT: r = sqrtf(x); break;
-        case LOOM_CU_CLAMP: r = fminf(fmaxf(x, f0), f1); break;
-        case LOOM_CU_SILU: r = cu_silu(x); break;
-        case LOOM_CU_GELU: r = cu_gelu(x); break;
-        default: r = x > 0.0f ? x : 0.0f; break;
+        case LOOM_CU_SCALE:
+            r = x * f0 + f1;
+            break;
+        case LOOM_CU_SQR:
+            r = x * x;
+            break;
+        case LOOM_CU_SQRT:
+            r = sqrtf(x);
+            break;
+        case LOOM_CU_CLAMP:
+            r = fminf(fmaxf(x, f0), f1);
+            break;
+        case LOOM_CU_SILU:
+            r = cu_silu(x);
+            break;
+        case LOOM_CU_GELU:
+            r = cu_gelu(x);
+            break;
+        default:
+            r = x > 0.0f ? x : 0.0f;
+            break;
         }
         *(float *)cu_at(dst, i[0], i[1], i[2], i[3]) = r;
     }
@@ -312,7 +350,8 @@ static __global__ void k_argmax(loom_cu_t dst, loom_cu_t a, int64_t nrows) {
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            for (int w = 1; w < nw; w++) cu_argmax_merge(&bv, &bi, shv[w], shi[w]);
+            for (int w = 1; w < nw; w++)
+                cu_argmax_merge(&bv, &bi, shv[w], shi[w]);
             int64_t o[4];
             cu_unravel(dst.ne, r, o);
             *(int32_t *)cu_at(dst, o[0], o[1], o[2], o[3]) = (int32_t)(bi < 0 ? 0 : bi);
@@ -377,8 +416,8 @@ extern "C" cudaError_t loom__cu_norm(int rms, float eps, loom_cu_t dst, loom_cu_
 
 /* z_i = a_i * scale + slope * mask_i (the CPU's two roundings). */
 static __device__ __forceinline__ float cu_sm_logit(const char *x, size_t xs, const char *mrow,
-                                                    size_t ms, int mtype, float scale,
-                                                    float slope, int64_t i) {
+                                                    size_t ms, int mtype, float scale, float slope,
+                                                    int64_t i) {
     float v = __fmul_rn(*(const float *)(x + i * xs), scale);
     if (mrow) v = __fadd_rn(v, __fmul_rn(slope, cu_load_f_ptr(mrow + i * ms, mtype)));
     return v;
@@ -410,7 +449,8 @@ static __global__ void k_soft_max(float scale, float max_bias, loom_cu_t dst, lo
         }
         if (max == -INFINITY) { /* every logit masked, no sink */
             __syncthreads();
-            for (int64_t i = threadIdx.x; i < n; i += blockDim.x) *(float *)(y + i * dst.nb[0]) = 0.0f;
+            for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+                *(float *)(y + i * dst.nb[0]) = 0.0f;
             __syncthreads();
             continue;
         }
@@ -474,8 +514,7 @@ static __global__ void k_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_
                 }
             }
         }
-        if (i < n && rank < keep)
-            *(int32_t *)cu_at(dst, rank, i1, i2, i3) = (int32_t)i;
+        if (i < n && rank < keep) *(int32_t *)cu_at(dst, rank, i1, i2, i3) = (int32_t)i;
     }
 }
 
@@ -493,8 +532,7 @@ extern "C" cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, l
 /* Work item k of a row: k < n_dims/2 rotates pair k; beyond, dimension n_dims + (k - half)
  * passes through. */
 static __global__ void k_rope(int n_dims, int neox, float freq_base, float freq_scale,
-                              loom_cu_t dst, loom_cu_t a, loom_cu_t pos, loom_cu_t ff,
-                              int64_t n) {
+                              loom_cu_t dst, loom_cu_t a, loom_cu_t pos, loom_cu_t ff, int64_t n) {
     const int half = n_dims / 2;
     const int64_t D = a.ne[0], H = a.ne[1], T = a.ne[2];
     const int64_t per_row = half + (D - n_dims);
@@ -655,7 +693,8 @@ static __global__ void k_bf16_to_f32(const uint16_t *x, float *y, int64_t n) {
 static __global__ void k_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t n) {
     CU_FOR(i, n) {
         float acc = src.p[0][i];
-        for (int j = 1; j < n_src; j++) acc = __fadd_rn(acc, src.p[j][i]);
+        for (int j = 1; j < n_src; j++)
+            acc = __fadd_rn(acc, src.p[j][i]);
         dst[i] = acc;
     }
 }

@@ -15,8 +15,8 @@
 
 #include "backends/cuda/kernels.h"
 
-#define CU_BLOCK 256          /* threads per block of the elementwise and row kernels */
-#define CU_MAX_GRID 65535LL   /* blocks per launch; kernels loop (grid-stride) past it */
+#define CU_BLOCK 256        /* threads per block of the elementwise and row kernels */
+#define CU_MAX_GRID 65535LL /* blocks per launch; kernels loop (grid-stride) past it */
 #define CU_FULL_MASK 0xffffffffu
 
 /* Blocks for n work items of CU_BLOCK threads each (at least 1, at most CU_MAX_GRID). */
@@ -110,10 +110,14 @@ static __device__ __forceinline__ float cu_q4_0_val(const char *blk, float d, in
 static __device__ __forceinline__ float cu_load_f(const loom_cu_t &t, int64_t i0, int64_t i1,
                                                   int64_t i2, int64_t i3) {
     switch (t.type) {
-    case LOOM_CU_F32: return *(const float *)cu_at(t, i0, i1, i2, i3);
-    case LOOM_CU_F16: return cu_fp16_to_f32(*(const uint16_t *)cu_at(t, i0, i1, i2, i3));
-    case LOOM_CU_BF16: return cu_bf16_to_f32(*(const uint16_t *)cu_at(t, i0, i1, i2, i3));
-    case LOOM_CU_I32: return (float)*(const int32_t *)cu_at(t, i0, i1, i2, i3);
+    case LOOM_CU_F32:
+        return *(const float *)cu_at(t, i0, i1, i2, i3);
+    case LOOM_CU_F16:
+        return cu_fp16_to_f32(*(const uint16_t *)cu_at(t, i0, i1, i2, i3));
+    case LOOM_CU_BF16:
+        return cu_bf16_to_f32(*(const uint16_t *)cu_at(t, i0, i1, i2, i3));
+    case LOOM_CU_I32:
+        return (float)*(const int32_t *)cu_at(t, i0, i1, i2, i3);
     case LOOM_CU_Q8_0: {
         const char *blk = cu_at(t, i0 / LOOM_CU_QK, i1, i2, i3);
         return cu_q8_0_val(blk, cu_block_d(blk), (int)(i0 % LOOM_CU_QK));
@@ -122,7 +126,8 @@ static __device__ __forceinline__ float cu_load_f(const loom_cu_t &t, int64_t i0
         const char *blk = cu_at(t, i0 / LOOM_CU_QK, i1, i2, i3);
         return cu_q4_0_val(blk, cu_block_d(blk), (int)(i0 % LOOM_CU_QK));
     }
-    default: return 0.0f;
+    default:
+        return 0.0f;
     }
 }
 
@@ -146,7 +151,8 @@ static __device__ __forceinline__ void cu_store_f(char *p, int type, float v) {
 /* Quantises 32 values into the block at out (docs/ops.md; bit-identical to the CPU). */
 static __device__ __forceinline__ void cu_quantize_q8_0(const float *v, char *out) {
     float amax = 0.0f;
-    for (int l = 0; l < LOOM_CU_QK; l++) amax = fmaxf(amax, fabsf(v[l]));
+    for (int l = 0; l < LOOM_CU_QK; l++)
+        amax = fmaxf(amax, fabsf(v[l]));
     const float d = amax / 127.0f;
     const uint16_t h = cu_f32_to_fp16(d);
     out[0] = (char)(h & 0xff);
@@ -182,12 +188,14 @@ static __device__ __forceinline__ void cu_quantize_q4_0(const float *v, char *ou
 /* ---------------------------------------------------------------- reductions */
 
 template <typename T> static __device__ __forceinline__ T cu_warp_sum(T v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(CU_FULL_MASK, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(CU_FULL_MASK, v, o);
     return v;
 }
 
 static __device__ __forceinline__ float cu_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(CU_FULL_MASK, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(CU_FULL_MASK, v, o));
     return v;
 }
 
@@ -233,7 +241,6 @@ static __device__ __forceinline__ void cu_report(loom_cu_err *err, int op, long 
         err->node = node;
         err->value = value;
         err->limit = limit;
-        __threadfence_system();
     }
 }
 

@@ -67,12 +67,15 @@ static __global__ void k_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, in
         const int nc = N - n0 < MMV_COLS ? (int)(N - n0) : MMV_COLS;
         float acc[MMV_COLS];
 #pragma unroll
-        for (int c = 0; c < MMV_COLS; c++) acc[c] = 0.0f;
+        for (int c = 0; c < MMV_COLS; c++)
+            acc[c] = 0.0f;
         cu_mm_dot(a, cu_at(a, 0, m, i2 / r2, i3 / r3), b, cu_at(b, 0, n0, i2, i3), nc, acc);
 #pragma unroll
-        for (int c = 0; c < MMV_COLS; c++) acc[c] = cu_warp_sum(acc[c]);
+        for (int c = 0; c < MMV_COLS; c++)
+            acc[c] = cu_warp_sum(acc[c]);
         if (lane == 0) {
-            for (int c = 0; c < nc; c++) *(float *)cu_at(dst, m, n0 + c, i2, i3) = acc[c];
+            for (int c = 0; c < nc; c++)
+                *(float *)cu_at(dst, m, n0 + c, i2, i3) = acc[c];
         }
     }
 }
@@ -107,26 +110,26 @@ static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, lo
         }
         float acc[MMV_COLS];
 #pragma unroll
-        for (int c = 0; c < MMV_COLS; c++) acc[c] = 0.0f;
+        for (int c = 0; c < MMV_COLS; c++)
+            acc[c] = 0.0f;
         cu_mm_dot(as, cu_at(as, 0, m, e, 0), b, cu_at(b, 0, u % B1, t, 0), 1, acc);
         const float r = cu_warp_sum(acc[0]);
         if (lane == 0) *out = r;
     }
 }
 
-extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b,
-                                           loom_cu_t ids, loom_cu_err *err, long long node,
-                                           cudaStream_t s) {
+extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
+                                           loom_cu_err *err, long long node, cudaStream_t s) {
     const int64_t n_items = dst.ne[0] * dst.ne[1] * dst.ne[2];
     if (n_items == 0) return cudaSuccess;
     k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ids, n_items,
-                                                                         err, node);
+                                                                          err, node);
     return cu_launched();
 }
 
 /* out[k + (m - m0) K] = a[k, m, i2, i3] for m in [m0, m0 + mc). */
-static __global__ void k_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0,
-                                        int64_t mc, float *out) {
+static __global__ void k_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
+                                        float *out) {
     const int64_t K = a.ne[0];
     CU_FOR(e, K * mc) {
         const int64_t k = e % K, m = e / K;
@@ -164,8 +167,10 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
         const int64_t hk = h / group;
         const float slope = cu_alibi_slope(max_bias, H, h);
         const char *qrow = cu_at(q, 0, j, h, s);
-        for (int64_t d = lane; d < D; d += 32) qs[d] = *(const float *)(qrow + d * q.nb[0]);
-        for (int64_t d = lane; d < Dv; d += 32) acc[d] = 0.0f;
+        for (int64_t d = lane; d < D; d += 32)
+            qs[d] = *(const float *)(qrow + d * q.nb[0]);
+        for (int64_t d = lane; d < Dv; d += 32)
+            acc[d] = 0.0f;
         const char *mrow =
             mask.data ? cu_at(mask, 0, j, h % mask.ne[2], s % mask.ne[3]) : (const char *)NULL;
         float M = -INFINITY, S = 0.0f;
@@ -185,7 +190,8 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
             if (z > M) {
                 const float ms = expf(M - z); /* 0 on the first key */
                 if (ms != 1.0f) {
-                    for (int64_t d = lane; d < Dv; d += 32) acc[d] *= ms;
+                    for (int64_t d = lane; d < Dv; d += 32)
+                        acc[d] *= ms;
                 }
                 S *= ms;
                 M = z;
@@ -202,7 +208,8 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
             const float sk = *(const float *)(sinks.data + h * sinks.nb[0]);
             if (sk > M) {
                 const float ms = expf(M - sk);
-                for (int64_t d = lane; d < Dv; d += 32) acc[d] *= ms;
+                for (int64_t d = lane; d < Dv; d += 32)
+                    acc[d] *= ms;
                 S = S * ms + 1.0f;
                 M = sk;
             } else {
@@ -211,7 +218,8 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
         }
         const float inv = S > 0.0f ? 1.0f / S : 0.0f;
         char *y = cu_at(dst, 0, h, j, s);
-        for (int64_t d = lane; d < Dv; d += 32) *(float *)(y + d * dst.nb[0]) = acc[d] * inv;
+        for (int64_t d = lane; d < Dv; d += 32)
+            *(float *)(y + d * dst.nb[0]) = acc[d] * inv;
     }
 }
 

@@ -33,9 +33,10 @@ typedef struct loom_cu_t {
     int32_t type; /* enum loom_cu_type */
 } loom_cu_t;
 
-/* A device-visible error record (mapped pinned host memory), written by kernels that meet
- * an out-of-range index: code (enum loom_cu_err_code) says which kernel, node is the graph
- * node index, value the bad index, limit the bound it broke. code 0: no error. */
+/* An error record in device memory, written by kernels that meet an out-of-range index:
+ * code (enum loom_cu_err_code) says which kernel, node is the graph node index, value the
+ * bad index, limit the bound it broke. code 0: no error. The first failing thread of a
+ * launch wins (atomicCAS on code). */
 typedef struct loom_cu_err {
     unsigned long long code;
     long long node;
@@ -59,7 +60,7 @@ enum loom_cu_type {
     LOOM_CU_I64,
     LOOM_CU_TYPE_COUNT
 };
-#define LOOM_CU_QK 32          /* values per quantised block */
+#define LOOM_CU_QK 32         /* values per quantised block */
 #define LOOM_CU_Q8_0_BYTES 34 /* bytes per Q8_0 block */
 #define LOOM_CU_Q4_0_BYTES 18 /* bytes per Q4_0 block */
 
@@ -112,8 +113,7 @@ cudaError_t loom__cu_norm(int rms, float eps, loom_cu_t dst, loom_cu_t a, cudaSt
 cudaError_t loom__cu_soft_max(float scale, float max_bias, loom_cu_t dst, loom_cu_t a,
                               loom_cu_t mask, loom_cu_t sinks, cudaStream_t s);
 /* ARGSORT (keep = ne0) / TOP_K (keep = k, desc = 1). */
-cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
-                             cudaStream_t s);
+cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
 /* ROPE: neox rotates halves, otherwise adjacent pairs. */
 cudaError_t loom__cu_rope(int n_dims, int neox, float freq_base, float freq_scale, loom_cu_t dst,
                           loom_cu_t a, loom_cu_t pos, loom_cu_t ff, cudaStream_t s);
@@ -129,8 +129,7 @@ cudaError_t loom__cu_f32_to_bf16(const float *x, uint16_t *y, int64_t n, cudaStr
 cudaError_t loom__cu_bf16_to_f32(const uint16_t *x, float *y, int64_t n, cudaStream_t s);
 /* dst[i] = sum over j < n_src of src.p[j][i], in the order j = 0, 1, ... (so every device
  * summing the same inputs gets bit-identical results). The sources may be peer memory. */
-cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t n,
-                               cudaStream_t s);
+cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t n, cudaStream_t s);
 
 /* ---------------------------------------------------------------- kernels-mm.cu */
 

@@ -1,0 +1,752 @@
+/*
+ * Every op of docs/ops.md on a CUDA device, compared with the CPU backend (the oracle) on
+ * identical inputs: each case builds the same graph twice (once per backend) from a
+ * deterministic builder, allocates it on the CPU buffer type and on the CUDA device's,
+ * fills the leaves with the same random data, computes, reads the outputs back through
+ * their strides and compares them element by element.
+ *
+ * Inputs: odd sizes, broadcasting, and sources that are strided views (a padded view
+ * starting one element in, a transpose, a permutation of dims 1 and 2). Tolerances:
+ * copies, conversions, quantisation, indices and sorting must match exactly (the GPU
+ * rounds as the CPU does); arithmetic within rtol * |cpu| + atol * max |cpu| of the
+ * output, with rtol/atol per family below (float sums in another order, transcendental
+ * functions within a few ulps); quantised matmuls also allow for the CPU quantising the
+ * activations to Q8_0 (docs/ops.md), about 1% of the output scale.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "loom/cpu.h"
+#include "tests/gpu/gpu_util.h"
+
+#define OC_MAX_LEAFS 24
+#define OC_MAX_OUTS 4
+
+typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
+
+/* F_DISTINCT: integers (s0 + 2 i) mod hi for element i (s0 random): distinct within any
+ * run of up to hi consecutive elements when hi is odd (row indices that must not repeat). */
+typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT } oc_fill_kind;
+
+typedef struct oc_leaf {
+    loom_tensor *t;
+    oc_fill_kind kind;
+    double lo, hi;
+} oc_leaf;
+
+typedef struct oc_case {
+    loom_ctx *ctx;
+    oc_leaf leafs[OC_MAX_LEAFS];
+    int n_leafs;
+    loom_tensor *outs[OC_MAX_OUTS];
+    int n_outs;
+} oc_case;
+
+typedef void (*oc_build_fn)(oc_case *c, int v);
+
+static bool is_quant(loom_type t) {
+    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+}
+
+/* ---------------------------------------------------------------- building */
+
+static loom_tensor *oc_leaf_new(oc_case *c, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                                int64_t ne3) {
+    loom_tensor *t = loom_new_tensor_4d(c->ctx, type, ne0, ne1, ne2, ne3);
+    LOOM_ASSERT(t && c->n_leafs < OC_MAX_LEAFS);
+    c->leafs[c->n_leafs++] = (oc_leaf){t, F_UNIFORM, -1.0, 1.0};
+    return t;
+}
+
+/* A source of shape ne in layout l (a leaf, or a view of one). */
+static loom_tensor *oc_src(oc_case *c, loom_type type, int64_t ne0, int64_t ne1, int64_t ne2,
+                           int64_t ne3, oc_layout l) {
+    if (is_quant(type) && l == L_TRANSPOSED) l = L_PADDED;
+    switch (l) {
+    case L_PADDED: {
+        const int64_t pad = is_quant(type) ? 32 : 3;
+        loom_tensor *leaf = oc_leaf_new(c, type, ne0 + pad, ne1, ne2, ne3);
+        const size_t off = is_quant(type) ? loom_row_size(type, 32) : loom_type_size(type);
+        return loom_view_4d(c->ctx, leaf, ne0, ne1, ne2, ne3, leaf->nb[1], leaf->nb[2], leaf->nb[3],
+                            off);
+    }
+    case L_TRANSPOSED: {
+        loom_tensor *leaf = oc_leaf_new(c, type, ne1, ne0, ne2, ne3);
+        return loom_transpose(c->ctx, leaf);
+    }
+    case L_PERM12: {
+        loom_tensor *leaf = oc_leaf_new(c, type, ne0, ne2, ne1, ne3);
+        return loom_permute(c->ctx, leaf, 0, 2, 1, 3);
+    }
+    default:
+        return oc_leaf_new(c, type, ne0, ne1, ne2, ne3);
+    }
+}
+
+/* The leaf record under t (t a leaf or a view of one). */
+static oc_leaf *oc_leaf_of(oc_case *c, loom_tensor *t) {
+    while (t && t->view_src)
+        t = t->view_src;
+    for (int i = 0; i < c->n_leafs; i++)
+        if (c->leafs[i].t == t) return &c->leafs[i];
+    return NULL;
+}
+
+static void oc_fill(oc_case *c, loom_tensor *t, oc_fill_kind kind, double lo, double hi) {
+    oc_leaf *l = oc_leaf_of(c, t);
+    LOOM_ASSERT(l != NULL);
+    l->kind = kind;
+    l->lo = lo;
+    l->hi = hi;
+}
+
+static void oc_out(oc_case *c, loom_tensor *t) {
+    LOOM_ASSERT(c->n_outs < OC_MAX_OUTS);
+    c->outs[c->n_outs++] = t;
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* The bytes of a leaf: floats uniform in [lo, hi) converted to its type (quantised types
+ * quantised row by row), integers uniform in [lo, hi), masks with about a quarter -INF
+ * (never element 0 of a row). */
+static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
+    const loom_tensor *t = l->t;
+    const int64_t n = loom_nelements(t);
+    if (t->type == LOOM_TYPE_I32 || t->type == LOOM_TYPE_I64) {
+        const int64_t s0 = (int64_t)floor(gpu_randf(rng, 0, l->hi));
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = l->kind == F_DISTINCT ? (s0 + 2 * i) % (int64_t)l->hi
+                                              : (int64_t)floor(gpu_randf(rng, l->lo, l->hi));
+            if (t->type == LOOM_TYPE_I32) {
+                int32_t w = (int32_t)v;
+                memcpy((char *)out + 4 * i, &w, 4);
+            } else {
+                memcpy((char *)out + 8 * i, &v, 8);
+            }
+        }
+        return;
+    }
+    float *f = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    LOOM_ASSERT(f);
+    for (int64_t i = 0; i < n; i++) {
+        f[i] = (float)gpu_randf(rng, l->lo, l->hi);
+        if (l->kind == F_MASK && i % t->ne[0] != 0 && (gpu_rand_next(rng) >> 62) == 0)
+            f[i] = -INFINITY;
+    }
+    const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+    if (t->type == LOOM_TYPE_F32)
+        memcpy(out, f, sizeof(float) * (size_t)n);
+    else
+        tr->from_float(f, out, n);
+    free(f);
+}
+
+/* Element (i0, i1, i2, i3) of t, whose storage starts at base (host copy), as a double. */
+static double oc_get(const loom_tensor *t, const char *base, int64_t i0, int64_t i1, int64_t i2,
+                     int64_t i3) {
+    const int64_t blk = loom_blck_size(t->type);
+    const char *p = base + (i0 / blk) * (int64_t)t->nb[0] + i1 * (int64_t)t->nb[1] +
+                    i2 * (int64_t)t->nb[2] + i3 * (int64_t)t->nb[3];
+    switch (t->type) {
+    case LOOM_TYPE_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case LOOM_TYPE_F16:
+    case LOOM_TYPE_BF16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return t->type == LOOM_TYPE_F16 ? loom_fp16_to_fp32(h) : loom_bf16_to_fp32(h);
+    }
+    case LOOM_TYPE_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case LOOM_TYPE_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return (double)v;
+    }
+    case LOOM_TYPE_Q8_0:
+    case LOOM_TYPE_Q4_0: {
+        float y[32];
+        loom_type_traits_get((int)t->type)->to_float(p, y, 32);
+        return y[i0 % 32];
+    }
+    default:
+        return NAN;
+    }
+}
+
+/* The values of out, row-major, read back from its buffer through its strides. */
+static double *oc_read(const loom_tensor *out) {
+    const loom_tensor *root = out;
+    size_t off = 0;
+    while (root->view_src) {
+        off += root->view_offs;
+        root = root->view_src;
+    }
+    const size_t size = loom_nbytes(root);
+    char *host = malloc(size ? size : 1);
+    LOOM_ASSERT(host);
+    loom_tensor_get(root, host, 0, size);
+    const int64_t n = loom_nelements(out);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    LOOM_ASSERT(v);
+    int64_t k = 0;
+    for (int64_t i3 = 0; i3 < out->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < out->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < out->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < out->ne[0]; i0++)
+                    v[k++] = oc_get(out, host + off, i0, i1, i2, i3);
+    free(host);
+    return v;
+}
+
+/* ---------------------------------------------------------------- running */
+
+typedef struct oc_tol {
+    double rtol, atol; /* atol relative to the output's largest |value| */
+} oc_tol;
+
+static const oc_tol TOL_EXACT = {0, 0};
+
+typedef struct oc_result {
+    double *v[OC_MAX_OUTS];
+    int64_t n[OC_MAX_OUTS];
+    loom_type type[OC_MAX_OUTS];
+    int n_outs;
+} oc_result;
+
+/* Builds, allocates, fills and computes case (build, v) on `backend` / `buft`. */
+static bool oc_run_one(const char *label, oc_build_fn build, int v, uint64_t seed,
+                       loom_backend_t backend, loom_buft_t buft, oc_result *res) {
+    memset(res, 0, sizeof *res);
+    loom_ctx_params p = {.mem_size = 256 * loom_tensor_overhead() + loom_graph_overhead(512),
+                         .no_alloc = true};
+    oc_case c;
+    memset(&c, 0, sizeof c);
+    c.ctx = loom_ctx_new(p);
+    LOOM_ASSERT(c.ctx);
+    build(&c, v);
+    bool ok = c.n_outs > 0;
+    for (int i = 0; i < c.n_outs; i++)
+        ok = ok && c.outs[i] != NULL;
+    if (!ok) {
+        loom_test_fail(__FILE__, __LINE__, "%s: the builder refused its inputs: %s", label,
+                       loom_last_error());
+        loom_ctx_free(c.ctx);
+        return false;
+    }
+    loom_graph *g = loom_graph_new(c.ctx, 512);
+    for (int i = 0; i < c.n_outs && ok; i++)
+        ok = loom_graph_build_forward(g, c.outs[i]) == LOOM_OK;
+    loom_buffer_t buf = ok ? loom_alloc_ctx_tensors(c.ctx, buft) : NULL;
+    if (!buf) {
+        loom_test_fail(__FILE__, __LINE__, "%s on %s: allocation: %s", label, loom_buft_name(buft),
+                       loom_last_error());
+        loom_ctx_free(c.ctx);
+        return false;
+    }
+    uint64_t rng = seed;
+    for (int i = 0; i < c.n_leafs; i++) {
+        const size_t size = loom_nbytes(c.leafs[i].t);
+        void *bytes = malloc(size ? size : 1);
+        LOOM_ASSERT(bytes);
+        oc_leaf_bytes(&c.leafs[i], &rng, bytes);
+        loom_tensor_set(c.leafs[i].t, bytes, 0, size);
+        free(bytes);
+    }
+    loom_status st = loom_backend_graph_compute(backend, g);
+    if (st != LOOM_OK) {
+        loom_test_fail(__FILE__, __LINE__, "%s on %s: compute: %s", label,
+                       loom_backend_name(backend), loom_last_error());
+        ok = false;
+    }
+    for (int i = 0; i < c.n_outs && ok; i++) {
+        res->v[i] = oc_read(c.outs[i]);
+        res->n[i] = loom_nelements(c.outs[i]);
+        res->type[i] = c.outs[i]->type;
+        res->n_outs = i + 1;
+    }
+    loom_buffer_free(buf);
+    loom_ctx_free(c.ctx);
+    return ok;
+}
+
+static void oc_result_free(oc_result *r) {
+    for (int i = 0; i < r->n_outs; i++)
+        free(r->v[i]);
+}
+
+typedef struct oc_env {
+    loom_backend_t cpu, gpu;
+    loom_buft_t gpu_buft;
+    int cases, compared;
+} oc_env;
+
+/* Runs one case on both backends and compares every output. */
+static void oc_check(oc_env *env, const char *label, oc_build_fn build, int v, oc_tol tol) {
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (const char *s = label; *s; s++)
+        seed = (seed ^ (unsigned char)*s) * 1099511628211ull;
+    seed = (seed ^ (uint64_t)v) * 1099511628211ull | 1;
+    oc_result want, got;
+    bool ok = oc_run_one(label, build, v, seed, env->cpu, loom_cpu_buffer_type(), &want);
+    ok = ok && oc_run_one(label, build, v, seed, env->gpu, env->gpu_buft, &got);
+    env->cases++;
+    for (int o = 0; ok && o < want.n_outs; o++) {
+        const bool exact = want.type[o] == LOOM_TYPE_I32 || want.type[o] == LOOM_TYPE_I64 ||
+                           (tol.rtol == 0 && tol.atol == 0);
+        double scale = 0;
+        for (int64_t k = 0; k < want.n[o]; k++)
+            if (isfinite(want.v[o][k]) && fabs(want.v[o][k]) > scale) scale = fabs(want.v[o][k]);
+        int64_t bad = 0, first = -1;
+        for (int64_t k = 0; k < want.n[o]; k++) {
+            const double w = want.v[o][k], g = got.v[o][k];
+            bool same;
+            if (isnan(w))
+                same = isnan(g);
+            else if (isinf(w) || exact)
+                same = g == w;
+            else
+                same = fabs(g - w) <= tol.atol * scale + tol.rtol * fabs(w);
+            if (!same && bad++ == 0) first = k;
+        }
+        env->compared += (int)want.n[o];
+        if (bad) {
+            loom_test_fail(__FILE__, __LINE__,
+                           "%s (variant %d) output %d: %lld of %lld elements differ from the CPU; "
+                           "first at %lld: cuda %.9g, cpu %.9g (scale %.3g, rtol %g, atol %g)",
+                           label, v, o, (long long)bad, (long long)want.n[o], (long long)first,
+                           got.v[o][first], want.v[o][first], scale, tol.rtol, tol.atol);
+        }
+    }
+    oc_result_free(&want);
+    oc_result_free(&got);
+}
+
+static bool oc_open(oc_env *env, char *why, size_t size) {
+    memset(env, 0, sizeof *env);
+    loom_dev_t dev = gpu_device(0, why, size);
+    if (!dev) return false;
+    env->gpu = loom_dev_init(dev, NULL);
+    LOOM_ASSERT(env->gpu != NULL);
+    env->gpu_buft = loom_dev_buffer_type(dev);
+    env->cpu = loom_cpu_backend_new(2);
+    LOOM_ASSERT(env->cpu != NULL);
+    return true;
+}
+
+static void oc_close(oc_env *env) {
+    fprintf(stderr, "%d cases, %d elements compared with the CPU\n", env->cases, env->compared);
+    loom_backend_free(env->gpu);
+    loom_backend_free(env->cpu);
+}
+
+#define OC_TEST(name)                                                                              \
+    static void oc_body_##name(oc_env *env);                                                       \
+    LOOM_TEST(cuda_ops, name) {                                                                    \
+        oc_env env;                                                                                \
+        char why[512];                                                                             \
+        if (!oc_open(&env, why, sizeof why)) LOOM_SKIP(why);                                       \
+        oc_body_##name(&env);                                                                      \
+        oc_close(&env);                                                                            \
+    }                                                                                              \
+    static void oc_body_##name(oc_env *env)
+
+/* ---------------------------------------------------------------- copies */
+
+typedef struct {
+    loom_type src, dst;
+} cpy_pair;
+
+static const cpy_pair k_cpy_pairs[] = {
+    {LOOM_TYPE_F32, LOOM_TYPE_F32},   {LOOM_TYPE_F32, LOOM_TYPE_F16},
+    {LOOM_TYPE_F32, LOOM_TYPE_BF16},  {LOOM_TYPE_F16, LOOM_TYPE_F32},
+    {LOOM_TYPE_BF16, LOOM_TYPE_F32},  {LOOM_TYPE_F16, LOOM_TYPE_F16},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q8_0},  {LOOM_TYPE_F32, LOOM_TYPE_Q4_0},
+    {LOOM_TYPE_Q8_0, LOOM_TYPE_F32},  {LOOM_TYPE_Q4_0, LOOM_TYPE_F32},
+    {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0}, {LOOM_TYPE_I32, LOOM_TYPE_I32},
+};
+#define N_CPY_PAIRS ((int)(sizeof k_cpy_pairs / sizeof k_cpy_pairs[0]))
+
+/* v = pair * 4 + layout: a [64, 3, 2, 2] in a layout copied into b [128, 6] (or cast). */
+static void build_cpy(oc_case *c, int v) {
+    const cpy_pair pr = k_cpy_pairs[v / 4];
+    const oc_layout l = (oc_layout)(v % 4);
+    loom_tensor *a = oc_src(c, pr.src, 64, 3, 2, 2, is_quant(pr.src) ? L_CONTIG : l);
+    if (pr.src == LOOM_TYPE_I32) oc_fill(c, a, F_INT, -100000, 100000);
+    if (pr.src == LOOM_TYPE_F32 && l == L_PADDED) oc_fill(c, a, F_UNIFORM, -70000, 70000);
+    if (v % 2) {
+        loom_tensor *b = oc_src(c, pr.dst, 128, 6, 1, 1, L_CONTIG);
+        oc_out(c, loom_cpy(c->ctx, a, b));
+    } else if (pr.src == pr.dst) {
+        oc_out(c, loom_cont(c->ctx, a));
+    } else {
+        oc_out(c, loom_cast(c->ctx, a, pr.dst));
+    }
+}
+
+OC_TEST(copies_and_conversions) {
+    char label[64];
+    for (int v = 0; v < N_CPY_PAIRS * 4; v++) {
+        snprintf(label, sizeof label, "cpy %s -> %s", loom_type_name(k_cpy_pairs[v / 4].src),
+                 loom_type_name(k_cpy_pairs[v / 4].dst));
+        oc_check(env, label, build_cpy, v, TOL_EXACT);
+    }
+}
+
+static void build_dup_cont(oc_case *c, int v) {
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 7, 5, 3, 2, (oc_layout)(v % 4));
+    oc_out(c, v < 4 ? loom_dup(c->ctx, a) : loom_cont_4d(c->ctx, a, 35, 3, 2, 1));
+}
+
+OC_TEST(dup_cont) {
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "dup/cont", build_dup_cont, v, TOL_EXACT);
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+/* v = op * 8 + shape variant */
+static void build_binary(oc_case *c, int v) {
+    static const int64_t bshape[4][4] = {{13, 5, 3, 2}, {13, 1, 3, 1}, {1, 5, 1, 2}, {13, 5, 1, 1}};
+    const int op = v / 8, s = v % 4;
+    loom_tensor *a =
+        oc_src(c, LOOM_TYPE_F32, 13, 5, 3, 2, (oc_layout)((v / 4) % 2 ? L_PERM12 : L_PADDED));
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, bshape[s][0], bshape[s][1], bshape[s][2],
+                            bshape[s][3], (oc_layout)(s % 2 ? L_CONTIG : L_TRANSPOSED));
+    if (op == 3) oc_fill(c, b, F_UNIFORM, 0.5, 2.0);
+    loom_tensor *(*fn[4])(loom_ctx *, loom_tensor *, loom_tensor *) = {loom_add, loom_sub, loom_mul,
+                                                                       loom_div};
+    oc_out(c, fn[op](c->ctx, a, b));
+}
+
+static void build_add_id(oc_case *c, int v) {
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 7, 3, 4, 1, (oc_layout)(v % 2 ? L_PADDED : L_CONTIG));
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, 7, 5, 1, 1, L_CONTIG);
+    loom_tensor *ids = oc_src(c, LOOM_TYPE_I32, 3, 4, 1, 1, L_CONTIG);
+    oc_fill(c, ids, F_INT, 0, 5);
+    oc_out(c, loom_add_id(c->ctx, a, b, ids));
+}
+
+/* v = map * 2 + layout */
+static void build_map(oc_case *c, int v) {
+    const int m = v / 2;
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 33, 4, 3, 1, v % 2 ? L_TRANSPOSED : L_CONTIG);
+    oc_fill(c, a, F_UNIFORM, m == 2 ? 0.1 : -4, 4);
+    loom_ctx *x = c->ctx;
+    switch (m) {
+    case 0:
+        oc_out(c, loom_scale_bias(x, a, 0.37f, -0.25f));
+        break;
+    case 1:
+        oc_out(c, loom_sqr(x, a));
+        break;
+    case 2:
+        oc_out(c, loom_sqrt(x, a));
+        break;
+    case 3:
+        oc_out(c, loom_clamp(x, a, -1.5f, 2.25f));
+        break;
+    case 4:
+        oc_out(c, loom_silu(x, a));
+        break;
+    case 5:
+        oc_out(c, loom_gelu(x, a));
+        break;
+    case 6:
+        oc_out(c, loom_relu(x, a));
+        break;
+    default:
+        oc_out(c, loom_fill(x, a, 3.5f));
+        break;
+    }
+}
+
+/* v: bit 0 swapped, bit 1 geglu, bit 2 fused */
+static void build_glu(oc_case *c, int v) {
+    const loom_glu_op op = v & 2 ? LOOM_GLU_GEGLU : LOOM_GLU_SWIGLU;
+    if (v & 4) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 2 * 19, 3, 2, 1, L_PADDED);
+        oc_fill(c, a, F_UNIFORM, -4, 4);
+        oc_out(c, loom_glu(c->ctx, a, op, (v & 1) != 0));
+    } else {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 19, 3, 2, 1, L_PERM12);
+        loom_tensor *b = oc_src(c, LOOM_TYPE_F32, 19, 3, 2, 1, L_CONTIG);
+        oc_fill(c, a, F_UNIFORM, -4, 4);
+        loom_tensor *x = v & 1 ? b : a, *g = v & 1 ? a : b;
+        oc_out(c, loom_glu_split(c->ctx, x, g, op));
+    }
+}
+
+OC_TEST(elementwise) {
+    const oc_tol tol = {1e-6, 1e-7};
+    for (int v = 0; v < 32; v++)
+        oc_check(env, "binary", build_binary, v, tol);
+    for (int v = 0; v < 2; v++)
+        oc_check(env, "add_id", build_add_id, v, tol);
+    /* transcendental functions: a few ulps apart */
+    const oc_tol tol_fn = {1e-5, 1e-6};
+    for (int v = 0; v < 16; v++)
+        oc_check(env, "map", build_map, v, tol_fn);
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "glu", build_glu, v, tol_fn);
+}
+
+/* ---------------------------------------------------------------- per-row */
+
+static const int64_t k_rows[] = {1, 7, 300, 1031};
+
+/* v = op * 8 + row length * 2 + layout; op 0 sum_rows, 1 mean, 2 norm, 3 rms_norm, 4 argmax */
+static void build_rows(oc_case *c, int v) {
+    const int op = v / 8;
+    const int64_t n = k_rows[(v / 2) % 4];
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, n, 3, 2, 1, v % 2 ? L_PERM12 : L_PADDED);
+    loom_ctx *x = c->ctx;
+    switch (op) {
+    case 0:
+        oc_out(c, loom_sum_rows(x, a));
+        break;
+    case 1:
+        oc_out(c, loom_mean(x, a));
+        break;
+    case 2:
+        oc_out(c, loom_norm(x, a, 1e-5f));
+        break;
+    case 3:
+        oc_out(c, loom_rms_norm(x, a, 1e-6f));
+        break;
+    default: {
+        loom_tensor *a2 = oc_src(c, LOOM_TYPE_F32, n, 6, 1, 1, v % 2 ? L_TRANSPOSED : L_PADDED);
+        oc_out(c, loom_argmax(x, a2));
+        break;
+    }
+    }
+}
+
+/* v = op * 6 + length * 2 + layout; op 0 argsort asc, 1 desc, 2 top_k */
+static void build_sort(oc_case *c, int v) {
+    static const int64_t lens[3] = {5, 33, 300};
+    const int op = v / 6;
+    const int64_t n = lens[(v / 2) % 3];
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, n, 3, 2, 1, v % 2 ? L_TRANSPOSED : L_CONTIG);
+    if (op < 2)
+        oc_out(c, loom_argsort(c->ctx, a, op ? LOOM_SORT_DESC : LOOM_SORT_ASC));
+    else
+        oc_out(c, loom_top_k(c->ctx, a, (int)(n < 4 ? n : 4)));
+}
+
+OC_TEST(rows_and_sorting) {
+    const oc_tol tol = {1e-5, 1e-6};
+    for (int v = 0; v < 32; v++)
+        oc_check(env, "sum_rows/mean/norm/rms_norm", build_rows, v, tol);
+    for (int v = 32; v < 40; v++)
+        oc_check(env, "argmax", build_rows, v, TOL_EXACT);
+    for (int v = 0; v < 18; v++)
+        oc_check(env, "argsort/top_k", build_sort, v, TOL_EXACT);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* v: 0 plain, 1 scale, 2 F32 mask broadcast over dim 2, 3 F16 mask, 4 ALiBi, 5 sinks,
+ *    6 sinks + mask over dims 2 and 3, 7 a long row */
+static void build_soft_max(oc_case *c, int v) {
+    const int64_t n = v == 7 ? 1031 : 33, ne2 = v == 4 ? 5 : 3, ne3 = v == 6 ? 2 : 1;
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, n, 4, ne2, ne3, v % 2 ? L_PADDED : L_CONTIG);
+    oc_fill(c, a, F_UNIFORM, -4, 4);
+    loom_tensor *mask = NULL, *sinks = NULL;
+    if (v >= 2 && v != 5) {
+        mask = oc_src(c, v == 3 || v == 7 ? LOOM_TYPE_F16 : LOOM_TYPE_F32, n, 6, v == 6 ? ne2 : 1,
+                      v == 6 ? ne3 : 1, L_CONTIG);
+        oc_fill(c, mask, F_MASK, -2, 1);
+    }
+    if (v == 5 || v == 6) {
+        sinks = oc_src(c, LOOM_TYPE_F32, ne2, 1, 1, 1, L_CONTIG);
+        oc_fill(c, sinks, F_UNIFORM, -2, 3);
+    }
+    if (v == 0)
+        oc_out(c, loom_soft_max(c->ctx, a));
+    else
+        oc_out(c, loom_soft_max_ext(c->ctx, a, mask, sinks, v == 1 ? 0.3f : 0.7f,
+                                    v == 4 ? 8.0f : 0.0f));
+}
+
+/* v: bit 0 neox, bit 1 freq factors, bit 2 n_dims < D, bit 3 permuted input */
+static void build_rope(oc_case *c, int v) {
+    const int64_t D = 16, H = 3, T = 5;
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, D, H, T, 1, v & 8 ? L_PERM12 : L_CONTIG);
+    loom_tensor *pos = oc_src(c, LOOM_TYPE_I32, T, 1, 1, 1, L_CONTIG);
+    oc_fill(c, pos, F_INT, 0, 4000);
+    const int n_dims = v & 4 ? 10 : (int)D;
+    loom_tensor *ff = NULL;
+    if (v & 2) {
+        ff = oc_src(c, LOOM_TYPE_F32, n_dims / 2, 1, 1, 1, L_CONTIG);
+        oc_fill(c, ff, F_UNIFORM, 0.5, 4);
+    }
+    oc_out(c, loom_rope_ext(c->ctx, a, pos, ff, n_dims,
+                            v & 1 ? LOOM_ROPE_TYPE_NEOX : LOOM_ROPE_TYPE_NORMAL, 10000.0f,
+                            v & 4 ? 0.5f : 1.0f));
+}
+
+/* v: bit 0 F16 K/V, bit 1 mask, bit 2 sinks, bit 3 softcap + ALiBi, bit 4 Dv != D */
+static void build_flash(oc_case *c, int v) {
+    const int64_t D = 40, Dv = v & 16 ? 24 : 40, Nq = 5, Nkv = 37, H = 4, Hk = 2, S = 1;
+    const loom_type kv = v & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, D, Nq, H, S, v & 8 ? L_PERM12 : L_CONTIG);
+    loom_tensor *k = oc_src(c, kv, D, Nkv, Hk, S, v & 4 ? L_PADDED : L_CONTIG);
+    loom_tensor *vv = oc_src(c, kv, Dv, Nkv, Hk, S, L_CONTIG);
+    loom_tensor *mask = NULL, *sinks = NULL;
+    if (v & 2) {
+        mask = oc_src(c, v & 1 ? LOOM_TYPE_F16 : LOOM_TYPE_F32, Nkv, 8, 1, 1, L_CONTIG);
+        oc_fill(c, mask, F_MASK, -1, 0.5);
+    }
+    if (v & 4) {
+        sinks = oc_src(c, LOOM_TYPE_F32, H, 1, 1, 1, L_CONTIG);
+        oc_fill(c, sinks, F_UNIFORM, -1, 2);
+    }
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, mask, sinks, 1.0f / sqrtf((float)D),
+                                  v & 8 ? 4.0f : 0.0f, v & 8 ? 20.0f : 0.0f));
+}
+
+OC_TEST(attention) {
+    const oc_tol tol = {1e-5, 1e-6};
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "soft_max", build_soft_max, v, tol);
+    /* theta in double on both; the rotation a few float roundings */
+    for (int v = 0; v < 16; v++)
+        oc_check(env, "rope", build_rope, v, (oc_tol){1e-5, 1e-6});
+    /* online softmax over 37 keys, dot products of 40 in another order */
+    for (int v = 0; v < 32; v++)
+        oc_check(env, "flash_attn_ext", build_flash, v, (oc_tol){1e-4, 1e-5});
+}
+
+/* ---------------------------------------------------------------- rows, concat */
+
+static const loom_type k_row_types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
+                                        LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_I32};
+
+/* v = type * 2 + variant (0: a [64, 10], ids [7]; 1: a [64, 10, 2], ids [5, 4, 3]) */
+static void build_get_rows(oc_case *c, int v) {
+    const loom_type t = k_row_types[v / 2];
+    loom_tensor *a, *ids;
+    if (v % 2 == 0) {
+        a = oc_src(c, t, 64, 10, 1, 1, is_quant(t) ? L_CONTIG : L_PADDED);
+        ids = oc_src(c, LOOM_TYPE_I32, 7, 1, 1, 1, L_CONTIG);
+    } else {
+        a = oc_src(c, t, 64, 10, 2, 1, L_PERM12);
+        ids = oc_src(c, LOOM_TYPE_I32, 5, 4, 3, 1, L_PADDED);
+    }
+    if (t == LOOM_TYPE_I32) oc_fill(c, a, F_INT, -1000, 1000);
+    oc_fill(c, ids, F_INT, 0, 10);
+    oc_out(c, loom_get_rows(c->ctx, a, ids));
+}
+
+/* v = dst type * 4 + ids type * 2 + variant (0: dst [64, 9], b [64, 4]; 1: dst [64, 9, 4],
+ * b [64, 3, 2], ids [3, 2]: broadcast over dim 2) */
+static void build_set_rows(oc_case *c, int v) {
+    const loom_type t = k_row_types[v / 4];
+    const loom_type it = (v / 2) % 2 ? LOOM_TYPE_I64 : LOOM_TYPE_I32;
+    loom_tensor *dst, *b, *ids;
+    if (v % 2 == 0) {
+        dst = oc_src(c, t, 64, 9, 1, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 4, 1, 1, L_PADDED);
+        ids = oc_src(c, it, 4, 1, 1, 1, L_CONTIG);
+    } else {
+        dst = oc_src(c, t, 64, 9, 4, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 3, 2, 1, L_PERM12);
+        ids = oc_src(c, it, 3, 2, 1, 1, L_CONTIG);
+    }
+    /* distinct rows within each slice, so no two writes race for one row */
+    oc_fill(c, ids, F_DISTINCT, 0, 9);
+    oc_out(c, loom_set_rows(c->ctx, dst, b, ids));
+}
+
+/* v = dim * 2 + type */
+static void build_concat(oc_case *c, int v) {
+    const int dim = v / 2;
+    const loom_type t = v % 2 ? LOOM_TYPE_I32 : LOOM_TYPE_F32;
+    int64_t na[4] = {5, 4, 3, 2}, nb[4] = {5, 4, 3, 2};
+    nb[dim] = 3;
+    loom_tensor *a = oc_src(c, t, na[0], na[1], na[2], na[3], L_PERM12);
+    loom_tensor *b = oc_src(c, t, nb[0], nb[1], nb[2], nb[3], v % 2 ? L_CONTIG : L_TRANSPOSED);
+    if (t == LOOM_TYPE_I32) {
+        oc_fill(c, a, F_INT, -50, 50);
+        oc_fill(c, b, F_INT, -50, 50);
+    }
+    oc_out(c, loom_concat(c->ctx, a, b, dim));
+}
+
+OC_TEST(rows_set_rows_concat) {
+    for (int v = 0; v < 12; v++)
+        oc_check(env, "get_rows", build_get_rows, v, TOL_EXACT);
+    /* 5 storage types (I32 is no SET_ROWS destination) */
+    for (int v = 0; v < 20; v++)
+        oc_check(env, "set_rows", build_set_rows, v, TOL_EXACT);
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "concat", build_concat, v, TOL_EXACT);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+static const loom_type k_mm_types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+                                       LOOM_TYPE_Q4_0};
+
+typedef struct {
+    int64_t K, M, N, A2, A3, B2, B3;
+    oc_layout la, lb;
+} mm_shape;
+
+/* Dot kernel (N <= 8) and cuBLAS (N > 8) paths, in place and through copies. */
+static const mm_shape k_mm_shapes[] = {
+    {64, 5, 1, 1, 1, 1, 1, L_CONTIG, L_CONTIG},
+    {96, 17, 3, 2, 1, 4, 1, L_PADDED, L_TRANSPOSED},
+    {64, 9, 8, 1, 2, 2, 4, L_PERM12, L_PADDED},
+    {160, 33, 9, 1, 1, 1, 1, L_CONTIG, L_CONTIG},
+    {128, 20, 40, 2, 1, 2, 1, L_PADDED, L_PERM12},
+    {64, 31, 17, 1, 1, 3, 2, L_TRANSPOSED, L_TRANSPOSED},
+    {4096, 6, 12, 1, 1, 1, 1, L_CONTIG, L_PADDED},
+};
+#define N_MM_SHAPES ((int)(sizeof k_mm_shapes / sizeof k_mm_shapes[0]))
+
+static void build_mul_mat(oc_case *c, int v) {
+    const loom_type t = k_mm_types[v / N_MM_SHAPES];
+    const mm_shape s = k_mm_shapes[v % N_MM_SHAPES];
+    loom_tensor *a = oc_src(c, t, s.K, s.M, s.A2, s.A3, s.la);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, s.K, s.N, s.B2, s.B3, s.lb);
+    oc_out(c, loom_mul_mat(c->ctx, a, b));
+}
+
+/* v = type * 2 + variant (b with U columns, or one broadcast column) */
+static void build_mul_mat_id(oc_case *c, int v) {
+    const loom_type t = k_mm_types[v / 2];
+    const int64_t K = 64, M = 11, E = 4, U = 2, T = 5;
+    loom_tensor *as = oc_src(c, t, K, M, E, 1, is_quant(t) ? L_CONTIG : L_PADDED);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, v % 2 ? 1 : U, T, 1, v % 2 ? L_CONTIG : L_PERM12);
+    loom_tensor *ids = oc_src(c, LOOM_TYPE_I32, U, T, 1, 1, L_CONTIG);
+    oc_fill(c, ids, F_INT, 0, E);
+    oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
+}
+
+OC_TEST(matmul) {
+    for (int v = 0; v < 5 * N_MM_SHAPES; v++) {
+        const loom_type t = k_mm_types[v / N_MM_SHAPES];
+        /* float: K products summed in another order (~u sqrt(K) of the output scale);
+         * quantised: the CPU's Q8_0 activations (up to 1/254 of each |b| block maximum) */
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat %s", loom_type_name(t));
+        oc_check(env, label, build_mul_mat, v, tol);
+    }
+    for (int v = 0; v < 10; v++) {
+        const loom_type t = k_mm_types[v / 2];
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(t));
+        oc_check(env, label, build_mul_mat_id, v, tol);
+    }
+}

@@ -1,0 +1,811 @@
+/*
+ * The CUDA backend beyond single ops (cuda_ops.c has those): the module and the registry
+ * (zero devices without a GPU or driver, reported as "no CUDA devices", never a crash),
+ * virtual regs, device properties, buffers and copies, async copies and events between
+ * devices, the offload threshold, index errors raised by kernels, CUDA graph capture and
+ * replay, the communicator (declining on a shared GPU so the reducer's ladder takes over,
+ * the one-shot kernel, NCCL on distinct GPUs) and the meta device over several loom
+ * devices on one GPU against the CPU.
+ *
+ * Tests that need a GPU skip, saying why, when there is none; the ones that check the
+ * no-device behaviour run everywhere.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backends/backend-impl.h"
+#include "loom/cpu.h"
+#include "loom/cuda.h"
+#include "loom/meta.h"
+#include "loom/model.h"
+#include "loom/reduce.h"
+#include "loom/rules.h"
+#include "model/run-simple.h"
+#include "tests/gpu/gpu_util.h"
+
+/* ---------------------------------------------------------------- no devices, registry */
+
+LOOM_TEST(cuda, static_reg_is_named_cuda) {
+    loom_reg_t reg = loom_cuda_reg();
+    LOOM_REQUIRE(reg != NULL);
+    LOOM_CHECK(strcmp(loom_reg_name(reg), "CUDA") == 0);
+    LOOM_CHECK(loom_cuda_reg() == reg); /* one process-wide reg */
+    const size_t n = loom_reg_dev_count(reg);
+    const char *why = loom_cuda_no_devices_reason(reg);
+    LOOM_REQUIRE(why != NULL);
+    if (n == 0) {
+        /* the reason is what the device query said (or that there was no toolkit) */
+        LOOM_CHECK_MSG(strstr(why, "cudaGetDeviceCount") || strstr(why, "toolkit") ||
+                           strstr(why, "unusable"),
+                       "reason: '%s'", why);
+        LOOM_CHECK(loom_reg_dev_get(reg, 0) == NULL);
+    } else {
+        LOOM_CHECK_MSG(why[0] == '\0', "reason '%s' with %zu devices", why, n);
+        for (size_t i = 0; i < n; i++) {
+            char want[32];
+            snprintf(want, sizeof want, "CUDA%zu", i);
+            LOOM_CHECK(strcmp(loom_dev_name(loom_reg_dev_get(reg, i)), want) == 0);
+            LOOM_CHECK(loom_dev_is_cuda(loom_reg_dev_get(reg, i)));
+        }
+    }
+    LOOM_CHECK(!loom_dev_is_cuda(loom_cpu_dev()));
+}
+
+/* The module as the registry loads it: reg "CUDA" with as many devices as the statically
+ * linked copy sees (zero here without a driver), the communicator exported, and device
+ * specs resolved or refused with "no CUDA devices". */
+LOOM_TEST(cuda, module_through_the_registry) {
+    char path[4096];
+    gpu_runfile("backends/cuda/libloom-cuda.so", path, sizeof path);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        /* no toolkit at build time: the stub has no devices and refuses virtual regs */
+        LOOM_CHECK(loom_reg_dev_count(loom_cuda_reg()) == 0);
+        loom_reg_t v = NULL;
+        LOOM_CHECK(loom_cuda_reg_new_virtual(2, &v) == LOOM_ERR_UNSUPPORTED && v == NULL);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "toolkit");
+        LOOM_SKIP("libloom-cuda.so was not built (no CUDA toolkit at build time)");
+    }
+    loom_registry_reset();
+    loom_reg_t reg = NULL;
+    loom_status s = loom_registry_load(path, &reg);
+    LOOM_REQUIRE(s == LOOM_OK && reg != NULL);
+    LOOM_CHECK(strcmp(loom_reg_name(reg), "CUDA") == 0);
+    LOOM_CHECK(loom_registry_reg_by_name("cuda") == reg);
+    const size_t n = loom_reg_dev_count(reg);
+    LOOM_CHECK_EQ_INT(n, loom_reg_dev_count(loom_cuda_reg()));
+    LOOM_CHECK(loom_reg_get_proc_address(reg, LOOM_PROC_COMM_INIT) != NULL);
+    LOOM_CHECK(loom_reg_get_proc_address(reg, LOOM_PROC_COMM_ALLREDUCE) != NULL);
+    LOOM_CHECK(loom_reg_get_proc_address(reg, LOOM_PROC_COMM_FREE) != NULL);
+    LOOM_CHECK(loom_reg_get_proc_address(reg, "loom_last_error") != NULL);
+    LOOM_CHECK(loom_reg_get_proc_address(reg, "no_such_proc") == NULL);
+
+    loom_dev_t devs[64];
+    size_t got = 99;
+    if (n == 0) {
+        s = loom_devices_from_spec("cuda", devs, 64, &got);
+        LOOM_CHECK(s == LOOM_ERR_NOT_FOUND);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no CUDA devices");
+        LOOM_CHECK_EQ_INT(got, 0);
+        s = loom_devices_from_spec("cuda:0,1", devs, 64, &got);
+        LOOM_CHECK(s == LOOM_ERR_NOT_FOUND);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no CUDA devices");
+        /* the communicator declines (nothing to communicate between) */
+        loom_comm_init_fn init =
+            (loom_comm_init_fn)loom_reg_get_proc_address(reg, LOOM_PROC_COMM_INIT);
+        LOOM_CHECK(init != NULL && init(NULL, 0) == NULL);
+    } else {
+        s = loom_devices_from_spec("cuda", devs, 64, &got);
+        LOOM_CHECK(s == LOOM_OK && got == n);
+        s = loom_devices_from_spec("cuda:0", devs, 64, &got);
+        LOOM_CHECK(s == LOOM_OK && got == 1);
+        if (s == LOOM_OK) {
+            LOOM_CHECK(strcmp(loom_dev_name(devs[0]), "CUDA0") == 0);
+            LOOM_CHECK(loom_dev_get_type(devs[0]) == LOOM_DEV_TYPE_GPU);
+        }
+        char spec[32];
+        snprintf(spec, sizeof spec, "cuda:0,%zu", n);
+        s = loom_devices_from_spec(spec, devs, 64, &got);
+        LOOM_CHECK(s == LOOM_ERR_NOT_FOUND);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "does not exist");
+    }
+    loom_registry_reset();
+}
+
+LOOM_TEST(cuda, virtual_regs) {
+    loom_reg_t v = NULL;
+    if (strstr(loom_cuda_no_devices_reason(loom_cuda_reg()), "toolkit")) {
+        LOOM_CHECK(loom_cuda_reg_new_virtual(2, &v) == LOOM_ERR_UNSUPPORTED && v == NULL);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "without the CUDA toolkit");
+        LOOM_SKIP("built without the CUDA toolkit");
+    }
+    LOOM_CHECK(loom_cuda_reg_new_virtual(0, &v) == LOOM_ERR_INVALID_ARG && v == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "out of range");
+    LOOM_CHECK(loom_cuda_reg_new_virtual(9, &v) == LOOM_ERR_INVALID_ARG && v == NULL);
+    const size_t gpus = loom_reg_dev_count(loom_cuda_reg());
+    loom_reg_t a = NULL, b = NULL;
+    LOOM_REQUIRE(loom_cuda_reg_new_virtual(3, &a) == LOOM_OK && a != NULL);
+    LOOM_REQUIRE(loom_cuda_reg_new_virtual(1, &b) == LOOM_OK && b != NULL);
+    LOOM_CHECK(strcmp(loom_reg_name(a), loom_reg_name(b)) != 0);
+    LOOM_CHECK(strcmp(loom_reg_name(a), "CUDA") != 0);
+    LOOM_CHECK_EQ_INT(loom_reg_dev_count(a), 3 * gpus);
+    LOOM_CHECK_EQ_INT(loom_reg_dev_count(b), gpus);
+    if (gpus > 0) {
+        loom_dev_t d0 = loom_reg_dev_get(a, 0), d1 = loom_reg_dev_get(a, 1);
+        LOOM_CHECK(strcmp(loom_dev_name(d0), loom_dev_name(d1)) != 0);
+        LOOM_CHECK_STR_CONTAINS(loom_dev_description(d1), "2 of 3");
+        size_t f0, t0, fg, tg;
+        loom_dev_memory(d0, &f0, &t0);
+        loom_dev_memory(loom_reg_dev_get(loom_cuda_reg(), 0), &fg, &tg);
+        /* each of the 3 gets a third of the GPU */
+        LOOM_CHECK(t0 > 0 && t0 <= tg / 3 + 1);
+    }
+    loom_cuda_reg_free(b);
+    loom_cuda_reg_free(a);
+    loom_cuda_reg_free(NULL);
+    loom_cuda_reg_free(loom_cuda_reg()); /* the static reg: a no-op */
+    LOOM_CHECK(strcmp(loom_reg_name(loom_cuda_reg()), "CUDA") == 0);
+}
+
+/* The communicator only takes CUDA backends. */
+LOOM_TEST(cuda, comm_declines_other_backends) {
+    loom_comm_init_fn init =
+        (loom_comm_init_fn)loom_reg_get_proc_address(loom_cuda_reg(), LOOM_PROC_COMM_INIT);
+    if (!init) LOOM_SKIP("built without the CUDA toolkit (no communicator)");
+    loom_backend_t cpu[2] = {loom_cpu_backend_new(1), loom_cpu_backend_new(1)};
+    LOOM_CHECK(init(cpu, 2) == NULL);
+    LOOM_CHECK(init(cpu, 1) == NULL);
+    loom_backend_free(cpu[0]);
+    loom_backend_free(cpu[1]);
+}
+
+/* ---------------------------------------------------------------- one device */
+
+LOOM_TEST(cuda, device_properties) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_dev_props p;
+    loom_dev_get_props(dev, &p);
+    LOOM_CHECK(p.type == LOOM_DEV_TYPE_GPU);
+    LOOM_CHECK(p.caps.async && p.caps.events && p.caps.host_buffer);
+    LOOM_CHECK(p.memory_total > 0 && p.memory_free <= p.memory_total);
+    LOOM_CHECK_STR_CONTAINS(p.description, "sm_");
+    loom_buft_t buft = loom_dev_buffer_type(dev), host = loom_dev_host_buffer_type(dev);
+    LOOM_REQUIRE(buft != NULL && host != NULL);
+    LOOM_CHECK(!loom_buft_is_host(buft));
+    LOOM_CHECK(loom_buft_is_host(host));
+    LOOM_CHECK(strcmp(loom_buft_name(buft), "CUDA0") == 0);
+    LOOM_CHECK_STR_CONTAINS(loom_buft_name(host), "CUDA_Host");
+    LOOM_CHECK(loom_dev_supports_buft(dev, buft));
+    LOOM_CHECK(!loom_dev_supports_buft(dev, host));
+    LOOM_CHECK(!loom_dev_supports_buft(dev, loom_cpu_buffer_type()));
+    LOOM_CHECK(loom_buft_alignment(buft) >= 128);
+}
+
+static void fill_random(float *x, int64_t n, uint64_t seed) {
+    uint64_t s = seed | 1;
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)gpu_randf(&s, -1, 1);
+}
+
+LOOM_TEST(cuda, buffers_set_get_memset_copy) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_buft_t buft = loom_dev_buffer_type(dev), host = loom_dev_host_buffer_type(dev);
+    loom_ctx_params p = {.mem_size = 16 * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx *cd = loom_ctx_new(p), *ch = loom_ctx_new(p), *cc = loom_ctx_new(p);
+    const int64_t n = 100003;
+    loom_tensor *a = loom_new_tensor_1d(cd, LOOM_TYPE_F32, n),
+                *b = loom_new_tensor_1d(cd, LOOM_TYPE_F32, n);
+    loom_tensor *h = loom_new_tensor_1d(ch, LOOM_TYPE_F32, n);
+    loom_tensor *c = loom_new_tensor_1d(cc, LOOM_TYPE_F32, n);
+    loom_buffer_t bd = loom_alloc_ctx_tensors(cd, buft), bh = loom_alloc_ctx_tensors(ch, host);
+    loom_buffer_t bc = loom_alloc_ctx_tensors(cc, loom_cpu_buffer_type());
+    LOOM_REQUIRE(bd && bh && bc);
+    LOOM_CHECK(!loom_buffer_is_host(bd) && loom_buffer_is_host(bh));
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    fill_random(x, n, 7);
+    loom_tensor_set(a, x, 0, sizeof(float) * (size_t)n);
+    memset(y, 0, sizeof(float) * (size_t)n);
+    loom_tensor_get(a, y, 0, sizeof(float) * (size_t)n);
+    LOOM_CHECK(memcmp(x, y, sizeof(float) * (size_t)n) == 0);
+    /* partial ranges */
+    loom_tensor_get(a, y, 4 * 1000, 4 * 10);
+    LOOM_CHECK(memcmp(x + 1000, y, 40) == 0);
+    loom_tensor_memset(a, 0, 4 * 10, 4 * 5);
+    loom_tensor_get(a, y, 0, 4 * 20);
+    LOOM_CHECK(y[9] == x[9] && y[10] == 0 && y[14] == 0 && y[15] == x[15]);
+    /* device -> device, device -> pinned host, pinned host -> device, device -> CPU */
+    LOOM_CHECK(loom_tensor_copy(a, b) == LOOM_OK);
+    LOOM_CHECK(loom_tensor_copy(b, h) == LOOM_OK);
+    x[10] = x[11] = x[12] = x[13] = x[14] = 0;
+    LOOM_CHECK(memcmp(h->data, x, sizeof(float) * (size_t)n) == 0);
+    ((float *)h->data)[5] = 42.0f;
+    LOOM_CHECK(loom_tensor_copy(h, b) == LOOM_OK);
+    LOOM_CHECK(loom_tensor_copy(b, c) == LOOM_OK);
+    LOOM_CHECK(((float *)c->data)[5] == 42.0f && ((float *)c->data)[6] == x[6]);
+    loom_buffer_clear(bd, 0);
+    loom_tensor_get(b, y, 0, 16);
+    LOOM_CHECK(y[0] == 0 && y[3] == 0);
+    /* a zero-size buffer is valid */
+    loom_buffer_t empty = loom_buft_alloc_buffer(buft, 0);
+    LOOM_CHECK(empty != NULL);
+    loom_buffer_free(empty);
+    /* out of device memory: NULL with a status naming the device and the size */
+    loom_buffer_t huge = loom_buft_alloc_buffer(buft, loom_buft_max_size(buft));
+    LOOM_CHECK(huge == NULL);
+    if (!huge) {
+        LOOM_CHECK(loom_last_status() == LOOM_ERR_DEVICE_OOM);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "CUDA0");
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "out of memory");
+    }
+    loom_buffer_free(huge);
+    huge = loom_buft_alloc_buffer(buft, SIZE_MAX / 2);
+    LOOM_CHECK(huge == NULL && loom_last_status() == LOOM_ERR_DEVICE_OOM);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "CUDA0");
+    /* the device still works afterwards */
+    loom_tensor_set(a, x, 0, 64);
+    loom_tensor_get(a, y, 0, 64);
+    LOOM_CHECK(memcmp(x, y, 64) == 0);
+    free(x);
+    free(y);
+    loom_buffer_free(bd);
+    loom_buffer_free(bh);
+    loom_buffer_free(bc);
+    loom_ctx_free(cd);
+    loom_ctx_free(ch);
+    loom_ctx_free(cc);
+}
+
+/* Async set, copy between two devices (streams), get, ordered by the copy contract and
+ * events; on a machine with two GPUs also between them (peer-to-peer or staged). */
+static void async_copy_between(loom_dev_t d0, loom_dev_t d1, bool distinct_gpus) {
+    loom_backend_t b0 = loom_dev_init(d0, NULL), b1 = loom_dev_init(d1, NULL);
+    LOOM_REQUIRE(b0 && b1);
+    loom_ctx_params p = {.mem_size = 8 * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx *c0 = loom_ctx_new(p), *c1 = loom_ctx_new(p), *ch = loom_ctx_new(p);
+    const int64_t n = 1 << 20;
+    loom_tensor *t0 = loom_new_tensor_1d(c0, LOOM_TYPE_F32, n);
+    loom_tensor *u0 = loom_new_tensor_1d(c0, LOOM_TYPE_F32, n);
+    loom_tensor *t1 = loom_new_tensor_1d(c1, LOOM_TYPE_F32, n);
+    loom_tensor *hin = loom_new_tensor_1d(ch, LOOM_TYPE_F32, n);
+    loom_tensor *hout = loom_new_tensor_1d(ch, LOOM_TYPE_F32, n);
+    loom_buffer_t B0 = loom_alloc_ctx_tensors(c0, loom_dev_buffer_type(d0));
+    loom_buffer_t B1 = loom_alloc_ctx_tensors(c1, loom_dev_buffer_type(d1));
+    loom_buffer_t BH = loom_alloc_ctx_tensors(ch, loom_dev_host_buffer_type(d0));
+    LOOM_REQUIRE(B0 && B1 && BH);
+    fill_random(hin->data, n, 11);
+    loom_cuda_backend_stats s0;
+    loom_cuda_backend_get_stats(b1, &s0);
+    const size_t bytes = sizeof(float) * (size_t)n;
+    loom_backend_tensor_set_async(b0, t0, hin->data, 0, bytes);
+    LOOM_CHECK(loom_backend_tensor_copy_async(b0, b0, t0, u0) == LOOM_OK); /* same stream */
+    LOOM_CHECK(loom_backend_tensor_copy_async(b0, b1, u0, t1) == LOOM_OK); /* after b0's work */
+    loom_event_t ev = loom_event_new(d1);
+    LOOM_REQUIRE(ev != NULL);
+    loom_backend_tensor_get_async(b1, t1, hout->data, 0, bytes);
+    loom_event_record(ev, b1);
+    loom_event_synchronize(ev);
+    LOOM_CHECK(memcmp(hout->data, hin->data, bytes) == 0);
+    /* b0 waits for b1 through an event: b1 overwrites t1, b0 then copies it back */
+    memset(hout->data, 0, bytes);
+    loom_tensor_memset(t1, 0, 0, 64); /* synchronous: both streams are idle */
+    loom_event_record(ev, b1);
+    loom_event_wait(b0, ev);
+    LOOM_CHECK(loom_backend_tensor_copy_async(b1, b0, t1, t0) == LOOM_OK);
+    loom_backend_tensor_get_async(b0, t0, hout->data, 0, bytes);
+    loom_backend_synchronize(b0);
+    float *want = hin->data, *got = hout->data;
+    LOOM_CHECK(got[0] == 0 && got[15] == 0 && got[16] == want[16] && got[n - 1] == want[n - 1]);
+    loom_cuda_backend_stats s1;
+    loom_cuda_backend_get_stats(b1, &s1);
+    if (distinct_gpus)
+        LOOM_CHECK(s1.peer_copies + s1.staged_copies == s0.peer_copies + s0.staged_copies + 1);
+    loom_event_free(ev);
+    loom_buffer_free(B0);
+    loom_buffer_free(B1);
+    loom_buffer_free(BH);
+    loom_ctx_free(c0);
+    loom_ctx_free(c1);
+    loom_ctx_free(ch);
+    loom_backend_free(b0);
+    loom_backend_free(b1);
+}
+
+LOOM_TEST(cuda, async_copies_and_events) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_reg_t vr = NULL;
+    LOOM_REQUIRE(loom_cuda_reg_new_virtual(2, &vr) == LOOM_OK);
+    async_copy_between(loom_reg_dev_get(vr, 0), loom_reg_dev_get(vr, 1), false);
+    loom_cuda_reg_free(vr);
+    char why[512];
+    loom_dev_t dev1 = gpu_device(1, why, sizeof why);
+    if (dev1) async_copy_between(dev, dev1, true);
+}
+
+static loom_tensor *matmul_node(loom_ctx *ctx, int64_t n) {
+    loom_tensor *w = loom_new_tensor_2d(ctx, LOOM_TYPE_F16, 64, 32);
+    loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, n);
+    return loom_mul_mat(ctx, w, x);
+}
+
+LOOM_TEST(cuda, offload_batch_threshold) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_ctx_params p = {.mem_size = 32 * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *m31 = matmul_node(ctx, 31), *m32 = matmul_node(ctx, 32), *m8 = matmul_node(ctx, 8);
+    loom_tensor *rows = loom_get_rows(ctx, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 100),
+                                      loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 64));
+    const char *old = getenv("LOOM_OP_OFFLOAD_MIN_BATCH");
+    char saved[64] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    unsetenv("LOOM_OP_OFFLOAD_MIN_BATCH");
+    LOOM_CHECK(!loom_dev_offload_op(dev, m31));
+    LOOM_CHECK(loom_dev_offload_op(dev, m32));
+    LOOM_CHECK(!loom_dev_offload_op(dev, rows)); /* a lookup is never offloaded */
+    setenv("LOOM_OP_OFFLOAD_MIN_BATCH", "8", 1);
+    LOOM_CHECK(loom_dev_offload_op(dev, m8));
+    setenv("LOOM_OP_OFFLOAD_MIN_BATCH", "0", 1);
+    LOOM_CHECK(!loom_dev_offload_op(dev, m32));
+    if (old)
+        setenv("LOOM_OP_OFFLOAD_MIN_BATCH", saved, 1);
+    else
+        unsetenv("LOOM_OP_OFFLOAD_MIN_BATCH");
+    loom_ctx_free(ctx);
+}
+
+/* A kernel that meets an out-of-range row index leaves the row alone and records it; the
+ * next graph_compute reports it, and the backend then works again. */
+LOOM_TEST(cuda, kernel_index_errors_are_reported) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_backend_t be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(be != NULL);
+    loom_ctx_params p = {.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16),
+                         .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 10);
+    loom_tensor *ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
+    loom_tensor *r = loom_get_rows(ctx, a, ids);
+    loom_graph *g = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(loom_graph_build_forward(g, r) == LOOM_OK);
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(dev));
+    LOOM_REQUIRE(buf != NULL);
+    float av[80];
+    for (int i = 0; i < 80; i++)
+        av[i] = (float)i;
+    loom_tensor_set(a, av, 0, sizeof av);
+    int32_t bad[3] = {1, 12, 2};
+    loom_tensor_set(ids, bad, 0, sizeof bad);
+    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_OK); /* asynchronous: not yet known */
+    float out[24];
+    loom_tensor_get(r, out, 0, sizeof out);
+    LOOM_CHECK(out[0] == 8 && out[16] == 16); /* good rows 1 and 2 */
+    loom_status s = loom_backend_graph_compute(be, g);
+    LOOM_CHECK(s == LOOM_ERR_INVALID_ARG);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "GET_ROWS");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "index 12 out of range [0, 10)");
+    int32_t good[3] = {9, 0, 3};
+    loom_tensor_set(ids, good, 0, sizeof good);
+    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_OK);
+    loom_backend_synchronize(be);
+    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_OK);
+    loom_tensor_get(r, out, 0, sizeof out);
+    LOOM_CHECK(out[0] == 72 && out[8] == 0 && out[16] == 24);
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(be);
+}
+
+/* Misuse fails synchronously with a message: memory the device cannot compute on, an
+ * op/type combination it does not implement. */
+LOOM_TEST(cuda, misplaced_and_unsupported_nodes) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_backend_t be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(be != NULL);
+    loom_ctx_params p = {.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16),
+                         .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 3);
+    loom_set_name(a, "host_a");
+    loom_tensor *r = loom_scale(ctx, a, 2.0f);
+    loom_set_name(r, "scaled");
+    loom_graph *g = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(loom_graph_build_forward(g, r) == LOOM_OK);
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_cpu_buffer_type());
+    LOOM_REQUIRE(buf != NULL);
+    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_ERR_INVALID_ARG);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "CUDA0: tensor 'scaled'");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "cannot compute on");
+    /* ROPE with an unknown mode */
+    loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
+    loom_tensor *x = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, 8, 1, 3);
+    loom_tensor *rope = loom_rope_ext(ctx, x, pos, NULL, 8, LOOM_ROPE_TYPE_NORMAL, 10000, 1);
+    LOOM_REQUIRE(rope != NULL);
+    LOOM_CHECK(loom_dev_supports_op(dev, rope));
+    loom_set_op_params_i32(rope, 1, 1);
+    LOOM_CHECK(!loom_dev_supports_op(dev, rope));
+    loom_graph *g2 = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(loom_graph_build_forward(g2, rope) == LOOM_OK);
+    LOOM_CHECK(loom_backend_graph_compute(be, g2) == LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "ROPE");
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(be);
+}
+
+/* ---------------------------------------------------------------- CUDA graphs */
+
+typedef struct small_net {
+    loom_ctx *ctx;
+    loom_graph *g;
+    loom_tensor *x, *w, *nw, *out;
+    loom_buffer_t buf;
+} small_net;
+
+/* out = silu(W x) * rms_norm(x)[:32] * nw + 1, a few kernels and a cuBLAS GEMM */
+static bool small_net_new(small_net *n, loom_buft_t buft) {
+    loom_ctx_params p = {.mem_size = 32 * loom_tensor_overhead() + loom_graph_overhead(64),
+                         .no_alloc = true};
+    n->ctx = loom_ctx_new(p);
+    loom_ctx *c = n->ctx;
+    n->x = loom_new_tensor_2d(c, LOOM_TYPE_F32, 64, 16);
+    n->w = loom_new_tensor_2d(c, LOOM_TYPE_F32, 64, 32);
+    n->nw = loom_new_tensor_1d(c, LOOM_TYPE_F32, 32);
+    loom_tensor *h = loom_silu(c, loom_mul_mat(c, n->w, n->x));
+    loom_tensor *nx = loom_view_2d(c, loom_rms_norm(c, n->x, 1e-6f), 32, 16, 64 * sizeof(float), 0);
+    n->out = loom_scale_bias(c, loom_mul(c, loom_mul(c, h, nx), n->nw), 1.0f, 1.0f);
+    n->g = loom_graph_new(c, 64);
+    if (!n->out || loom_graph_build_forward(n->g, n->out) != LOOM_OK) return false;
+    n->buf = loom_alloc_ctx_tensors(c, buft);
+    if (!n->buf) return false;
+    float v[64 * 32];
+    fill_random(v, 64 * 32, 3);
+    loom_tensor_set(n->w, v, 0, sizeof(float) * 64 * 32);
+    loom_tensor_set(n->nw, v, 0, sizeof(float) * 32);
+    return true;
+}
+
+static void small_net_free(small_net *n) {
+    loom_buffer_free(n->buf);
+    loom_ctx_free(n->ctx);
+}
+
+/* Runs the net on the CUDA backend 5 times with new inputs (same addresses), each result
+ * checked against the CPU on the same inputs. */
+static void run_graph_sequence(loom_dev_t dev, bool graphs_on) {
+    if (!graphs_on) setenv("LOOM_CUDA_GRAPHS", "0", 1);
+    loom_backend_t be = loom_dev_init(dev, NULL);
+    if (!graphs_on) unsetenv("LOOM_CUDA_GRAPHS");
+    loom_backend_t cpu = loom_cpu_backend_new(1);
+    LOOM_REQUIRE(be && cpu);
+    small_net gn, cn;
+    LOOM_REQUIRE(small_net_new(&gn, loom_dev_buffer_type(dev)));
+    LOOM_REQUIRE(small_net_new(&cn, loom_cpu_buffer_type()));
+    float x[64 * 16], want[32 * 16], got[32 * 16];
+    for (int it = 0; it < 5; it++) {
+        fill_random(x, 64 * 16, 100 + (uint64_t)it);
+        loom_tensor_set(gn.x, x, 0, sizeof x);
+        loom_tensor_set(cn.x, x, 0, sizeof x);
+        LOOM_CHECK(loom_backend_graph_compute(be, gn.g) == LOOM_OK);
+        LOOM_CHECK(loom_backend_graph_compute(cpu, cn.g) == LOOM_OK);
+        loom_tensor_get(gn.out, got, 0, sizeof got);
+        loom_tensor_get(cn.out, want, 0, sizeof want);
+        double worst = 0;
+        for (int i = 0; i < 32 * 16; i++)
+            worst = fmax(worst, fabs((double)got[i] - want[i]));
+        LOOM_CHECK_MSG(worst < 1e-4, "iteration %d (graphs %s): max |cuda - cpu| = %g", it,
+                       graphs_on ? "on" : "off", worst);
+    }
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(be, &st);
+    LOOM_CHECK_EQ_INT(st.graphs, 5);
+    LOOM_CHECK(st.cublas_calls > 0);
+    if (graphs_on) {
+        /* eager, then captured and replayed, then replayed */
+        LOOM_CHECK_EQ_INT(st.graph_captures, 1);
+        LOOM_CHECK_EQ_INT(st.graph_launches, 4);
+    } else {
+        LOOM_CHECK_EQ_INT(st.graph_captures, 0);
+        LOOM_CHECK_EQ_INT(st.graph_launches, 0);
+    }
+    small_net_free(&gn);
+    small_net_free(&cn);
+    loom_backend_free(cpu);
+    loom_backend_free(be);
+}
+
+LOOM_TEST(cuda, graph_capture_replays_with_new_inputs) {
+    GPU_DEVICE_OR_SKIP(dev);
+    run_graph_sequence(dev, true);
+    run_graph_sequence(dev, false);
+}
+
+/* ---------------------------------------------------------------- communicator */
+
+/* Sums n-float tensors on the reducer's devices: device j holds j + 1 + x_i; the result must
+ * be the host's sum in every device. Returns the algorithm the reducer used. */
+static loom_allreduce_algo reduce_and_check(loom_reducer *r, loom_backend_t *be, int N, int64_t n,
+                                            double rtol) {
+    loom_ctx_params p = {.mem_size = 20 * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx *ctx[16];
+    loom_buffer_t buf[16];
+    loom_tensor *t[16];
+    float *x = malloc(sizeof(float) * (size_t)n), *sum = calloc((size_t)n, sizeof(float));
+    float *got = malloc(sizeof(float) * (size_t)n);
+    for (int j = 0; j < N; j++) {
+        ctx[j] = loom_ctx_new(p);
+        t[j] = loom_new_tensor_1d(ctx[j], LOOM_TYPE_F32, n);
+        buf[j] = loom_alloc_ctx_tensors(ctx[j], loom_backend_default_buft(be[j]));
+        LOOM_ASSERT(buf[j]);
+        fill_random(x, n, 1000 + (uint64_t)j);
+        for (int64_t i = 0; i < n; i++)
+            sum[i] += x[i]; /* device order, in float */
+        loom_tensor_set(t[j], x, 0, sizeof(float) * (size_t)n);
+    }
+    loom_status s = loom_reducer_allreduce(r, t, NULL);
+    LOOM_CHECK_MSG(s == LOOM_OK, "allreduce of %lld floats: %s", (long long)n, loom_last_error());
+    loom_reducer_synchronize(r);
+    for (int j = 0; j < N && s == LOOM_OK; j++) {
+        loom_tensor_get(t[j], got, 0, sizeof(float) * (size_t)n);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (fabs((double)got[i] - sum[i]) > rtol * (fabs((double)sum[i]) + 1.0)) bad++;
+        LOOM_CHECK_MSG(bad == 0, "device %d: %lld of %lld sums wrong", j, (long long)bad,
+                       (long long)n);
+    }
+    for (int j = 0; j < N; j++) {
+        loom_buffer_free(buf[j]);
+        loom_ctx_free(ctx[j]);
+    }
+    free(x);
+    free(sum);
+    free(got);
+    loom_reducer_stats st;
+    loom_reducer_get_stats(r, &st);
+    return st.last_algo;
+}
+
+/* Devices sharing one GPU: NCCL declines at init, the reducer's own ladder does the work;
+ * the test communicator (one-shot kernel, no NCCL) reduces small tensors natively and
+ * declines large ones at run time, and the ladder takes over. */
+LOOM_TEST(cuda, comm_on_a_shared_gpu_falls_back) {
+    GPU_DEVICE_OR_SKIP(dev);
+    for (int N = 2; N <= 3; N++) {
+        loom_reg_t vr = NULL;
+        LOOM_REQUIRE(loom_cuda_reg_new_virtual(N, &vr) == LOOM_OK);
+        loom_backend_t be[3];
+        for (int j = 0; j < N; j++)
+            be[j] = loom_dev_init(loom_reg_dev_get(vr, (size_t)j), NULL);
+        loom_reducer *r = loom_reducer_new(be, N, NULL);
+        LOOM_REQUIRE(r != NULL);
+        LOOM_CHECK(!loom_reducer_has_comm(r)); /* NCCL needs distinct GPUs */
+        const double tol = N == 2 ? 0 : 1e-6;  /* a + b is exact in any order */
+        LOOM_CHECK(reduce_and_check(r, be, N, 1000, tol) != LOOM_ALLREDUCE_NATIVE);
+        LOOM_CHECK(reduce_and_check(r, be, N, 300001, tol) != LOOM_ALLREDUCE_NATIVE);
+        loom_reducer_free(r);
+
+        loom_comm_iface ci = {
+            .init = (loom_comm_init_fn)loom_reg_get_proc_address(vr, "loom_cuda_comm_init_shared"),
+            .allreduce_tensor = (loom_comm_allreduce_tensor_fn)loom_reg_get_proc_address(
+                vr, LOOM_PROC_COMM_ALLREDUCE),
+            .free = (loom_comm_free_fn)loom_reg_get_proc_address(vr, LOOM_PROC_COMM_FREE),
+        };
+        LOOM_REQUIRE(ci.init && ci.allreduce_tensor && ci.free);
+        loom_reducer_params rp = loom_reducer_params_default();
+        rp.comm = &ci;
+        r = loom_reducer_new(be, N, &rp);
+        LOOM_REQUIRE(r != NULL);
+        LOOM_CHECK(loom_reducer_has_comm(r));
+        /* one-shot: every device sums the inputs in device order, as the host did */
+        LOOM_CHECK(reduce_and_check(r, be, N, 1000, 0) == LOOM_ALLREDUCE_NATIVE);
+        LOOM_CHECK(reduce_and_check(r, be, N, 65536, 0) == LOOM_ALLREDUCE_NATIVE);
+        /* beyond the one-shot limit without NCCL: declined, the ladder takes over */
+        LOOM_CHECK(reduce_and_check(r, be, N, 300001, tol) != LOOM_ALLREDUCE_NATIVE);
+        loom_reducer_stats st;
+        loom_reducer_get_stats(r, &st);
+        LOOM_CHECK_EQ_INT(st.by_algo[LOOM_ALLREDUCE_NATIVE], 2);
+        LOOM_CHECK_EQ_INT(st.reductions, 3);
+        loom_reducer_free(r);
+        for (int j = 0; j < N; j++)
+            loom_backend_free(be[j]);
+        loom_cuda_reg_free(vr);
+    }
+}
+
+/* Distinct GPUs: NCCL (F32 for mid sizes, BF16 for large ones) and the one-shot kernel. */
+LOOM_TEST(cuda, nccl_allreduce_on_distinct_gpus) {
+    GPU_DEVICE_OR_SKIP(dev);
+    char why[512];
+    if (!gpu_device(1, why, sizeof why)) LOOM_SKIP(why);
+    const int N =
+        (int)(loom_reg_dev_count(loom_cuda_reg()) < 4 ? loom_reg_dev_count(loom_cuda_reg()) : 4);
+    loom_backend_t be[4];
+    for (int j = 0; j < N; j++)
+        be[j] = loom_dev_init(loom_reg_dev_get(loom_cuda_reg(), (size_t)j), NULL);
+    loom_reducer *r = loom_reducer_new(be, N, NULL);
+    LOOM_REQUIRE(r != NULL);
+    LOOM_CHECK(loom_reducer_has_comm(r));
+    loom_reducer_set_algorithm(r, LOOM_ALLREDUCE_NATIVE);
+    LOOM_CHECK(reduce_and_check(r, be, N, 1000, 1e-6) == LOOM_ALLREDUCE_NATIVE);
+    LOOM_CHECK(reduce_and_check(r, be, N, 200000, 1e-6) == LOOM_ALLREDUCE_NATIVE);
+    /* BF16: 8 significant bits, N - 1 roundings of partial sums plus the conversions */
+    LOOM_CHECK(reduce_and_check(r, be, N, 1 << 20, (N + 1) * 0x1p-8) == LOOM_ALLREDUCE_NATIVE);
+    loom_reducer_free(r);
+    for (int j = 0; j < N; j++)
+        loom_backend_free(be[j]);
+}
+
+/* ---------------------------------------------------------------- whole models */
+
+typedef struct rules_ud {
+    loom_rules *rules;
+    const loom_hparams *hp;
+    int n;
+} rules_ud;
+
+static loom_status leaf_state(const loom_tensor *t, loom_split_state *out, void *ud) {
+    rules_ud *r = ud;
+    if (!t->name[0] || !loom_rules_match(r->rules, t->name)) return LOOM_OK; /* MIRRORED */
+    return loom_rules_split_state(r->rules, r->hp, t, r->n, out, NULL);
+}
+
+static loom_buft_t place_on(const char *name, int layer, void *ud) {
+    (void)name;
+    (void)layer;
+    return ud;
+}
+
+/* Logits of a 5-token prompt and 3 single-token steps on `be` with weights and cache in
+ * buft (NULL: the CPU). */
+static float *run_model(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64_t *V) {
+    static const int32_t ids[8] = {1, 303, 307, 261, 278, 300, 72, 310};
+    const int n_prompt = 5, n_steps = 3;
+    loom_model_params mp = {.placement = buft ? place_on : NULL, .placement_user_data = buft};
+    loom_model *m = NULL;
+    loom_kv_cache *kv = NULL;
+    loom_status s = loom_model_load(g, &mp, &m);
+    if (s == LOOM_OK) s = loom_kv_cache_new(m, 64, LOOM_TYPE_F32, &mp, &kv);
+    float *out = NULL;
+    if (s == LOOM_OK) {
+        *V = m->hp.n_vocab;
+        out = malloc(sizeof(float) * (size_t)(*V * (1 + n_steps)));
+        s = loom_model_eval_simple(m, kv, be, ids, n_prompt, 0, false, out);
+        for (int i = 0; i < n_steps && s == LOOM_OK; i++)
+            s = loom_model_eval_simple(m, kv, be, &ids[n_prompt + i], 1, n_prompt + i, false,
+                                       out + *V * (1 + i));
+    }
+    if (s != LOOM_OK) {
+        loom_test_fail(__FILE__, __LINE__, "model on %s: %s", loom_backend_name(be),
+                       loom_last_error());
+        free(out);
+        out = NULL;
+    }
+    loom_kv_cache_free(kv);
+    loom_model_free(m);
+    return out;
+}
+
+static void compare_logits(const float *want, const float *got, int64_t n, double tol,
+                           const char *what) {
+    double worst = 0, scale = 1;
+    for (int64_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)got[i] - want[i]));
+        scale = fmax(scale, fabs((double)want[i]));
+    }
+    fprintf(stderr, "%s: max |diff| %.3g (logit scale %.3g)\n", what, worst, scale);
+    LOOM_CHECK_MSG(worst <= tol * scale, "%s: max |diff| %g > %g x %g", what, worst, tol, scale);
+}
+
+/* A synthetic model on the CPU, on one CUDA device, and on a meta device over 1..4 loom
+ * devices sharing the GPU (distinct streams; the reducer's own algorithms, since NCCL
+ * declines a shared GPU). */
+static void check_model(loom_dev_t dev, const loom_synth_params *sp, double tol) {
+    loom_gguf_writer *w = NULL;
+    LOOM_REQUIRE(loom_model_synth(sp, &w) == LOOM_OK);
+    void *data;
+    size_t size;
+    LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
+    int64_t V = 0;
+    float *want = run_model(g, NULL, cpu, &V);
+    float *one = want ? run_model(g, loom_dev_buffer_type(dev), be, &V) : NULL;
+    if (one) compare_logits(want, one, 4 * V, tol, "one CUDA device");
+    loom_hparams hp;
+    LOOM_CHECK(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
+    for (int N = 1; N <= 4 && want && loom_test_failures() == 0; N++) {
+        loom_reg_t vr = NULL;
+        LOOM_REQUIRE(loom_cuda_reg_new_virtual(N, &vr) == LOOM_OK);
+        loom_dev_t devs[4];
+        for (int j = 0; j < N; j++)
+            devs[j] = loom_reg_dev_get(vr, (size_t)j);
+        rules_ud ud = {.hp = &hp, .n = N};
+        LOOM_REQUIRE(loom_rules_builtin(hp.arch, hp.n_expert > 0, &ud.rules) == LOOM_OK);
+        loom_dev_t meta = NULL;
+        LOOM_REQUIRE(loom_meta_device_new(devs, N, leaf_state, &ud, &meta) == LOOM_OK);
+        loom_backend_t mb = loom_dev_init(meta, NULL);
+        LOOM_CHECK_MSG(mb != NULL, "meta init: %s", loom_last_error());
+        float *got = mb ? run_model(g, loom_dev_buffer_type(meta), mb, &V) : NULL;
+        char what[64];
+        snprintf(what, sizeof what, "meta over %d CUDA devices on one GPU", N);
+        if (got) compare_logits(want, got, 4 * V, tol, what);
+        if (mb && N > 1) {
+            loom_meta_stats ms;
+            loom_meta_backend_get_stats(mb, &ms);
+            LOOM_CHECK(ms.reductions > 0);
+            LOOM_CHECK(ms.last_algo != LOOM_ALLREDUCE_NATIVE);
+        }
+        free(got);
+        loom_backend_free(mb);
+        loom_meta_device_free(meta);
+        loom_rules_free(ud.rules);
+        loom_cuda_reg_free(vr);
+    }
+    free(want);
+    free(one);
+    loom_backend_free(be);
+    loom_backend_free(cpu);
+    loom_gguf_free(g);
+    loom_free(data);
+    loom_gguf_writer_free(w);
+}
+
+static loom_synth_params small_model(void) {
+    loom_synth_params p = loom_synth_params_default();
+    p.n_embd = 64;
+    p.n_head = 8;
+    p.n_head_kv = 2;
+    p.n_ff = 96;
+    p.n_layer = 2;
+    p.n_vocab = 320;
+    return p;
+}
+
+LOOM_TEST(cuda, meta_model_f32_on_virtual_devices) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_synth_params p = small_model();
+    check_model(dev, &p, 1e-4);
+}
+
+LOOM_TEST(cuda, meta_model_moe_f16_on_virtual_devices) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_synth_params p = small_model();
+    p.arch = "mixtral";
+    p.n_expert = 4;
+    p.n_expert_used = 2;
+    p.n_ff = 64;
+    p.wtype = LOOM_TYPE_F16;
+    check_model(dev, &p, 1e-4);
+}
+
+LOOM_TEST(cuda, meta_model_q4_0_on_virtual_devices) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_synth_params p = small_model();
+    p.wtype = LOOM_TYPE_Q4_0;
+    /* the CPU quantises activations to Q8_0 for quantised weights (about 1/254 of each
+     * block's largest |activation| per product); the GPU does not */
+    check_model(dev, &p, 5e-2);
+}
+
+LOOM_TEST(cuda, stories260k_if_available) {
+    GPU_DEVICE_OR_SKIP(dev);
+    const char *dir = loom_test_models_dir();
+    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    loom_gguf *g = NULL;
+    if (loom_gguf_open(path, &g) != LOOM_OK) LOOM_SKIP("stories260K.gguf not found");
+    loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
+    int64_t V = 0;
+    float *want = run_model(g, NULL, cpu, &V);
+    float *got = want ? run_model(g, loom_dev_buffer_type(dev), be, &V) : NULL;
+    if (got) compare_logits(want, got, 4 * V, 1e-4, "stories260K on one CUDA device");
+    free(want);
+    free(got);
+    loom_backend_free(be);
+    loom_backend_free(cpu);
+    loom_gguf_free(g);
+}
