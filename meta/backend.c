@@ -410,6 +410,7 @@ static void mbe_free(loom_backend_t backend) {
 static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
     meta_backend *mb = backend->context;
     const int n = mb->md->n;
+    loom__meta_end_phase(mb->md);
     uint64_t key = graph_key(g);
     plan *p = NULL;
     int victim = 0;

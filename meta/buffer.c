@@ -28,6 +28,7 @@ static void *mb_base(loom_buffer_t buf) {
 
 static loom_status mb_init_tensor(loom_buffer_t buf, loom_tensor *t) {
     meta_buffer *mb = buf->context;
+    loom__meta_alloc_phase(mb->md);
     loom_split_state s;
     /* surface an unsplittable tensor at allocation, with the table's message */
     return loom__meta_state(mb->md, t, true, &s);
@@ -95,6 +96,7 @@ static void run_memset(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off,
 }
 
 static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *s) {
+    loom__meta_end_phase(mb->md);
     loom_status st = loom__meta_state(mb->md, t, false, s);
     if (st) {
         LOOM_LOG_ERROR("meta: %s", loom_last_error());

@@ -10,6 +10,18 @@
 
 meta_dev *loom__meta_dev(loom_dev_t dev) { return (meta_dev *)dev->context; }
 
+void loom__meta_alloc_phase(meta_dev *md) {
+    if (md->alloc_batch) return;
+    loom_split_ctx_begin(md->split);
+    md->alloc_batch = true;
+}
+
+void loom__meta_end_phase(meta_dev *md) {
+    if (!md->alloc_batch) return;
+    md->alloc_batch = false;
+    loom_split_ctx_end(md->split);
+}
+
 loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_sync,
                              loom_split_state *out) {
     return loom_split_ctx_get(md->split, t, assume_sync, out);
@@ -44,6 +56,7 @@ static size_t buft_max_size(loom_buft_t buft) {
 }
 
 size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t) {
+    loom__meta_alloc_phase(md);
     loom_split_state s;
     if (loom__meta_state(md, t, true, &s) != LOOM_OK || !loom_split_axis_is_dim(s.axis))
         return loom_nbytes(t);
@@ -111,6 +124,7 @@ static loom_buft_t dev_buft(loom_dev_t dev) { return &loom__meta_dev(dev)->buft;
 
 static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     meta_dev *md = loom__meta_dev(dev);
+    loom__meta_end_phase(md);
     for (int j = 0; j < md->n; j++)
         if (!loom_dev_supports_op(md->devs[j], op)) return false;
     if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */
@@ -182,6 +196,7 @@ loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get
 void loom_meta_device_free(loom_dev_t dev) {
     if (!dev) return;
     meta_dev *md = loom__meta_dev(dev);
+    loom__meta_end_phase(md);
     loom_split_ctx_free(md->split);
     loom_free(md);
 }
@@ -192,5 +207,6 @@ loom_dev_t loom_meta_member(loom_dev_t dev, int i) { return loom__meta_dev(dev)-
 
 loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t, bool assume_sync,
                                    loom_split_state *out) {
+    loom__meta_end_phase(loom__meta_dev(dev));
     return loom__meta_state(loom__meta_dev(dev), t, assume_sync, out);
 }

@@ -13,6 +13,7 @@ typedef struct meta_dev {
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
     loom_split_ctx *split; /* states of every tensor this device sees */
     loom_split_leaf_fn user_leaf; /* the caller's callback for static tensors */
+    bool alloc_batch;             /* a split-ctx batch spans the current allocation phase */
     void *user_data;
     char name[256];
     struct loom_dev dev;
@@ -35,6 +36,13 @@ loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_syn
  * its view_src on device j must be given (vsrc_dev); NULL otherwise. */
 loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_split_state *state,
                              int j, const loom_tensor *vsrc_dev, loom_tensor *out);
+
+/* An allocator plans and stamps a whole graph without editing it, so its many state
+ * queries share one split-ctx batch (each tensor revalidated once): opened by the first
+ * allocation query, closed by anything else (supports_op starts a new split, compute,
+ * data access), so edits between phases are always seen. */
+void loom__meta_alloc_phase(meta_dev *md);
+void loom__meta_end_phase(meta_dev *md);
 
 /* Bytes of t's largest slice (what the meta buffer type allocates for it). */
 size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t);

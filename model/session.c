@@ -133,6 +133,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     s->mode = s->p.split_mode;
     if (s->mode == LOOM_SPLIT_MODE_DEFAULT) s->mode = nd > 1 ? LOOM_SPLIT_MODE_TENSOR : LOOM_SPLIT_MODE_NONE;
     if (s->mode == LOOM_SPLIT_MODE_NONE && nd > 1) s->n_dev = 1; /* only the first device */
+    if (nd == 0) s->mode = LOOM_SPLIT_MODE_NONE;                 /* the CPU alone */
     s->n_offload = s->p.n_gpu_layers < 0 || s->p.n_gpu_layers > s->hp.n_layer ? (int)s->hp.n_layer
                                                                               : s->p.n_gpu_layers;
     s->output_offload = s->p.n_gpu_layers < 0 || s->p.n_gpu_layers > s->hp.n_layer;
