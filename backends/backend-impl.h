@@ -141,6 +141,10 @@ struct loom_reg {
     void *context;
 };
 
+/* Whether op's types fit the op contract of docs/ops.md (what the CPU oracle implements);
+ * backends narrow it further as they need (backends/op-types.c). */
+bool loom__op_types_ok(const loom_tensor *op);
+
 /* The entry point every backend module exports. */
 typedef loom_reg_t (*loom_backend_init_fn)(void);
 #define LOOM_BACKEND_INIT_SYMBOL "loom_backend_init"
