@@ -149,6 +149,11 @@ static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c1
 static uint64_t tensor_key(uint64_t h, const loom_tensor *t) {
     h = mix(h, ptr_hash(t));
     h = mix(h, ptr_hash(t->data));
+    /* the allocation, not just its address: a buffer freed and allocated again at the
+     * same place holds device buffers elsewhere */
+    const loom_tensor *owner = t->view_src ? t->view_src : t;
+    if (owner->buffer && owner->buffer->iface == &loom__meta_buffer_i)
+        h = mix(h, ((const meta_buffer *)owner->buffer->context)->id);
     h = mix(h, (uint64_t)t->op * 31 + (uint64_t)t->type);
     for (int d = 0; d < 4; d++) h = mix(mix(h, (uint64_t)t->ne[d]), t->nb[d]);
     h = mix(h, t->view_offs);

@@ -213,12 +213,14 @@ const struct loom_buffer_i loom__meta_buffer_i = {
 };
 
 loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
+    static _Atomic uint64_t next_id = 1;
     meta_buffer *mb = loom_calloc(1, sizeof *mb);
     if (!mb) {
         loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
         return NULL;
     }
     mb->md = md;
+    mb->id = next_id++;
     for (int j = 0; j < md->n; j++) {
         mb->bufs[j] = loom_buft_alloc_buffer(loom_dev_buffer_type(md->devs[j]), size);
         if (!mb->bufs[j]) {

@@ -22,6 +22,7 @@ typedef struct meta_dev {
 
 typedef struct meta_buffer {
     meta_dev *md;
+    uint64_t id; /* unique per allocation: plans keyed on addresses must not outlive it */
     loom_buffer_t bufs[LOOM_META_MAX_DEVICES];
 } meta_buffer;
 

@@ -206,7 +206,12 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
                           "model: batch of %lld tokens at position %lld does not fit the context "
                           "of %lld",
                           (long long)n_tokens, (long long)n_past, (long long)kv->n_ctx);
-    const int64_t T = n_tokens, n_kv = n_past + n_tokens;
+    /* attend over the cache rounded up to a multiple of LOOM_KV_PAD positions (masked):
+     * consecutive tokens then build identical graphs, so per-graph plans (the meta
+     * device's subgraphs, CUDA graphs) are reused instead of rebuilt every token */
+    const int64_t T = n_tokens;
+    int64_t n_kv = (n_past + n_tokens + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
+    if (n_kv > kv->n_ctx) n_kv = kv->n_ctx;
     size_t graph_size = loom_model_graph_ctx_size(m) / loom_tensor_overhead();
     loom_graph *gf = loom_graph_new(ctx, graph_size);
     loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);

@@ -120,6 +120,9 @@ LOOM_API void loom_kv_cache_free(loom_kv_cache *kv);
 
 /* ---------------------------------------------------------------- graph */
 
+/* Attention spans the cache rounded up to this many positions (the rest masked). */
+#define LOOM_KV_PAD 32
+
 /* The inputs of one built graph, to be filled by loom_batch_set_inputs before compute. */
 typedef struct loom_batch_graph {
     loom_graph *graph;
@@ -129,7 +132,7 @@ typedef struct loom_batch_graph {
     loom_tensor *logits;  /* F32 [V, T] or [V, 1] */
     int64_t n_tokens;
     int64_t n_past;
-    int64_t n_kv;         /* K = n_past + n_tokens */
+    int64_t n_kv;         /* K = n_past + n_tokens rounded up to LOOM_KV_PAD (<= n_ctx) */
 } loom_batch_graph;
 
 /* Builds the forward graph of n_tokens at positions n_past.. into ctx (no_alloc, big
