@@ -33,6 +33,7 @@ typedef struct plan {
     const loom_tensor **meta;         /* [cap] meta tensor of each mapped index */
     loom_tensor *dev[LOOM_META_MAX_DEVICES]; /* [cap] headers per device */
     bool *dead[LOOM_META_MAX_DEVICES];       /* [cap] */
+    loom_tensor *kslice[LOOM_META_MAX_DEVICES]; /* [n_tensors] K-slices of whole activations */
     int *slot;               /* open addressing: meta tensor -> index */
     int slot_cap;
     plan_sub *subs;
@@ -60,6 +61,7 @@ static void plan_free(plan *p, int n) {
     for (int j = 0; j < n; j++) {
         loom_free(p->dev[j]);
         loom_free(p->dead[j]);
+        loom_free(p->kslice[j]);
     }
     loom_free(p->meta);
     loom_free(p->slot);
@@ -120,6 +122,40 @@ static loom_status plan_collect(plan *p, const loom_tensor *t) {
     return LOOM_OK;
 }
 
+/* A matmul whose weight is split along K while its activations are whole on every device
+ * (a partial sum): device j multiplies by the K-slice of b that matches its weight rows. */
+static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
+    const loom_tensor *t = p->meta[idx];
+    if (t->op != LOOM_OP_MUL_MAT && t->op != LOOM_OP_MUL_MAT_ID) return LOOM_OK;
+    loom_split_state sa, sb;
+    loom_status st;
+    if ((st = loom__meta_state(mb->md, t->src[0], true, &sa)) ||
+        (st = loom__meta_state(mb->md, t->src[1], true, &sb)))
+        return st;
+    if (t->op == LOOM_OP_MUL_MAT_ID && sa.axis == LOOM_SPLIT_AXIS_2)
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "meta: mul_mat_id '%s': experts split along the expert axis need "
+                          "per-device expert ids, which loom does not remap; split the experts' "
+                          "rows or columns instead",
+                          t->name);
+    if (sa.axis != LOOM_SPLIT_AXIS_0 || sb.axis != LOOM_SPLIT_MIRRORED) return LOOM_OK;
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_split_range r;
+        if ((st = loom_split_state_range(&sa, t->src[0], 0, 0, j, &r))) return st;
+        loom_tensor *b = p->dev[j][idx].src[1], *x = &p->kslice[j][idx];
+        *x = *b;
+        x->ne[0] = r.size;
+        x->data = (char *)b->data + (size_t)r.offset * b->nb[0];
+        x->view_src = b->view_src ? b->view_src : b;
+        x->view_offs = (size_t)((char *)x->data - (char *)x->view_src->data);
+        x->op = LOOM_OP_VIEW;
+        memset(x->src, 0, sizeof x->src);
+        x->src[0] = b;
+        p->dev[j][idx].src[1] = x;
+    }
+    return LOOM_OK;
+}
+
 /* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). */
 static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
     const int n = mb->md->n;
@@ -141,7 +177,7 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
         for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
         p->dead[j][idx] = false;
     }
-    return LOOM_OK;
+    return kslice_activations(mb, p, idx);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * 1099511628211ull; }
@@ -304,7 +340,9 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     for (int j = 0; j < n && st == LOOM_OK; j++) {
         p->dev[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(loom_tensor));
         p->dead[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(bool));
-        if (!p->dev[j] || !p->dead[j]) st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+        p->kslice[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(loom_tensor));
+        if (!p->dev[j] || !p->dead[j] || !p->kslice[j])
+            st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
     }
     for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
 

@@ -128,7 +128,13 @@ static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     for (int j = 0; j < md->n; j++)
         if (!loom_dev_supports_op(md->devs[j], op)) return false;
     if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */
-    return loom_split_ctx_can_split(md->split, op);
+    if (!loom_split_ctx_can_split(md->split, op)) return false;
+    if (op->op == LOOM_OP_MUL_MAT_ID) { /* expert-parallel needs id remapping (not done) */
+        loom_split_state s;
+        if (loom__meta_state(md, op->src[0], true, &s) != LOOM_OK || s.axis == LOOM_SPLIT_AXIS_2)
+            return false;
+    }
+    return true;
 }
 
 static bool dev_supports_buft(loom_dev_t dev, loom_buft_t buft) {

@@ -566,10 +566,14 @@ static loom_status rule_mul_mat(rule *r) {
     }
     if (IS_M(b)) {
         if (a->axis == LOOM_SPLIT_AXIS_1) return set_axis(r, a, 0); /* column parallel */
+        /* row parallel with whole activations: each device multiplies its K-slice of the
+         * weight by the same K-slice of b (the meta device views it), a partial sum */
+        if (a->axis == LOOM_SPLIT_AXIS_0 && a->n_segments == 1 && a->nr[0] == 1)
+            return set_kind(r, LOOM_SPLIT_PARTIAL);
         if (a->axis == LOOM_SPLIT_AXIS_0)
             return fail(r,
-                        "a %s is split along K (axis 0), so b %s must be split along K the "
-                        "same way",
+                        "a %s is split along K (axis 0) in several segments, so b %s must be "
+                        "split along K the same way",
                         DSC1(0), DSC2(1));
         return fail(r, "a %s is split along axis %d, so b %s must be split along it too", DSC1(0),
                     (int)a->axis, DSC2(1));

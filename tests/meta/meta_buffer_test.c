@@ -285,3 +285,53 @@ LOOM_TEST(meta_buffer, plan_cache_holds_alternating_graphs) {
     loom_backend_free(be);
     teardown(&f);
 }
+
+/* A weight split along K times whole activations: every device multiplies by its own
+ * K-slice of the activations and the partial sums are reduced (devices with an empty
+ * slice contribute zeros). Checked against the CPU for uneven and empty slices. */
+static void kslice_case(int n, int64_t K) {
+    fixture f;
+    LOOM_REQUIRE(setup(&f, n, NULL));
+    loom_backend_t be = loom_dev_init(f.meta, NULL);
+    loom_backend_t cpu = loom_cpu_backend_new(1);
+    LOOM_REQUIRE(be && cpu);
+    const int64_t M = 8, N = 3;
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16), .no_alloc = true});
+    loom_tensor *down = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, M);
+    loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, N);
+    loom_set_name(down, "down");
+    loom_set_name(x, "x");
+    loom_tensor *o = loom_mul_mat(ctx, down, x);
+    loom_graph *g = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(o && g && loom_graph_build_forward(g, o) == LOOM_OK);
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(f.meta));
+    LOOM_REQUIRE(buf != NULL);
+    float *w = malloc(sizeof(float) * (size_t)(K * M)), *xi = malloc(sizeof(float) * (size_t)(K * N));
+    for (int64_t i = 0; i < K * M; i++) w[i] = loom_test_randf(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) xi[i] = loom_test_randf(-1, 1);
+    loom_tensor_set(down, w, 0, loom_nbytes(down));
+    loom_tensor_set(x, xi, 0, loom_nbytes(x));
+    loom_split_state s;
+    LOOM_CHECK(loom_meta_tensor_state(f.meta, o, false, &s) == LOOM_OK && s.axis == LOOM_SPLIT_PARTIAL);
+    LOOM_REQUIRE(loom_backend_graph_compute(be, g) == LOOM_OK);
+    float got[24];
+    loom_tensor_get(o, got, 0, sizeof(float) * (size_t)(M * N));
+    for (int64_t c = 0; c < N; c++)
+        for (int64_t r = 0; r < M; r++) {
+            double want = 0;
+            for (int64_t k = 0; k < K; k++) want += (double)w[r * K + k] * xi[c * K + k];
+            LOOM_CHECK_NEAR(got[c * M + r], want, 1e-4);
+        }
+    free(w);
+    free(xi);
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(cpu);
+    loom_backend_free(be);
+    teardown(&f);
+}
+
+LOOM_TEST(meta_buffer, k_split_weight_times_whole_activations) {
+    kslice_case(3, 100); /* 34 + 33 + 33 */
+    kslice_case(8, 4);   /* four devices hold nothing of K */
+}
