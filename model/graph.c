@@ -117,8 +117,11 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     loom_format_name(q, "Qcur-%d", il);
     loom_format_name(k, "Kcur-%d", il);
 
-    /* write rows n_past.. of the cache; the write nodes go into the graph first so that
-     * they run before the attention reads the cache */
+    /* q, k and v first, then the two cache writes next to each other (so a cache in host
+     * memory costs one split per layer), then the attention that reads the cache */
+    if (loom_graph_build_forward(gf, q) || loom_graph_build_forward(gf, k) ||
+        loom_graph_build_forward(gf, v))
+        return NULL;
     loom_tensor *ks = loom_set_rows(ctx, kv->k[il], loom_reshape_2d(ctx, k, D * Hk, T), pos);
     loom_tensor *vs = loom_set_rows(ctx, kv->v[il], loom_reshape_2d(ctx, v, D * Hk, T), pos);
     if (!ks || !vs) return NULL;
