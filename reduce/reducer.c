@@ -5,7 +5,7 @@
  * in plan.c (ring, butterfly) and host.c (host-staged).
  *
  * The butterfly/ring threshold was measured on sim devices on the project's 2-core build
- * machine with reduce/bench:allreduce_bench (see reduce/README.md for the table):
+ * machine with bench:allreduce_bench (see reduce/README.md for the table):
  * the butterfly's log2(N) steps of the whole tensor beat the ring's 2(N-1) steps of
  * 1/N of it while the per-step cost (event, copy and graph dispatch to a device thread)
  * dominates, i.e. for small tensors; the ring wins once bandwidth dominates.
@@ -46,7 +46,7 @@ loom_status loom_allreduce_algo_parse(const char *s, loom_allreduce_algo *out) {
 /* ---------------------------------------------------------------- thresholds */
 
 /* Largest tensor (bytes) given to the butterfly, by device count: the crossover measured
- * on sim devices with //reduce/bench:allreduce_bench --algos ring,butterfly --reps 5
+ * on sim devices with //bench:allreduce_bench --algos ring,butterfly --reps 5
  * (best of 5 per point; 256 KiB, 1, 4 and 16 MiB measured in two runs, 512 KiB, 2 and
  * 8 MiB in one; the 2-core build machine under a load average of 15-17 from other builds;
  * reduce/README.md). Butterfly time / ring time, one figure per run (< 1: butterfly faster):
