@@ -93,6 +93,11 @@ struct loom_backend_i {
     void (*graph_optimize)(loom_backend_t backend, loom_graph *g);       /* NULL: nothing */
     void (*event_record)(loom_backend_t backend, loom_event_t ev);       /* NULL: no events */
     void (*event_wait)(loom_backend_t backend, loom_event_t ev);         /* NULL: no events */
+    /* A scheduler brackets its assignment passes with these: in between it only asks
+     * questions (supports_op, offload_op) and edits nothing, so a backend may cache its
+     * answers for that window. NULL: nothing. */
+    void (*split_begin)(loom_backend_t backend);
+    void (*split_end)(loom_backend_t backend);
 };
 
 struct loom_backend {

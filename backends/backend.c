@@ -504,6 +504,14 @@ void loom_backend_graph_optimize(loom_backend_t backend, loom_graph *g) {
     if (backend->iface->graph_optimize && g) backend->iface->graph_optimize(backend, g);
 }
 
+void loom_backend_split_begin(loom_backend_t backend) {
+    if (backend && backend->iface->split_begin) backend->iface->split_begin(backend);
+}
+
+void loom_backend_split_end(loom_backend_t backend) {
+    if (backend && backend->iface->split_end) backend->iface->split_end(backend);
+}
+
 bool loom_backend_supports_op(loom_backend_t backend, const loom_tensor *op) {
     LOOM_ASSERT(backend != NULL);
     return loom_dev_supports_op(backend->device, op);

@@ -506,11 +506,22 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
     return LOOM_OK;
 }
 
+static void mbe_split_begin(loom_backend_t backend) {
+    loom__meta_split_phase(((meta_backend *)backend->context)->md);
+}
+
+static void mbe_split_end(loom_backend_t backend) {
+    meta_dev *md = ((meta_backend *)backend->context)->md;
+    if (md->phase == 1) loom__meta_end_phase(md);
+}
+
 static const struct loom_backend_i meta_backend_i = {
     .get_name = mbe_name,
     .free = mbe_free,
     .synchronize = mbe_synchronize,
     .graph_compute = mbe_compute,
+    .split_begin = mbe_split_begin,
+    .split_end = mbe_split_end,
 };
 
 loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {

@@ -10,15 +10,19 @@
 
 meta_dev *loom__meta_dev(loom_dev_t dev) { return (meta_dev *)dev->context; }
 
-void loom__meta_alloc_phase(meta_dev *md) {
-    if (md->alloc_batch) return;
+static void begin_phase(meta_dev *md, int phase) {
+    if (md->phase == phase) return;
+    loom__meta_end_phase(md);
     loom_split_ctx_begin(md->split);
-    md->alloc_batch = true;
+    md->phase = phase;
 }
 
+void loom__meta_split_phase(meta_dev *md) { begin_phase(md, 1); }
+void loom__meta_alloc_phase(meta_dev *md) { begin_phase(md, 2); }
+
 void loom__meta_end_phase(meta_dev *md) {
-    if (!md->alloc_batch) return;
-    md->alloc_batch = false;
+    if (!md->phase) return;
+    md->phase = 0;
     loom_split_ctx_end(md->split);
 }
 
@@ -124,7 +128,7 @@ static loom_buft_t dev_buft(loom_dev_t dev) { return &loom__meta_dev(dev)->buft;
 
 static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     meta_dev *md = loom__meta_dev(dev);
-    loom__meta_end_phase(md);
+    if (md->phase != 1) loom__meta_end_phase(md); /* inside a split window: keep its batch */
     for (int j = 0; j < md->n; j++)
         if (!loom_dev_supports_op(md->devs[j], op)) return false;
     if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */

@@ -13,7 +13,8 @@ typedef struct meta_dev {
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
     loom_split_ctx *split; /* states of every tensor this device sees */
     loom_split_leaf_fn user_leaf; /* the caller's callback for static tensors */
-    bool alloc_batch;             /* a split-ctx batch spans the current allocation phase */
+    int phase;                    /* 0, or the query window a split-ctx batch spans now:
+                                     1 a scheduler's assignment passes, 2 an allocation */
     void *user_data;
     char name[256];
     struct loom_dev dev;
@@ -38,10 +39,12 @@ loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_syn
 loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_split_state *state,
                              int j, const loom_tensor *vsrc_dev, loom_tensor *out);
 
-/* An allocator plans and stamps a whole graph without editing it, so its many state
- * queries share one split-ctx batch (each tensor revalidated once): opened by the first
- * allocation query, closed by anything else (supports_op starts a new split, compute,
- * data access), so edits between phases are always seen. */
+/* Windows in which the graph is only queried share one split-ctx batch (each tensor
+ * revalidated once instead of once per query): a scheduler's assignment passes (opened and
+ * closed by its split_begin/split_end calls) and an allocation (opened by the first
+ * alloc_size/init_tensor, closed by anything else: a new split, compute, data access).
+ * Edits between windows are always seen. One scheduler at a time per meta device. */
+void loom__meta_split_phase(meta_dev *md);
 void loom__meta_alloc_phase(meta_dev *md);
 void loom__meta_end_phase(meta_dev *md);
 

@@ -471,14 +471,18 @@ loom_status loom__sched_split(loom_sched *s, loom_graph *g) {
     }
     int *nt = s->node_tid, *st_ids = s->src_tid;
 
+    /* passes 1-4 only query the backends; pass 5 edits the graph (input copies) */
+    for (int b = 0; b < s->n_backends; b++) loom_backend_split_begin(s->backends[b]);
     st = pass1(s, g, nt);
-    if (st != LOOM_OK) return st;
-    sweep(s, g, nt, true, true, LOOM__CAUSE_GPU_DN);
-    sweep(s, g, nt, false, true, LOOM__CAUSE_GPU_UP);
-    sweep(s, g, nt, true, false, LOOM__CAUSE_ANY_DN);
-    sweep(s, g, nt, false, false, LOOM__CAUSE_ANY_UP);
-    pass3(s, g, nt);
-    st = pass4(s, g, nt, st_ids);
+    if (st == LOOM_OK) {
+        sweep(s, g, nt, true, true, LOOM__CAUSE_GPU_DN);
+        sweep(s, g, nt, false, true, LOOM__CAUSE_GPU_UP);
+        sweep(s, g, nt, true, false, LOOM__CAUSE_ANY_DN);
+        sweep(s, g, nt, false, false, LOOM__CAUSE_ANY_UP);
+        pass3(s, g, nt);
+        st = pass4(s, g, nt, st_ids);
+    }
+    for (int b = 0; b < s->n_backends; b++) loom_backend_split_end(s->backends[b]);
     if (st != LOOM_OK) return st;
     return pass5(s, g, nt, st_ids);
 }

@@ -128,6 +128,10 @@ LOOM_API loom_status loom_backend_graph_compute_async(loom_backend_t backend, lo
 LOOM_API loom_status loom_backend_graph_compute(loom_backend_t backend, loom_graph *g);
 /* Lets the backend reorder/fuse its graph before allocation (no-op by default). */
 LOOM_API void loom_backend_graph_optimize(loom_backend_t backend, loom_graph *g);
+/* Bracket a window in which the graph is only queried (supports_op/offload_op), never
+ * edited: a scheduler's assignment passes. Backends may cache answers inside it. */
+LOOM_API void loom_backend_split_begin(loom_backend_t backend);
+LOOM_API void loom_backend_split_end(loom_backend_t backend);
 LOOM_API bool loom_backend_supports_op(loom_backend_t backend, const loom_tensor *op);
 LOOM_API bool loom_backend_supports_buft(loom_backend_t backend, loom_buft_t buft);
 LOOM_API bool loom_backend_offload_op(loom_backend_t backend, const loom_tensor *op);

@@ -22,10 +22,10 @@ typedef struct config {
 } config;
 
 static const config CONFIGS[] = {
-    {"cpu", LOOM_SPLIT_MODE_NONE, -1},     {"sim:2", LOOM_SPLIT_MODE_TENSOR, -1},
-    {"sim:3", LOOM_SPLIT_MODE_TENSOR, -1}, {"sim:4", LOOM_SPLIT_MODE_TENSOR, -1},
-    {"sim:8", LOOM_SPLIT_MODE_TENSOR, -1}, {"sim:2", LOOM_SPLIT_MODE_LAYER, -1},
-    {"sim:1", LOOM_SPLIT_MODE_NONE, 3},    {"sim:2", LOOM_SPLIT_MODE_TENSOR, 3},
+    {"cpu", LOOM_SPLIT_MODE_NONE, -1, false},     {"sim:2", LOOM_SPLIT_MODE_TENSOR, -1, false},
+    {"sim:3", LOOM_SPLIT_MODE_TENSOR, -1, false}, {"sim:4", LOOM_SPLIT_MODE_TENSOR, -1, false},
+    {"sim:8", LOOM_SPLIT_MODE_TENSOR, -1, false}, {"sim:2", LOOM_SPLIT_MODE_LAYER, -1, false},
+    {"sim:1", LOOM_SPLIT_MODE_NONE, 3, false},    {"sim:2", LOOM_SPLIT_MODE_TENSOR, 3, false},
     {"sim:2", LOOM_SPLIT_MODE_TENSOR, -1, true}, {"sim:3", LOOM_SPLIT_MODE_LAYER, -1, true},
 };
 #define N_CONFIGS (int)(sizeof CONFIGS / sizeof CONFIGS[0])
