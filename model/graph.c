@@ -87,7 +87,7 @@ static loom_tensor *add_bias(loom_ctx *ctx, loom_tensor *x, loom_tensor *b) {
 /* x [E, T] -> [E, T], attention with the KV cache of layer il. */
 static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
                               loom_graph *gf, int il, loom_tensor *h, loom_tensor *pos,
-                              loom_tensor *mask, int64_t T, int64_t n_past, int64_t n_kv) {
+                              loom_tensor *mask, int64_t T, int64_t n_kv) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     const int64_t D = hp->head_dim, H = hp->n_head, Hk = hp->n_head_kv;
@@ -126,27 +126,24 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     loom_tensor *vs = loom_set_rows(ctx, kv->v[il], loom_reshape_2d(ctx, v, D * Hk, T), pos);
     if (!ks || !vs) return NULL;
     if (loom_graph_build_forward(gf, ks) || loom_graph_build_forward(gf, vs)) return NULL;
-    (void)n_past;
 
     const loom_tensor *kc = kv->k[il], *vc = kv->v[il];
     size_t kes = loom_element_size(kc);
-    /* views of the first n_kv rows through the write nodes: [D, Hk, K] -> [D, K, Hk] */
+    /* views of the first n_kv rows through the write nodes: [D, Hk, K]; K as [D, K, Hk] */
     loom_tensor *K = loom_view_3d(ctx, ks, D, Hk, n_kv, D * kes, kc->nb[1], 0);
-    loom_tensor *Vv = loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes, vc->nb[1], 0);
+    loom_tensor *V = loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes, vc->nb[1], 0);
     K = loom_permute(ctx, K, 0, 2, 1, 3);
-    Vv = loom_permute(ctx, Vv, 0, 2, 1, 3);
     loom_tensor *Q = loom_permute(ctx, q, 0, 2, 1, 3); /* [D, T, H] */
     loom_tensor *a;
     if (!m->no_flash_attn) {
-        a = loom_flash_attn_ext(ctx, Q, K, Vv, mask, NULL, 1.0f / sqrtf((float)D), 0.0f,
-                                0.0f); /* [D, H, T] */
+        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, NULL,
+                                1.0f / sqrtf((float)D), 0.0f, 0.0f); /* [D, H, T] */
     } else {
         /* kq [K, T, H] (K heads broadcast over their query group), softmax with the mask,
          * then V^T [K, D, Hk] x kq -> [D, T, H] -> [D, H, T] */
         loom_tensor *kq = loom_mul_mat(ctx, K, Q);
         kq = loom_soft_max_ext(ctx, kq, mask, NULL, 1.0f / sqrtf((float)D), 0.0f);
-        loom_tensor *Vt = loom_cont(ctx, loom_permute(ctx, loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes,
-                                                                    vc->nb[1], 0), 1, 2, 0, 3));
+        loom_tensor *Vt = loom_cont(ctx, loom_permute(ctx, V, 1, 2, 0, 3));
         loom_tensor *kqv = loom_mul_mat(ctx, Vt, kq);
         a = loom_cont(ctx, loom_permute(ctx, kqv, 0, 2, 1, 3));
     }
@@ -234,7 +231,7 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     for (int il = 0; il < hp->n_layer && x; il++) {
         loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].attn_norm);
         if (h) loom_format_name(h, "attn_norm-%d", il);
-        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, T, n_past, n_kv) : NULL;
+        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, T, n_kv) : NULL;
         x = loom_add(ctx, x, a);
         if (x) loom_format_name(x, "ffn_inp-%d", il);
         h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].ffn_norm);
