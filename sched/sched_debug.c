@@ -5,9 +5,13 @@
  * split with many inputs, or many tiny splits, is where the graph fights the device layout.
  *
  *   ## SPLIT #0: SIM0 # 2 inputs: [x (   4K)] [mask (  32K)]
- *   node #  4 (   MUL_MAT):               q-0 (   1K) [ SIM0   1.wgt0] c=0: ...
+ *   node #  4 (   MUL_MAT):               q-0 (   1K) [ SIM0   1.wgt0] use=1,c=0: ...
  *
- * Looking up a source never inserts into the scheduler's table.
+ * The reference's format (upstream-behaviour.md 4.11) with three differences: backend
+ * names are never cut (%5s, not %5.5s: "Meta(SIM0,SIM1)" and "CUDA0" stay whole), sizes
+ * under 1 KiB print in bytes ("96B", never "0K"), and LOOM_SCHED_DEBUG writes the lines to
+ * stderr as they are, without the log prefix. use= counts the node's consumers in the
+ * graph, c= its COMPUTE flag. Looking up a source never inserts into the scheduler's table.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,11 +22,29 @@
 typedef void (*line_fn)(const char *text, void *user_data);
 
 static void fmt_size(char *out, size_t n, size_t bytes) {
-    if (bytes >= 1024 * 1024) {
+    if (bytes >= (size_t)1024 * 1024 * 1024 * 10) {
+        snprintf(out, n, "%zuG", bytes / 1024 / 1024 / 1024);
+    } else if (bytes >= 1024 * 1024) {
         snprintf(out, n, "%zuM", bytes / 1024 / 1024);
-    } else {
+    } else if (bytes >= 1024) {
         snprintf(out, n, "%zuK", bytes / 1024);
+    } else {
+        snprintf(out, n, "%zuB", bytes);
     }
+}
+
+/* uses[id]: how many times the tensor of table id `id` is a source of a node of g (its
+ * consumers in the graph); NULL if out of memory (the print then shows use=?). */
+static int *use_counts(const loom_sched *s, const loom_graph *g) {
+    int *uses = loom_calloc(s->n_ids > 0 ? (size_t)s->n_ids : 1, sizeof *uses);
+    if (!uses) return NULL;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int j = 0; j < LOOM_MAX_SRC; j++) {
+            const loom_tensor *src = g->nodes[i]->src[j];
+            int id = src ? loom__sched_id(s, src) : -1;
+            if (id >= 0 && id < s->n_ids) uses[id]++;
+        }
+    return uses;
 }
 
 typedef struct line_buf {
@@ -52,7 +74,8 @@ static const char *cause_of(const loom_sched *s, const loom_tensor *t) {
 }
 
 static void dump(const loom_sched *s, const loom_graph *g, int level, line_fn line, void *ud) {
-    char size[16];
+    char size[16], use[16];
+    int *uses = level >= 2 ? use_counts(s, g) : NULL;
     for (int k = 0; k < s->n_splits; k++) {
         const loom__split *sp = &s->splits[k];
         line_buf lb = {.len = 0};
@@ -70,29 +93,35 @@ static void dump(const loom_sched *s, const loom_graph *g, int level, line_fn li
             if (loom_op_is_view(node->op)) continue;
             lb.len = 0;
             fmt_size(size, sizeof size, loom_nbytes(node));
-            put(&lb, "node #%3d (%10.10s): %20.20s (%5.5s) [%5.5s %8.8s] c=%d:", i,
+            int id = loom__sched_id(s, node);
+            if (uses && id >= 0)
+                snprintf(use, sizeof use, "%d", uses[id]);
+            else
+                snprintf(use, sizeof use, "?");
+            put(&lb, "node #%3d (%10.10s): %20.20s (%5.5s) [%5s %8.8s] use=%s,c=%d:", i,
                 loom_op_name(node->op), node->name, size, backend_name_of(s, node),
-                cause_of(s, node), (node->flags & LOOM_TENSOR_FLAG_COMPUTE) ? 1 : 0);
+                cause_of(s, node), use, (node->flags & LOOM_TENSOR_FLAG_COMPUTE) ? 1 : 0);
             for (int j = 0; j < LOOM_MAX_SRC; j++) {
                 const loom_tensor *src = node->src[j];
                 if (!src) continue;
                 fmt_size(size, sizeof size, loom_nbytes(src));
-                put(&lb, " %20.20s (%5.5s) [%5.5s %8.8s]", src->name, size, backend_name_of(s, src),
+                put(&lb, " %20.20s (%5.5s) [%5s %8.8s]", src->name, size, backend_name_of(s, src),
                     cause_of(s, src));
             }
             line(lb.text, ud);
         }
     }
+    loom_free(uses);
 }
 
-static void log_line(const char *text, void *ud) {
+static void stderr_line(const char *text, void *ud) {
     (void)ud;
-    /* asked for explicitly (LOOM_SCHED_DEBUG), so it shows at the default level */
-    loom_log(LOOM_LOG_WARN, "%s", text);
+    /* asked for explicitly (LOOM_SCHED_DEBUG): the lines as they are, on stderr */
+    fprintf(stderr, "%s\n", text);
 }
 
 void loom__sched_debug_print(const loom_sched *s, loom_graph *g) {
-    dump(s, g, s->debug, log_line, NULL);
+    dump(s, g, s->debug, stderr_line, NULL);
 }
 
 void loom_sched_dump(const loom_sched *s, int level, void (*line)(const char *text, void *ud),

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/sched/testutil.h"
 #include "tests/shim/loom_test.h"
@@ -239,22 +240,58 @@ LOOM_TEST(sched_misc, debug_print_and_stats) {
     setenv("LOOM_SCHED_DEBUG", "2", 1);
     loom_sched *s = loom_sched_new(d.backends, NULL, d.n, 512, false, false);
     unsetenv("LOOM_SCHED_DEBUG");
+    /* the print goes to stderr as it is (no log prefix, nothing through the log sink) */
+    fflush(stderr);
+    FILE *cap = tmpfile();
+    LOOM_REQUIRE(cap != NULL);
+    int saved = dup(2);
+    dup2(fileno(cap), 2);
     tu_log_start();
     loom_status st = loom_sched_alloc_graph(s, m.g);
     tu_log_stop();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    long n_text = ftell(cap);
+    rewind(cap);
+    char *text = calloc((size_t)n_text + 1, 1);
+    LOOM_REQUIRE(text != NULL);
+    LOOM_REQUIRE(fread(text, 1, (size_t)n_text, cap) == (size_t)n_text);
+    fclose(cap);
     LOOM_REQUIRE(st == LOOM_OK);
+    LOOM_CHECK_EQ_INT(tu_log_count("SPLIT"), 0);
     loom_sched_stats stats;
     loom_sched_get_stats(s, &stats);
     int non_view = 0;
     for (int i = 0; i < m.g->n_nodes; i++)
         non_view += !loom_op_is_view(m.g->nodes[i]->op);
-    LOOM_CHECK_EQ_INT(tu_log_count("## SPLIT #"), stats.n_splits);
-    LOOM_CHECK_EQ_INT(tu_log_count("node #"), non_view);
-    LOOM_CHECK_STR_CONTAINS(tu_log_text(), "## SPLIT #0: SIM0 # 3 inputs: [inp_embd (");
-    LOOM_CHECK_STR_CONTAINS(tu_log_text(), "[ SIM0   1.wgt0]");
-    LOOM_CHECK_STR_CONTAINS(tu_log_text(), "[ SIM1   1.wgt1]");
-    LOOM_CHECK_STR_CONTAINS(tu_log_text(), "[  CPU   1.wgt0]");
-    LOOM_CHECK_STR_CONTAINS(tu_log_text(), "SIM1#l_out-0#0");
+    int n_split_lines = 0, n_node_lines = 0;
+    for (const char *p = text; (p = strstr(p, "## SPLIT #")) != NULL; p++) n_split_lines++;
+    for (const char *p = text; (p = strstr(p, "\nnode #")) != NULL; p++) n_node_lines++;
+    LOOM_CHECK_EQ_INT(n_split_lines, stats.n_splits);
+    LOOM_CHECK_EQ_INT(n_node_lines, non_view);
+    LOOM_CHECK(strncmp(text, "## SPLIT #0: SIM0 # 3 inputs: [inp_embd (", 41) == 0);
+    LOOM_CHECK(strstr(text, "loom ") == NULL); /* no log prefix */
+    LOOM_CHECK_STR_CONTAINS(text, "[ SIM0   1.wgt0] use=");
+    LOOM_CHECK_STR_CONTAINS(text, "[ SIM1   1.wgt1]");
+    LOOM_CHECK_STR_CONTAINS(text, "[  CPU   1.wgt0]");
+    LOOM_CHECK_STR_CONTAINS(text, "SIM1#l_out-0#0");
+    LOOM_CHECK(strstr(text, "( 0K)") == NULL && strstr(text, "(  0K)") == NULL); /* units */
+    /* every node line's use= is the number of its consumers in the graph */
+    for (int i = 0; i < m.g->n_nodes; i++) {
+        if (loom_op_is_view(m.g->nodes[i]->op)) continue;
+        int uses = 0;
+        for (int k = 0; k < m.g->n_nodes; k++)
+            for (int j = 0; j < LOOM_MAX_SRC; j++) uses += m.g->nodes[k]->src[j] == m.g->nodes[i];
+        char head[32], want[32];
+        snprintf(head, sizeof head, "\nnode #%3d (", i);
+        snprintf(want, sizeof want, " use=%d,c=", uses);
+        const char *ln = strstr(text, head), *end = ln ? strchr(ln + 1, '\n') : NULL;
+        const char *u = ln ? strstr(ln, " use=") : NULL;
+        LOOM_CHECK_MSG(ln && u && (!end || u < end) && strncmp(u, want, strlen(want)) == 0,
+                       "node %d: want%s", i, want);
+    }
+    free(text);
     /* the familiar line, from the stats */
     char line[128];
     snprintf(line, sizeof line, "graph nodes = %d / graph splits = %d", stats.n_nodes,
