@@ -200,6 +200,7 @@ loom_dev_t loom_session_device(const loom_session *s, int i) { return s->devs[i]
 loom_split_mode loom_session_split_mode(const loom_session *s) { return s->mode; }
 int64_t loom_session_n_past(const loom_session *s) { return s->n_past; }
 int64_t loom_session_n_ctx(const loom_session *s) { return s->kv->n_ctx; }
+const loom_kv_cache *loom_session_kv(const loom_session *s) { return s->kv; }
 void loom_session_clear(loom_session *s) { s->n_past = 0; }
 void loom_session_get_stats(const loom_session *s, loom_session_stats *out) { *out = s->stats; }
 

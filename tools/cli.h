@@ -33,4 +33,16 @@ loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_
 void loom_cli_format_bytes(char *buf, size_t size, double bytes);
 const char *loom_cli_dev_type_name(loom_dev_type t);
 
+/* A path as the user meant it: under `bazel run`, a relative path is resolved against
+ * BUILD_WORKING_DIRECTORY (the directory the user ran bazel from), not the runfiles tree.
+ * Returns p itself when there is nothing to resolve, else buf; NULL if it does not fit. */
+const char *loom_cli_path(const char *p, char *buf, size_t size);
+/* Prints "loom CMD: unknown option 'ARG' (did you mean --X? see loom CMD --help)" with the
+ * nearest of the names (NULL-terminated lists; `more` may be NULL). */
+void loom_cli_unknown_option(const char *cmd, const char *arg, const char *const *names,
+                             const char *const *more);
+/* Parses a float that must be finite and in [min, max]; prints the error if not. */
+bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, double min, double max,
+                          float *out);
+
 #endif /* LOOM_TOOLS_CLI_H */

@@ -3,8 +3,10 @@
  * formatting of sizes and device types.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 
 #include "tools/cli.h"
@@ -59,4 +61,70 @@ const char *loom_cli_dev_type_name(loom_dev_type t) {
         return "META";
     }
     return "?";
+}
+
+const char *loom_cli_path(const char *p, char *buf, size_t size) {
+    const char *wd = getenv("BUILD_WORKING_DIRECTORY");
+    if (!p || !p[0] || p[0] == '/' || !wd || !wd[0] || !strcmp(p, "-")) return p;
+    int n = snprintf(buf, size, "%s/%s", wd, p);
+    return n > 0 && (size_t)n < size ? buf : NULL;
+}
+
+/* Edit distance (insert, delete, substitute), on the first 63 characters. */
+static int distance(const char *a, const char *b) {
+    int la = (int)strlen(a), lb = (int)strlen(b);
+    if (la > 63) la = 63;
+    if (lb > 63) lb = 63;
+    int prev[64], cur[64];
+    for (int j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (int i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (int j = 1; j <= lb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof cur);
+    }
+    return prev[lb];
+}
+
+void loom_cli_unknown_option(const char *cmd, const char *arg, const char *const *names,
+                             const char *const *more) {
+    const char *best = NULL;
+    int best_d = 1 << 30;
+    const char *const *lists[2] = {names, more};
+    for (int l = 0; l < 2; l++)
+        for (const char *const *n = lists[l]; n && *n; n++) {
+            int d = distance(arg, *n);
+            if (d < best_d) {
+                best_d = d;
+                best = *n;
+            }
+        }
+    /* a hint only when it is plausibly what was meant */
+    int len = (int)strlen(arg);
+    if (best && best_d <= (len < 6 ? 2 : len / 3 + 1))
+        fprintf(stderr, "loom %s: unknown option '%s' (did you mean %s? see loom %s --help)\n", cmd,
+                arg, best, cmd);
+    else
+        fprintf(stderr, "loom %s: unknown option '%s' (see loom %s --help)\n", cmd, arg, cmd);
+}
+
+bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, double min, double max,
+                          float *out) {
+    if (!val) {
+        fprintf(stderr, "loom %s: %s needs a value\n", cmd, opt);
+        return false;
+    }
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (!val[0] || *end || errno || !isfinite(v) || v < min || v > max) {
+        fprintf(stderr, "loom %s: %s '%s' is not a number in %g..%g\n", cmd, opt, val, min, max);
+        return false;
+    }
+    *out = (float)v;
+    return true;
 }

@@ -1,48 +1,156 @@
 #define _GNU_SOURCE
 /*
- * `loom bench`: a table of prompt and generation speed per configuration (device spec x
- * split mode), like llama-bench: mean and spread over repetitions, reductions and bytes
- * per generated token, and for sim devices the projected communication time per token
- * under the NVLink and PCIe 4 link presets (each reduction costed as a ring:
- * 2(N-1) steps of latency plus 2(N-1)/N of the bytes over one link).
+ * `loom bench`: llama-bench's semantics and formats. Every combination of the parameter
+ * lists (models x device specs x split modes x threads x ngl) is one configuration; every
+ * test of it (ppN, tgN, ppN+tgM, each at every depth d: "tg128 @ d512") is one row, timed
+ * over -r repetitions after a warm-up, each repetition on a cleared KV cache filled to the
+ * depth first (untimed). t/s is the mean and standard deviation over the repetitions of
+ * (prompt + generated tokens) / time, as llama-bench computes it. Rows print as they
+ * finish; a failed row is one line on stderr (the table stays whole) and the exit status
+ * is 1. A configuration of one device is run once, not once per split mode.
+ *
+ * loom's own figures per generated token (tg rows): allreduces, bytes reduced, and for sim
+ * devices the projected communication time under the NVLink and PCIe 4 link presets (each
+ * reduction costed as a ring: 2(N-1) steps of latency plus 2(N-1)/N of the bytes).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "loom/sim.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
+#define MAX_LIST 32
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom bench [-m FILE] --devices SPEC[;SPEC...] [--split-mode LIST] [-p N] [-n N] [-r N] [-o md|csv|json]\n\n"
-               "Measures prompt processing and generation speed per configuration.\n\n"
-               "  --devices SPECS        ';'-separated device specs (default cpu)\n"
-               "  --split-mode LIST      ','-separated split modes (default: the default per spec)\n"
-               "  -p N                   prompt tokens (default 512)\n"
-               "  -n N                   generated tokens (default 128)\n"
-               "  -r N                   repetitions (default 3)\n"
-               "  -o md|csv|json         output format (default md)\n"
-               "%s",
-            loom_model_opts_help());
+    fprintf(
+        f,
+        "usage: loom bench [-m FILE]... [--devices SPEC[;SPEC...]] [-sm LIST] [-p LIST] [-n LIST]\n"
+        "                  [-pg PP,TG]... [-d LIST] [-r N] [-o md|csv|json|jsonl|sql] [options]\n\n"
+        "Measures prompt processing and generation speed as llama-bench does. Every LIST\n"
+        "takes commas and ranges: 128,512 | 1-4 | 128-512+128 | 64-512*2.\n\n"
+        "  -m, --model FILE[,FILE]   models (repeatable; default: the built-in one)\n"
+        "  -dev, --devices SPECS     ';'-separated device specs (default cpu)\n"
+        "  -sm, --split-mode LIST    none,layer,tensor (default: the default per spec)\n"
+        "  -p, --n-prompt LIST       prompt tokens: a ppN test each (default 512; 0 = none)\n"
+        "  -n, --n-gen LIST          generated tokens: a tgN test each (default 128; 0 = none)\n"
+        "  -pg PP,TG                 a ppPP+tgTG test (repeatable)\n"
+        "  -d, --n-depth LIST        tokens in the KV cache before each test (default 0)\n"
+        "  -t, --threads LIST        CPU threads (default: all cores)\n"
+        "  -ngl, --n-gpu-layers LIST layers on the devices (default all)\n"
+        "  -r, --repetitions N       timed runs per test after one warm-up (default 5)\n"
+        "  -o, --output FMT          md (default), csv, json, jsonl or sql\n"
+        "%s",
+        loom_model_opts_help());
 }
 
-typedef struct row {
-    char devices[64], mode[8];
-    double pp_mean, pp_sd, tg_mean, tg_sd;
-    double red_per_tok, bytes_per_tok;
-    double proj_nvlink_us, proj_pcie_us; /* communication per generated token, sim only */
-    int n_dev;
+static const char *const bench_names[] = {"-h",
+                                          "--help",
+                                          "-m",
+                                          "--model",
+                                          "--devices",
+                                          "-dev",
+                                          "--device",
+                                          "-sm",
+                                          "--split-mode",
+                                          "-p",
+                                          "--n-prompt",
+                                          "-n",
+                                          "--n-gen",
+                                          "-pg",
+                                          "-d",
+                                          "--n-depth",
+                                          "-t",
+                                          "--threads",
+                                          "-ngl",
+                                          "--n-gpu-layers",
+                                          "-r",
+                                          "--repetitions",
+                                          "-o",
+                                          "--output",
+                                          NULL};
+
+/* "a", "a-b", "a-b+s", "a-b*m", comma-separated, into out[]; prints the error. */
+static bool parse_list(const char *opt, const char *v, long min, long max, long *out, int *n) {
+    if (!v || !v[0]) {
+        fprintf(stderr, "loom bench: %s needs a value\n", opt);
+        return false;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *e = NULL;
+        errno = 0;
+        long a = strtol(t, &e, 10), b = a, step = 1;
+        char kind = '+';
+        if (e != t && *e == '-' && e[1]) {
+            char *e2 = NULL;
+            b = strtol(e + 1, &e2, 10);
+            if (e2 == e + 1) goto bad;
+            e = e2;
+            if (*e == '+' || *e == '*') {
+                kind = *e;
+                char *e3 = NULL;
+                step = strtol(e + 1, &e3, 10);
+                if (e3 == e + 1) goto bad;
+                e = e3;
+            }
+        }
+        if (e == t || *e || errno || a < min || b > max || b < a ||
+            (kind == '+' ? step < 1 : step < 2) || (kind == '*' && a < 1))
+            goto bad;
+        for (long x = a; x <= b; x = kind == '+' ? x + step : x * step) {
+            if (*n >= MAX_LIST) {
+                fprintf(stderr, "loom bench: %s '%s': more than %d values\n", opt, v, MAX_LIST);
+                return false;
+            }
+            out[(*n)++] = x;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "loom bench: %s '%s': '%s' is not a value or range in %ld..%ld\n", opt, v,
+                t, min, max);
+        return false;
+    }
+    return true;
+}
+
+typedef struct test {
+    int n_prompt, n_gen, n_depth;
+    char name[48];
+} test;
+
+typedef struct result {
     bool ok;
-    char err[160];
-} row;
+    char err[256];
+    double avg_ts, sd_ts, avg_ns, sd_ns;
+    double samples_ns[64], samples_ts[64];
+    int n_samples;
+    double red_per_tok, bytes_per_tok, proj_nvlink_us, proj_pcie_us;
+} result;
+
+typedef struct config {
+    const char *model, *devices;
+    loom_split_mode mode;
+    int threads, ngl;
+    /* filled from the session */
+    char model_type[64], backend[64];
+    int n_dev;
+    double size, params;
+} config;
 
 static void stats(const double *x, int n, double *mean, double *sd) {
     double s = 0, q = 0;
-    for (int i = 0; i < n; i++) s += x[i];
-    *mean = s / n;
-    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    *mean = n ? s / n : 0;
+    for (int i = 0; i < n; i++)
+        q += (x[i] - *mean) * (x[i] - *mean);
     *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
 }
 
@@ -52,183 +160,562 @@ static double ring_us(const loom_sim_link *l, int n, double bytes) {
     return steps * loom_sim_link_time_us(l, (uint64_t)per_step);
 }
 
-static void bench_one(loom_model_opts *o, const char *devices, loom_split_mode mode, int n_p, int n_g,
-                      int reps, row *r) {
+/* Prompt-like token ids: pseudo-random, past the usual control tokens when the
+ * vocabulary has more than those (a vocabulary of 3 or fewer tokens uses them all). */
+static int32_t bench_token(uint64_t *seed, int64_t V) {
+    *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t r = *seed >> 33;
+    return V > 3 ? (int32_t)(3 + r % (uint64_t)(V - 3)) : (int32_t)(r % (uint64_t)(V > 0 ? V : 1));
+}
+
+/* Evaluates n tokens as a prompt (in batches of the session's n_batch). */
+static loom_status eval_prompt(loom_session *s, int n, int64_t V, float *logits, uint64_t *seed,
+                               int32_t *ids) {
+    for (int i = 0; i < n; i++)
+        ids[i] = bench_token(seed, V);
+    return n > 0 ? loom_session_eval(s, ids, n, false, logits) : LOOM_OK;
+}
+
+static loom_status eval_gen(loom_session *s, int n, int64_t V, float *logits, uint64_t *seed,
+                            double *red, double *bytes) {
+    for (int i = 0; i < n; i++) {
+        int32_t tok = bench_token(seed, V);
+        loom_status st = loom_session_eval(s, &tok, 1, false, logits);
+        if (st) return st;
+        loom_session_stats ss;
+        loom_session_get_stats(s, &ss);
+        *red += ss.last_reductions;
+        *bytes += (double)ss.last_bytes_reduced;
+    }
+    return LOOM_OK;
+}
+
+static void run_test(loom_session *s, const test *t, int reps, result *r) {
     memset(r, 0, sizeof *r);
-    snprintf(r->devices, sizeof r->devices, "%s", devices);
-    o->sp.devices = devices;
-    o->sp.split_mode = mode;
-    if (o->sp.n_ctx <= 0) o->sp.n_ctx = n_p + n_g + 8;
-    loom_session *s = NULL;
-    if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
-        snprintf(r->err, sizeof r->err, "%s", loom_last_error());
-        snprintf(r->mode, sizeof r->mode, "%s", loom_split_mode_name(mode));
-        return;
-    }
-    snprintf(r->mode, sizeof r->mode, "%s", loom_split_mode_name(loom_session_split_mode(s)));
-    r->n_dev = loom_session_n_devices(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n_p > 0 ? n_p : 1));
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    double pp[64], tg[64];
+    int np = t->n_prompt > t->n_depth ? t->n_prompt : t->n_depth;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(np > 0 ? np : 1));
+    float *logits = malloc(sizeof(float) * (size_t)(V > 0 ? V : 1));
+    if (!ids || !logits) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        goto out;
+    }
     uint64_t seed = 7;
-    for (int i = 0; i < n_p; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)(3 + (seed >> 33) % (uint64_t)(V - 3));
-    }
     double red = 0, bytes = 0;
-    r->ok = true;
-    for (int k = 0; k < reps && r->ok; k++) {
+    loom_status st = LOOM_OK;
+    /* warm-up as llama-bench: a prompt batch and one generated token */
+    loom_session_clear(s);
+    if (t->n_prompt > 0) st = eval_prompt(s, t->n_prompt, V, logits, &seed, ids);
+    if (!st && t->n_gen > 0) st = eval_gen(s, 1, V, logits, &seed, &red, &bytes);
+    for (int k = 0; k < reps && !st; k++) {
         loom_session_clear(s);
-        int64_t t0 = loom_time_us();
-        if (n_p > 0 && loom_session_eval(s, ids, n_p, false, logits)) r->ok = false;
-        int64_t t1 = loom_time_us();
-        int32_t tok = 1;
+        if ((st = eval_prompt(s, t->n_depth, V, logits, &seed, ids))) break;
         red = bytes = 0;
-        for (int i = 0; i < n_g && r->ok; i++) {
-            if (loom_session_eval(s, &tok, 1, false, logits)) r->ok = false;
-            loom_session_stats st;
-            loom_session_get_stats(s, &st);
-            red += st.last_reductions;
-            bytes += (double)st.last_bytes_reduced;
-            tok = (int32_t)(3 + (i * 7919) % (V - 3));
-        }
-        int64_t t2 = loom_time_us();
-        pp[k] = n_p * 1e6 / (double)(t1 - t0 > 0 ? t1 - t0 : 1);
-        tg[k] = n_g * 1e6 / (double)(t2 - t1 > 0 ? t2 - t1 : 1);
+        int64_t t0 = loom_time_us();
+        st = eval_prompt(s, t->n_prompt, V, logits, &seed, ids);
+        if (!st) st = eval_gen(s, t->n_gen, V, logits, &seed, &red, &bytes);
+        int64_t dt = loom_time_us() - t0;
+        if (dt < 1) dt = 1;
+        r->samples_ns[k] = (double)dt * 1000.0;
+        r->samples_ts[k] = (double)(t->n_prompt + t->n_gen) * 1e6 / (double)dt;
+        r->n_samples++;
     }
-    if (!r->ok) snprintf(r->err, sizeof r->err, "%s", loom_last_error());
-    stats(pp, reps, &r->pp_mean, &r->pp_sd);
-    stats(tg, reps, &r->tg_mean, &r->tg_sd);
-    if (n_g > 0) {
-        r->red_per_tok = red / n_g;
-        r->bytes_per_tok = bytes / n_g;
+    if (st) {
+        snprintf(r->err, sizeof r->err, "%s", loom_last_error());
+        goto out;
     }
-    bool sim = r->n_dev > 0 && loom_dev_is_sim(loom_session_device(s, 0));
-    if (sim && r->red_per_tok > 0) {
+    r->ok = true;
+    stats(r->samples_ns, r->n_samples, &r->avg_ns, &r->sd_ns);
+    stats(r->samples_ts, r->n_samples, &r->avg_ts, &r->sd_ts);
+    if (t->n_gen > 0) {
+        r->red_per_tok = red / t->n_gen;
+        r->bytes_per_tok = bytes / t->n_gen;
+    }
+    bool sim = loom_session_n_devices(s) > 0 && loom_dev_is_sim(loom_session_device(s, 0));
+    if (sim && r->red_per_tok > 0 && loom_session_meta_backend(s)) {
         loom_sim_link nv, pc;
         loom_sim_link_preset("nvlink", &nv);
         loom_sim_link_preset("pcie4", &pc);
         double per = r->bytes_per_tok / r->red_per_tok;
-        r->proj_nvlink_us = r->red_per_tok * ring_us(&nv, r->n_dev, per);
-        r->proj_pcie_us = r->red_per_tok * ring_us(&pc, r->n_dev, per);
+        int n = loom_session_n_devices(s);
+        r->proj_nvlink_us = r->red_per_tok * ring_us(&nv, n, per);
+        r->proj_pcie_us = r->red_per_tok * ring_us(&pc, n, per);
     }
+out:
     free(ids);
     free(logits);
-    loom_session_free(s);
+}
+
+/* ---------------------------------------------------------------- output */
+
+typedef struct printer {
+    const char *fmt;
+    int n_rows;
+    const loom_model_opts *o;
+} printer;
+
+static void fmt_params(char *buf, size_t n, double p) {
+    if (p >= 1e9)
+        snprintf(buf, n, "%.2f B", p / 1e9);
+    else if (p >= 1e6)
+        snprintf(buf, n, "%.2f M", p / 1e6);
+    else
+        snprintf(buf, n, "%.2f K", p / 1e3);
+}
+
+static void fmt_size(char *buf, size_t n, double b) {
+    if (b >= 1024.0 * 1024 * 1024)
+        snprintf(buf, n, "%.2f GiB", b / 1024 / 1024 / 1024);
+    else if (b >= 1024.0 * 1024)
+        snprintf(buf, n, "%.2f MiB", b / 1024 / 1024);
+    else
+        snprintf(buf, n, "%.2f KiB", b / 1024);
+}
+
+/* A string field: JSON ("..." with \\, \" and control characters escaped), SQL ('...'
+ * with '' for a quote) or CSV ("..." with "" for a quote); control characters never pass. */
+static void put_str(FILE *f, const char *s, char mode) {
+    char quote = mode == 's' ? '\'' : '"';
+    fputc(quote, f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == (unsigned char)quote)
+            fputs(mode == 'j' ? "\\\"" : (mode == 's' ? "''" : "\"\""), f);
+        else if (c == '\\' && mode == 'j')
+            fputs("\\\\", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, mode == 'j' ? "\\u%04x" : "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    fputc(quote, f);
+}
+
+/* The fields, in llama-bench's names where the concept is the same, then loom's own. */
+#define N_FIELDS 28
+static const char *const FIELDS[N_FIELDS] = {"model_filename",
+                                             "model_type",
+                                             "model_size",
+                                             "model_n_params",
+                                             "backends",
+                                             "devices",
+                                             "n_batch",
+                                             "n_ubatch",
+                                             "n_threads",
+                                             "type_k",
+                                             "type_v",
+                                             "n_gpu_layers",
+                                             "split_mode",
+                                             "main_gpu",
+                                             "no_kv_offload",
+                                             "flash_attn",
+                                             "tensor_split",
+                                             "n_prompt",
+                                             "n_gen",
+                                             "n_depth",
+                                             "test_time",
+                                             "avg_ns",
+                                             "stddev_ns",
+                                             "avg_ts",
+                                             "stddev_ts",
+                                             "allreduces_per_token",
+                                             "bytes_reduced_per_token",
+                                             "proj_nvlink_us_per_token"};
+/* (and proj_pcie4_us_per_token, samples_ns, samples_ts: written after these) */
+
+static void header(printer *p) {
+    if (!strcmp(p->fmt, "md")) {
+        printf("| model | size | params | backend | devices | threads | ngl | sm | test | t/s | "
+               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok |\n");
+        printf("| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | "
+               "---: | ---: |\n");
+    } else if (!strcmp(p->fmt, "csv")) {
+        for (int i = 0; i < N_FIELDS; i++)
+            printf("%s,", FIELDS[i]);
+        printf("proj_pcie4_us_per_token\n");
+    } else if (!strcmp(p->fmt, "json")) {
+        printf("[\n");
+    } else if (!strcmp(p->fmt, "sql")) {
+        printf("CREATE TABLE IF NOT EXISTS test (\n");
+        for (int i = 0; i < N_FIELDS; i++) {
+            const char *ty = i == 0 || i == 1 || i == 4 || i == 5 || i == 9 || i == 10 || i == 12 ||
+                                     i == 16 || i == 20
+                                 ? "TEXT"
+                                 : (i >= 21 ? "REAL" : "INTEGER");
+            printf("  %s %s,\n", FIELDS[i], ty);
+        }
+        printf("  proj_pcie4_us_per_token REAL\n);\n");
+    }
+    fflush(stdout);
+}
+
+static void row(printer *p, const config *c, const test *t, const result *r, const char *when) {
+    const loom_model_opts *o = p->o;
+    const char *model = c->model ? c->model : "built-in";
+    const char *sm = loom_split_mode_name(c->mode);
+    char threads[16];
+    if (c->threads > 0)
+        snprintf(threads, sizeof threads, "%d", c->threads);
+    else
+        snprintf(threads, sizeof threads, "all");
+    const char *kt = o->ctk ? o->ctk : (o->ctv ? o->ctv : "f32");
+    const char *ts = o->tensor_split ? o->tensor_split : "0.00";
+    int fa = o->flash_attn != 0;
+    if (!strcmp(p->fmt, "md")) {
+        char size[32], params[32];
+        fmt_size(size, sizeof size, c->size);
+        fmt_params(params, sizeof params, c->params);
+        printf("| %s | %s | %s | %s | %s | %s | %d | %s | %s | %.2f ± %.2f | %.2f | %.0f | %.1f | "
+               "%.1f |\n",
+               c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, t->name,
+               r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
+               r->proj_pcie_us);
+    } else {
+        bool json = !strcmp(p->fmt, "json") || !strcmp(p->fmt, "jsonl");
+        bool sql = !strcmp(p->fmt, "sql");
+        char q = json ? 'j' : (sql ? 's' : 'c');
+        if (!strcmp(p->fmt, "json"))
+            printf("%s  {", p->n_rows ? ",\n" : "");
+        else if (json)
+            printf("{");
+        else if (sql) {
+            printf("INSERT INTO test (");
+            for (int i = 0; i < N_FIELDS; i++)
+                printf("%s, ", FIELDS[i]);
+            printf("proj_pcie4_us_per_token) VALUES (");
+        }
+        const char *sep = json ? ", " : (sql ? ", " : ",");
+#define KEY(i)                                                                                     \
+    (json ? (printf("%s\"%s\": ", (i) ? sep : "", FIELDS[i]), 0)                                   \
+          : (printf("%s", (i) ? sep : ""), 0))
+        KEY(0), put_str(stdout, model, q);
+        KEY(1), put_str(stdout, c->model_type, q);
+        KEY(2), printf("%.0f", c->size);
+        KEY(3), printf("%.0f", c->params);
+        KEY(4), put_str(stdout, c->backend, q);
+        KEY(5), put_str(stdout, c->devices, q);
+        KEY(6), printf("%lld", (long long)o->n_batch);
+        KEY(7), printf("%lld", (long long)o->n_ubatch);
+        KEY(8), printf("%d", c->threads);
+        KEY(9), put_str(stdout, kt, q);
+        KEY(10), put_str(stdout, kt, q);
+        KEY(11), printf("%d", c->ngl);
+        KEY(12), put_str(stdout, sm, q);
+        KEY(13), printf("%d", o->main_gpu);
+        KEY(14), printf("%s", json ? (o->sp.no_kv_offload ? "true" : "false")
+                                   : (o->sp.no_kv_offload ? "1" : "0"));
+        KEY(15), printf("%s", json ? (fa ? "true" : "false") : (fa ? "1" : "0"));
+        KEY(16), put_str(stdout, ts, q);
+        KEY(17), printf("%d", t->n_prompt);
+        KEY(18), printf("%d", t->n_gen);
+        KEY(19), printf("%d", t->n_depth);
+        KEY(20), put_str(stdout, when, q);
+        KEY(21), printf("%.0f", r->avg_ns);
+        KEY(22), printf("%.0f", r->sd_ns);
+        KEY(23), printf("%.6f", r->avg_ts);
+        KEY(24), printf("%.6f", r->sd_ts);
+        KEY(25), printf("%.2f", r->red_per_tok);
+        KEY(26), printf("%.0f", r->bytes_per_tok);
+        KEY(27), printf("%.3f", r->proj_nvlink_us);
+#undef KEY
+        if (json) {
+            printf(", \"proj_pcie4_us_per_token\": %.3f, \"samples_ns\": [", r->proj_pcie_us);
+            for (int k = 0; k < r->n_samples; k++)
+                printf("%s%.0f", k ? ", " : "", r->samples_ns[k]);
+            printf("], \"samples_ts\": [");
+            for (int k = 0; k < r->n_samples; k++)
+                printf("%s%.6f", k ? ", " : "", r->samples_ts[k]);
+            printf("]}%s", !strcmp(p->fmt, "jsonl") ? "\n" : "");
+        } else if (sql) {
+            printf(", %.3f);\n", r->proj_pcie_us);
+        } else {
+            printf(",%.3f\n", r->proj_pcie_us);
+        }
+    }
+    p->n_rows++;
+    fflush(stdout);
+}
+
+static void footer(printer *p) {
+    if (!strcmp(p->fmt, "json")) printf("%s]\n", p->n_rows ? "\n" : "");
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- configurations */
+
+/* Whether a spec lists at most one device (then every split mode is the same run). */
+static bool single_device(const char *spec) {
+    if (!strcmp(spec, "cpu") || !strcmp(spec, "none")) return true;
+    if (!strncmp(spec, "sim:", 4)) {
+        char *e = NULL;
+        long n = strtol(spec + 4, &e, 10);
+        return n == 1 && (*e == 0 || *e == ',');
+    }
+    if (!strncmp(spec, "cuda:", 5)) return strchr(spec + 5, ',') == NULL;
+    return false;
+}
+
+static void describe(config *c, loom_session *s, const loom_gguf *g) {
+    const loom_model *m = loom_session_model(s);
+    double size = 0, params = 0;
+    for (int64_t i = 0; i < loom_gguf_tensor_count(g); i++) {
+        int64_t ne[LOOM_MAX_DIMS];
+        loom_gguf_tensor_ne(g, i, ne);
+        double e = 1;
+        for (int d = 0; d < LOOM_MAX_DIMS; d++)
+            e *= (double)(ne[d] > 0 ? ne[d] : 1);
+        params += e;
+        size += (double)loom_gguf_tensor_size(g, i);
+    }
+    c->size = size;
+    c->params = params;
+    char pn[32];
+    fmt_params(pn, sizeof pn, params);
+    for (char *q = pn; *q; q++)
+        if (*q == ' ') memmove(q, q + 1, strlen(q));
+    snprintf(c->model_type, sizeof c->model_type, "%s %s", m->hp.arch, pn);
+    c->n_dev = loom_session_n_devices(s);
+    if (c->n_dev == 0) {
+        snprintf(c->backend, sizeof c->backend, "CPU");
+    } else {
+        loom_dev_t d0 = loom_session_device(s, 0);
+        const char *reg =
+            loom_dev_is_sim(d0) ? "SIM" : loom_cli_dev_type_name(loom_dev_get_type(d0));
+        if (loom_dev_get_type(d0) == LOOM_DEV_TYPE_GPU && !loom_dev_is_sim(d0)) reg = "CUDA";
+        snprintf(c->backend, sizeof c->backend, "%s", reg);
+    }
 }
 
 int loom_cli_bench(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
-    const char *devices = "cpu", *modes = NULL, *fmt = "md";
-    int n_p = 512, n_g = 128, reps = 3;
+    const char *devices = "cpu", *fmt = "md";
+    const char *models[MAX_LIST];
+    char model_bufs[MAX_LIST][1024];
+    int n_models = 0;
+    long pl[MAX_LIST], nl[MAX_LIST], dl[MAX_LIST], tl[MAX_LIST], gl[MAX_LIST], pgl[2 * MAX_LIST];
+    int n_pl = 0, n_nl = 0, n_dl = 0, n_tl = 0, n_gl = 0, n_pg = 0;
+    loom_split_mode mlist[8];
+    int n_modes = 0, reps = 5;
+    bool p_set = false, n_set = false;
+    int rc = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--devices") && v) {
-            devices = v;
-            i++;
-            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            loom_model_opts_free(&o);
+            return 0;
         }
-        if ((!strcmp(a, "--split-mode") || !strcmp(a, "-sm")) && v) {
-            modes = v;
+        bool list = true;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (!v || !v[0]) goto missing;
+            char buf[4096];
+            snprintf(buf, sizeof buf, "%s", v);
+            char *save = NULL;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (n_models >= MAX_LIST) {
+                    fprintf(stderr, "loom bench: more than %d models\n", MAX_LIST);
+                    goto done;
+                }
+                const char *pth = loom_cli_path(t, model_bufs[n_models], sizeof model_bufs[0]);
+                if (pth != model_bufs[n_models])
+                    snprintf(model_bufs[n_models], sizeof model_bufs[0], "%s", t);
+                models[n_models] = model_bufs[n_models];
+                n_models++;
+            }
+        } else if (!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) {
+            if (!v) goto missing;
+            devices = v;
+        } else if (!strcmp(a, "--split-mode") || !strcmp(a, "-sm")) {
+            if (!v) goto missing;
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", v);
+            char *save = NULL;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (n_modes >= 8) break;
+                if (!strcmp(t, "row")) {
+                    fprintf(stderr,
+                            "loom bench: -sm row (llama.cpp's row split) does not exist in loom; "
+                            "use tensor or layer\n");
+                    goto done;
+                }
+                if (loom_split_mode_parse(t, &mlist[n_modes])) {
+                    fprintf(stderr, "loom bench: %s\n", loom_last_error());
+                    goto done;
+                }
+                n_modes++;
+            }
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
+            if (!parse_list(a, v, 0, 1 << 20, pl, &n_pl)) goto done;
+            p_set = true;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
+            if (!parse_list(a, v, 0, 1 << 20, nl, &n_nl)) goto done;
+            n_set = true;
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) {
+            if (!parse_list(a, v, 0, 1 << 20, dl, &n_dl)) goto done;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!parse_list(a, v, 1, 1024, tl, &n_tl)) goto done;
+        } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
+            if (!parse_list(a, v, -1, 100000, gl, &n_gl)) goto done;
+        } else if (!strcmp(a, "-pg")) {
+            long two[MAX_LIST];
+            int n2 = 0;
+            if (!parse_list(a, v, 0, 1 << 20, two, &n2)) goto done;
+            if (n2 != 2 || n_pg >= MAX_LIST) {
+                fprintf(stderr, "loom bench: -pg '%s' is not PP,TG (two numbers)\n", v);
+                goto done;
+            }
+            pgl[2 * n_pg] = two[0];
+            pgl[2 * n_pg + 1] = two[1];
+            n_pg++;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
+            int x;
+            if (!loom_cli_parse_int("bench", a, v, 1, 64, &x)) goto done;
+            reps = x;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            if (!v) goto missing;
+            fmt = v;
+            if (strcmp(fmt, "md") && strcmp(fmt, "csv") && strcmp(fmt, "json") &&
+                strcmp(fmt, "jsonl") && strcmp(fmt, "sql")) {
+                fprintf(stderr, "loom bench: -o '%s' (md, csv, json, jsonl or sql)\n", fmt);
+                goto done;
+            }
+        } else {
+            list = false;
+        }
+        if (list) {
             i++;
             continue;
         }
         int r = loom_model_opts_parse(&o, "bench", argc, argv, &i);
-        if (r < 0) return 2;
+        if (r < 0) goto done;
         if (r > 0) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-p") && v) {
-            if (!loom_cli_parse_int("bench", a, v, 0, 1 << 20, &n_p)) return 2;
-            i++;
-        } else if (!strcmp(a, "-n") && v) {
-            if (!loom_cli_parse_int("bench", a, v, 0, 1 << 20, &n_g)) return 2;
-            i++;
-        } else if (!strcmp(a, "-r") && v) {
-            if (!loom_cli_parse_int("bench", a, v, 1, 64, &reps)) return 2;
-            i++;
-        } else if (!strcmp(a, "-o") && v) {
-            fmt = v;
-            if (strcmp(fmt, "md") && strcmp(fmt, "csv") && strcmp(fmt, "json")) {
-                fprintf(stderr, "loom bench: -o '%s' (md, csv or json)\n", fmt);
-                return 2;
-            }
-            i++;
-        } else {
-            fprintf(stderr, "loom bench: unknown or incomplete option '%s' (see loom bench --help)\n", a);
-            return 2;
-        }
+        loom_cli_unknown_option("bench", a, bench_names, loom_model_opts_names);
+        goto done;
+    missing:
+        fprintf(stderr, "loom bench: %s needs a value\n", a);
+        goto done;
     }
-    if (!loom_model_opts_open(&o, "bench")) return 1;
-    loom_split_mode mlist[8];
-    int n_modes = 0;
-    if (!modes) {
-        mlist[n_modes++] = LOOM_SPLIT_MODE_DEFAULT;
-    } else {
-        char buf[128];
-        snprintf(buf, sizeof buf, "%s", modes);
-        char *save = NULL;
-        for (char *tok = strtok_r(buf, ",", &save); tok && n_modes < 8; tok = strtok_r(NULL, ",", &save)) {
-            if (loom_split_mode_parse(tok, &mlist[n_modes])) {
-                fprintf(stderr, "loom bench: %s\n", loom_last_error());
-                loom_model_opts_free(&o);
-                return 2;
-            }
-            n_modes++;
-        }
-    }
-    row rows[64];
-    int n_rows = 0;
-    char dbuf[512];
+    if (!loom_model_opts_finish(&o, "bench")) goto done;
+    /* the device specs: ';'-separated, none empty */
+    char dbuf[1024];
+    const char *specs[MAX_LIST];
+    int n_specs = 0;
     snprintf(dbuf, sizeof dbuf, "%s", devices);
-    int64_t n_ctx0 = o.sp.n_ctx;
-    char *dsave = NULL;
-    for (char *spec = strtok_r(dbuf, ";", &dsave); spec && n_rows < 64; spec = strtok_r(NULL, ";", &dsave))
-        for (int m = 0; m < n_modes && n_rows < 64; m++) {
-            o.sp.n_ctx = n_ctx0;
-            bench_one(&o, spec, mlist[m], n_p, n_g, reps, &rows[n_rows++]);
+    for (char *p = dbuf, *q; p; p = q) {
+        q = strchr(p, ';');
+        if (q) *q++ = 0;
+        if (!p[0]) {
+            fprintf(stderr, "loom bench: --devices '%s' has an empty device spec\n", devices);
+            goto done;
         }
-    const loom_hparams *hp = NULL;
-    loom_hparams h;
-    if (loom_hparams_from_gguf(o.gguf, &h) == LOOM_OK) hp = &h;
+        if (n_specs >= MAX_LIST) {
+            fprintf(stderr, "loom bench: --devices: more than %d specs\n", MAX_LIST);
+            goto done;
+        }
+        specs[n_specs++] = p;
+    }
+    if (n_models == 0) models[n_models++] = NULL;
+    if (!n_modes) mlist[n_modes++] = LOOM_SPLIT_MODE_DEFAULT;
+    if (!p_set) pl[n_pl++] = 512;
+    if (!n_set) nl[n_nl++] = 128;
+    if (!n_dl) dl[n_dl++] = 0;
+    if (!n_tl) tl[n_tl++] = 0;
+    if (!n_gl) gl[n_gl++] = -1;
+    /* the tests, in llama-bench's order: pp, tg, pg; each at every depth */
+    test tests[4 * MAX_LIST * MAX_LIST];
+    int n_tests = 0;
+    for (int d = 0; d < n_dl; d++) {
+        for (int k = 0; k < n_pl; k++)
+            if (pl[k] > 0) tests[n_tests++] = (test){.n_prompt = (int)pl[k], .n_depth = (int)dl[d]};
+        for (int k = 0; k < n_nl; k++)
+            if (nl[k] > 0) tests[n_tests++] = (test){.n_gen = (int)nl[k], .n_depth = (int)dl[d]};
+        for (int k = 0; k < n_pg; k++)
+            if (pgl[2 * k] + pgl[2 * k + 1] > 0)
+                tests[n_tests++] = (test){.n_prompt = (int)pgl[2 * k],
+                                          .n_gen = (int)pgl[2 * k + 1],
+                                          .n_depth = (int)dl[d]};
+    }
+    for (int k = 0; k < n_tests; k++) {
+        test *t = &tests[k];
+        int o2 = t->n_prompt && t->n_gen
+                     ? snprintf(t->name, sizeof t->name, "pp%d+tg%d", t->n_prompt, t->n_gen)
+                 : t->n_prompt ? snprintf(t->name, sizeof t->name, "pp%d", t->n_prompt)
+                               : snprintf(t->name, sizeof t->name, "tg%d", t->n_gen);
+        if (t->n_depth > 0 && o2 > 0 && (size_t)o2 < sizeof t->name)
+            snprintf(t->name + o2, sizeof t->name - (size_t)o2, " @ d%d", t->n_depth);
+    }
+    if (n_tests == 0) {
+        fprintf(stderr, "loom bench: no test (every -p, -n and -pg is 0)\n");
+        goto done;
+    }
+    int64_t need = 0;
+    for (int k = 0; k < n_tests; k++) {
+        int64_t x = (int64_t)tests[k].n_depth + tests[k].n_prompt + tests[k].n_gen;
+        if (x > need) need = x;
+    }
+    printer pr = {.fmt = fmt, .o = &o};
+    header(&pr);
     int failed = 0;
-    if (!strcmp(fmt, "md")) {
-        printf("model: %s (%s, %lld layers)\n\n", o.model ? o.model : "built-in synthetic", hp ? hp->arch : "?",
-               hp ? (long long)hp->n_layer : 0ll);
-        printf("| devices | split | pp%d t/s | tg%d t/s | allreduce/tok | bytes/tok | proj nvlink us/tok | proj pcie4 us/tok |\n", n_p, n_g);
-        printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
-    } else if (!strcmp(fmt, "csv")) {
-        printf("devices,split,n_prompt,n_gen,pp_tps,pp_sd,tg_tps,tg_sd,allreduce_per_tok,bytes_per_tok,proj_nvlink_us,proj_pcie4_us\n");
-    } else {
-        printf("[\n");
-    }
-    for (int i = 0; i < n_rows; i++) {
-        row *r = &rows[i];
-        if (!r->ok) {
+    rc = 0;
+    for (int mi = 0; mi < n_models; mi++) {
+        loom_gguf_free(o.gguf);
+        o.gguf = NULL;
+        o.model = models[mi];
+        if (!loom_model_opts_open(&o, "bench")) {
             failed++;
-            fprintf(stderr, "loom bench: %s %s: %s\n", r->devices, r->mode, r->err);
+            continue;
         }
-        if (!strcmp(fmt, "md"))
-            printf("| %s | %s | %.1f ± %.1f | %.1f ± %.1f | %.1f | %.0f | %.1f | %.1f |%s\n", r->devices, r->mode,
-                   r->pp_mean, r->pp_sd, r->tg_mean, r->tg_sd, r->red_per_tok, r->bytes_per_tok,
-                   r->proj_nvlink_us, r->proj_pcie_us, r->ok ? "" : " FAILED");
-        else if (!strcmp(fmt, "csv"))
-            printf("%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.2f,%.0f,%.2f,%.2f\n", r->devices, r->mode, n_p, n_g,
-                   r->pp_mean, r->pp_sd, r->tg_mean, r->tg_sd, r->red_per_tok, r->bytes_per_tok,
-                   r->proj_nvlink_us, r->proj_pcie_us);
-        else
-            printf("  {\"devices\": \"%s\", \"split\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, "
-                   "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
-                   "\"allreduce_per_tok\": %.2f, \"bytes_per_tok\": %.0f, \"proj_nvlink_us\": %.2f, "
-                   "\"proj_pcie4_us\": %.2f, \"ok\": %s}%s\n",
-                   r->devices, r->mode, n_p, n_g, r->pp_mean, r->pp_sd, r->tg_mean, r->tg_sd,
-                   r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us, r->proj_pcie_us,
-                   r->ok ? "true" : "false", i + 1 < n_rows ? "," : "");
+        for (int si = 0; si < n_specs; si++)
+            for (int mo = 0; mo < n_modes; mo++) {
+                if (mo > 0 && single_device(specs[si])) continue; /* the same run */
+                for (int ti = 0; ti < n_tl; ti++)
+                    for (int gi = 0; gi < n_gl; gi++) {
+                        config c = {.model = models[mi],
+                                    .devices = specs[si],
+                                    .mode = mlist[mo],
+                                    .threads = (int)tl[ti],
+                                    .ngl = (int)gl[gi]};
+                        loom_session_params sp = o.sp;
+                        sp.devices = specs[si];
+                        sp.split_mode = mlist[mo];
+                        sp.threads = c.threads;
+                        sp.n_gpu_layers = c.ngl;
+                        if (sp.n_ctx <= 0) sp.n_ctx = need;
+                        loom_session *s = NULL;
+                        char when[32];
+                        time_t now = time(NULL);
+                        struct tm tmv;
+                        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+                        if (loom_session_new(NULL, o.gguf, &sp, &s)) {
+                            fprintf(stderr, "loom bench: FAILED %s | %s | %s: %s\n",
+                                    c.model ? c.model : "built-in", c.devices,
+                                    loom_split_mode_name(c.mode), loom_last_error());
+                            failed++;
+                            continue;
+                        }
+                        ((loom_model *)loom_session_model(s))->no_flash_attn = o.flash_attn == 0;
+                        c.mode = loom_session_split_mode(s);
+                        describe(&c, s, o.gguf);
+                        for (int k = 0; k < n_tests; k++) {
+                            result r;
+                            run_test(s, &tests[k], reps, &r);
+                            if (!r.ok) {
+                                fprintf(stderr, "loom bench: FAILED %s | %s | %s | %s: %s\n",
+                                        c.model ? c.model : "built-in", c.devices,
+                                        loom_split_mode_name(c.mode), tests[k].name, r.err);
+                                failed++;
+                                continue;
+                            }
+                            row(&pr, &c, &tests[k], &r, when);
+                        }
+                        loom_session_free(s);
+                    }
+            }
     }
-    if (!strcmp(fmt, "json")) printf("]\n");
+    footer(&pr);
+    if (failed) rc = 1;
+done:
     loom_model_opts_free(&o);
-    return failed ? 1 : 0;
+    return rc;
 }

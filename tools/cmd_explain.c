@@ -15,22 +15,25 @@
 #include "tools/model_cli.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom explain [-m FILE] [--devices SPEC] [--batch N] [--html OUT] [options]\n\n"
-               "Shows where every node of the graph of a batch of N tokens (default 1) runs and\n"
-               "why, the splits and their inputs, and the tensor-parallel subgraphs and reductions.\n\n"
-               "  --html OUT             also write a self-contained HTML page\n"
-               "  -q, --quiet            print only the splits and the summary\n"
-               "%s",
-            loom_model_opts_help());
+    fprintf(
+        f,
+        "usage: loom explain [-m FILE] [--devices SPEC] [--batch N] [--html OUT] [options]\n\n"
+        "Shows where every node of the graph of a batch of N tokens (default 1) runs and\n"
+        "why, the splits and their inputs, and the tensor-parallel subgraphs and reductions.\n\n"
+        "  --batch N                 the batch (tokens) whose graph is explained (default 1)\n"
+        "  --html OUT                also write a self-contained HTML page\n"
+        "  -q, --quiet               print only the splits, the memory and the summary\n"
+        "%s",
+        loom_model_opts_help());
 }
 
 typedef struct node_info {
     const loom_tensor *t;
-    int backend;       /* index in the scheduler's backends */
+    int backend; /* index in the scheduler's backends */
     const char *cause;
     int split;
-    char state[64];    /* meta: split state, "" otherwise */
-    bool reduce;       /* meta: a reduction point (PARTIAL) */
+    char state[64]; /* meta: split state, "" otherwise */
+    bool reduce;    /* meta: a reduction point (PARTIAL) */
 } node_info;
 
 static void shape(const loom_tensor *t, char *buf, size_t n) {
@@ -43,11 +46,16 @@ static void shape(const loom_tensor *t, char *buf, size_t n) {
 
 static void html_escape(FILE *f, const char *s) {
     for (; *s; s++) {
-        if (*s == '<') fputs("&lt;", f);
-        else if (*s == '>') fputs("&gt;", f);
-        else if (*s == '&') fputs("&amp;", f);
-        else if (*s == '"') fputs("&quot;", f);
-        else fputc(*s, f);
+        if (*s == '<')
+            fputs("&lt;", f);
+        else if (*s == '>')
+            fputs("&gt;", f);
+        else if (*s == '&')
+            fputs("&amp;", f);
+        else if (*s == '"')
+            fputs("&quot;", f);
+        else
+            fputc(*s, f);
     }
 }
 
@@ -67,9 +75,11 @@ static void write_html(FILE *f, loom_session *s, const node_info *ni, int n, int
                ".red{outline:3px solid #d00;outline-offset:1px}.legend span{display:inline-block;"
                "padding:2px 8px;margin-right:6px;border-radius:4px;color:#fff}"
                ".cut{display:inline-block;margin:2px 4px;color:#d00;font-weight:bold}"
-               "table{border-collapse:collapse}td,th{padding:1px 8px;text-align:left}</style></head><body>\n");
-    fprintf(f, "<h1>loom explain</h1>\n<p>batch of %lld token(s); %d graph nodes in %d splits; "
-               "%d allreduces moving %llu bytes per graph.</p>\n",
+               "table{border-collapse:collapse}td,th{padding:1px "
+               "8px;text-align:left}</style></head><body>\n");
+    fprintf(f,
+            "<h1>loom explain</h1>\n<p>batch of %lld token(s); %d graph nodes in %d splits; "
+            "%d allreduces moving %llu bytes per graph.</p>\n",
             (long long)batch, n, n_splits, n_reduce, (unsigned long long)bytes_reduced);
     fprintf(f, "<div class=\"legend\">");
     for (int b = 0; b < nb; b++) {
@@ -77,13 +87,16 @@ static void write_html(FILE *f, loom_session *s, const node_info *ni, int n, int
         html_escape(f, loom_backend_name(loom_sched_get_backend(sc, b)));
         fprintf(f, "</span>");
     }
-    fprintf(f, "<span style=\"background:#fff;color:#d00;outline:3px solid #d00\">allreduce after</span></div>\n");
+    fprintf(f, "<span style=\"background:#fff;color:#d00;outline:3px solid #d00\">allreduce "
+               "after</span></div>\n");
     for (int k = 0; k < n_splits; k++) {
         loom_sched_split_info si;
         if (loom_sched_get_split(sc, k, &si)) continue;
         int b = 0;
-        while (b < nb && loom_sched_get_backend(sc, b) != si.backend) b++;
-        fprintf(f, "<div class=\"split\" style=\"border-color:%s\"><h2>split %d: ", COLORS[b % 10], k);
+        while (b < nb && loom_sched_get_backend(sc, b) != si.backend)
+            b++;
+        fprintf(f, "<div class=\"split\" style=\"border-color:%s\"><h2>split %d: ", COLORS[b % 10],
+                k);
         html_escape(f, loom_backend_name(si.backend));
         fprintf(f, " &mdash; nodes %d..%d</h2>\n<div class=\"inputs\">%d input copies:", si.i_start,
                 si.i_end - 1, si.n_inputs);
@@ -96,8 +109,8 @@ static void write_html(FILE *f, loom_session *s, const node_info *ni, int n, int
         for (int i = si.i_start; i < si.i_end && i < n; i++) {
             char sh[64], title[256];
             shape(ni[i].t, sh, sizeof sh);
-            snprintf(title, sizeof title, "#%d %s %s %s cause %s %s", i, loom_op_name(ni[i].t->op), ni[i].t->name,
-                     sh, ni[i].cause, ni[i].state);
+            snprintf(title, sizeof title, "#%d %s %s %s cause %s %s", i, loom_op_name(ni[i].t->op),
+                     ni[i].t->name, sh, ni[i].cause, ni[i].state);
             fprintf(f, "<span class=\"node%s%s\" style=\"background:%s\" title=\"",
                     loom_op_is_view(ni[i].t->op) ? " view" : "", ni[i].reduce ? " red" : "",
                     COLORS[ni[i].backend % 10]);
@@ -122,37 +135,53 @@ static void write_html(FILE *f, loom_session *s, const node_info *ni, int n, int
     fprintf(f, "</table>\n</body></html>\n");
 }
 
+static const char *const explain_names[] = {"-h",      "--help",  "--html", "-q",
+                                            "--quiet", "--batch", NULL};
+
 int loom_cli_explain(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
     const char *html = NULL;
+    char hbuf[4096];
     long batch = 1;
     bool quiet = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = loom_model_opts_parse(&o, "explain", argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) {
-            if (!strcmp(a, "--batch") || !strcmp(a, "-b")) batch = o.sp.n_batch;
+        if (!strcmp(a, "--batch")) {
+            /* explain's --batch is the batch to explain (not llama.cpp's -b) */
+            int x;
+            if (!loom_cli_parse_int("explain", a, v, 1, 1 << 20, &x)) goto usage_error;
+            batch = x;
+            i++;
             continue;
         }
+        int r = loom_model_opts_parse(&o, "explain", argc, argv, &i);
+        if (r < 0) goto usage_error;
+        if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            loom_model_opts_free(&o);
             return 0;
         } else if (!strcmp(a, "--html") && v) {
-            html = v;
+            if (!(html = loom_cli_path(v, hbuf, sizeof hbuf))) goto usage_error;
             i++;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = true;
+        } else if (!strcmp(a, "--html")) {
+            fprintf(stderr, "loom explain: %s needs a value\n", a);
+            goto usage_error;
         } else {
-            fprintf(stderr, "loom explain: unknown or incomplete option '%s' (see loom explain --help)\n", a);
-            return 2;
+            loom_cli_unknown_option("explain", a, explain_names, loom_model_opts_names);
+            goto usage_error;
         }
     }
+    if (!loom_model_opts_finish(&o, "explain")) goto usage_error;
+    if (o.sp.n_batch < batch) o.sp.n_batch = batch;
     int rc = 1;
     loom_session *s = NULL;
     node_info *ni = NULL;
-    if (!loom_model_opts_open(&o, "explain") || !(s = loom_model_opts_session(&o, "explain"))) goto out;
+    if (!loom_model_opts_open(&o, "explain") || !(s = loom_model_opts_session(&o, "explain")))
+        goto out;
     loom_graph *g = NULL;
     if (loom_session_plan(s, batch, &g)) {
         fprintf(stderr, "loom explain: %s\n", loom_last_error());
@@ -169,21 +198,24 @@ int loom_cli_explain(int argc, char **argv) {
     for (int k = 0; k < n_splits; k++) {
         loom_sched_split_info si;
         if (loom_sched_get_split(sc, k, &si)) continue;
-        for (int i = si.i_start; i < si.i_end && i < g->n_nodes; i++) ni[i].split = k;
+        for (int i = si.i_start; i < si.i_end && i < g->n_nodes; i++)
+            ni[i].split = k;
     }
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *t = g->nodes[i];
         ni[i].t = t;
         loom_backend_t b = loom_sched_get_tensor_backend(sc, t);
         ni[i].backend = 0;
-        while (ni[i].backend < nb && loom_sched_get_backend(sc, ni[i].backend) != b) ni[i].backend++;
+        while (ni[i].backend < nb && loom_sched_get_backend(sc, ni[i].backend) != b)
+            ni[i].backend++;
         if (ni[i].backend == nb) ni[i].backend = nb - 1;
         ni[i].cause = loom_sched_get_tensor_cause(sc, t);
         if (meta && b == meta_be) {
             loom_split_state st;
             if (loom_meta_tensor_state(meta, t, false, &st) == LOOM_OK) {
                 loom_split_state_format(&st, ni[i].state, sizeof ni[i].state);
-                ni[i].reduce = st.axis == LOOM_SPLIT_PARTIAL && t->op != LOOM_OP_NONE && !loom_op_is_view(t->op);
+                ni[i].reduce = st.axis == LOOM_SPLIT_PARTIAL && t->op != LOOM_OP_NONE &&
+                               !loom_op_is_view(t->op);
                 if (ni[i].reduce) {
                     n_reduce++;
                     bytes_reduced += loom_nbytes(t);
@@ -193,10 +225,12 @@ int loom_cli_explain(int argc, char **argv) {
             }
         }
     }
-    printf("model: %s; devices %s; split mode %s; batch %ld\n", o.model ? o.model : "built-in synthetic",
-           o.sp.devices ? o.sp.devices : "cpu", loom_split_mode_name(loom_session_split_mode(s)), batch);
+    printf("model: %s; devices %s; split mode %s; batch %ld\n",
+           o.model ? o.model : "built-in synthetic", o.sp.devices ? o.sp.devices : "cpu",
+           loom_split_mode_name(loom_session_split_mode(s)), batch);
     printf("backends (priority order):");
-    for (int b = 0; b < nb; b++) printf(" %s", loom_backend_name(loom_sched_get_backend(sc, b)));
+    for (int b = 0; b < nb; b++)
+        printf(" %s", loom_backend_name(loom_sched_get_backend(sc, b)));
     printf("\n\n");
     for (int k = 0; k < n_splits; k++) {
         loom_sched_split_info si;
@@ -243,4 +277,7 @@ out:
     loom_session_free(s);
     loom_model_opts_free(&o);
     return rc;
+usage_error:
+    loom_model_opts_free(&o);
+    return 2;
 }

@@ -4,20 +4,69 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "loom/rules.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom gguf FILE [--plan --devices SPEC] [--split-rules FILE]\n\n"
-               "Prints the metadata and tensors of a GGUF file. With --plan, also each tensor's\n"
-               "split state over the devices (tensor parallelism) and the rule that matched it.\n");
+    fprintf(f,
+            "usage: loom gguf FILE [--plan [--devices SPEC] [-c N] [-ctk f32|f16]] [--split-rules "
+            "FILE]\n\n"
+            "Prints the metadata and tensors of a GGUF file (control characters in names and\n"
+            "strings escaped). With --plan, also each tensor's split state over the devices\n"
+            "(tensor parallelism), the rule that matched it, and the planned memory per device\n"
+            "(weights and KV cache, against each device's free memory; a plan that does not\n"
+            "fit is refused, naming the device and both numbers).\n\n"
+            "  --plan                    plan the tensor-parallel split\n"
+            "  -dev, --devices SPEC      devices of the plan (default sim:2; at most %d)\n"
+            "  -c, --ctx-size N          KV cache positions (default: min(train, 2048))\n"
+            "  -ctk, --cache-type-k T    KV cache type, f32 (default) or f16\n"
+            "  --split-rules FILE        split rules that override/extend the built-in table\n",
+            LOOM_META_MAX_DEVICES);
+}
+
+static const char *const gguf_names[] = {"-h",         "--help",   "--plan",         "--devices",
+                                         "-dev",       "--device", "--split-rules",  "-c",
+                                         "--ctx-size", "-ctk",     "--cache-type-k", NULL};
+
+/* Prints s with control characters (and DEL) escaped, so a file's bytes never reach the
+ * terminal as escape sequences or line breaks. */
+static void put_escaped(const char *s, int width) {
+    int n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\n')
+            n += printf("\\n");
+        else if (*p == '\r')
+            n += printf("\\r");
+        else if (*p == '\t')
+            n += printf("\\t");
+        else if (*p < 0x20 || *p == 0x7f)
+            n += printf("\\x%02x", *p);
+        else {
+            putchar(*p);
+            n++;
+        }
+    }
+    for (; n < width; n++)
+        putchar(' ');
+}
+
+/* Adds t's bytes on each device under its split state (a mirrored tensor: whole on each). */
+static void plan_add(double *per_dev, int n_dev, const loom_split_state *st, const loom_tensor *t) {
+    for (int j = 0; j < n_dev; j++)
+        per_dev[j] += loom_split_axis_is_dim(st->axis)
+                          ? (double)loom_split_state_slice_nbytes(st, t, j)
+                          : (double)loom_nbytes(t);
 }
 
 int loom_cli_gguf(int argc, char **argv) {
     const char *path = NULL, *devices = NULL, *rules_file = NULL;
+    char pbuf[4096], rbuf[4096];
     bool plan = false;
+    long n_ctx = 0;
+    loom_type kv_type = LOOM_TYPE_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -25,16 +74,45 @@ int loom_cli_gguf(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--plan")) {
             plan = true;
-        } else if (!strcmp(a, "--devices") && v) {
+        } else if ((!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) && v) {
+            if (!v[0]) {
+                fprintf(stderr, "loom gguf: %s is empty\n", a);
+                return 2;
+            }
             devices = v;
             i++;
         } else if (!strcmp(a, "--split-rules") && v) {
-            rules_file = v;
+            if (!(rules_file = loom_cli_path(v, rbuf, sizeof rbuf))) return 2;
+            i++;
+        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v) {
+            int x;
+            if (!loom_cli_parse_int("gguf", a, v, 1, 1 << 24, &x)) return 2;
+            n_ctx = x;
+            i++;
+        } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
+            if (!strcasecmp(v, "f32"))
+                kv_type = LOOM_TYPE_F32;
+            else if (!strcasecmp(v, "f16"))
+                kv_type = LOOM_TYPE_F16;
+            else {
+                fprintf(stderr, "loom gguf: %s %s: loom's KV cache supports f32 and f16 only\n", a,
+                        v);
+                return 2;
+            }
             i++;
         } else if (a[0] != '-' && !path) {
-            path = a;
+            if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) return 2;
+        } else if (a[0] != '-') {
+            fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
+            return 2;
         } else {
-            fprintf(stderr, "loom gguf: unknown or incomplete option '%s' (see loom gguf --help)\n", a);
+            bool known = false;
+            for (const char *const *n = gguf_names; *n && !known; n++)
+                known = !strcmp(a, *n);
+            if (known)
+                fprintf(stderr, "loom gguf: %s needs a value\n", a);
+            else
+                loom_cli_unknown_option("gguf", a, gguf_names, NULL);
             return 2;
         }
     }
@@ -48,19 +126,29 @@ int loom_cli_gguf(int argc, char **argv) {
         return 1;
     }
     int n_dev = 0;
+    loom_dev_t devs[LOOM_META_MAX_DEVICES];
+    double w_dev[LOOM_META_MAX_DEVICES] = {0}, kv_dev[LOOM_META_MAX_DEVICES] = {0}, w_host = 0;
     loom_rules *rules = NULL;
     loom_hparams hp;
     int rc = 1;
     if (plan) {
-        loom_dev_t devs[16];
         size_t nd = 0;
         if (!devices) devices = "sim:2";
-        if (loom_cli_devices_from_spec(devices, devs, 16, &nd)) {
+        if (loom_cli_devices_from_spec(devices, devs, LOOM_META_MAX_DEVICES, &nd)) {
             fprintf(stderr, "loom gguf: %s\n", loom_last_error());
             goto out;
         }
-        n_dev = (int)(nd > 16 ? 16 : nd);
-        if (loom_hparams_from_gguf(g, &hp) || loom_rules_builtin(hp.arch, hp.n_expert > 0, &rules)) {
+        if (nd > LOOM_META_MAX_DEVICES || nd == 0) {
+            fprintf(
+                stderr,
+                "loom gguf: --devices %s gives %zu devices; a tensor-parallel plan covers 1..%d\n",
+                devices, nd, LOOM_META_MAX_DEVICES);
+            rc = 2;
+            goto out;
+        }
+        n_dev = (int)nd;
+        if (loom_hparams_from_gguf(g, &hp) ||
+            loom_rules_builtin(hp.arch, hp.n_expert > 0, &rules)) {
             fprintf(stderr, "loom gguf: %s\n", loom_last_error());
             goto out;
         }
@@ -74,46 +162,115 @@ int loom_cli_gguf(int argc, char **argv) {
         }
     }
     printf("%s: GGUF v%u, %lld metadata entries, %lld tensors, alignment %zu, data at %zu\n", path,
-           loom_gguf_version(g), (long long)loom_gguf_kv_count(g), (long long)loom_gguf_tensor_count(g),
-           loom_gguf_alignment(g), loom_gguf_data_offset(g));
+           loom_gguf_version(g), (long long)loom_gguf_kv_count(g),
+           (long long)loom_gguf_tensor_count(g), loom_gguf_alignment(g), loom_gguf_data_offset(g));
     printf("\nmetadata:\n");
     for (int64_t i = 0; i < loom_gguf_kv_count(g); i++) {
         char val[320];
         loom_gguf_kv_format(g, i, val, sizeof val);
-        printf("  %-44s %-8s %s\n", loom_gguf_kv_key(g, i), loom_gguf_type_name(loom_gguf_kv_type(g, i)), val);
+        printf("  ");
+        put_escaped(loom_gguf_kv_key(g, i), 44);
+        printf(" %-8s ", loom_gguf_type_name(loom_gguf_kv_type(g, i)));
+        put_escaped(val, 0);
+        printf("\n");
     }
     printf("\ntensors:\n");
-    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+    loom_ctx *ctx =
+        loom_ctx_new((loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
     for (int64_t i = 0; i < loom_gguf_tensor_count(g); i++) {
         int64_t ne[4];
         loom_gguf_tensor_ne(g, i, ne);
         char sh[80], sz[32];
         int nd = loom_gguf_tensor_n_dims(g, i);
         size_t o = (size_t)snprintf(sh, sizeof sh, "[");
-        for (int d = 0; d < nd; d++) o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld", d ? ", " : "", (long long)ne[d]);
+        for (int d = 0; d < nd; d++)
+            o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld", d ? ", " : "", (long long)ne[d]);
         snprintf(sh + o, sizeof sh - o, "]");
         loom_cli_format_bytes(sz, sizeof sz, (double)loom_gguf_tensor_size(g, i));
-        printf("  %-32s %-5s %-22s %10s", loom_gguf_tensor_name(g, i), loom_type_name(loom_gguf_tensor_type(g, i)), sh, sz);
+        printf("  ");
+        put_escaped(loom_gguf_tensor_name(g, i), 32);
+        printf(" %-5s %-22s %10s", loom_type_name(loom_gguf_tensor_type(g, i)), sh, sz);
         if (plan && ctx) {
             loom_tensor *t = loom_new_tensor(ctx, loom_gguf_tensor_type(g, i), 4, ne);
             loom_set_name(t, loom_gguf_tensor_name(g, i));
             loom_split_state st;
             const loom_rule *m = NULL;
             char state[96];
-            if (loom_rules_split_state(rules, &hp, t, n_dev, &st, &m) == LOOM_OK)
+            if (loom_rules_split_state(rules, &hp, t, n_dev, &st, &m) == LOOM_OK) {
                 loom_split_state_format(&st, state, sizeof state);
-            else
+                /* as the session places it: token embeddings stay in host memory */
+                if (!strcmp(t->name, "token_embd.weight"))
+                    w_host += (double)loom_nbytes(t);
+                else
+                    plan_add(w_dev, n_dev, &st, t);
+            } else
                 snprintf(state, sizeof state, "error: %.80s", loom_last_error());
             printf("  %-28s", state);
-            if (m) printf(" %s:%d /%s/", m->source, m->line, m->pattern);
-            else printf(" (no rule: mirrored)");
+            if (m) {
+                printf(" %s:%d /", m->source, m->line);
+                put_escaped(m->pattern, 0);
+                printf("/");
+            } else
+                printf(" (no rule: mirrored)");
             loom_ctx_free(ctx);
-            ctx = loom_ctx_new((loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+            ctx = loom_ctx_new(
+                (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
         }
         printf("\n");
     }
     loom_ctx_free(ctx);
-    if (plan) printf("\nsplit over %d devices (%s)\n", n_dev, devices);
+    if (plan) {
+        printf("\nsplit over %d devices (%s)\n", n_dev, devices);
+        /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
+         * layer, split by the rules */
+        int64_t ctx = n_ctx > 0
+                          ? n_ctx
+                          : (hp.n_ctx_train > 0 && hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
+        loom_ctx *kc = loom_ctx_new(
+            (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+        for (int il = 0; kc && il < hp.n_layer; il++)
+            for (int which = 0; which < 2; which++) {
+                loom_tensor *t = loom_new_tensor_2d(kc, kv_type, hp.n_head_kv * hp.head_dim, ctx);
+                if (!t) break;
+                loom_format_name(t, "cache_%c_l%d", which ? 'v' : 'k', il);
+                loom_split_state st;
+                if (loom_rules_split_state(rules, &hp, t, n_dev, &st, NULL) == LOOM_OK)
+                    plan_add(kv_dev, n_dev, &st, t);
+                else
+                    plan_add(kv_dev, n_dev, &(loom_split_state){.axis = LOOM_SPLIT_MIRRORED}, t);
+                loom_ctx_free(kc);
+                kc = loom_ctx_new(
+                    (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+            }
+        loom_ctx_free(kc);
+        loom_cli_mem_row rows[LOOM_META_MAX_DEVICES + 1];
+        for (int j = 0; j < n_dev; j++) {
+            rows[j] = (loom_cli_mem_row){.dev = devs[j], .weights = w_dev[j], .kv = kv_dev[j]};
+            snprintf(rows[j].name, sizeof rows[j].name, "%s", loom_dev_name(devs[j]));
+            loom_dev_memory(devs[j], &rows[j].free, &rows[j].total);
+        }
+        rows[n_dev] = (loom_cli_mem_row){.weights = w_host};
+        snprintf(rows[n_dev].name, sizeof rows[n_dev].name, "host");
+        char title[160];
+        snprintf(title, sizeof title,
+                 "\nplanned memory per device (-sm tensor, context %lld, KV %s; compute buffers: "
+                 "see loom explain):",
+                 (long long)ctx, loom_type_name(kv_type));
+        loom_cli_print_memory(stdout, title, rows, n_dev + 1);
+        for (int j = 0; j < n_dev; j++) {
+            double total = w_dev[j] + kv_dev[j];
+            if (rows[j].total && total > (double)rows[j].free) {
+                char a[32], b[32];
+                loom_cli_format_bytes(a, sizeof a, total);
+                loom_cli_format_bytes(b, sizeof b, (double)rows[j].free);
+                fprintf(stderr,
+                        "loom gguf: the plan does not fit %s: %s planned (weights + KV cache), %s "
+                        "free\n",
+                        rows[j].name, a, b);
+                goto out;
+            }
+        }
+    }
     rc = 0;
 out:
     loom_rules_free(rules);

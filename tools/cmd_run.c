@@ -1,100 +1,253 @@
+#define _GNU_SOURCE
 /*
  * `loom run`: generate text. Streams the pieces as they are sampled, then prints load time,
  * prompt and generation speed, and the scheduler's node and split counts of the prompt
  * and the one-token graphs (plus reductions per token under tensor parallelism).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: loom run [-m FILE] [-p PROMPT] [-n N] [options]\n\n"
-               "Generates text with the model and prints speed and scheduling figures.\n\n"
-               "  -p, --prompt TEXT      prompt (default \"Once upon a time\")\n"
-               "  -n, --n-predict N      tokens to generate (default 64)\n"
-               "  --temp T               temperature; 0 = greedy (default 0)\n"
-               "  --top-k K              keep the K most likely tokens (default 40; 0 = off)\n"
-               "  --top-p P              nucleus sampling (default 0.95; 1 = off)\n"
-               "  --seed S               random seed (default 42)\n"
-               "  --logits-out FILE      write every evaluated position's logits, one line each:\n"
-               "                         the position, then the logits, space-separated\n"
-               "%s",
+    fprintf(f,
+            "usage: loom run [-m FILE] [-p PROMPT | -f FILE] [-n N] [options]\n\n"
+            "Generates text with the model and prints the per-device memory at load (on\n"
+            "stderr), then speed and scheduling figures.\n\n"
+            "prompt and generation:\n"
+            "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
+            "  -f, --file FILE           read the prompt from a file\n"
+            "  -n, --n-predict N         tokens to generate (default 64; -1 = until the end of\n"
+            "                            text or of the context)\n"
+            "  -no-cnv, --no-conversation\n"
+            "                            accepted: loom run never enters a chat mode\n"
+            "sampling (llama.cpp's order: penalties, then min-p, top-k, top-p, temperature):\n"
+            "  --temp T                  temperature; 0 = greedy (default 0)\n"
+            "  --top-k K                 keep the K most likely tokens (default 40; 0 = off)\n"
+            "  --top-p P                 nucleus sampling (default 0.95; 1 = off)\n"
+            "  --min-p P                 drop tokens below P x the top probability (default\n"
+            "                            0.05; 0 = off)\n"
+            "  --repeat-penalty X        penalize the last --repeat-last-n tokens (default 1 =\n"
+            "                            off)\n"
+            "  --repeat-last-n N         tokens the penalty looks back over (default 64; 0 =\n"
+            "                            off, -1 = the context)\n"
+            "  -s, --seed S              random seed (default: random, printed; -1 = random)\n"
+            "output:\n"
+            "  --logits-out FILE         write every evaluated position's logits, one line each:\n"
+            "                            the position, then the logits, space-separated\n"
+            "%s",
             loom_model_opts_help());
 }
 
-static bool parse_float(const char *v, float *out) {
-    char *end = NULL;
-    errno = 0;
-    float x = v ? strtof(v, &end) : 0;
-    if (!v || !v[0] || *end || errno) return false;
-    *out = x;
-    return true;
-}
+static const char *const run_names[] = {"-h",
+                                        "--help",
+                                        "-p",
+                                        "--prompt",
+                                        "-f",
+                                        "--file",
+                                        "-n",
+                                        "--n-predict",
+                                        "-no-cnv",
+                                        "--no-conversation",
+                                        "--temp",
+                                        "--top-k",
+                                        "--top-p",
+                                        "--min-p",
+                                        "--repeat-penalty",
+                                        "--repeat-last-n",
+                                        "-s",
+                                        "--seed",
+                                        "--logits-out",
+                                        NULL};
 
 static void write_logits(FILE *f, int64_t pos0, const float *logits, int64_t n, int64_t V) {
     for (int64_t t = 0; t < n; t++) {
         fprintf(f, "%lld", (long long)(pos0 + t));
-        for (int64_t i = 0; i < V; i++) fprintf(f, " %.6g", logits[t * V + i]);
+        for (int64_t i = 0; i < V; i++)
+            fprintf(f, " %.6g", logits[t * V + i]);
         fputc('\n', f);
+    }
+}
+
+/* The prompt file, whole (a regular file of at most 64 MiB); NULL and the error printed. */
+static char *read_prompt(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        fprintf(stderr, "loom run: cannot open '%s': %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode) || sb.st_size > (64 << 20)) {
+        fprintf(stderr, "loom run: -f '%s' is not a regular file of at most 64 MiB\n", path);
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    char *text = f ? malloc((size_t)sb.st_size + 1) : NULL;
+    size_t n = text ? fread(text, 1, (size_t)sb.st_size, f) : 0;
+    if (!f || !text || ferror(f)) {
+        fprintf(stderr, "loom run: cannot read '%s': %s\n", path, strerror(errno));
+        free(text);
+        if (f) fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    text[n] = 0;
+    return text;
+}
+
+static bool parse_seed(const char *v, uint64_t *out, bool *random) {
+    char *end = NULL;
+    errno = 0;
+    if (v && !strcmp(v, "-1")) {
+        *random = true;
+        return true;
+    }
+    if (!v || !v[0] || v[0] == '-' || v[0] == '+') return false;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || errno) return false;
+    *out = x;
+    *random = false;
+    return true;
+}
+
+static uint64_t random_seed(void) {
+    uint64_t x = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&x, sizeof x, 1, f) != 1) x = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    if (f) fclose(f);
+    return x & 0xffffffffu; /* 32 bits, as llama.cpp prints them */
+}
+
+typedef struct extra_sampling {
+    float min_p, repeat_penalty;
+    long repeat_last_n;
+} extra_sampling;
+
+/* llama.cpp's repetition penalty (a positive logit divided by the penalty, a negative one
+ * multiplied, once per distinct token among the last n) and min-p (drop tokens whose
+ * probability is below min_p times the top one: logit < max + log(min_p)). */
+static void apply_extra(const extra_sampling *x, bool sampling, const int32_t *hist, int64_t n_hist,
+                        float *logits, int64_t V) {
+    if (x->repeat_penalty != 1.0f && x->repeat_last_n != 0) {
+        int64_t from =
+            x->repeat_last_n < 0 || x->repeat_last_n > n_hist ? 0 : n_hist - x->repeat_last_n;
+        for (int64_t i = from; i < n_hist; i++) {
+            int32_t t = hist[i];
+            if (t < 0 || t >= V) continue;
+            bool seen = false;
+            for (int64_t j = from; j < i && !seen; j++)
+                seen = hist[j] == t;
+            if (seen) continue;
+            logits[t] =
+                logits[t] > 0 ? logits[t] / x->repeat_penalty : logits[t] * x->repeat_penalty;
+        }
+    }
+    if (sampling && x->min_p > 0.0f) {
+        float mx = logits[0];
+        for (int64_t i = 1; i < V; i++)
+            if (logits[i] > mx) mx = logits[i];
+        float cut = mx + logf(x->min_p);
+        for (int64_t i = 0; i < V; i++)
+            if (logits[i] < cut) logits[i] = -INFINITY;
     }
 }
 
 int loom_cli_run(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
-    const char *prompt = "Once upon a time", *logits_out = NULL;
+    const char *prompt = "Once upon a time", *logits_out = NULL, *prompt_file = NULL;
+    char lbuf[4096], fbuf[4096];
+    bool prompt_given = false, seed_random = true;
     long n_predict = 64;
-    loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 42};
+    loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 0};
+    extra_sampling xs = {.min_p = 0.05f, .repeat_penalty = 1.0f, .repeat_last_n = 64};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = loom_model_opts_parse(&o, "run", argc, argv, &i);
-        if (r < 0) return 2;
+        if (r < 0) goto usage_error;
         if (r > 0) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            loom_model_opts_free(&o);
             return 0;
-        } else if ((!strcmp(a, "-p") || !strcmp(a, "--prompt")) && v) {
+        }
+        bool known = false;
+        for (const char *const *n = run_names; *n && !known; n++)
+            known = !strcmp(a, *n);
+        if (!known) {
+            loom_cli_unknown_option("run", a, run_names, loom_model_opts_names);
+            goto usage_error;
+        }
+        if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation")) continue;
+        if (!v) {
+            fprintf(stderr, "loom run: %s needs a value\n", a);
+            goto usage_error;
+        }
+        i++;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             prompt = v;
-            i++;
-        } else if ((!strcmp(a, "-n") || !strcmp(a, "--n-predict")) && v) {
+            prompt_given = true;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(prompt_file = loom_cli_path(v, fbuf, sizeof fbuf))) goto usage_error;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             int x;
-            if (!loom_cli_parse_int("run", a, v, 0, 1 << 20, &x)) return 2;
+            if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &x)) goto usage_error;
             n_predict = x;
-            i++;
-        } else if (!strcmp(a, "--temp") && v && parse_float(v, &sp.temp)) {
-            i++;
-        } else if (!strcmp(a, "--top-p") && v && parse_float(v, &sp.top_p)) {
-            i++;
-        } else if (!strcmp(a, "--top-k") && v) {
-            if (!loom_cli_parse_int("run", a, v, 0, 1 << 24, &sp.top_k)) return 2;
-            i++;
-        } else if (!strcmp(a, "--seed") && v) {
-            sp.seed = strtoull(v, NULL, 10);
-            i++;
-        } else if (!strcmp(a, "--logits-out") && v) {
-            logits_out = v;
-            i++;
-        } else {
-            fprintf(stderr, "loom run: unknown or incomplete option '%s' (see loom run --help)\n", a);
-            return 2;
+        } else if (!strcmp(a, "--temp")) {
+            if (!loom_cli_parse_float("run", a, v, 0, 1e6, &sp.temp)) goto usage_error;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!loom_cli_parse_float("run", a, v, 0, 1, &sp.top_p)) goto usage_error;
+        } else if (!strcmp(a, "--min-p")) {
+            if (!loom_cli_parse_float("run", a, v, 0, 1, &xs.min_p)) goto usage_error;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (!loom_cli_parse_float("run", a, v, 1e-6, 1e6, &xs.repeat_penalty)) goto usage_error;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            int x;
+            if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &x)) goto usage_error;
+            xs.repeat_last_n = x;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!loom_cli_parse_int("run", a, v, 0, 1 << 24, &sp.top_k)) goto usage_error;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            if (!parse_seed(v, &sp.seed, &seed_random)) {
+                fprintf(stderr,
+                        "loom run: %s '%s' is not a seed (an unsigned integer, or -1 = random)\n",
+                        a, v);
+                goto usage_error;
+            }
+        } else if (!strcmp(a, "--logits-out")) {
+            if (!(logits_out = loom_cli_path(v, lbuf, sizeof lbuf))) goto usage_error;
         }
     }
+    if (prompt_given && prompt_file) {
+        fprintf(stderr, "loom run: -p and -f both give the prompt; use one\n");
+        goto usage_error;
+    }
+    if (!loom_model_opts_finish(&o, "run")) goto usage_error;
+    if (seed_random) sp.seed = random_seed();
     int rc = 1;
     loom_session *s = NULL;
     loom_sampler *smp = NULL;
     FILE *lf = NULL;
     int32_t *ids = NULL;
-    float *logits = NULL;
+    float *logits = NULL, *work = NULL;
+    char *file_text = NULL;
+    if (prompt_file) {
+        if (!(file_text = read_prompt(prompt_file))) goto out;
+        prompt = file_text;
+    }
     if (!loom_model_opts_open(&o, "run") || !(s = loom_model_opts_session(&o, "run"))) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
-    const int64_t V = loom_session_model(s)->hp.n_vocab;
+    const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
     size_t plen = strlen(prompt), cap = plen + 8, n_prompt = 0;
-    ids = malloc(cap * sizeof *ids);
-    if (!ids || loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids, cap, &n_prompt)) {
+    ids = malloc((cap > (size_t)n_ctx ? cap : (size_t)n_ctx) * sizeof *ids);
+    if (!ids ||
+        loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids, cap, &n_prompt)) {
         fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n", loom_last_error());
         goto out;
     }
@@ -102,21 +255,39 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(stderr, "loom run: the prompt is empty and the vocabulary has no BOS token\n");
         goto out;
     }
-    if ((int64_t)n_prompt + n_predict > loom_session_n_ctx(s)) {
-        n_predict = loom_session_n_ctx(s) - (int64_t)n_prompt;
-        if (n_predict < 0) {
-            fprintf(stderr, "loom run: the prompt (%zu tokens) does not fit the context of %lld\n",
-                    n_prompt, (long long)loom_session_n_ctx(s));
+    if ((int64_t)n_prompt > n_ctx) {
+        fprintf(stderr, "loom run: the prompt (%zu tokens) does not fit the context of %lld (-c)\n",
+                n_prompt, (long long)n_ctx);
+        goto out;
+    }
+    if (n_predict < 0 || (int64_t)n_prompt + n_predict > n_ctx) {
+        if (n_predict >= 0)
+            fprintf(stderr,
+                    "loom run: -n %ld does not fit the context of %lld after %zu prompt tokens: "
+                    "generating %lld\n",
+                    n_predict, (long long)n_ctx, n_prompt, (long long)(n_ctx - (int64_t)n_prompt));
+        n_predict = n_ctx - (int64_t)n_prompt;
+    }
+    {
+        /* the memory at load, with the prompt's compute buffers planned */
+        loom_graph *pg = NULL;
+        int64_t nb = o.sp.n_batch > 0 ? o.sp.n_batch : 512;
+        if (loom_session_plan(s, (int64_t)n_prompt < nb ? (int64_t)n_prompt : nb, &pg)) {
+            fprintf(stderr, "loom run: %s\n", loom_last_error());
             goto out;
         }
+        loom_cli_mem_row mem[LOOM_META_MAX_DEVICES + 2];
+        int nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
+        loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
     }
     if (logits_out && !(lf = fopen(logits_out, "w"))) {
         fprintf(stderr, "loom run: cannot write '%s': %s\n", logits_out, strerror(errno));
         goto out;
     }
     logits = malloc(sizeof(float) * (size_t)V * (lf ? n_prompt : 1));
+    work = malloc(sizeof(float) * (size_t)V);
     smp = loom_sampler_new(&sp);
-    if (!logits || !smp) {
+    if (!logits || !work || !smp) {
         fprintf(stderr, "loom run: out of memory\n");
         goto out;
     }
@@ -130,10 +301,13 @@ int loom_cli_run(int argc, char **argv) {
     int64_t t_prompt = loom_time_us() - t0;
     const float *last = lf ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
-    int64_t n_gen = 0, t1 = loom_time_us();
+    int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict; n_gen++) {
-        int32_t next = loom_sampler_sample(smp, last, V);
+        memcpy(work, last, sizeof(float) * (size_t)V);
+        apply_extra(&xs, sp.temp > 0.0f, ids, n_hist, work, V);
+        int32_t next = loom_sampler_sample(smp, work, V);
         if (next == loom_tokenizer_eos(tok)) break;
+        if (n_hist < n_ctx) ids[n_hist++] = next;
         char piece[256];
         size_t pn = loom_token_to_piece(tok, next, piece, sizeof piece);
         fwrite(piece, 1, pn < sizeof piece ? pn : sizeof piece, stdout);
@@ -150,32 +324,64 @@ int loom_cli_run(int argc, char **argv) {
         if (lf) write_logits(lf, loom_session_n_past(s) - 1, logits, 1, V);
     }
     int64_t t_gen = loom_time_us() - t1;
+    if (lf) {
+        /* a full disk or /dev/full shows here, from the buffered writes */
+        bool bad = fflush(lf) != 0 || ferror(lf);
+        int err = errno;
+        if (fclose(lf) != 0 && !bad) {
+            bad = true;
+            err = errno;
+        }
+        lf = NULL;
+        if (bad) {
+            fprintf(stderr, "\nloom run: cannot write '%s': %s\n", logits_out, strerror(err));
+            goto out;
+        }
+    }
     loom_session_stats st;
     loom_session_get_stats(s, &st);
     printf("\n\n");
-    printf("model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n", o.model ? o.model : "built-in synthetic",
+    printf("model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n",
+           o.model ? o.model : "built-in synthetic (random weights)",
            loom_session_model(s)->hp.arch, (long long)loom_session_model(s)->hp.n_layer,
            (long long)loom_session_model(s)->hp.n_embd, (long long)V);
     printf("devices:    %s, split mode %s\n", o.sp.devices ? o.sp.devices : "cpu",
            loom_split_mode_name(loom_session_split_mode(s)));
+    printf("sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
+           "(last %ld)\n",
+           (unsigned long long)sp.seed, seed_random ? " (random; -s repeats it)" : "",
+           (double)sp.temp, sp.top_k, (double)sp.top_p, (double)xs.min_p, (double)xs.repeat_penalty,
+           xs.repeat_last_n);
     printf("load time:  %.1f ms\n", (double)st.load_us / 1000.0);
-    printf("prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", n_prompt, (double)t_prompt / 1000.0,
+    printf("prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", n_prompt,
+           (double)t_prompt / 1000.0,
            (double)n_prompt * 1e6 / (double)(t_prompt > 0 ? t_prompt : 1));
-    printf("generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)n_gen, (double)t_gen / 1000.0,
+    printf("generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)n_gen,
+           (double)t_gen / 1000.0,
            (double)(n_gen > 1 ? n_gen - 1 : 0) * 1e6 / (double)(t_gen > 0 ? t_gen : 1));
-    printf("prompt graph: graph nodes = %d, graph splits = %d\n", st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
+    printf("prompt graph: graph nodes = %d, graph splits = %d\n",
+           st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
            st.prompt_nodes ? st.prompt_splits : st.gen_splits);
     printf("token graph:  graph nodes = %d, graph splits = %d\n", st.gen_nodes, st.gen_splits);
     if (loom_session_meta_backend(s))
         printf("tensor parallel: %d subgraphs, %d allreduces, %llu bytes reduced per token\n",
                st.last_subgraphs, st.last_reductions, (unsigned long long)st.last_bytes_reduced);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "loom run: cannot write the output: %s\n", strerror(errno));
+        goto out;
+    }
     rc = 0;
 out:
     if (lf) fclose(lf);
+    free(file_text);
     free(logits);
+    free(work);
     free(ids);
     loom_sampler_free(smp);
     loom_session_free(s);
     loom_model_opts_free(&o);
     return rc;
+usage_error:
+    loom_model_opts_free(&o);
+    return 2;
 }

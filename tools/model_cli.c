@@ -1,8 +1,10 @@
 #define _GNU_SOURCE
 /*
- * Shared options of the model subcommands and the built-in default model (a synthetic
- * llama written with the GGUF writer, so `loom run` works with no file at all).
+ * Shared options of the model subcommands, the built-in default model (a synthetic llama
+ * written with the GGUF writer, so `loom run` works with no file at all), and the
+ * per-device memory report.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +12,16 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "tools/cli.h"
 #include "tools/model_cli.h"
 
 void loom_model_opts_init(loom_model_opts *o) {
     memset(o, 0, sizeof *o);
     o->sp = loom_session_params_default();
+    o->n_batch = 2048; /* llama.cpp's defaults: -b 2048, -ub 512 */
+    o->n_ubatch = 512;
+    o->flash_attn = -1;
+    o->prev_log_level = (int)loom_log_get_level();
 }
 
 void loom_model_opts_free(loom_model_opts *o) {
@@ -22,32 +29,108 @@ void loom_model_opts_free(loom_model_opts *o) {
     loom_free(o->synth_data);
     o->gguf = NULL;
     o->synth_data = NULL;
+    if (o->verbose) loom_log_set_level((loom_log_level)o->prev_log_level);
+    o->verbose = false;
 }
+
+const char *const loom_model_opts_names[] = {"-m",
+                                             "--model",
+                                             "-dev",
+                                             "--device",
+                                             "--devices",
+                                             "-sm",
+                                             "--split-mode",
+                                             "-ngl",
+                                             "--n-gpu-layers",
+                                             "-t",
+                                             "--threads",
+                                             "-c",
+                                             "--ctx-size",
+                                             "-b",
+                                             "--batch-size",
+                                             "-ub",
+                                             "--ubatch-size",
+                                             "-ctk",
+                                             "--cache-type-k",
+                                             "-ctv",
+                                             "--cache-type-v",
+                                             "-fa",
+                                             "--flash-attn",
+                                             "-ts",
+                                             "--tensor-split",
+                                             "-mg",
+                                             "--main-gpu",
+                                             "-nkvo",
+                                             "--no-kv-offload",
+                                             "--no-op-offload",
+                                             "--split-rules",
+                                             "-v",
+                                             "--verbose",
+                                             NULL};
 
 const char *loom_model_opts_help(void) {
-    return "  -m, --model FILE       GGUF model (default: a built-in synthetic llama)\n"
-           "  --devices SPEC         cpu (default), sim:N[,opts], cuda:0,1, cuda\n"
-           "  --split-mode MODE      none | layer | tensor (default: tensor with >1 device)\n"
-           "  -ngl, --n-gpu-layers N layers on the devices (default: all)\n"
-           "  --threads N            CPU threads (default: all cores)\n"
-           "  --ctx N                context (KV cache) length (default: min(train, 2048))\n"
-           "  --batch N              largest batch per graph (default 512)\n"
-           "  --kv-type f32|f16      KV cache type (default f32)\n"
-           "  --no-kv-offload        keep the KV cache in host memory\n"
-           "  --no-op-offload        never offload host-weight matmuls to a device\n"
-           "  --split-rules FILE     split rules that override/extend the built-in table\n";
+    return "model and devices (llama.cpp names):\n"
+           "  -m, --model FILE          GGUF model (default: a built-in synthetic llama with\n"
+           "                            random weights)\n"
+           "  -dev, --device, --devices SPEC\n"
+           "                            cpu (default), sim:N[,opts], cuda:0,1, cuda; also\n"
+           "                            llama.cpp's CUDA0,CUDA1 and none (= cpu)\n"
+           "  -sm, --split-mode MODE    none | layer | tensor (default: tensor with >1 device);\n"
+           "                            llama.cpp's row is refused (see the message)\n"
+           "  -ts, --tensor-split LIST  per-device proportions, e.g. 1,1 (only even splits)\n"
+           "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
+           "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
+           "  -t, --threads N           CPU threads (default: all cores)\n"
+           "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
+           "  -b, --batch-size N        logical batch (default 2048)\n"
+           "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
+           "                            graph batch is min(-b, -ub)\n"
+           "  -ctk, --cache-type-k T    KV cache type: f32 (default) or f16; K and V share it\n"
+           "  -ctv, --cache-type-v T    (--kv-type T sets both)\n"
+           "  -fa, --flash-attn on|off|auto\n"
+           "                            fused flash attention (auto = on) or mul_mat+soft_max\n"
+           "  -nkvo, --no-kv-offload    keep the KV cache in host memory\n"
+           "  --no-op-offload           never offload host-weight matmuls to a device\n"
+           "  --split-rules FILE        split rules that override/extend the built-in table\n"
+           "  -v, --verbose             library log at debug level on stderr\n";
 }
 
-static bool parse_long(const char *cmd, const char *opt, const char *v, long min, long max, long *out) {
+static bool parse_long(const char *cmd, const char *opt, const char *v, long min, long max,
+                       long *out) {
     char *end = NULL;
     errno = 0;
     long x = v ? strtol(v, &end, 10) : 0;
     if (!v || !v[0] || *end || errno || x < min || x > max) {
-        fprintf(stderr, "loom %s: %s needs an integer in %ld..%ld (got '%s')\n", cmd, opt, min, max, v ? v : "");
+        fprintf(stderr, "loom %s: %s needs an integer in %ld..%ld (got '%s')\n", cmd, opt, min, max,
+                v ? v : "");
         return false;
     }
     *out = x;
     return true;
+}
+
+static bool is(const char *a, const char *x, const char *y, const char *z) {
+    return !strcmp(a, x) || (y && !strcmp(a, y)) || (z && !strcmp(a, z));
+}
+
+/* llama.cpp's device lists ("CUDA0,CUDA1", "none") as loom specs; others unchanged. */
+static const char *device_spec(loom_model_opts *o, const char *v) {
+    if (!strcasecmp(v, "none")) return "cpu";
+    if (strncasecmp(v, "cuda", 4) || !isdigit((unsigned char)v[4])) return v;
+    size_t n = (size_t)snprintf(o->dev_buf, sizeof o->dev_buf, "cuda:");
+    for (const char *p = v; *p && n < sizeof o->dev_buf - 8;) {
+        if (strncasecmp(p, "cuda", 4)) return v;
+        p += 4;
+        if (!isdigit((unsigned char)*p)) return v;
+        while (isdigit((unsigned char)*p))
+            o->dev_buf[n++] = *p++;
+        if (*p == ',')
+            o->dev_buf[n++] = *p++;
+        else if (*p)
+            return v;
+    }
+    o->dev_buf[n] = 0;
+    return o->dev_buf;
 }
 
 int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **argv, int *i) {
@@ -55,54 +138,100 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     long x;
 #define TAKE() (*i += 1)
-    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+    if (is(a, "-m", "--model", NULL)) {
         if (!v) goto missing;
-        o->model = v;
+        o->model = loom_cli_path(v, o->model_buf, sizeof o->model_buf);
+        if (!o->model) goto too_long;
         TAKE();
-    } else if (!strcmp(a, "--devices")) {
+    } else if (is(a, "--devices", "-dev", "--device")) {
         if (!v) goto missing;
-        o->sp.devices = v;
+        if (!v[0]) {
+            fprintf(stderr, "loom %s: %s is empty (cpu, sim:N, cuda:0,1, ...)\n", cmd, a);
+            return -1;
+        }
+        o->sp.devices = device_spec(o, v);
         TAKE();
-    } else if (!strcmp(a, "--split-mode") || !strcmp(a, "-sm")) {
+    } else if (is(a, "--split-mode", "-sm", NULL)) {
         if (!v) goto missing;
+        if (!strcmp(v, "row")) {
+            fprintf(stderr,
+                    "loom %s: %s row is llama.cpp's split of matrix rows with the rest on the "
+                    "main GPU; loom has no such mode: use tensor (every weight and the KV cache "
+                    "split over the devices) or layer\n",
+                    cmd, a);
+            return -1;
+        }
         if (loom_split_mode_parse(v, &o->sp.split_mode)) {
             fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
             return -1;
         }
         TAKE();
-    } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers")) {
+    } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
         if (!parse_long(cmd, a, v, -1, 100000, &x)) return -1;
         o->sp.n_gpu_layers = (int)x;
         TAKE();
-    } else if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
+    } else if (is(a, "--threads", "-t", NULL)) {
         if (!parse_long(cmd, a, v, 1, 1024, &x)) return -1;
         o->sp.threads = (int)x;
         TAKE();
-    } else if (!strcmp(a, "--ctx") || !strcmp(a, "-c")) {
+    } else if (is(a, "--ctx", "-c", "--ctx-size")) {
         if (!parse_long(cmd, a, v, 1, 1 << 24, &x)) return -1;
         o->sp.n_ctx = x;
         TAKE();
-    } else if (!strcmp(a, "--batch") || !strcmp(a, "-b")) {
+    } else if (is(a, "--batch", "-b", "--batch-size")) {
         if (!parse_long(cmd, a, v, 1, 1 << 20, &x)) return -1;
-        o->sp.n_batch = x;
+        o->n_batch = x;
         TAKE();
-    } else if (!strcmp(a, "--kv-type")) {
+    } else if (is(a, "-ub", "--ubatch-size", NULL)) {
+        if (!parse_long(cmd, a, v, 1, 1 << 20, &x)) return -1;
+        o->n_ubatch = x;
+        TAKE();
+    } else if (is(a, "--kv-type", NULL, NULL)) {
         if (!v) goto missing;
-        if (!strcasecmp(v, "f32")) o->sp.kv_type = LOOM_TYPE_F32;
-        else if (!strcasecmp(v, "f16")) o->sp.kv_type = LOOM_TYPE_F16;
+        o->ctk = o->ctv = v;
+        TAKE();
+    } else if (is(a, "-ctk", "--cache-type-k", NULL)) {
+        if (!v) goto missing;
+        o->ctk = v;
+        TAKE();
+    } else if (is(a, "-ctv", "--cache-type-v", NULL)) {
+        if (!v) goto missing;
+        o->ctv = v;
+        TAKE();
+    } else if (is(a, "-fa", "--flash-attn", NULL)) {
+        if (!v) goto missing;
+        if (!strcmp(v, "on") || !strcmp(v, "1"))
+            o->flash_attn = 1;
+        else if (!strcmp(v, "off") || !strcmp(v, "0"))
+            o->flash_attn = 0;
+        else if (!strcmp(v, "auto"))
+            o->flash_attn = -1;
         else {
-            fprintf(stderr, "loom %s: --kv-type '%s' (f32 or f16)\n", cmd, v);
+            fprintf(stderr, "loom %s: %s '%s' (on, off or auto)\n", cmd, a, v);
             return -1;
         }
         TAKE();
-    } else if (!strcmp(a, "--no-kv-offload")) {
-        o->sp.no_kv_offload = true;
-    } else if (!strcmp(a, "--no-op-offload")) {
-        o->sp.no_op_offload = true;
-    } else if (!strcmp(a, "--split-rules")) {
+    } else if (is(a, "-ts", "--tensor-split", NULL)) {
         if (!v) goto missing;
-        o->sp.split_rules = v;
+        o->tensor_split = v;
         TAKE();
+    } else if (is(a, "-mg", "--main-gpu", NULL)) {
+        if (!parse_long(cmd, a, v, 0, 1023, &x)) return -1;
+        o->main_gpu = (int)x;
+        TAKE();
+    } else if (is(a, "--no-kv-offload", "-nkvo", NULL)) {
+        o->sp.no_kv_offload = true;
+    } else if (is(a, "--no-op-offload", NULL, NULL)) {
+        o->sp.no_op_offload = true;
+    } else if (is(a, "--split-rules", NULL, NULL)) {
+        if (!v) goto missing;
+        o->sp.split_rules = loom_cli_path(v, o->rules_buf, sizeof o->rules_buf);
+        if (!o->sp.split_rules) goto too_long;
+        TAKE();
+    } else if (is(a, "-v", "--verbose", "--log-verbose")) {
+        if (!o->verbose) o->prev_log_level = (int)loom_log_get_level();
+        o->verbose = true;
+        loom_log_set_level(LOOM_LOG_DEBUG);
     } else {
         return 0;
     }
@@ -111,6 +240,87 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
 missing:
     fprintf(stderr, "loom %s: %s needs a value\n", cmd, a);
     return -1;
+too_long:
+    fprintf(stderr, "loom %s: %s: the path is too long\n", cmd, a);
+    return -1;
+}
+
+static bool kv_type(const char *cmd, const char *opt, const char *v, loom_type *out) {
+    if (!strcasecmp(v, "f32"))
+        *out = LOOM_TYPE_F32;
+    else if (!strcasecmp(v, "f16"))
+        *out = LOOM_TYPE_F16;
+    else {
+        static const char *const known[] = {"bf16",   "q8_0", "q4_0", "q4_1",
+                                            "iq4_nl", "q5_0", "q5_1"};
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            if (!strcasecmp(v, known[k])) {
+                fprintf(stderr,
+                        "loom %s: %s %s: loom's KV cache supports f32 and f16 only (so far)\n", cmd,
+                        opt, v);
+                return false;
+            }
+        fprintf(stderr, "loom %s: %s '%s' is not a cache type (f32, f16)\n", cmd, opt, v);
+        return false;
+    }
+    return true;
+}
+
+bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
+    loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
+    if (o->ctk && !kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
+    if (o->ctv && !kv_type(cmd, "-ctv", o->ctv, &tv)) return false;
+    if (o->ctk && o->ctv && tk != tv) {
+        fprintf(stderr,
+                "loom %s: -ctk %s and -ctv %s differ: loom's KV cache has one type for K and V\n",
+                cmd, o->ctk, o->ctv);
+        return false;
+    }
+    o->sp.kv_type = o->ctk ? tk : tv;
+    o->sp.n_batch = o->n_batch < o->n_ubatch ? o->n_batch : o->n_ubatch;
+    if (o->tensor_split) {
+        /* proportions: numbers >= 0, ',' or '/' separated; loom's split tables divide
+         * evenly, so only equal proportions can be honoured */
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", o->tensor_split);
+        double first = -1;
+        int n = 0;
+        bool even = true;
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",/", &save); t; t = strtok_r(NULL, ",/", &save), n++) {
+            char *end = NULL;
+            errno = 0;
+            double x = strtod(t, &end);
+            if (*end || errno || !(x >= 0) || x > 1e9) {
+                fprintf(stderr, "loom %s: -ts '%s': '%s' is not a proportion\n", cmd,
+                        o->tensor_split, t);
+                return false;
+            }
+            if (first < 0)
+                first = x;
+            else if (x != first)
+                even = false;
+        }
+        if (n == 0 || first <= 0) {
+            fprintf(stderr, "loom %s: -ts '%s' has no positive proportion\n", cmd, o->tensor_split);
+            return false;
+        }
+        if (!even) {
+            fprintf(stderr,
+                    "loom %s: -ts %s: uneven proportions are not implemented (loom's split tables "
+                    "divide heads, FFN columns and layers evenly); give equal values or omit -ts\n",
+                    cmd, o->tensor_split);
+            return false;
+        }
+    }
+    if (o->main_gpu != 0) {
+        fprintf(stderr,
+                "loom %s: -mg %d: loom's split mode none uses the first listed device; list the "
+                "device you want first instead (e.g. --devices cuda:%d)\n",
+                cmd, o->main_gpu, o->main_gpu);
+        return false;
+    }
+    return true;
 }
 
 static void progress(size_t done, size_t total, void *ud) {
@@ -149,5 +359,111 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
     }
+    /* -fa off: the graph is rebuilt on every eval, so the model's switch applies from the
+     * next one (the same switch the meta model tests use) */
+    ((loom_model *)loom_session_model(s))->no_flash_attn = o->flash_attn == 0;
     return s;
+}
+
+/* ---------------------------------------------------------------- memory report */
+
+static int mem_row(loom_cli_mem_row *rows, int *n, int cap, loom_dev_t dev) {
+    if (dev && loom_dev_get_type(dev) == LOOM_DEV_TYPE_CPU) dev = NULL; /* host memory */
+    for (int i = 0; i < *n; i++)
+        if (rows[i].dev == dev) return i;
+    if (*n >= cap) return -1;
+    loom_cli_mem_row *r = &rows[(*n)++];
+    memset(r, 0, sizeof *r);
+    r->dev = dev;
+    if (dev) {
+        snprintf(r->name, sizeof r->name, "%s", loom_dev_name(dev));
+        loom_dev_memory(dev, &r->free, &r->total);
+    } else {
+        snprintf(r->name, sizeof r->name, "host");
+        long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+             psz = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && avail > 0 && psz > 0) {
+            r->total = (size_t)pages * (size_t)psz;
+            r->free = (size_t)avail * (size_t)psz;
+        }
+    }
+    return *n - 1;
+}
+
+/* Adds a buffer's bytes to its device's row (each member of a meta buffer to its member). */
+static void add_buffer(loom_cli_mem_row *rows, int *n, int cap, loom_buffer_t buf, int field) {
+    if (!buf) return;
+    loom_dev_t dev = loom_buft_device(loom_buffer_buft(buf));
+    if (dev && loom_dev_is_meta(dev)) {
+        for (int j = 0; j < loom_meta_n_devices(dev); j++)
+            add_buffer(rows, n, cap, loom_meta_buffer_member(buf, j), field);
+        return;
+    }
+    int i = mem_row(rows, n, cap, loom_buffer_is_host(buf) ? NULL : dev);
+    if (i < 0) return;
+    double b = (double)loom_buffer_size(buf);
+    if (field == 0)
+        rows[i].weights += b;
+    else if (field == 1)
+        rows[i].kv += b;
+    else
+        rows[i].compute += b;
+}
+
+int loom_cli_session_memory(loom_session *s, loom_cli_mem_row *rows, int cap) {
+    int n = 0;
+    /* the session's devices first, in order, even when they hold nothing (idle shows) */
+    for (int d = 0; d < loom_session_n_devices(s); d++)
+        mem_row(rows, &n, cap, loom_session_device(s, d));
+    mem_row(rows, &n, cap, NULL);
+    const loom_model *m = loom_session_model(s);
+    for (int b = 0; b < m->n_buffers; b++)
+        add_buffer(rows, &n, cap, m->buffers[b], 0);
+    const loom_kv_cache *kv = loom_session_kv(s);
+    for (int b = 0; kv && b < kv->n_buffers; b++)
+        add_buffer(rows, &n, cap, kv->buffers[b], 1);
+    loom_sched *sc = loom_session_sched(s);
+    for (int b = 0; b < loom_sched_get_n_backends(sc); b++) {
+        loom_backend_t be = loom_sched_get_backend(sc, b);
+        double size = (double)loom_sched_get_buffer_size(sc, be);
+        loom_dev_t dev = loom_backend_device(be);
+        if (loom_backend_is_meta(be)) {
+            /* a meta buffer allocates its size on every member */
+            for (int j = 0; j < loom_meta_n_devices(dev); j++) {
+                int i = mem_row(rows, &n, cap, loom_meta_member(dev, j));
+                if (i >= 0) rows[i].compute += size;
+            }
+        } else {
+            int i = mem_row(rows, &n, cap, dev);
+            if (i >= 0) rows[i].compute += size;
+        }
+    }
+    return n;
+}
+
+int loom_cli_print_memory(FILE *f, const char *title, const loom_cli_mem_row *rows, int n) {
+    int over = 0;
+    fprintf(f, "%s\n  %-16s %11s %11s %11s %11s %11s %11s\n", title, "device", "weights",
+            "KV cache", "compute", "total", "free", "of");
+    for (int i = 0; i < n; i++) {
+        const loom_cli_mem_row *r = &rows[i];
+        char w[32], kv[32], c[32], t[32], fr[32], tot[32];
+        double total = r->weights + r->kv + r->compute;
+        loom_cli_format_bytes(w, sizeof w, r->weights);
+        loom_cli_format_bytes(kv, sizeof kv, r->kv);
+        loom_cli_format_bytes(c, sizeof c, r->compute);
+        loom_cli_format_bytes(t, sizeof t, total);
+        if (r->total) {
+            loom_cli_format_bytes(fr, sizeof fr, (double)r->free);
+            loom_cli_format_bytes(tot, sizeof tot, (double)r->total);
+        } else {
+            snprintf(fr, sizeof fr, "?");
+            snprintf(tot, sizeof tot, "?");
+        }
+        bool no_fit = r->total && total > (double)r->free && r->dev;
+        over += no_fit;
+        fprintf(f, "  %-16s %11s %11s %11s %11s %11s %11s%s\n", r->name, w, kv, c, t, fr, tot,
+                no_fit ? "  DOES NOT FIT" : "");
+    }
+    return over;
 }

@@ -1,19 +1,32 @@
 /*
- * Options shared by the model subcommands (run, bench, explain, gguf): the model file (or
- * the built-in synthetic default), devices, split mode and the session knobs.
+ * Options shared by the model subcommands (run, bench, explain): the model file (or the
+ * built-in synthetic default), devices, split mode and the session knobs, under the names
+ * llama.cpp users know (-m, -c/--ctx-size, -b, -ub, -t, -ngl, -sm, -ts, -mg, -dev, -fa,
+ * -ctk/-ctv, --verbose). The per-device memory report (weights, KV, compute, total against
+ * free) lives here too.
  */
 #ifndef LOOM_TOOLS_MODEL_CLI_H
 #define LOOM_TOOLS_MODEL_CLI_H
 
+#include <stdio.h>
+
 #include "loom/session.h"
 
 typedef struct loom_model_opts {
-    const char *model;           /* -m FILE; NULL: the built-in default model */
+    const char *model; /* -m FILE (resolved, see loom_cli_path); NULL: built-in */
     loom_session_params sp;
+    int64_t n_batch, n_ubatch; /* -b, -ub (the graph batch is the smaller) */
+    int flash_attn;            /* -fa: -1 auto, 0 off, 1 on */
+    const char *ctk, *ctv;     /* -ctk / -ctv as given */
+    const char *tensor_split;  /* -ts as given */
+    int main_gpu;              /* -mg */
+    bool verbose;
+    int prev_log_level; /* restored by loom_model_opts_free */
+    char model_buf[4096], rules_buf[4096], dev_buf[256];
     /* the built-in model, when used (owned) */
     void *synth_data;
     size_t synth_size;
-    loom_gguf *gguf;             /* opened model (owned) */
+    loom_gguf *gguf; /* opened model (owned) */
 } loom_model_opts;
 
 void loom_model_opts_init(loom_model_opts *o);
@@ -22,12 +35,32 @@ void loom_model_opts_free(loom_model_opts *o);
 /* Consumes the shared option at argv[*i] (and its value), returning 1 if it was one, 0 if
  * not, -1 on a bad value (message printed, naming the command). */
 int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **argv, int *i);
+/* Checks the options together once all are parsed (-ctk vs -ctv, -ts, -mg, -b/-ub) and
+ * derives the session parameters; prints the error and returns false on a refusal. */
+bool loom_model_opts_finish(loom_model_opts *o, const char *cmd);
 /* The help text of the shared options. */
 const char *loom_model_opts_help(void);
+/* The names of the shared options (NULL-terminated), for the nearest-match hint. */
+extern const char *const loom_model_opts_names[];
 
 /* Opens the model file (or generates the built-in one) into o->gguf; prints the error. */
 bool loom_model_opts_open(loom_model_opts *o, const char *cmd);
-/* A session over o->gguf with o->sp; prints the error. */
+/* A session over o->gguf with o->sp (and -fa applied); prints the error. */
 loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd);
+
+/* One device's memory, in bytes. dev NULL: host memory. */
+typedef struct loom_cli_mem_row {
+    loom_dev_t dev;
+    char name[64];
+    double weights, kv, compute;
+    size_t free, total; /* the device's memory (0/0: unknown) */
+} loom_cli_mem_row;
+
+/* The session's memory per device (every member of a meta device, then the host):
+ * weights, KV cache and compute buffers as allocated now. Returns the number of rows. */
+int loom_cli_session_memory(loom_session *s, loom_cli_mem_row *rows, int cap);
+/* Prints rows as a table under `title`; a row whose total exceeds its free memory is
+ * marked. Returns the number of such rows. */
+int loom_cli_print_memory(FILE *f, const char *title, const loom_cli_mem_row *rows, int n);
 
 #endif

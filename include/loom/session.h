@@ -71,6 +71,8 @@ LOOM_API loom_dev_t loom_session_device(const loom_session *s, int i);
 LOOM_API loom_split_mode loom_session_split_mode(const loom_session *s);
 LOOM_API int64_t loom_session_n_past(const loom_session *s);
 LOOM_API int64_t loom_session_n_ctx(const loom_session *s);
+/* The KV cache (its tensors and buffers, e.g. for a memory report). */
+LOOM_API const loom_kv_cache *loom_session_kv(const loom_session *s);
 /* Forgets the KV cache contents (the next eval starts at position 0). */
 LOOM_API void loom_session_clear(loom_session *s);
 

@@ -12,13 +12,17 @@
 
 #include "tests/shim/loom_test.h"
 #include "tools/cli.h"
+#include "tools/model_cli.h"
 
 typedef int (*cmd_fn)(int, char **);
+
+#define LOOM_CHECK_STR_EQ(a, b) LOOM_CHECK_MSG(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
 
 /* Runs fn(argv) with stdout/stderr captured into malloc'd strings. */
 static int capture(cmd_fn fn, char **argv, char **out, char **err) {
     int argc = 0;
-    while (argv[argc]) argc++;
+    while (argv[argc])
+        argc++;
     fflush(stdout);
     fflush(stderr);
     FILE *fo = tmpfile(), *fe = tmpfile();
@@ -73,8 +77,8 @@ LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
-    char *argv[] = {"run", "-m", (char *)stories(), "--devices", "sim:3", "-n", "30", "--temp", "0",
-                    "--logits-out", path, NULL};
+    char *argv[] = {"run",    "-m", (char *)stories(), "--devices", "sim:3", "-n", "30",
+                    "--temp", "0",  "--logits-out",    path,        NULL};
     int rc = capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Lily");
@@ -86,7 +90,8 @@ LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
     int lines = 0;
     while (getline(&line, &cap, f) > 0) {
         int fields = 0;
-        for (char *p = strtok(line, " \n"); p; p = strtok(NULL, " \n")) fields++;
+        for (char *p = strtok(line, " \n"); p; p = strtok(NULL, " \n"))
+            fields++;
         if (!LOOM_CHECK_MSG(fields == 513, "line %d has %d fields", lines, fields)) break;
         lines++;
     }
@@ -113,7 +118,7 @@ LOOM_TEST(cli, explain_summary_and_html) {
     LOOM_CHECK_STR_CONTAINS(out, "\ngraph nodes = ");
     LOOM_CHECK_STR_CONTAINS(out, "\ngraph splits = 2\n");
     LOOM_CHECK_STR_CONTAINS(out, "\nallreduces = 10\n"); /* 5 layers x 2 */
-    LOOM_CHECK_STR_CONTAINS(out, "1.wgt");                /* cause codes are shown */
+    LOOM_CHECK_STR_CONTAINS(out, "1.wgt");               /* cause codes are shown */
     LOOM_CHECK_STR_CONTAINS(out, "PARTIAL");
     FILE *f = fopen(html, "r");
     LOOM_REQUIRE(f != NULL);
@@ -140,12 +145,16 @@ LOOM_TEST(cli, gguf_plan_and_bench_json) {
     LOOM_CHECK_STR_CONTAINS(out, "builtin:llama");
     free(out);
     free(err);
-    char *argv2[] = {"bench", "-m", (char *)stories(), "--devices", "cpu;sim:2", "-p", "8", "-n", "4", "-r", "1", "-o", "json", NULL};
+    char *argv2[] = {"bench",     "-m",        (char *)stories(),
+                     "--devices", "cpu;sim:2", "-p",
+                     "8",         "-n",        "4",
+                     "-r",        "1",         "-o",
+                     "json",      NULL};
     rc = capture(loom_cli_bench, argv2, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
-    LOOM_CHECK_STR_CONTAINS(out, "\"devices\": \"sim:2\", \"split\": \"tensor\"");
-    LOOM_CHECK_STR_CONTAINS(out, "\"allreduce_per_tok\": 10.00");
-    LOOM_CHECK_STR_CONTAINS(out, "\"ok\": true");
+    LOOM_CHECK_STR_CONTAINS(out, "\"devices\": \"sim:2\", \"n_batch\": ");
+    LOOM_CHECK_STR_CONTAINS(out, "\"split_mode\": \"tensor\"");
+    LOOM_CHECK_STR_CONTAINS(out, "\"allreduces_per_token\": 10.00"); /* 5 layers x 2, tg row */
     free(out);
     free(err);
 }
@@ -190,6 +199,434 @@ LOOM_TEST(cli, errors_are_one_clear_line) {
     char *a7[] = {"explain", "--split-mode", "diagonal", NULL};
     LOOM_CHECK_EQ_INT(capture(loom_cli_explain, a7, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "diagonal");
+    free(out);
+    free(err);
+}
+
+static int count(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* ---------------------------------------------------------------- issue 14: llama.cpp flags */
+
+static char *run_text(char **argv, int want_rc) {
+    char *out, *err;
+    int rc = capture(loom_cli_run, argv, &out, &err);
+    LOOM_CHECK_MSG(rc == want_rc, "rc %d (want %d), stderr: %s", rc, want_rc, err);
+    free(err);
+    char *end = strstr(out, "\n\nmodel:"); /* the generated text only */
+    if (end) *end = 0;
+    return out;
+}
+
+LOOM_TEST(cli_flags, sampling_flags_and_seed) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)stories();
+    char *g[] = {"run", "-m", m, "-n", "20", NULL};
+    char *greedy = run_text(g, 0);
+    /* min-p 1 keeps only the top token: hot sampling becomes greedy */
+    char *a1[] = {"run", "-m", m, "-n", "20", "--temp", "5", "-s", "3", "--min-p", "1", NULL};
+    char *minp = run_text(a1, 0);
+    LOOM_CHECK_STR_EQ(minp, greedy);
+    char *a2[] = {"run", "-m", m, "-n", "20", "--temp", "5", "-s", "3", "--min-p", "0", NULL};
+    char *hot = run_text(a2, 0);
+    LOOM_CHECK(strcmp(hot, greedy) != 0);
+    /* a strong repetition penalty changes greedy text (it repeats "Lily" otherwise) */
+    char *a3[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+                  "-1",  NULL};
+    char *pen = run_text(a3, 0);
+    LOOM_CHECK(strcmp(pen, greedy) != 0);
+    char *a3b[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+                   "0",   NULL};
+    char *pen0 = run_text(a3b, 0);
+    LOOM_CHECK_STR_EQ(pen0, greedy); /* looking back over 0 tokens: off */
+    /* the default seed is random and printed; -s with it repeats the run */
+    char *out, *err;
+    char *a4[] = {"run", "-m", m, "-n", "16", "--temp", "1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a4, &out, &err), 0);
+    const char *sd = strstr(out, "sampling:   seed ");
+    LOOM_REQUIRE(sd != NULL);
+    LOOM_CHECK_STR_CONTAINS(sd, "(random; -s repeats it)");
+    char seed[32];
+    LOOM_REQUIRE(sscanf(sd, "sampling:   seed %31s", seed) == 1);
+    char *end = strstr(out, "\n\nmodel:");
+    LOOM_REQUIRE(end != NULL);
+    *end = 0;
+    char *a5[] = {"run", "-m", m, "-n", "16", "--temp", "1", "--seed", seed, NULL};
+    char *again = run_text(a5, 0);
+    LOOM_CHECK_STR_EQ(again, out);
+    free(out);
+    free(err);
+    free(greedy);
+    free(minp);
+    free(hot);
+    free(pen);
+    free(pen0);
+    free(again);
+}
+
+LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)stories();
+    char *out, *err;
+    /* -n -1: until the end of text or of the context (-c 40, 5 prompt tokens) */
+    char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a1, &out, &err), 0);
+    int n_gen = -1;
+    const char *gp = strstr(out, "generation: ");
+    LOOM_REQUIRE(gp != NULL);
+    LOOM_CHECK(sscanf(gp, "generation: %d tokens", &n_gen) == 1 && n_gen > 20 && n_gen <= 35);
+    free(out);
+    free(err);
+    /* -f: the prompt from a file */
+    char path[] = "/tmp/loom_prompt_XXXXXX";
+    int fd = mkstemp(path);
+    LOOM_REQUIRE(fd >= 0);
+    LOOM_REQUIRE(write(fd, "Once upon a time", 16) == 16);
+    close(fd);
+    char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, NULL};
+    char *from_file = run_text(a2, 0);
+    char *a3[] = {"run", "-m",           m,   "-n", "20", "-ub",  "2",  "-b",  "3",   "--ctx-size",
+                  "64",  "--batch-size", "3", "-t", "1",  "-ngl", "-1", "-fa", "off", NULL};
+    char *small_batches = run_text(a3, 0);
+    char *a4[] = {"run", "-m",  m,     "-n",  "20", "-fa",     "on",   "-ctk", "f16", "-ctv",
+                  "f16", "-ts", "1,1", "-mg", "0",  "-no-cnv", "-dev", "none", NULL};
+    char *f16 = run_text(a4, 0);
+    LOOM_CHECK_STR_CONTAINS(from_file, "Once upon a time, there was a little girl named Lily");
+    LOOM_CHECK_STR_EQ(small_batches, from_file);
+    LOOM_CHECK_STR_CONTAINS(f16, "Once upon a time, there was a little girl named Lily");
+    char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a5, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "-p and -f");
+    free(out);
+    free(err);
+    unlink(path);
+    free(from_file);
+    free(small_batches);
+    free(f16);
+    /* -fa off builds attention as mul_mat + soft_max: no FLASH_ATTN_EXT node */
+    char *e1[] = {"explain", "-m", m, "-fa", "off", NULL};
+    char *e2[] = {"explain", "-m", m, NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_explain, e2, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "FLASH_ATTN_EXT");
+    free(out);
+    free(err);
+    LOOM_CHECK_EQ_INT(capture(loom_cli_explain, e1, &out, &err), 0);
+    LOOM_CHECK(strstr(out, "FLASH_ATTN_EXT") == NULL);
+    LOOM_CHECK_STR_CONTAINS(out, "SOFT_MAX");
+    free(out);
+    free(err);
+}
+
+/* Each refusal: exit 2 and a line naming the flag, the value and the reason. */
+static void refused(cmd_fn fn, char **argv, const char *want) {
+    char *out, *err;
+    int rc = capture(fn, argv, &out, &err);
+    LOOM_CHECK_MSG(rc == 2, "%s %s: rc %d, stderr: %s", argv[0], argv[1], rc, err);
+    LOOM_CHECK_MSG(strstr(err, want) != NULL, "%s %s: stderr '%s' lacks '%s'", argv[0], argv[1],
+                   err, want);
+    LOOM_CHECK(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
+    free(out);
+    free(err);
+}
+
+LOOM_TEST(cli_flags, refusals_name_the_reason) {
+    char *r1[] = {"run", "-sm", "row", NULL};
+    refused(loom_cli_run, r1, "row is llama.cpp's split of matrix rows");
+    char *r2[] = {"run", "-ctk", "q8_0", NULL};
+    refused(loom_cli_run, r2, "-ctk q8_0: loom's KV cache supports f32 and f16 only");
+    char *r3[] = {"run", "-ctk", "f16", "-ctv", "f32", NULL};
+    refused(loom_cli_run, r3, "one type for K and V");
+    char *r4[] = {"run", "-ts", "3,1", NULL};
+    refused(loom_cli_run, r4, "uneven proportions are not implemented");
+    char *r5[] = {"run", "-mg", "1", NULL};
+    refused(loom_cli_run, r5, "-mg 1");
+    char *r6[] = {"run", "--temp", "nan", NULL}; /* issue 9 item 18 */
+    refused(loom_cli_run, r6, "--temp 'nan'");
+    char *r7[] = {"run", "--seed", "abc", NULL};
+    refused(loom_cli_run, r7, "--seed 'abc' is not a seed");
+    char *r8[] = {"run", "-fa", "maybe", NULL};
+    refused(loom_cli_run, r8, "-fa 'maybe'");
+    char *r9[] = {"run", "--top-p", "1.5", NULL};
+    refused(loom_cli_run, r9, "--top-p '1.5'");
+    char *r10[] = {"run", "--tmep", "0.8", NULL};
+    refused(loom_cli_run, r10, "unknown option '--tmep' (did you mean --temp?");
+    char *r11[] = {"bench", "--repetitons", "3", NULL};
+    refused(loom_cli_bench, r11, "did you mean --repetitions?");
+    char *r12[] = {"explain", "--ctx-sise", "8", NULL};
+    refused(loom_cli_explain, r12, "did you mean --ctx-size?");
+    char *r13[] = {"run", "--zzzzzzzzzzzz", NULL};
+    refused(loom_cli_run, r13, "unknown option '--zzzzzzzzzzzz' (see loom run --help)");
+    char *r14[] = {"bench", "--devices", "", NULL}; /* issue 9 item 18 */
+    refused(loom_cli_bench, r14, "empty device spec");
+    char *r15[] = {"bench", "--devices", "cpu;;sim:2", NULL};
+    refused(loom_cli_bench, r15, "empty device spec");
+    char *r16[] = {"bench", "-p", "8-4", NULL};
+    refused(loom_cli_bench, r16, "'8-4' is not a value or range");
+    char *r17[] = {"bench", "-o", "xml", NULL};
+    refused(loom_cli_bench, r17, "-o 'xml'");
+    char *r18[] = {"run", "--devices", "", NULL};
+    refused(loom_cli_run, r18, "--devices is empty");
+    /* llama.cpp's device names become a loom spec */
+    char *out, *err;
+    char *d1[] = {"run", "-dev", "CUDA0,CUDA1", "-n", "1", NULL};
+    int rc = capture(loom_cli_run, d1, &out, &err);
+    if (rc != 0) LOOM_CHECK_STR_CONTAINS(err, "cuda"); /* no CUDA here: the error names it */
+    free(out);
+    free(err);
+}
+
+LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
+    static const char *const run_flags[] = {"-m,",
+                                            "-p,",
+                                            "-f,",
+                                            "-n,",
+                                            "-c,",
+                                            "--ctx-size",
+                                            "-b,",
+                                            "--batch-size",
+                                            "-ub,",
+                                            "--ubatch-size",
+                                            "-t,",
+                                            "--threads",
+                                            "-ngl",
+                                            "-sm,",
+                                            "-ts,",
+                                            "--tensor-split",
+                                            "-mg,",
+                                            "--main-gpu",
+                                            "-dev,",
+                                            "-fa,",
+                                            "-ctk,",
+                                            "-ctv,",
+                                            "-s,",
+                                            "--seed",
+                                            "--temp",
+                                            "--top-k",
+                                            "--top-p",
+                                            "--min-p",
+                                            "--repeat-penalty",
+                                            "--repeat-last-n",
+                                            "--verbose",
+                                            "-no-cnv",
+                                            "--logits-out",
+                                            NULL};
+    char *out, *err;
+    char *h[] = {"run", "--help", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, h, &out, &err), 0);
+    for (const char *const *f = run_flags; *f; f++)
+        LOOM_CHECK_MSG(strstr(out, *f) != NULL, "run --help lacks %s", *f);
+    free(out);
+    free(err);
+    static const char *const bench_flags[] = {"-p,", "-n,", "-pg",  "-d,", "-r,",  "-o,", "jsonl",
+                                              "sql", "-m,", "-sm,", "-t,", "-ngl", NULL};
+    char *hb[] = {"bench", "--help", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, hb, &out, &err), 0);
+    for (const char *const *f = bench_flags; *f; f++)
+        LOOM_CHECK_MSG(strstr(out, *f) != NULL, "bench --help lacks %s", *f);
+    free(out);
+    free(err);
+    loom_log_level before = loom_log_get_level();
+    char *v[] = {"run", "--verbose", "-n", "2", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, v, &out, &err), 0);
+    LOOM_CHECK_EQ_INT((int)loom_log_get_level(), (int)before);
+    free(out);
+    free(err);
+}
+
+/* ---------------------------------------------------------------- memory, paths, errors */
+
+LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *out, *err;
+    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:2", "-n", "2", "-c",
+                 "256", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a, &out, &err), 0);
+    /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f32, half each */
+    char kv[32];
+    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 4 / 2);
+    LOOM_CHECK_STR_CONTAINS(err, "memory per device (at load):");
+    LOOM_CHECK_STR_CONTAINS(err, "weights    KV cache     compute       total        free");
+    LOOM_CHECK_STR_CONTAINS(err, kv);
+    LOOM_CHECK_EQ_INT(count(err, "SIM0 "), 1); /* sim names may carry a reg prefix */
+    LOOM_CHECK_EQ_INT(count(err, "SIM1 "), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "\n  host ");
+    free(out);
+    free(err);
+    char *g[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2", "-c", "256", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "planned memory per device");
+    LOOM_CHECK_STR_CONTAINS(out, kv);
+    free(out);
+    free(err);
+    /* a plan that does not fit is refused, naming the device and both numbers */
+    char *g2[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2,mem=1MiB",
+                  "-c",   "100000",          NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g2, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "the plan does not fit ");
+    LOOM_CHECK_STR_CONTAINS(err, "SIM0: 61.5 MiB planned"); /* 60 MiB of KV per device */
+    LOOM_CHECK_STR_CONTAINS(err, "MiB planned (weights + KV cache), 1.0 MiB free");
+    free(out);
+    free(err);
+    /* issue 9 item 18: more devices than a plan covers is refused, not truncated */
+    char *g3[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:17", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g3, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "gives 17 devices; a tensor-parallel plan covers 1..16");
+    free(out);
+    free(err);
+}
+
+LOOM_TEST(cli_paths, bazel_run_resolves_against_the_working_directory) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char dir[] = "/tmp/loom_bwd_XXXXXX";
+    LOOM_REQUIRE(mkdtemp(dir) != NULL);
+    char link[4200], logits[4200], html[4200];
+    snprintf(link, sizeof link, "%s/model.gguf", dir);
+    LOOM_REQUIRE(symlink(stories(), link) == 0);
+    setenv("BUILD_WORKING_DIRECTORY", dir, 1);
+    char *out, *err;
+    char *a[] = {"run", "-m", "model.gguf", "-n", "3", "--logits-out", "logits.txt", NULL};
+    int rc = capture(loom_cli_run, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    free(out);
+    free(err);
+    char *e[] = {"explain", "-m", "model.gguf", "-q", "--html", "page.html", NULL};
+    rc = capture(loom_cli_explain, e, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    free(out);
+    free(err);
+    unsetenv("BUILD_WORKING_DIRECTORY");
+    snprintf(logits, sizeof logits, "%s/logits.txt", dir);
+    snprintf(html, sizeof html, "%s/page.html", dir);
+    LOOM_CHECK(access(logits, R_OK) == 0);
+    LOOM_CHECK(access(html, R_OK) == 0);
+    unlink(logits);
+    unlink(html);
+    unlink(link);
+    rmdir(dir);
+}
+
+LOOM_TEST(cli_errors, logits_out_to_a_full_device_fails) {
+    char *out, *err;
+    char *a[] = {"run", "-n", "4", "--logits-out", "/dev/full", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "cannot write '/dev/full'");
+    free(out);
+    free(err);
+}
+
+LOOM_TEST(cli_errors, gguf_escapes_control_characters) {
+    loom_gguf_writer *w = loom_gguf_writer_new();
+    LOOM_REQUIRE(w != NULL);
+    LOOM_REQUIRE(loom_gguf_set_str(w, "general.name", "evil\x1b[2J\r\nname\x07") == LOOM_OK);
+    LOOM_REQUIRE(loom_gguf_set_str(w, "key\x1b]0;title\x07", "v") == LOOM_OK);
+    char path[] = "/tmp/loom_esc_XXXXXX";
+    int fd = mkstemp(path);
+    LOOM_REQUIRE(fd >= 0);
+    close(fd);
+    LOOM_REQUIRE(loom_gguf_write_file(w, path) == LOOM_OK);
+    loom_gguf_writer_free(w);
+    char *out, *err;
+    char *a[] = {"gguf", path, NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, a, &out, &err), 0);
+    LOOM_CHECK(strchr(out, '\x1b') == NULL && strchr(out, '\r') == NULL &&
+               strchr(out, '\x07') == NULL);
+    LOOM_CHECK_STR_CONTAINS(out, "evil\\x1b[2J\\r\\nname\\x07");
+    LOOM_CHECK_STR_CONTAINS(out, "key\\x1b]0;title\\x07");
+    free(out);
+    free(err);
+    unlink(path);
+}
+
+/* ---------------------------------------------------------------- bench */
+
+LOOM_TEST(cli_bench, markdown_golden_rows_and_single_device_once) {
+    char *out, *err;
+    char *a[] = {"bench", "--devices", "cpu;sim:2", "-sm", "layer,tensor", "-p", "4-8+4", "-n",
+                 "2",     "-pg",       "4,2",       "-d",  "0,3",          "-r", "2",     NULL};
+    int rc = capture(loom_cli_bench, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    /* llama-bench's columns, then loom's */
+    LOOM_CHECK(
+        strncmp(out,
+                "| model | size | params | backend | devices | threads | ngl | sm | test | t/s | "
+                "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok |\n| --- |",
+                120) == 0);
+    /* tests per config: pp4, pp8, tg2, pp4+tg2 at depths 0 and 3 = 8; configs: cpu once
+     * (one device: not per split mode), sim:2 layer, sim:2 tensor = 3 */
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 24);
+    LOOM_CHECK_EQ_INT(count(out, "| cpu |"), 8);
+    LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor |"), 8);
+    LOOM_CHECK_STR_CONTAINS(out, "| tg2 @ d3 |");
+    LOOM_CHECK_STR_CONTAINS(out, "| pp4+tg2 |");
+    LOOM_CHECK_STR_CONTAINS(out, "| pp8 @ d3 |");
+    LOOM_CHECK_STR_CONTAINS(out, " ± ");
+    free(out);
+    free(err);
+    /* a failed configuration: its own line on stderr, the table stays whole, exit 1 */
+    char *b[] = {"bench", "--devices", "sim:2;sim:zero", "-p", "4", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:zero");
+    for (const char *p = out; *p; p = strchr(p, '\n') + 1)
+        LOOM_CHECK(*p == '|');
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 1);
+    free(out);
+    free(err);
+}
+
+LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
+    /* llama-bench's field names (its JSON/CSV/SQL printers) for the concepts loom shares */
+    static const char *const fields[] = {
+        "model_filename", "model_type", "model_size", "model_n_params", "backends",
+        "n_batch",        "n_ubatch",   "n_threads",  "type_k",         "type_v",
+        "n_gpu_layers",   "split_mode", "main_gpu",   "no_kv_offload",  "flash_attn",
+        "tensor_split",   "n_prompt",   "n_gen",      "n_depth",        "test_time",
+        "avg_ns",         "stddev_ns",  "avg_ts",     "stddev_ts",      NULL};
+    static const char *const loom_fields[] = {"allreduces_per_token", "bytes_reduced_per_token",
+                                              "proj_nvlink_us_per_token", "proj_pcie4_us_per_token",
+                                              NULL};
+    char *out, *err;
+    char *j[] = {"bench", "--devices", "sim:2", "-p", "4",    "-n",
+                 "2",     "-r",        "2",     "-o", "json", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, j, &out, &err), 0);
+    LOOM_CHECK(out[0] == '[' && strstr(out, "}\n]\n") != NULL);
+    for (const char *const *f = fields; *f; f++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\": ", *f);
+        LOOM_CHECK_MSG(count(out, key) == 2, "json: %s", *f);
+    }
+    for (const char *const *f = loom_fields; *f; f++) {
+        char key[64];
+        snprintf(key, sizeof key, "\"%s\": ", *f);
+        LOOM_CHECK_MSG(count(out, key) == 2, "json: %s", *f);
+    }
+    LOOM_CHECK_EQ_INT(count(out, "\"samples_ts\": ["), 2);
+    LOOM_CHECK_STR_CONTAINS(out, "\"n_prompt\": 0, \"n_gen\": 2, \"n_depth\": 0");
+    free(out);
+    free(err);
+    char *l[] = {"bench", "-p", "4", "-n", "2", "-r", "1", "-o", "jsonl", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, l, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(count(out, "\n"), 2);
+    LOOM_CHECK_EQ_INT(count(out, "{\"model_filename\": "), 2);
+    free(out);
+    free(err);
+    char *c[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "csv", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    for (const char *const *f = fields; *f; f++) {
+        const char *h = strstr(out, *f), *nl = strchr(out, '\n');
+        LOOM_CHECK_MSG(h && h < nl, "csv header: %s", *f);
+    }
+    LOOM_CHECK_EQ_INT(count(out, "\n"), 2);
+    free(out);
+    free(err);
+    char *q[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, q, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS test (\n  model_filename TEXT,");
+    LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO test (model_filename, model_type, model_size, ");
+    LOOM_CHECK_STR_CONTAINS(out, "VALUES ('built-in', 'llama ");
     free(out);
     free(err);
 }
