@@ -27,7 +27,7 @@
  * loom_sched_reset (or a new graph built) before the next round, as with ggml.
  *
  * Environment: LOOM_SCHED_DEBUG=1 logs splits and their inputs at every split, =2 also
- * every node with its backend and cause (logged at level WARN so it shows by default);
+ * every node with its backend, cause and use count (written to stderr as they are);
  * LOOM_SCHED_DEBUG_REALLOC=1 turns an unexpected reallocation (assignment and graph size
  * unchanged) into an error, =2 any reallocation after the first plan;
  * LOOM_SCHED_MAX_SPLIT_INPUTS overrides the per-split input cap (default 30).

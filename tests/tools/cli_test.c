@@ -630,3 +630,62 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(out);
     free(err);
 }
+
+/* ---------------------------------------------------------------- explain --html */
+
+LOOM_TEST(cli_explain, html_page_lanes_memory_timeline_legend_two_batches) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char html[] = "/tmp/loom_page_XXXXXX";
+    int fd = mkstemp(html);
+    LOOM_REQUIRE(fd >= 0);
+    close(fd);
+    char *out, *err;
+    /* 4 KV heads over 8 devices: every layer leaves 4 devices without attention heads */
+    char *a[] = {"explain", "-m", (char *)stories(), "--devices", "sim:8", "--batch",
+                 "1,32",    "-q", "--html",          html,        NULL};
+    int rc = capture(loom_cli_explain, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_EQ_INT(count(out, "\ngraph nodes = "), 2); /* both batches explained */
+    LOOM_CHECK_STR_CONTAINS(out, "memory per device");
+    FILE *f = fopen(html, "r");
+    LOOM_REQUIRE(f != NULL);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    unlink(html);
+    /* (a) header */
+    LOOM_CHECK_STR_CONTAINS(buf, "stories260K.gguf (llama, 5 layers, 8 heads / 4 KV heads");
+    LOOM_CHECK_STR_CONTAINS(buf, "<td>split mode</td><td>tensor</td>");
+    LOOM_CHECK_STR_CONTAINS(buf, "1 token: ");
+    LOOM_CHECK_STR_CONTAINS(buf, "32 tokens: ");
+    /* (b) every device, and the idle ones: a layer's K weight on 4 of 8 devices */
+    LOOM_CHECK_EQ_INT(count(buf, "\", \"color\": \"#"), 8); /* the devices array */
+    LOOM_CHECK_STR_CONTAINS(
+        buf, "{\"name\": \"blk.0.attn_k.weight\", \"unit\": \"heads\", \"layers\": 1, "
+             "\"per_dev\": [1, 1, 1, 1, 0, 0, 0, 0]}");
+    /* (c) memory per device: 8 devices + host */
+    LOOM_CHECK_EQ_INT(count(buf, "\"weights\": "), 9);
+    /* (d) timelines of both batches with AllReduces and their projections */
+    LOOM_CHECK_STR_CONTAINS(buf, "id=\"timeline0\"");
+    LOOM_CHECK_STR_CONTAINS(buf, "id=\"timeline1\"");
+    LOOM_CHECK_EQ_INT(count(buf, "{\"kind\": \"allreduce\""), 20); /* 10 per batch */
+    LOOM_CHECK_STR_CONTAINS(buf, "\"nvlink_us\": ");
+    LOOM_CHECK_STR_CONTAINS(buf, "\"pcie4_us\": ");
+    /* (e) splits with their input copies, (f) every cause code */
+    LOOM_CHECK_STR_CONTAINS(buf, "input copies:");
+    static const char *const codes[] = {"usr",   "1.dst",    "1.vsrc",   "1.inp",    "1.wgtN",
+                                        "1.off", "2.gpu-dn", "2.gpu-up", "2.any-dn", "2.any-up",
+                                        "3.upg", "3.best",   "4.vsrc",   "4.cur",    "4.sup",
+                                        "4.cpy", NULL};
+    for (const char *const *c = codes; *c; c++) {
+        char cell[48];
+        snprintf(cell, sizeof cell, "<tr><td><code>%s</code></td>", *c);
+        LOOM_CHECK_MSG(strstr(buf, cell) != NULL, "legend lacks %s", *c);
+    }
+    /* (g) side by side */
+    LOOM_CHECK_EQ_INT(count(buf, "<div class=\"col\"><h3>batch "), 2);
+    LOOM_CHECK(strstr(buf, "http://") == NULL && strstr(buf, "https://") == NULL);
+    free(out);
+    free(err);
+}
