@@ -689,3 +689,69 @@ LOOM_TEST(cli_explain, html_page_lanes_memory_timeline_legend_two_batches) {
     free(out);
     free(err);
 }
+
+/* A llama of 1 layer (n_embd 8, 2 heads) whose vocabulary has 3 tokens, written here. */
+static bool write_vocab3_model(const char *path) {
+    loom_gguf_writer *w = loom_gguf_writer_new();
+    if (!w) return false;
+    loom_status st = LOOM_OK;
+    const int64_t E = 8, F = 16, V = 3;
+    st = st ? st : loom_gguf_set_str(w, "general.architecture", "llama");
+    st = st ? st : loom_gguf_set_u32(w, "llama.context_length", 64);
+    st = st ? st : loom_gguf_set_u32(w, "llama.embedding_length", (uint32_t)E);
+    st = st ? st : loom_gguf_set_u32(w, "llama.feed_forward_length", (uint32_t)F);
+    st = st ? st : loom_gguf_set_u32(w, "llama.block_count", 1);
+    st = st ? st : loom_gguf_set_u32(w, "llama.attention.head_count", 2);
+    st = st ? st : loom_gguf_set_u32(w, "llama.attention.head_count_kv", 2);
+    st = st ? st : loom_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    const char *const toks[3] = {"<unk>", "<s>", "</s>"};
+    const float scores[3] = {0, 0, 0};
+    const int32_t types[3] = {2, 3, 3};
+    st = st ? st : loom_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+    st = st ? st : loom_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+    st = st ? st : loom_gguf_set_arr(w, "tokenizer.ggml.scores", LOOM_GGUF_FLOAT32, scores, 3);
+    st = st ? st : loom_gguf_set_arr(w, "tokenizer.ggml.token_type", LOOM_GGUF_INT32, types, 3);
+    st = st ? st : loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    st = st ? st : loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    static float data[16 * 16];
+    for (int i = 0; i < 16 * 16; i++)
+        data[i] = 0.01f * (float)((i * 7) % 13) - 0.05f;
+    static float ones[16];
+    for (int i = 0; i < 16; i++)
+        ones[i] = 1.0f;
+    struct {
+        const char *name;
+        int nd;
+        int64_t ne0, ne1;
+    } ts[] = {{"token_embd.weight", 2, E, V},     {"output_norm.weight", 1, E, 1},
+              {"output.weight", 2, E, V},         {"blk.0.attn_norm.weight", 1, E, 1},
+              {"blk.0.attn_q.weight", 2, E, E},   {"blk.0.attn_k.weight", 2, E, E},
+              {"blk.0.attn_v.weight", 2, E, E},   {"blk.0.attn_output.weight", 2, E, E},
+              {"blk.0.ffn_norm.weight", 1, E, 1}, {"blk.0.ffn_gate.weight", 2, E, F},
+              {"blk.0.ffn_up.weight", 2, E, F},   {"blk.0.ffn_down.weight", 2, F, E}};
+    for (size_t i = 0; !st && i < sizeof ts / sizeof ts[0]; i++) {
+        int64_t ne[2] = {ts[i].ne0, ts[i].ne1};
+        st = loom_gguf_add_tensor(w, ts[i].name, LOOM_TYPE_F32, ts[i].nd, ne,
+                                  ts[i].nd == 1 ? ones : data);
+    }
+    st = st ? st : loom_gguf_write_file(w, path);
+    loom_gguf_writer_free(w);
+    return st == LOOM_OK;
+}
+
+/* Issue 9 item 13: bench on a vocabulary of 3 tokens divided by V - 3 = 0 (SIGFPE). */
+LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
+    char path[] = "/tmp/loom_vocab3_XXXXXX";
+    int fd = mkstemp(path);
+    LOOM_REQUIRE(fd >= 0);
+    close(fd);
+    LOOM_REQUIRE(write_vocab3_model(path));
+    char *out, *err;
+    char *a[] = {"bench", "-m", path, "-p", "4", "-n", "3", "-r", "1", "-o", "jsonl", NULL};
+    int rc = capture(loom_cli_bench, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_EQ_INT(count(out, "\"model_type\": \"llama "), 2);
+    free(out);
+    free(err);
+    unlink(path);
+}
