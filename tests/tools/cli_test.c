@@ -755,3 +755,14 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
     free(err);
     unlink(path);
 }
+
+/* README's second example: stories260K over sim:4, greedy, tells this story. */
+LOOM_TEST(cli, readme_stories_example) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:4", NULL};
+    char *text = run_text(a, 0);
+    LOOM_CHECK_STR_CONTAINS(text, "Once upon a time, there was a little girl named Lily. She loved to play "
+                                  "outside in the park. One day, she saw a big, red ball. She wanted to play "
+                                  "with it, but it was too high.");
+    free(text);
+}
