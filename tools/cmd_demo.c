@@ -156,7 +156,11 @@ int loom_cli_demo(int argc, char **argv) {
             while (k < sizeof ints / sizeof ints[0] && strcmp(a, ints[k].name))
                 k++;
             if (k == sizeof ints / sizeof ints[0]) {
-                fprintf(stderr, "loom demo: unknown option '%s' (see loom demo --help)\n", a);
+                static const char *const names[] = {
+                    "-h",         "--help",   "--devices", "--type", "--tol",
+                    "--seed",     "--layers", "--tokens",  "--embd", "--heads",
+                    "--kv-heads", "--ff",     "--threads", NULL};
+                loom_cli_unknown_option("demo", a, names, NULL);
                 return 2;
             }
             if (!loom_cli_parse_int("demo", a, v, ints[k].min, ints[k].max, dst[k])) return 2;

@@ -47,8 +47,8 @@ int loom_cli_devices(int argc, char **argv) {
             }
             spec = argv[++i];
         } else {
-            fprintf(stderr, "loom devices: unknown option '%s' (see loom devices --help)\n",
-                    argv[i]);
+            static const char *const names[] = {"-h", "--help", "--devices", NULL};
+            loom_cli_unknown_option("devices", argv[i], names, NULL);
             return 2;
         }
     }

@@ -28,6 +28,8 @@ static void usage(FILE *f) {
             "loom %d.%d.%d: tensor-parallel inference on many devices\n"
             "\n"
             "usage: loom <command> [options]     (loom <command> --help for its options)\n"
+            "       run, bench and explain take llama.cpp's flags (-m -p -n -c -b -ub -t -ngl -sm\n"
+            "       -ts -mg -dev -fa -ctk -ctv -s --temp ...); bench follows llama-bench\n"
             "\n"
             "commands:\n",
             LOOM_VERSION_MAJOR, LOOM_VERSION_MINOR, LOOM_VERSION_PATCH);
@@ -52,6 +54,29 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "loom: unknown command '%s' (see loom --help)\n", argv[1]);
+    /* the nearest command, when it is plausibly a typo */
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        const char *c = commands[i].name, *a = argv[1];
+        size_t la = strlen(a), lc = strlen(c), d = la > lc ? la - lc : lc - la;
+        for (size_t k = 0; k < la && k < lc; k++)
+            d += a[k] != c[k];
+        /* or a transposition of two neighbours */
+        if (la == lc)
+            for (size_t k = 0; k + 1 < la; k++)
+                if (a[k] == c[k + 1] && a[k + 1] == c[k] && !strncmp(a, c, k) &&
+                    !strcmp(a + k + 2, c + k + 2))
+                    d = 1;
+        if (d < best_d) {
+            best_d = d;
+            best = c;
+        }
+    }
+    if (best)
+        fprintf(stderr, "loom: unknown command '%s' (did you mean %s? see loom --help)\n", argv[1],
+                best);
+    else
+        fprintf(stderr, "loom: unknown command '%s' (see loom --help)\n", argv[1]);
     return 2;
 }

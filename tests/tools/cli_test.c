@@ -766,3 +766,10 @@ LOOM_TEST(cli, readme_stories_example) {
                                   "with it, but it was too high.");
     free(text);
 }
+
+LOOM_TEST(cli_flags, demo_and_devices_name_the_nearest_flag) {
+    char *d[] = {"demo", "--layres", "2", NULL};
+    refused(loom_cli_demo, d, "unknown option '--layres' (did you mean --layers?");
+    char *v[] = {"devices", "--devcies", "sim:2", NULL};
+    refused(loom_cli_devices, v, "unknown option '--devcies' (did you mean --devices?");
+}
