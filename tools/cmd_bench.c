@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "loom/sim.h"
 #include "tools/cli.h"
@@ -139,7 +140,7 @@ typedef struct config {
     loom_split_mode mode;
     int threads, ngl;
     /* filled from the session */
-    char model_type[64], backend[64];
+    char model_type[128], backend[64];
     int n_dev;
     double size, params;
 } config;
@@ -396,7 +397,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(5), put_str(stdout, c->devices, q);
         KEY(6), printf("%lld", (long long)o->n_batch);
         KEY(7), printf("%lld", (long long)o->n_ubatch);
-        KEY(8), printf("%d", c->threads);
+        KEY(8), printf("%d", c->threads > 0 ? c->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
         KEY(9), put_str(stdout, kt, q);
         KEY(10), put_str(stdout, kt, q);
         KEY(11), printf("%d", c->ngl);
@@ -457,7 +458,7 @@ static bool single_device(const char *spec) {
 
 static void describe(config *c, loom_session *s, const loom_gguf *g) {
     const loom_model *m = loom_session_model(s);
-    double size = 0, params = 0;
+    double size = 0, params = 0, by_type[LOOM_TYPE_COUNT] = {0};
     for (int64_t i = 0; i < loom_gguf_tensor_count(g); i++) {
         int64_t ne[LOOM_MAX_DIMS];
         loom_gguf_tensor_ne(g, i, ne);
@@ -466,14 +467,24 @@ static void describe(config *c, loom_session *s, const loom_gguf *g) {
             e *= (double)(ne[d] > 0 ? ne[d] : 1);
         params += e;
         size += (double)loom_gguf_tensor_size(g, i);
+        loom_type ty = loom_gguf_tensor_type(g, i);
+        if ((int)ty >= 0 && ty < LOOM_TYPE_COUNT && loom_gguf_tensor_n_dims(g, i) >= 2)
+            by_type[ty] += (double)loom_gguf_tensor_size(g, i);
     }
+    int main_type = 0; /* the matrices' type, as llama-bench's "Q4_0" (by bytes) */
+    for (int ty = 1; ty < LOOM_TYPE_COUNT; ty++)
+        if (by_type[ty] > by_type[main_type]) main_type = ty;
     c->size = size;
     c->params = params;
     char pn[32];
     fmt_params(pn, sizeof pn, params);
     for (char *q = pn; *q; q++)
         if (*q == ' ') memmove(q, q + 1, strlen(q));
-    snprintf(c->model_type, sizeof c->model_type, "%s %s", m->hp.arch, pn);
+    char tn[16];
+    snprintf(tn, sizeof tn, "%s", loom_type_name((loom_type)main_type));
+    for (char *q = tn; *q; q++)
+        if (*q >= 'a' && *q <= 'z') *q = (char)(*q - 'a' + 'A');
+    snprintf(c->model_type, sizeof c->model_type, "%s %s %s", m->hp.arch, pn, tn);
     c->n_dev = loom_session_n_devices(s);
     if (c->n_dev == 0) {
         snprintf(c->backend, sizeof c->backend, "CPU");
