@@ -3,7 +3,8 @@
 # (bazel-bootstrap), GoogleTest, PCRE2 and hwloc from the Debian archive, plus clang and
 # its runtime (libFuzzer, the sanitizers) for the fuzz target, and chromium (run headless)
 # for the render test of `loom explain --html`. Packages already present are not touched,
-# and when all are present the script does not call apt at all, so it also runs offline. Run from anywhere, as root or with sudo available:
+# and when all are present the script does not call apt at all, so it also runs offline.
+# Run from anywhere, as root or with sudo available:
 #
 #   ./scripts/setup.sh && bazel run //tools:loom -- run --devices sim:4 && bazel run //tools:loom -- explain --devices sim:4 -q
 #   ./scripts/setup.sh && bazel test //...
