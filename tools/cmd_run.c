@@ -292,8 +292,9 @@ int loom_cli_run(int argc, char **argv) {
         goto out;
     }
     if (!o.model)
-        fprintf(stderr, "note: the built-in model has random weights, so its text is noise: look at the "
-                        "per-device memory above and the graph splits and allreduces below\n");
+        fprintf(stderr,
+                "note: the built-in model has random weights, so its text is noise: look at the "
+                "per-device memory above and the graph splits and allreduces below\n");
     fputs(prompt, stdout);
     fflush(stdout);
     int64_t t0 = loom_time_us();

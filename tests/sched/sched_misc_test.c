@@ -266,8 +266,10 @@ LOOM_TEST(sched_misc, debug_print_and_stats) {
     for (int i = 0; i < m.g->n_nodes; i++)
         non_view += !loom_op_is_view(m.g->nodes[i]->op);
     int n_split_lines = 0, n_node_lines = 0;
-    for (const char *p = text; (p = strstr(p, "## SPLIT #")) != NULL; p++) n_split_lines++;
-    for (const char *p = text; (p = strstr(p, "\nnode #")) != NULL; p++) n_node_lines++;
+    for (const char *p = text; (p = strstr(p, "## SPLIT #")) != NULL; p++)
+        n_split_lines++;
+    for (const char *p = text; (p = strstr(p, "\nnode #")) != NULL; p++)
+        n_node_lines++;
     LOOM_CHECK_EQ_INT(n_split_lines, stats.n_splits);
     LOOM_CHECK_EQ_INT(n_node_lines, non_view);
     LOOM_CHECK(strncmp(text, "## SPLIT #0: SIM0 # 3 inputs: [inp_embd (", 41) == 0);
@@ -282,7 +284,8 @@ LOOM_TEST(sched_misc, debug_print_and_stats) {
         if (loom_op_is_view(m.g->nodes[i]->op)) continue;
         int uses = 0;
         for (int k = 0; k < m.g->n_nodes; k++)
-            for (int j = 0; j < LOOM_MAX_SRC; j++) uses += m.g->nodes[k]->src[j] == m.g->nodes[i];
+            for (int j = 0; j < LOOM_MAX_SRC; j++)
+                uses += m.g->nodes[k]->src[j] == m.g->nodes[i];
         char head[32], want[32];
         snprintf(head, sizeof head, "\nnode #%3d (", i);
         snprintf(want, sizeof want, " use=%d,c=", uses);

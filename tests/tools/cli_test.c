@@ -761,9 +761,10 @@ LOOM_TEST(cli, readme_stories_example) {
     if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:4", NULL};
     char *text = run_text(a, 0);
-    LOOM_CHECK_STR_CONTAINS(text, "Once upon a time, there was a little girl named Lily. She loved to play "
-                                  "outside in the park. One day, she saw a big, red ball. She wanted to play "
-                                  "with it, but it was too high.");
+    LOOM_CHECK_STR_CONTAINS(
+        text, "Once upon a time, there was a little girl named Lily. She loved to play "
+              "outside in the park. One day, she saw a big, red ball. She wanted to play "
+              "with it, but it was too high.");
     free(text);
 }
 
