@@ -1,20 +1,19 @@
 /*
  * Byte-level BPE (GPT-2 style, tokenizer.ggml.model = "gpt2").
  *
- * Text is cut into words by the GPT-2 pre-tokenizer pattern (PCRE2, UTF-8 + Unicode
- * properties); each word's bytes are mapped to printable code points (the GPT-2 byte
- * table: printable Latin-1 bytes map to themselves, the rest to U+0100 upward); then the
- * adjacent pair with the lowest merge rank (tokenizer.ggml.merges, "left right" per line)
- * is merged until none applies. Decoding maps the code points back to bytes.
+ * Text is cut into words by the pre-tokenizer tokenizer.ggml.pre names (pretok.c); each
+ * word's bytes are mapped to printable code points (the GPT-2 byte table: printable Latin-1
+ * bytes map to themselves, the rest to U+0100 upward); then the adjacent pair of symbols
+ * whose merge ("left right" in tokenizer.ggml.merges) has the lowest rank is merged (ties:
+ * the leftmost) until none applies. Pre-tokenizers that say so (Llama 3) take a word that is
+ * itself a token whole. Decoding maps the code points back to bytes.
  */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <string.h>
 
 #include "model/tokenizer-impl.h"
 
 typedef struct bpe_state {
-    pcre2_code *re;
+    loom_pretok pre;
     /* merges: hash of "left right" -> rank */
     char **merge_text;
     size_t *merge_len;
@@ -24,9 +23,6 @@ typedef struct bpe_state {
     uint16_t byte_cp[256];   /* byte -> code point */
     int16_t cp_byte[512];    /* code point (< 512) -> byte, -1 if none */
 } bpe_state;
-
-static const char *const GPT2_PATTERN =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull;
@@ -59,7 +55,7 @@ static size_t put_utf8(uint32_t cp, char *out) {
     return 3;
 }
 
-loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g) {
+loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g, const char *pre) {
     bpe_state *b = loom_calloc(1, sizeof *b);
     if (!b) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
     t->bpe = b;
@@ -87,17 +83,15 @@ loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g) {
     for (int64_t i = 0; i < b->n_merges; i++) {
         uint64_t len;
         const char *s = loom_gguf_kv_arr_str(g, mi, (uint64_t)i, &len);
-        const char *sp = memchr(s, ' ', len);
+        /* the separator is the first space after the first character (a token may be " ") */
+        const char *sp = len > 1 ? memchr(s + 1, ' ', len - 1) : NULL;
         if (!sp)
             return loom_error(LOOM_ERR_FORMAT, "tokenizer: merge %lld ('%.*s') has no space", (long long)i, (int)(len > 40 ? 40 : len), s);
-        /* stored without the space: the concatenation of the pair */
-        b->merge_text[i] = loom_malloc(len);
+        b->merge_text[i] = loom_malloc(len ? len : 1);
         if (!b->merge_text[i]) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
-        size_t l1 = (size_t)(sp - s);
-        memcpy(b->merge_text[i], s, l1);
-        memcpy(b->merge_text[i] + l1, sp + 1, len - l1 - 1);
-        b->merge_len[i] = len - 1;
-        /* a pair may be ambiguous once concatenated; keep the best (first) rank */
+        memcpy(b->merge_text[i], s, len);
+        b->merge_len[i] = len;
+        /* a repeated merge keeps its first (best) rank */
         size_t k = hash_bytes(b->merge_text[i], b->merge_len[i]) & (cap - 1);
         bool dup = false;
         while (b->mmap_slots[k] >= 0) {
@@ -110,12 +104,12 @@ loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g) {
         }
         if (!dup) b->mmap_slots[k] = i;
     }
-    int err;
-    PCRE2_SIZE off;
-    b->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                          &err, &off, NULL);
-    if (!b->re) return loom_error(LOOM_ERR_INTERNAL, "tokenizer: pre-tokenizer pattern failed to compile at %zu", (size_t)off);
-    return LOOM_OK;
+    return loom__pretok_init(&b->pre, pre);
+}
+
+const char *loom__bpe_pre(const loom_tokenizer *t) {
+    const bpe_state *b = t->bpe;
+    return b ? b->pre.family : NULL;
 }
 
 void loom__bpe_free(loom_tokenizer *t) {
@@ -126,7 +120,7 @@ void loom__bpe_free(loom_tokenizer *t) {
     loom_free(b->merge_text);
     loom_free(b->merge_len);
     loom_free(b->mmap_slots);
-    if (b->re) pcre2_code_free(b->re);
+    loom__pretok_free(&b->pre);
     loom_free(b);
     t->bpe = NULL;
 }
@@ -136,12 +130,48 @@ static void emit(int32_t id, int32_t *out, size_t cap, size_t *n) {
     (*n)++;
 }
 
+/* Rank of the merge "l r" (l = w[a..b), r = w[b..c)), or -1. key: scratch of c - a + 1 bytes. */
+static int64_t pair_rank(const bpe_state *b, const char *w, size_t a, size_t m, size_t c, char *key) {
+    memcpy(key, w + a, m - a);
+    key[m - a] = ' ';
+    memcpy(key + m - a + 1, w + m, c - m);
+    return merge_rank(b, key, c - a + 1);
+}
+
+/* Emits the token of w[s..e); a symbol that is not a token (a merge whose result the vocabulary
+ * lacks) is spelled byte by byte, as the reference engines do. */
+static void emit_symbol(const loom_tokenizer *t, const char *w, size_t s, size_t e, int32_t *out,
+                        size_t cap, size_t *n_out) {
+    int32_t id = loom__tok_find(t, w + s, e - s);
+    if (id >= 0) {
+        emit(id, out, cap, n_out);
+        return;
+    }
+    for (size_t i = s; i < e; i++) {
+        int32_t bid = loom__tok_find(t, w + i, 1);
+        if (bid < 0) bid = t->unk;
+        if (bid >= 0) emit(bid, out, cap, n_out);
+    }
+}
+
 /* BPE over one pre-token (already mapped to code points, UTF-8 in w[0..n)). */
 static loom_status bpe_word(const loom_tokenizer *t, const bpe_state *b, const char *w, size_t n,
                             int32_t *out, size_t cap, size_t *n_out) {
+    if (b->pre.ignore_merges) {
+        int32_t id = loom__tok_find(t, w, n);
+        if (id >= 0) {
+            emit(id, out, cap, n_out);
+            return LOOM_OK;
+        }
+    }
     /* symbol boundaries: start offsets of code points */
     size_t *start = loom_malloc((n + 1) * sizeof *start);
-    if (!start) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    char *key = loom_malloc(n + 1);
+    if (!start || !key) {
+        loom_free(start);
+        loom_free(key);
+        return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    }
     size_t ns = 0;
     for (size_t i = 0; i < n;) {
         start[ns++] = i;
@@ -153,7 +183,7 @@ static loom_status bpe_word(const loom_tokenizer *t, const bpe_state *b, const c
         int64_t best = -1;
         size_t at = 0;
         for (size_t i = 0; i + 1 < ns; i++) {
-            int64_t r = merge_rank(b, w + start[i], start[i + 2] - start[i]);
+            int64_t r = pair_rank(b, w, start[i], start[i + 1], start[i + 2], key);
             if (r >= 0 && (best < 0 || r < best)) {
                 best = r;
                 at = i;
@@ -163,10 +193,8 @@ static loom_status bpe_word(const loom_tokenizer *t, const bpe_state *b, const c
         memmove(&start[at + 1], &start[at + 2], (ns - at - 1) * sizeof *start);
         ns--;
     }
-    for (size_t i = 0; i < ns; i++) {
-        int32_t id = loom__tok_find(t, w + start[i], start[i + 1] - start[i]);
-        emit(id >= 0 ? id : t->unk, out, cap, n_out);
-    }
+    for (size_t i = 0; i < ns; i++) emit_symbol(t, w, start[i], start[i + 1], out, cap, n_out);
+    loom_free(key);
     loom_free(start);
     return LOOM_OK;
 }
@@ -174,41 +202,33 @@ static loom_status bpe_word(const loom_tokenizer *t, const bpe_state *b, const c
 loom_status loom__bpe_tokenize(const loom_tokenizer *t, const char *text, size_t len,
                                int32_t *out, size_t cap, size_t *n_out) {
     const bpe_state *b = t->bpe;
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(b->re, NULL);
-    char *word = loom_malloc(len * 2 + 4);
-    if (!md || !word) {
-        if (md) pcre2_match_data_free(md);
-        loom_free(word);
+    size_t *seg = NULL, n_seg = 0;
+    loom_status st = loom__pretok_split(&b->pre, text, len, &seg, &n_seg);
+    if (st) return st;
+    char *word = loom_malloc(len * 2 + 4); /* each byte maps to a code point of <= 2 bytes */
+    if (!word) {
+        loom_free(seg);
         return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
     }
-    loom_status st = LOOM_OK;
     size_t pos = 0;
-    while (pos < len && st == LOOM_OK) {
-        int rc = pcre2_match(b->re, (PCRE2_SPTR)text, len, pos, 0, md, NULL);
-        if (rc < 0) {
-            if (rc == PCRE2_ERROR_NOMATCH) break;
-            st = loom_error(LOOM_ERR_FORMAT, "tokenizer: text is not valid UTF-8 near byte %zu", pos);
-            break;
-        }
-        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        size_t s = ov[0], e = ov[1];
-        if (e == s) { /* cannot happen with this pattern; guard against a loop */
-            pos++;
-            continue;
-        }
+    for (size_t k = 0; k < n_seg && st == LOOM_OK; k++) {
         size_t wn = 0;
-        for (size_t i = s; i < e; i++) wn += put_utf8(b->byte_cp[(uint8_t)text[i]], word + wn);
+        for (size_t i = pos; i < pos + seg[k]; i++) wn += put_utf8(b->byte_cp[(uint8_t)text[i]], word + wn);
         st = bpe_word(t, b, word, wn, out, cap, n_out);
-        pos = e;
+        pos += seg[k];
     }
-    pcre2_match_data_free(md);
     loom_free(word);
+    loom_free(seg);
     return st;
 }
 
 size_t loom__bpe_to_piece(const loom_tokenizer *t, int32_t id, char *buf, size_t cap) {
     const bpe_state *b = t->bpe;
     if (t->type[id] == LOOM_TOKEN_CONTROL) return 0;
+    if (t->type[id] == LOOM_TOKEN_USER_DEFINED) { /* added tokens hold their text as is */
+        if (cap) memcpy(buf, t->text[id], t->len[id] < cap ? t->len[id] : cap);
+        return t->len[id];
+    }
     const uint8_t *s = (const uint8_t *)t->text[id];
     size_t n = 0;
     for (size_t i = 0; i < t->len[id];) {

@@ -7,6 +7,7 @@
  * leftmost pair). Symbols left that are not tokens are spelled with byte tokens <0xXX>.
  * BPE vocabularies (model "gpt2") live in bpe.c.
  */
+#define _GNU_SOURCE /* memmem */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,42 @@ static loom_status build_map(loom_tokenizer *t) {
     return LOOM_OK;
 }
 
+/* The tokens found in text before it is tokenized: control, user-defined and unknown ones,
+ * longest text first (ties: lower id first). */
+typedef struct len_id {
+    size_t len;
+    int32_t id;
+} len_id;
+
+static int by_len_desc(const void *a, const void *b) {
+    const len_id *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static bool is_special_type(int32_t ty) {
+    return ty == LOOM_TOKEN_CONTROL || ty == LOOM_TOKEN_USER_DEFINED || ty == LOOM_TOKEN_UNKNOWN;
+}
+
+static loom_status build_special(loom_tokenizer *t) {
+    size_t n = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++) n += t->len[id] > 0 && is_special_type(t->type[id]);
+    len_id *v = loom_malloc((n ? n : 1) * sizeof *v);
+    t->special = loom_malloc((n ? n : 1) * sizeof *t->special);
+    if (!v || !t->special) {
+        loom_free(v);
+        return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    }
+    n = 0;
+    for (int32_t id = 0; id < t->n_vocab; id++)
+        if (t->len[id] > 0 && is_special_type(t->type[id])) v[n++] = (len_id){t->len[id], id};
+    qsort(v, n, sizeof *v, by_len_desc);
+    for (size_t i = 0; i < n; i++) t->special[i] = v[i].id;
+    t->n_special = (int32_t)n;
+    loom_free(v);
+    return LOOM_OK;
+}
+
 /* ---------------------------------------------------------------- loading */
 
 static loom_status get_int_or(const loom_gguf *g, const char *key, int64_t dflt, int64_t *out) {
@@ -71,7 +108,19 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     loom_tokenizer_kind kind;
     if (strcmp(model, "llama") == 0) kind = LOOM_TOKENIZER_SPM;
     else if (strcmp(model, "gpt2") == 0) kind = LOOM_TOKENIZER_BPE;
+    else if (strcmp(model, "bert") == 0)
+        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: tokenizer.ggml.model 'bert' (WordPiece) is not implemented (llama and gpt2 are supported)");
+    else if (strcmp(model, "t5") == 0)
+        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: tokenizer.ggml.model 't5' (Unigram) is not implemented (llama and gpt2 are supported)");
     else return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: unknown tokenizer.ggml.model '%s' (llama and gpt2 are supported)", model);
+    /* The pre-tokenizer is checked before anything is loaded: an unknown one is an error. */
+    const char *pre = NULL;
+    if (loom_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0 &&
+        (st = loom_gguf_get_str(g, "tokenizer.ggml.pre", &pre)))
+        return loom_error(st, "tokenizer: %s", loom_last_error());
+    bool pre_adds_bos = false;
+    if (kind == LOOM_TOKENIZER_BPE && pre && !loom__pretok_known(pre, &pre_adds_bos))
+        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: unknown pre-tokenizer tokenizer.ggml.pre = '%s'", pre);
 
     int64_t ki = loom_gguf_find_kv(g, "tokenizer.ggml.tokens");
     if (ki < 0 || loom_gguf_kv_type(g, ki) != LOOM_GGUF_ARRAY ||
@@ -124,8 +173,16 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
         loom_tokenizer_free(t);
         return loom_error(st, "tokenizer: %s", loom_last_error());
     }
-    if (loom_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") >= 0)
-        loom_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    bool add_eos = false, add_space_prefix = kind == LOOM_TOKENIZER_SPM;
+    const char *flag_keys[3] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                                "tokenizer.ggml.add_space_prefix"};
+    bool *flag_vals[3] = {&add_bos, &add_eos, &add_space_prefix};
+    if (kind == LOOM_TOKENIZER_BPE) add_bos = pre_adds_bos; /* the family's default (Llama 3: yes) */
+    for (int k = 0; k < 3; k++)
+        if (loom_gguf_find_kv(g, flag_keys[k]) >= 0 && (st = loom_gguf_get_bool(g, flag_keys[k], flag_vals[k]))) {
+            loom_tokenizer_free(t);
+            return loom_error(st, "tokenizer: %s", loom_last_error());
+        }
     if (bos >= (int64_t)n || eos >= (int64_t)n || unk >= (int64_t)n) {
         loom_tokenizer_free(t);
         return loom_error(LOOM_ERR_FORMAT, "tokenizer: special token id out of range (bos %lld, eos %lld, unk %lld, vocab %llu)",
@@ -135,8 +192,10 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     t->eos = (int32_t)eos;
     t->unk = (int32_t)unk;
     t->add_bos = add_bos;
+    t->add_eos = add_eos;
+    t->add_space_prefix = add_space_prefix;
     for (int b = 0; b < 256; b++) t->byte_token[b] = -1;
-    if ((st = build_map(t))) {
+    if ((st = build_map(t)) || (st = build_special(t))) {
         loom_tokenizer_free(t);
         return st;
     }
@@ -146,7 +205,7 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
             snprintf(name, sizeof name, "<0x%02X>", b);
             t->byte_token[b] = loom__tok_find(t, name, 6);
         }
-    } else if ((st = loom__bpe_init(t, g))) {
+    } else if ((st = loom__bpe_init(t, g, pre))) {
         loom_tokenizer_free(t);
         return st;
     }
@@ -166,6 +225,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     loom_free(t->score);
     loom_free(t->type);
     loom_free(t->map);
+    loom_free(t->special);
     loom__bpe_free(t);
     loom_free(t);
 }
@@ -175,6 +235,11 @@ int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t) { return t->n_vocab; }
 int32_t loom_tokenizer_bos(const loom_tokenizer *t) { return t->bos; }
 int32_t loom_tokenizer_eos(const loom_tokenizer *t) { return t->eos; }
 bool loom_tokenizer_add_bos(const loom_tokenizer *t) { return t->add_bos; }
+bool loom_tokenizer_add_eos(const loom_tokenizer *t) { return t->add_eos; }
+
+bool loom_token_is_control(const loom_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab && t->type[id] == LOOM_TOKEN_CONTROL;
+}
 
 const char *loom_token_text(const loom_tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_vocab ? t->text[id] : NULL;
@@ -262,9 +327,9 @@ static void emit(int32_t id, int32_t *out, size_t cap, size_t *n) {
     (*n)++;
 }
 
-static loom_status spm_tokenize(const loom_tokenizer *t, const char *text, size_t len,
+static loom_status spm_tokenize(const loom_tokenizer *t, const char *text, size_t len, bool prefix,
                                 int32_t *out, size_t cap, size_t *n_out) {
-    /* " " + text with ' ' -> "\xE2\x96\x81" */
+    /* (" " if prefix) + text with ' ' -> "\xE2\x96\x81" */
     size_t spaces = 1;
     for (size_t i = 0; i < len; i++) spaces += text[i] == ' ';
     size_t blen = len + 2 * spaces;
@@ -277,8 +342,10 @@ static loom_status spm_tokenize(const loom_tokenizer *t, const char *text, size_
         return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory for %zu bytes of text", len);
     }
     size_t p = 0;
-    memcpy(buf + p, "\xE2\x96\x81", 3);
-    p += 3;
+    if (prefix) {
+        memcpy(buf + p, "\xE2\x96\x81", 3);
+        p += 3;
+    }
     for (size_t i = 0; i < len; i++) {
         if (text[i] == ' ') {
             memcpy(buf + p, "\xE2\x96\x81", 3);
@@ -330,18 +397,122 @@ static loom_status spm_tokenize(const loom_tokenizer *t, const char *text, size_
     return LOOM_OK;
 }
 
-loom_status loom_tokenize(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
-                          int32_t *out, size_t cap, size_t *n_out) {
+/* A piece of the text: a special token found in it (tok >= 0) or text between them. */
+typedef struct frag {
+    size_t off, len;
+    int32_t tok;
+} frag;
+
+typedef struct fragv {
+    frag *v;
+    size_t n, cap;
+} fragv;
+
+static bool frag_push(fragv *f, frag x) {
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 16;
+        frag *v = loom_realloc(f->v, cap * sizeof *v);
+        if (!v) return false;
+        f->v = v;
+        f->cap = cap;
+    }
+    f->v[f->n++] = x;
+    return true;
+}
+
+/* Cuts the special tokens out of text, longest token first (so "<|im_start|>" wins over a
+ * shorter token inside it); user-defined tokens always, control and unknown ones only when
+ * parse_special. */
+static loom_status partition(const loom_tokenizer *t, const char *text, size_t len,
+                             bool parse_special, fragv *out) {
+    fragv cur = {0}, nxt = {0};
+    if (!frag_push(&cur, (frag){0, len, -1})) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    for (int32_t k = 0; k < t->n_special; k++) {
+        int32_t id = t->special[k];
+        if (!parse_special && t->type[id] != LOOM_TOKEN_USER_DEFINED) continue;
+        const char *tt = t->text[id];
+        size_t tl = t->len[id];
+        bool any = false;
+        for (size_t i = 0; i < cur.n && !any; i++)
+            any = cur.v[i].tok < 0 && cur.v[i].len >= tl &&
+                  memmem(text + cur.v[i].off, cur.v[i].len, tt, tl) != NULL;
+        if (!any) continue;
+        nxt.n = 0;
+        for (size_t i = 0; i < cur.n; i++) {
+            frag f = cur.v[i];
+            bool ok = true;
+            if (f.tok >= 0) {
+                ok = frag_push(&nxt, f);
+            } else {
+                size_t at = f.off, end = f.off + f.len;
+                const char *hit;
+                while (ok && end - at >= tl && (hit = memmem(text + at, end - at, tt, tl))) {
+                    size_t h = (size_t)(hit - text);
+                    if (h > at) ok = frag_push(&nxt, (frag){at, h - at, -1});
+                    ok = ok && frag_push(&nxt, (frag){h, tl, id});
+                    at = h + tl;
+                }
+                if (ok && at < end) ok = frag_push(&nxt, (frag){at, end - at, -1});
+            }
+            if (!ok) {
+                loom_free(cur.v);
+                loom_free(nxt.v);
+                return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+            }
+        }
+        fragv tmp = cur;
+        cur = nxt;
+        nxt = tmp;
+    }
+    loom_free(nxt.v);
+    *out = cur;
+    return LOOM_OK;
+}
+
+loom_status loom_tokenize_ex(const loom_tokenizer *t, const char *text, size_t len, unsigned flags,
+                             int32_t *out, size_t cap, size_t *n_out) {
     *n_out = 0;
-    if (add_bos && t->bos >= 0) emit(t->bos, out, cap, n_out);
+    bool bos = (flags & LOOM_TOKENIZE_ADD_BOS) || ((flags & LOOM_TOKENIZE_ADD_SPECIAL) && t->add_bos);
+    bool eos = (flags & LOOM_TOKENIZE_ADD_EOS) || ((flags & LOOM_TOKENIZE_ADD_SPECIAL) && t->add_eos);
+    if (bos && t->bos < 0)
+        return loom_error(LOOM_ERR_INVALID_ARG, "tokenizer: a BOS token is asked for but the vocabulary has none (tokenizer.ggml.bos_token_id)");
+    if (eos && t->eos < 0)
+        return loom_error(LOOM_ERR_INVALID_ARG, "tokenizer: an EOS token is asked for but the vocabulary has none (tokenizer.ggml.eos_token_id)");
+    if (len > 0 && !text) return loom_error(LOOM_ERR_INVALID_ARG, "tokenizer: text is NULL");
+    if (bos) emit(t->bos, out, cap, n_out);
     loom_status st = LOOM_OK;
     if (len > 0) {
-        st = t->kind == LOOM_TOKENIZER_SPM ? spm_tokenize(t, text, len, out, cap, n_out)
-                                           : loom__bpe_tokenize(t, text, len, out, cap, n_out);
+        fragv fr = {0};
+        if ((st = partition(t, text, len, (flags & LOOM_TOKENIZE_PARSE_SPECIAL) != 0, &fr))) return st;
+        bool prev_special = true; /* SentencePiece: the dummy prefix at the start, and after each special token */
+        for (size_t i = 0; i < fr.n && st == LOOM_OK; i++) {
+            frag f = fr.v[i];
+            if (f.tok >= 0) {
+                emit(f.tok, out, cap, n_out);
+                prev_special = true;
+            } else if (t->kind == LOOM_TOKENIZER_SPM) {
+                st = spm_tokenize(t, text + f.off, f.len, t->add_space_prefix && prev_special, out, cap, n_out);
+                prev_special = false;
+            } else {
+                st = loom__bpe_tokenize(t, text + f.off, f.len, out, cap, n_out);
+            }
+        }
+        loom_free(fr.v);
     }
+    if (st == LOOM_OK && eos) emit(t->eos, out, cap, n_out);
     if (st == LOOM_OK && *n_out > cap)
         return loom_error(LOOM_ERR_FULL, "tokenizer: %zu tokens do not fit in %zu", *n_out, cap);
     return st;
+}
+
+loom_status loom_tokenize(const loom_tokenizer *t, const char *text, size_t len, bool add_bos,
+                          int32_t *out, size_t cap, size_t *n_out) {
+    unsigned flags = LOOM_TOKENIZE_PARSE_SPECIAL | (add_bos && t->bos >= 0 ? LOOM_TOKENIZE_ADD_BOS : 0u);
+    return loom_tokenize_ex(t, text, len, flags, out, cap, n_out);
+}
+
+const char *loom_tokenizer_pre(const loom_tokenizer *t) {
+    return t->kind == LOOM_TOKENIZER_BPE ? loom__bpe_pre(t) : NULL;
 }
 
 /* ---------------------------------------------------------------- decoding */

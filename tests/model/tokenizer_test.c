@@ -46,9 +46,109 @@ static loom_tokenizer *load_vocab(loom_gguf **g_out) {
     return t;
 }
 
-LOOM_TEST(tokenizer, spm_test_vectors) {
+static loom_tokenizer *open_vocab(const char *name, loom_gguf **g_out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", loom_test_models_dir(), name);
+    *g_out = NULL;
+    if (loom_gguf_open(path, g_out) != LOOM_OK) {
+        loom_test_fail(__FILE__, __LINE__, "%s", loom_last_error());
+        return NULL;
+    }
+    loom_tokenizer *t = NULL;
+    if (loom_tokenizer_from_gguf(*g_out, &t) != LOOM_OK)
+        loom_test_fail(__FILE__, __LINE__, "%s: %s", name, loom_last_error());
+    return t;
+}
+
+/* Runs every case of <vocab>.inp against <vocab>.out (ids without BOS, special tokens not
+ * parsed: what llama.cpp's test-tokenizer-0 compares) and checks that the ids decode back to
+ * the text (" " + text for SentencePiece's dummy prefix). Returns the number of cases. */
+static int check_vectors(const char *vocab, int n_expected) {
     const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    loom_gguf *g = NULL;
+    loom_tokenizer *t = open_vocab(vocab, &g);
+    if (!t) {
+        loom_gguf_free(g);
+        return -1;
+    }
+    char path[4096];
+    size_t in_size, out_size;
+    snprintf(path, sizeof path, "%s/%s.inp", dir, vocab);
+    char *inp = read_file(path, &in_size);
+    snprintf(path, sizeof path, "%s/%s.out", dir, vocab);
+    char *outp = read_file(path, &out_size);
+    if (!inp || !outp) {
+        loom_test_fail(__FILE__, __LINE__, "%s: cannot read its .inp/.out", vocab);
+        free(inp);
+        free(outp);
+        loom_tokenizer_free(t);
+        loom_gguf_free(g);
+        return -1;
+    }
+    const bool spm = loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_SPM;
+    const char *sep = "\n__ggml_vocab_test__\n";
+    char *case_start = inp;
+    char *line = outp;
+    int n_cases = 0, n_ok = 0;
+    enum { CAP = 1024 };
+    int32_t *want = malloc(CAP * sizeof *want), *got = malloc(CAP * sizeof *got);
+    char *dec = malloc(16384);
+    for (;;) {
+        char *end = strstr(case_start, sep);
+        if (!end) break;
+        size_t len = (size_t)(end - case_start);
+        char *nl = strchr(line, '\n');
+        if (!nl) {
+            loom_test_fail(__FILE__, __LINE__, "%s: .out has fewer lines than .inp has cases", vocab);
+            break;
+        }
+        *nl = 0;
+        size_t n_want = 0;
+        for (char *p = line; *p && n_want < CAP;) {
+            char *q;
+            long v = strtol(p, &q, 10);
+            if (q == p) break;
+            want[n_want++] = (int32_t)v;
+            p = q;
+        }
+        size_t n_got = 0;
+        loom_status st = loom_tokenize_ex(t, case_start, len, 0, got, CAP, &n_got);
+        bool same = st == LOOM_OK && n_got == n_want && memcmp(got, want, n_want * 4) == 0;
+        if (!same) {
+            char gs[4096] = "";
+            size_t o = 0;
+            for (size_t i = 0; i < n_got && i < CAP && o < sizeof gs - 16; i++)
+                o += (size_t)snprintf(gs + o, sizeof gs - o, " %d", got[i]);
+            loom_test_fail(__FILE__, __LINE__, "%s case %d '%.*s': want '%s' got '%s' (%s)", vocab,
+                           n_cases, (int)len, case_start, line, gs, st ? loom_last_error() : "ok");
+        }
+        n_ok += same;
+        n_cases++;
+        if (same && len > 0) {
+            size_t dn = 0;
+            for (size_t i = 0; i < n_got; i++)
+                dn += loom_token_to_piece(t, got[i], dec + dn, dn < 16384 ? 16384 - dn : 0);
+            bool back = spm ? dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, case_start, len) == 0
+                            : dn == len && memcmp(dec, case_start, len) == 0;
+            LOOM_CHECK_MSG(back, "%s case %d does not decode back", vocab, n_cases - 1);
+        }
+        case_start = end + strlen(sep);
+        line = nl + 1;
+    }
+    LOOM_CHECK_MSG(n_cases == n_expected, "%s: %d cases, expected %d", vocab, n_cases, n_expected);
+    LOOM_CHECK_MSG(n_ok == n_cases, "%s: %d of %d cases pass", vocab, n_ok, n_cases);
+    free(want);
+    free(got);
+    free(dec);
+    free(inp);
+    free(outp);
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+    return n_cases;
+}
+
+LOOM_TEST(tokenizer, spm_test_vectors) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_gguf *g = NULL;
     loom_tokenizer *t = load_vocab(&g);
     LOOM_REQUIRE(t != NULL);
@@ -56,67 +156,40 @@ LOOM_TEST(tokenizer, spm_test_vectors) {
     LOOM_CHECK_EQ_INT(loom_tokenizer_n_vocab(t), 32000);
     LOOM_CHECK_EQ_INT(loom_tokenizer_bos(t), 1);
     LOOM_CHECK_EQ_INT(loom_tokenizer_eos(t), 2);
-
-    char path[4096];
-    size_t in_size, out_size;
-    snprintf(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf.inp", dir);
-    char *inp = read_file(path, &in_size);
-    snprintf(path, sizeof path, "%s/ggml-vocab-llama-spm.gguf.out", dir);
-    char *outp = read_file(path, &out_size);
-    LOOM_REQUIRE(inp && outp);
-
-    const char *sep = "\n__ggml_vocab_test__\n";
-    char *case_start = inp;
-    char *line = outp;
-    int n_cases = 0, n_ok = 0;
-    for (;;) {
-        char *end = strstr(case_start, sep);
-        if (!end) break;
-        size_t len = (size_t)(end - case_start);
-        char *nl = strchr(line, '\n');
-        LOOM_REQUIRE(nl != NULL);
-        *nl = 0;
-        int32_t want[512];
-        size_t n_want = 0;
-        for (char *p = line; *p;) {
-            char *q;
-            long v = strtol(p, &q, 10);
-            if (q == p) break;
-            want[n_want++] = (int32_t)v;
-            p = q;
-        }
-        int32_t got[512];
-        size_t n_got = 0;
-        loom_status st = loom_tokenize(t, case_start, len, false, got, 512, &n_got);
-        bool same = st == LOOM_OK && n_got == n_want && memcmp(got, want, n_want * 4) == 0;
-        if (!same) {
-            char gs[2048] = "";
-            size_t o = 0;
-            for (size_t i = 0; i < n_got && i < 512 && o < sizeof gs - 16; i++)
-                o += (size_t)snprintf(gs + o, sizeof gs - o, " %d", got[i]);
-            loom_test_fail(__FILE__, __LINE__, "case %d '%.*s': want '%s' got '%s'", n_cases,
-                           (int)len, case_start, line, gs);
-        }
-        n_ok += same;
-        n_cases++;
-        /* decoding the ids gives back " " + text (the dummy prefix) */
-        if (same && len > 0) {
-            char dec[4096];
-            size_t dn = 0;
-            for (size_t i = 0; i < n_got; i++)
-                dn += loom_token_to_piece(t, got[i], dec + dn, sizeof dec - dn);
-            LOOM_CHECK_MSG(dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, case_start, len) == 0,
-                           "case %d does not decode back", n_cases - 1);
-        }
-        case_start = end + strlen(sep);
-        line = nl + 1;
-    }
-    LOOM_CHECK_EQ_INT(n_cases, 46);
-    LOOM_CHECK_EQ_INT(n_ok, n_cases);
-    free(inp);
-    free(outp);
+    LOOM_CHECK(loom_tokenizer_pre(t) == NULL);
     loom_tokenizer_free(t);
     loom_gguf_free(g);
+    check_vectors("ggml-vocab-llama-spm.gguf", 46);
+    check_vectors("ggml-vocab-phi-3.gguf", 46);
+}
+
+/* The llama.cpp test vocabularies of byte-level BPE, each with its own tokenizer.ggml.pre. */
+LOOM_TEST(tokenizer, bpe_test_vectors) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    static const struct {
+        const char *file, *family;
+    } V[] = {
+        {"ggml-vocab-gpt-2.gguf", "gpt-2"},
+        {"ggml-vocab-deepseek-coder.gguf", "deepseek-coder"},
+        {"ggml-vocab-deepseek-llm.gguf", "deepseek-llm"},
+        {"ggml-vocab-falcon.gguf", "falcon"},
+        {"ggml-vocab-mpt.gguf", "gpt-2"},
+        {"ggml-vocab-refact.gguf", "starcoder"},
+        {"ggml-vocab-starcoder.gguf", "starcoder"},
+    };
+    for (size_t i = 0; i < sizeof V / sizeof V[0]; i++) {
+        loom_gguf *g = NULL;
+        loom_tokenizer *t = open_vocab(V[i].file, &g);
+        if (t) {
+            LOOM_CHECK(loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_BPE);
+            const char *fam = loom_tokenizer_pre(t);
+            LOOM_CHECK_MSG(fam && strcmp(fam, V[i].family) == 0, "%s: pre-tokenizer %s, expected %s",
+                           V[i].file, fam ? fam : "(none)", V[i].family);
+        }
+        loom_tokenizer_free(t);
+        loom_gguf_free(g);
+        check_vectors(V[i].file, 46);
+    }
 }
 
 LOOM_TEST(tokenizer, spm_bos_and_small_buffer) {
