@@ -52,8 +52,8 @@ static const char *const R_TEKKEN[] = {P_TEKKEN, NULL};
 static const char *const R_STARCODER[] = {"\\p{N}", P_GPT2, NULL};
 static const char *const R_FALCON[] = {"[\\p{P}\\$\\+<=>\\^~\\|`]+", P_GPT2, "[0-9][0-9][0-9]",
                                        NULL};
-static const char *const R_DEEPSEEK_CODER[] = {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", P_CJK,
-                                               "\\p{N}", NULL};
+static const char *const R_DEEPSEEK_CODER[] = {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
+                                               P_CJK,      "\\p{N}",      NULL};
 static const char *const R_DEEPSEEK_LLM[] = {
     "[\\r\\n]",
     /* letters of the Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee ... scripts */
@@ -76,13 +76,11 @@ static const char *const R_DEEPSEEK_LLM[] = {
     "\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+",
     /* ASCII and full-width punctuation, general punctuation quotes, CJK symbols */
     "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",
-    "\\s+$",
-    P_CJK,
-    "\\p{N}+",
-    NULL};
+    "\\s+$", P_CJK, "\\p{N}+", NULL};
 static const char *const R_DEEPSEEK3[] = {
     "\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
+    "[!\"#$%&'()*+,\\-./"
+    ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+|"
     " ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
     NULL};
 static const char *const R_BLOOM[] = {P_BLOOM, NULL};
@@ -106,9 +104,9 @@ static const char *const R_BAILING[] = {
 enum { F_IGNORE_MERGES = 1, F_ADD_BOS = 2 };
 
 typedef struct pretok_family {
-    const char *family;        /* the name errors and logs use */
-    const char *const *names;  /* tokenizer.ggml.pre values, NULL-terminated */
-    const char *const *re;     /* the patterns, NULL-terminated */
+    const char *family;       /* the name errors and logs use */
+    const char *const *names; /* tokenizer.ggml.pre values, NULL-terminated */
+    const char *const *re;    /* the patterns, NULL-terminated */
     int flags;
 } pretok_family;
 
@@ -120,7 +118,8 @@ static const pretok_family FAMILIES[] = {
      NAMES("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
            "dbrx", "smaug-bpe", "glm4", "chatglm-bpe"),
      R_LLAMA3, F_IGNORE_MERGES | F_ADD_BOS},
-    {"qwen2", NAMES("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan", "grok-2"),
+    {"qwen2",
+     NAMES("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan", "grok-2"),
      R_QWEN2, 0},
     {"gpt-2",
      NAMES("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v1-en", "jina-v2-es",
@@ -174,18 +173,22 @@ loom_status loom__pretok_init(loom_pretok *p, const char *pre) {
     for (const char *const *r = f->re; *r; r++) {
         if (p->n_re == LOOM_PRETOK_MAX_RE) {
             loom__pretok_free(p);
-            return loom_error(LOOM_ERR_INTERNAL, "tokenizer: pre-tokenizer '%s' has too many patterns", f->family);
+            return loom_error(LOOM_ERR_INTERNAL,
+                              "tokenizer: pre-tokenizer '%s' has too many patterns", f->family);
         }
         int err;
         PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)*r, PCRE2_ZERO_TERMINATED,
-                                       PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &off, NULL);
+        pcre2_code *re =
+            pcre2_compile((PCRE2_SPTR)*r, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_DOLLAR_ENDONLY, &err, &off, NULL);
         if (!re) {
             PCRE2_UCHAR msg[128];
             pcre2_get_error_message(err, msg, sizeof msg);
             loom__pretok_free(p);
-            return loom_error(LOOM_ERR_INTERNAL, "tokenizer: pre-tokenizer '%s' pattern %d does not compile at %zu: %s",
-                              f->family, p->n_re, (size_t)off, (const char *)msg);
+            return loom_error(
+                LOOM_ERR_INTERNAL,
+                "tokenizer: pre-tokenizer '%s' pattern %d does not compile at %zu: %s", f->family,
+                p->n_re, (size_t)off, (const char *)msg);
         }
         (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional: falls back to interpreting */
         p->re[p->n_re++] = re;
@@ -194,7 +197,8 @@ loom_status loom__pretok_init(loom_pretok *p, const char *pre) {
 }
 
 void loom__pretok_free(loom_pretok *p) {
-    for (int i = 0; i < p->n_re; i++) pcre2_code_free(p->re[i]);
+    for (int i = 0; i < p->n_re; i++)
+        pcre2_code_free(p->re[i]);
     p->n_re = 0;
 }
 
@@ -258,11 +262,13 @@ loom_status loom__pretok_split(const loom_pretok *p, const char *text, size_t le
     *n_seg = 0;
     size_t bad = loom__utf8_invalid_at(text, len);
     if (bad < len)
-        return loom_error(LOOM_ERR_INVALID_ARG, "tokenizer: the text is not valid UTF-8 at byte %zu (0x%02X)",
-                          bad, (unsigned)(uint8_t)text[bad]);
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "tokenizer: the text is not valid UTF-8 at byte %zu (0x%02X)", bad,
+                          (unsigned)(uint8_t)text[bad]);
     seglist cur = {0}, next = {0};
     loom_status st = LOOM_OK;
-    if (len > 0 && !seg_push(&cur, len)) st = loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    if (len > 0 && !seg_push(&cur, len))
+        st = loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
     pcre2_match_data *md = NULL;
     for (int r = 0; r < p->n_re && st == LOOM_OK; r++) {
         md = pcre2_match_data_create_from_pattern(p->re[r], NULL);
@@ -276,13 +282,16 @@ loom_status loom__pretok_split(const loom_pretok *p, const char *text, size_t le
             const char *seg = text + base;
             size_t n = cur.len[s], pos = 0, done = 0; /* done: end of the last piece pushed */
             while (pos < n) {
-                int rc = pcre2_match(p->re[r], (PCRE2_SPTR)seg, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
+                int rc =
+                    pcre2_match(p->re[r], (PCRE2_SPTR)seg, n, pos, PCRE2_NO_UTF_CHECK, md, NULL);
                 if (rc == PCRE2_ERROR_NOMATCH) break;
                 if (rc < 0) {
                     PCRE2_UCHAR msg[128];
                     pcre2_get_error_message(rc, msg, sizeof msg);
-                    st = loom_error(LOOM_ERR_INTERNAL, "tokenizer: pre-tokenizer '%s' failed on the text near byte %zu: %s",
-                                    p->family, base + pos, (const char *)msg);
+                    st = loom_error(
+                        LOOM_ERR_INTERNAL,
+                        "tokenizer: pre-tokenizer '%s' failed on the text near byte %zu: %s",
+                        p->family, base + pos, (const char *)msg);
                     break;
                 }
                 PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);

@@ -275,3 +275,265 @@ LOOM_TEST(tokenizer, bad_vocabularies_are_named) {
     loom_free(data);
     loom_gguf_writer_free(w);
 }
+
+#include "model/tokenizer-impl.h"
+#include "tests/model/pretok_vectors.h"
+
+/* Every pre-tokenizer family's split of a set of texts (contractions in any case, digit runs,
+ * CJK, Hangul, Cyrillic, Arabic, emoji, combining marks, CR/LF runs, tabs, camelCase, special
+ * token look-alikes) equals the one an independent regex engine gives with the published
+ * patterns (gen_pretok_vectors.py). */
+LOOM_TEST(tokenizer, pretok_splits_match_the_oracle) {
+    int n_bad = 0;
+    for (size_t c = 0; c < sizeof PRETOK_CASES / sizeof PRETOK_CASES[0]; c++) {
+        const pretok_case *pc = &PRETOK_CASES[c];
+        loom_pretok p;
+        loom_status st = loom__pretok_init(&p, pc->pre);
+        LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", pc->pre, loom_last_error());
+        LOOM_REQUIRE(st == LOOM_OK);
+        const char *text = PRETOK_TEXTS[pc->text];
+        size_t *seg = NULL, n = 0;
+        LOOM_REQUIRE(loom__pretok_split(&p, text, strlen(text), &seg, &n) == LOOM_OK);
+        bool same = n == (size_t)pc->n;
+        for (size_t i = 0; same && i < n; i++) same = seg[i] == (size_t)pc->len[i];
+        if (!same) {
+            char gs[1024] = "", ws[1024] = "";
+            size_t o = 0;
+            for (size_t i = 0; i < n && o < sizeof gs - 8; i++) o += (size_t)snprintf(gs + o, sizeof gs - o, " %zu", seg[i]);
+            o = 0;
+            for (int i = 0; i < pc->n && o < sizeof ws - 8; i++) o += (size_t)snprintf(ws + o, sizeof ws - o, " %d", pc->len[i]);
+            loom_test_fail(__FILE__, __LINE__, "%s on text %d '%s': want%s got%s", pc->pre, pc->text, text, ws, gs);
+            n_bad++;
+        }
+        loom_free(seg);
+        loom__pretok_free(&p);
+    }
+    LOOM_CHECK_EQ_INT(n_bad, 0);
+}
+
+/* ---------------------------------------------------------------- small BPE vocabularies */
+
+typedef struct mem_vocab {
+    void *data;
+    loom_gguf *g;
+    loom_tokenizer *t;
+    loom_status st; /* of loom_tokenizer_from_gguf */
+} mem_vocab;
+
+/* A BPE vocabulary written with the gguf writer; pre NULL leaves tokenizer.ggml.pre out. */
+static mem_vocab make_bpe(const char *const *tokens, const int32_t *types, size_t n,
+                          const char *const *merges, size_t n_merges, const char *pre,
+                          int add_eos /* -1: no key */) {
+    mem_vocab v = {0};
+    loom_gguf_writer *w = loom_gguf_writer_new();
+    loom_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+    if (pre) loom_gguf_set_str(w, "tokenizer.ggml.pre", pre);
+    loom_gguf_set_arr_str(w, "tokenizer.ggml.tokens", tokens, n);
+    loom_gguf_set_arr(w, "tokenizer.ggml.token_type", LOOM_GGUF_INT32, types, n);
+    loom_gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, n_merges);
+    loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)n - 2);
+    loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)n - 1);
+    if (add_eos >= 0) loom_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos != 0);
+    size_t size;
+    if (loom_gguf_write_memory(w, &v.data, &size) == LOOM_OK &&
+        loom_gguf_open_memory(v.data, size, &v.g) == LOOM_OK)
+        v.st = loom_tokenizer_from_gguf(v.g, &v.t);
+    else
+        v.st = LOOM_ERR_INTERNAL;
+    loom_gguf_writer_free(w);
+    return v;
+}
+
+static void free_vocab(mem_vocab *v) {
+    loom_tokenizer_free(v->t);
+    loom_gguf_free(v->g);
+    loom_free(v->data);
+}
+
+/* tokens: a b c ab bc abc <s> </s>; merges "a b" (rank 0), "a bc" (1), "b c" (2). "abc":
+ * a b c -> (rank 0) ab c; "ab c" is no merge, so it stays [ab, c] although the concatenation
+ * "abc" is what "a bc" would make. */
+LOOM_TEST(tokenizer, bpe_merges_match_the_exact_pair) {
+    const char *tokens[] = {"a", "b", "c", "ab", "bc", "abc", "<s>", "</s>"};
+    int32_t types[] = {1, 1, 1, 1, 1, 1, 3, 3};
+    const char *merges[] = {"a b", "a bc", "b c"};
+    mem_vocab v = make_bpe(tokens, types, 8, merges, 3, "gpt-2", -1);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    int32_t ids[8];
+    size_t n;
+    LOOM_CHECK(loom_tokenize_ex(v.t, "abc", 3, 0, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(n, 2);
+    LOOM_CHECK(ids[0] == 3 && ids[1] == 2);
+    /* "bc" alone merges by rank 2 */
+    LOOM_CHECK(loom_tokenize_ex(v.t, "bc", 2, 0, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK(n == 1 && ids[0] == 4);
+    free_vocab(&v);
+}
+
+/* Llama 3's pre-tokenizer takes a word that is a token whole, merges or not; GPT-2's merges. */
+LOOM_TEST(tokenizer, llama3_ignores_merges_for_whole_words) {
+    const char *tokens[] = {"h", "i", "hi", "<s>", "</s>"};
+    int32_t types[] = {1, 1, 1, 3, 3};
+    const char *merges[] = {"x y"};
+    mem_vocab l3 = make_bpe(tokens, types, 5, merges, 1, "llama-bpe", -1);
+    mem_vocab g2 = make_bpe(tokens, types, 5, merges, 1, "gpt-2", -1);
+    LOOM_REQUIRE(l3.st == LOOM_OK && g2.st == LOOM_OK);
+    LOOM_CHECK(strcmp(loom_tokenizer_pre(l3.t), "llama3") == 0);
+    int32_t ids[8];
+    size_t n;
+    LOOM_CHECK(loom_tokenize_ex(l3.t, "hi", 2, 0, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK(n == 1 && ids[0] == 2);
+    LOOM_CHECK(loom_tokenize_ex(g2.t, "hi", 2, 0, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 0 && ids[1] == 1);
+    /* Llama 3 vocabularies add a BOS unless the file says otherwise; GPT-2 ones do not */
+    LOOM_CHECK(loom_tokenizer_add_bos(l3.t));
+    LOOM_CHECK(!loom_tokenizer_add_bos(g2.t));
+    LOOM_CHECK(loom_tokenize_ex(l3.t, "hi", 2, LOOM_TOKENIZE_ADD_SPECIAL, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 3 && ids[1] == 2);
+    free_vocab(&l3);
+    free_vocab(&g2);
+}
+
+static char last_warning[512];
+static void keep_warning(loom_log_level level, const char *msg, void *user) {
+    (void)user;
+    if (level == LOOM_LOG_WARN) snprintf(last_warning, sizeof last_warning, "%s", msg);
+}
+
+LOOM_TEST(tokenizer, pre_tokenizer_names) {
+    const char *tokens[] = {"h", "i", "<s>", "</s>"};
+    int32_t types[] = {1, 1, 3, 3};
+    const char *merges[] = {"h i"};
+    /* an unknown name is an error naming it, not a silent GPT-2 split */
+    mem_vocab bad = make_bpe(tokens, types, 4, merges, 1, "no-such-thing", -1);
+    LOOM_CHECK(bad.st == LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "tokenizer.ggml.pre");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "'no-such-thing'");
+    free_vocab(&bad);
+    /* a missing key: the reference engines' fallback, with a warning naming it */
+    last_warning[0] = 0;
+    loom_log_set(keep_warning, NULL);
+    mem_vocab none = make_bpe(tokens, types, 4, merges, 1, NULL, -1);
+    loom_log_set(NULL, NULL);
+    LOOM_CHECK(none.st == LOOM_OK);
+    LOOM_CHECK_STR_CONTAINS(last_warning, "tokenizer.ggml.pre is missing");
+    LOOM_CHECK_STR_CONTAINS(last_warning, "'default'");
+    if (none.t) LOOM_CHECK(strcmp(loom_tokenizer_pre(none.t), "default") == 0);
+    free_vocab(&none);
+    /* every alias the converters write maps onto a family that compiles */
+    static const struct {
+        const char *pre, *family;
+    } A[] = {{"llama3", "llama3"}, {"llama-bpe", "llama3"}, {"falcon3", "llama3"},
+             {"qwen2", "qwen2"}, {"deepseek-r1-qwen", "qwen2"}, {"gpt-2", "gpt-2"},
+             {"mpt", "gpt-2"}, {"gpt-neox", NULL}, {"olmo", "gpt-2"}, {"phi-2", "gpt-2"},
+             {"starcoder", "starcoder"}, {"refact", "starcoder"}, {"command-r", "starcoder"},
+             {"smollm", "starcoder"}, {"falcon", "falcon"}, {"deepseek-llm", "deepseek-llm"},
+             {"deepseek-coder", "deepseek-coder"}, {"deepseek-v3", "deepseek-v3"},
+             {"gpt-4o", "gpt-4o"}, {"o200k", "gpt-4o"}, {"llama4", "gpt-4o"},
+             {"tekken", "tekken"}, {"chameleon", "chameleon"}, {"bloom", "bloom"},
+             {"viking", "viking"}, {"seed-coder", "seed-coder"}, {"bailingmoe", "bailingmoe"},
+             {"default", "default"}};
+    for (size_t i = 0; i < sizeof A / sizeof A[0]; i++) {
+        loom_pretok p;
+        loom_status st = loom__pretok_init(&p, A[i].pre);
+        if (!A[i].family) {
+            LOOM_CHECK_MSG(st == LOOM_ERR_UNSUPPORTED, "%s should be unknown", A[i].pre);
+            continue;
+        }
+        LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", A[i].pre, loom_last_error());
+        if (st) continue;
+        LOOM_CHECK_MSG(strcmp(p.family, A[i].family) == 0, "%s -> %s", A[i].pre, p.family);
+        loom__pretok_free(&p);
+    }
+}
+
+/* Control tokens in the text are those tokens with LOOM_TOKENIZE_PARSE_SPECIAL (loom_tokenize's
+ * default) and plain text without; BOS and EOS follow the flags and the vocabulary. */
+LOOM_TEST(tokenizer, special_tokens_bos_and_eos) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    loom_gguf *g = NULL;
+    loom_tokenizer *t = open_vocab("ggml-vocab-gpt-2.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    int32_t ids[64];
+    size_t n;
+    const char *s = "a<|endoftext|>b";
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(n, 3);
+    LOOM_CHECK_EQ_INT(ids[1], 50256);
+    int32_t a = ids[0], b = ids[2];
+    LOOM_CHECK(loom_tokenize(t, s, strlen(s), false, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n == 3 && ids[0] == a && ids[1] == 50256 && ids[2] == b);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), 0, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n > 3);
+    bool has = false;
+    for (size_t i = 0; i < n; i++) has |= ids[i] == 50256;
+    LOOM_CHECK_MSG(!has, "plain text must not produce <|endoftext|>");
+    /* gpt-2 asks for no BOS; an explicit one and an EOS are honoured */
+    LOOM_CHECK(!loom_tokenizer_add_bos(t) && !loom_tokenizer_add_eos(t));
+    LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n == 1 && ids[0] == a);
+    LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_BOS | LOOM_TOKENIZE_ADD_EOS, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n == 3 && ids[0] == 50256 && ids[1] == a && ids[2] == 50256);
+    /* text that is not UTF-8 is an error naming the byte */
+    LOOM_CHECK(loom_tokenize_ex(t, "ab\xFF", 3, 0, ids, 64, &n) == LOOM_ERR_INVALID_ARG);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "byte 2");
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+
+    /* deepseek-coder asks for a BOS (add_bos_token true) */
+    t = open_vocab("ggml-vocab-deepseek-coder.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    LOOM_CHECK(loom_tokenizer_add_bos(t));
+    LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 32013);
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+
+    /* SentencePiece: "<s>" parsed, the dummy prefix again after it; plain, it is text */
+    t = open_vocab("ggml-vocab-llama-spm.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    s = "<s>Hello";
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 1 && ids[1] == 15043);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), 0, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(n > 2 && ids[0] != 1);
+    /* byte fallback: U+1F600 is no token, so "▁" then its four bytes <0xF0><0x9F><0x98><0x80>
+     * (byte tokens start at id 3: <0x00>) */
+    LOOM_CHECK(loom_tokenize_ex(t, "\xF0\x9F\x98\x80", 4, 0, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(n, 5);
+    LOOM_CHECK(ids[0] == 29871 && ids[1] == 3 + 0xF0 && ids[2] == 3 + 0x9F && ids[3] == 3 + 0x98 &&
+               ids[4] == 3 + 0x80);
+    LOOM_CHECK_STR_CONTAINS(loom_token_text(t, 29871), "\xE2\x96\x81");
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+}
+
+/* An add_eos_token vocabulary ends every ADD_SPECIAL tokenization with EOS. */
+LOOM_TEST(tokenizer, add_eos_from_the_vocabulary) {
+    const char *tokens[] = {"h", "i", "<s>", "</s>"};
+    int32_t types[] = {1, 1, 3, 3};
+    const char *merges[] = {"h i"};
+    mem_vocab v = make_bpe(tokens, types, 4, merges, 1, "gpt-2", 1);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    LOOM_CHECK(loom_tokenizer_add_eos(v.t));
+    int32_t ids[8];
+    size_t n;
+    LOOM_CHECK(loom_tokenize_ex(v.t, "h", 1, LOOM_TOKENIZE_ADD_SPECIAL, ids, 8, &n) == LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 0 && ids[1] == 3);
+    free_vocab(&v);
+}
+
+/* WordPiece is not built: the bert vocabulary is refused by name. */
+LOOM_TEST(tokenizer, wordpiece_refused_by_name) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ggml-vocab-bert-bge.gguf", loom_test_models_dir());
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open(path, &g) == LOOM_OK);
+    loom_tokenizer *t = NULL;
+    LOOM_CHECK(loom_tokenizer_from_gguf(g, &t) == LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK(t == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "'bert'");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "WordPiece");
+    loom_gguf_free(g);
+}
