@@ -367,6 +367,19 @@ LOOM_TEST(tokenizer, bpe_merges_match_the_exact_pair) {
     /* "bc" alone merges by rank 2 */
     LOOM_CHECK(loom_tokenize_ex(v.t, "bc", 2, 0, ids, 8, &n) == LOOM_OK);
     LOOM_CHECK(n == 1 && ids[0] == 4);
+    /* one long word: "ab" x 50000 merges into 50000 "ab" (queue-based merging, not a rescan
+     * of the whole word per merge) */
+    enum { REP = 50000 };
+    char *longw = malloc(2 * REP);
+    int32_t *many = malloc(REP * sizeof *many);
+    for (int i = 0; i < REP; i++) memcpy(longw + 2 * i, "ab", 2);
+    LOOM_CHECK(loom_tokenize_ex(v.t, longw, 2 * REP, 0, many, REP, &n) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(n, REP);
+    int n_ab = 0;
+    for (size_t i = 0; i < n && i < REP; i++) n_ab += many[i] == 3;
+    LOOM_CHECK_EQ_INT(n_ab, REP);
+    free(longw);
+    free(many);
     free_vocab(&v);
 }
 
