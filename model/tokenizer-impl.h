@@ -66,6 +66,9 @@ void loom__bpe_free(loom_tokenizer *t);
 loom_status loom__bpe_tokenize(const loom_tokenizer *t, const char *text, size_t len,
                                int32_t *out, size_t cap, size_t *n_out);
 const char *loom__bpe_pre(const loom_tokenizer *t);
+/* WordPiece (wpm.c) over text that holds no special token. */
+loom_status loom__wpm_tokenize(const loom_tokenizer *t, const char *text, size_t len, int32_t *out,
+                               size_t cap, size_t *n_out);
 size_t loom__bpe_to_piece(const loom_tokenizer *t, int32_t id, char *buf, size_t cap);
 
 #endif

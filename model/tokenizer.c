@@ -108,11 +108,10 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     loom_tokenizer_kind kind;
     if (strcmp(model, "llama") == 0) kind = LOOM_TOKENIZER_SPM;
     else if (strcmp(model, "gpt2") == 0) kind = LOOM_TOKENIZER_BPE;
-    else if (strcmp(model, "bert") == 0)
-        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: tokenizer.ggml.model 'bert' (WordPiece) is not implemented (llama and gpt2 are supported)");
+    else if (strcmp(model, "bert") == 0) kind = LOOM_TOKENIZER_WPM;
     else if (strcmp(model, "t5") == 0)
-        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: tokenizer.ggml.model 't5' (Unigram) is not implemented (llama and gpt2 are supported)");
-    else return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: unknown tokenizer.ggml.model '%s' (llama and gpt2 are supported)", model);
+        return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: tokenizer.ggml.model 't5' (Unigram) is not implemented (llama, gpt2 and bert are supported)");
+    else return loom_error(LOOM_ERR_UNSUPPORTED, "tokenizer: unknown tokenizer.ggml.model '%s' (llama, gpt2 and bert are supported)", model);
     /* The pre-tokenizer is checked before anything is loaded: an unknown one is an error. */
     const char *pre = NULL;
     if (loom_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0 &&
@@ -165,15 +164,22 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
         }
         memcpy(t->type, loom_gguf_kv_arr_data(g, ti), n * sizeof(int32_t));
     }
-    int64_t bos, eos, unk;
-    bool add_bos = kind == LOOM_TOKENIZER_SPM;
-    if ((st = get_int_or(g, "tokenizer.ggml.bos_token_id", kind == LOOM_TOKENIZER_SPM ? 1 : -1, &bos)) ||
-        (st = get_int_or(g, "tokenizer.ggml.eos_token_id", kind == LOOM_TOKENIZER_SPM ? 2 : -1, &eos)) ||
+    int64_t bos, eos, unk, cls = -1, sep = -1;
+    bool add_bos = kind != LOOM_TOKENIZER_BPE;
+    /* BERT: [CLS] text [SEP], CLS and SEP standing for BOS and EOS */
+    if (kind == LOOM_TOKENIZER_WPM &&
+        ((st = get_int_or(g, "tokenizer.ggml.cls_token_id", -1, &cls)) ||
+         (st = get_int_or(g, "tokenizer.ggml.seperator_token_id", -1, &sep)))) {
+        loom_tokenizer_free(t);
+        return loom_error(st, "tokenizer: %s", loom_last_error());
+    }
+    if ((st = get_int_or(g, "tokenizer.ggml.bos_token_id", kind == LOOM_TOKENIZER_SPM ? 1 : cls, &bos)) ||
+        (st = get_int_or(g, "tokenizer.ggml.eos_token_id", kind == LOOM_TOKENIZER_SPM ? 2 : sep, &eos)) ||
         (st = get_int_or(g, "tokenizer.ggml.unknown_token_id", kind == LOOM_TOKENIZER_SPM ? 0 : -1, &unk))) {
         loom_tokenizer_free(t);
         return loom_error(st, "tokenizer: %s", loom_last_error());
     }
-    bool add_eos = false, add_space_prefix = kind == LOOM_TOKENIZER_SPM;
+    bool add_eos = kind == LOOM_TOKENIZER_WPM, add_space_prefix = kind == LOOM_TOKENIZER_SPM;
     const char *flag_keys[3] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
                                 "tokenizer.ggml.add_space_prefix"};
     bool *flag_vals[3] = {&add_bos, &add_eos, &add_space_prefix};
@@ -199,7 +205,12 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
         loom_tokenizer_free(t);
         return st;
     }
-    if (kind == LOOM_TOKENIZER_SPM) {
+    if (kind == LOOM_TOKENIZER_WPM) {
+        if (t->unk < 0) {
+            loom_tokenizer_free(t);
+            return loom_error(LOOM_ERR_FORMAT, "tokenizer: a WordPiece vocabulary needs tokenizer.ggml.unknown_token_id");
+        }
+    } else if (kind == LOOM_TOKENIZER_SPM) {
         for (int b = 0; b < 256; b++) {
             char name[8];
             snprintf(name, sizeof name, "<0x%02X>", b);
@@ -493,6 +504,8 @@ loom_status loom_tokenize_ex(const loom_tokenizer *t, const char *text, size_t l
             } else if (t->kind == LOOM_TOKENIZER_SPM) {
                 st = spm_tokenize(t, text + f.off, f.len, t->add_space_prefix && prev_special, out, cap, n_out);
                 prev_special = false;
+            } else if (t->kind == LOOM_TOKENIZER_WPM) {
+                st = loom__wpm_tokenize(t, text + f.off, f.len, out, cap, n_out);
             } else {
                 st = loom__bpe_tokenize(t, text + f.off, f.len, out, cap, n_out);
             }

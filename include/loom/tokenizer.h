@@ -4,7 +4,8 @@
  * the pre-tokenizer that tokenizer.ggml.pre names, bytes mapped to printable code points).
  * Special tokens (control, user-defined, unknown) written in the text are found first, longest
  * first; user-defined ones always, control and unknown ones only with
- * LOOM_TOKENIZE_PARSE_SPECIAL. WordPiece ("bert") and the other models are refused by name.
+ * LOOM_TOKENIZE_PARSE_SPECIAL. WordPiece ("bert": BERT's uncased normalizer, greedy longest
+ * pieces) is built too; the other models are refused by name.
  */
 #ifndef LOOM_TOKENIZER_H
 #define LOOM_TOKENIZER_H
@@ -21,6 +22,7 @@ typedef struct loom_tokenizer loom_tokenizer;
 typedef enum loom_tokenizer_kind {
     LOOM_TOKENIZER_SPM = 0, /* tokenizer.ggml.model = "llama" */
     LOOM_TOKENIZER_BPE = 1, /* tokenizer.ggml.model = "gpt2" */
+    LOOM_TOKENIZER_WPM = 2, /* tokenizer.ggml.model = "bert" (WordPiece, uncased BERT) */
 } loom_tokenizer_kind;
 
 /* Reads tokenizer.ggml.* from g (tokens, scores, token_type, merges, special ids). Errors

@@ -154,11 +154,21 @@ LOOM_TEST(tokenize, errors_are_one_clear_line) {
     LOOM_CHECK_STR_CONTAINS(err, "'--bogus'");
     free(out);
     free(err);
-    if (!loom_test_models_dir()) return;
-    char *argv4[] = {"tokenize", "-m", vocab("ggml-vocab-bert-bge.gguf"), "-p", "hi", NULL};
-    LOOM_CHECK_EQ_INT(run_tokenize(argv4, &out, &err), 1);
-    LOOM_CHECK_STR_CONTAINS(err, "WordPiece");
-    LOOM_CHECK(out[0] == 0);
+    char *argv4[] = {"tokenize", "-m", "x.gguf", NULL};
+    LOOM_CHECK_EQ_INT(run_tokenize(argv4, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "-p TEXT");
+    free(out);
+    free(err);
+}
+
+/* A WordPiece vocabulary: [CLS] and [SEP] around the text, as the vocabulary asks. */
+LOOM_TEST(tokenize, wordpiece_vocabulary) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *out, *err;
+    char *argv[] = {"tokenize", "-m", vocab("ggml-vocab-bert-bge.gguf"), "-p", "Hello world", "--ids", NULL};
+    int rc = run_tokenize(argv, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
+    LOOM_CHECK_MSG(strcmp(out, "[101, 7592, 2088, 102]\n") == 0, "got '%s'", out);
     free(out);
     free(err);
 }
