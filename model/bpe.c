@@ -113,7 +113,30 @@ loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g, const char *pr
         }
         if (!dup) b->mmap_slots[k] = i;
     }
+    /* A byte no token spells is dropped from text, as the reference engines drop it: say so. */
+    int missing = 0, first = -1;
+    for (int c = 0; c < 256; c++) {
+        if (c == 0xC0 || c == 0xC1 || c >= 0xF5) continue; /* never in UTF-8 text */
+        char u[4];
+        size_t un = put_utf8(b->byte_cp[c], u);
+        if (loom__tok_find(t, u, un) < 0) {
+            missing++;
+            if (first < 0) first = c;
+        }
+    }
+    if (missing)
+        LOOM_LOG_WARN(
+            "tokenizer: the vocabulary has no token for %d of the bytes of UTF-8 (the first "
+            "is 0x%02X); such bytes are dropped from text, as in the reference engines",
+            missing, first);
     return loom__pretok_init(&b->pre, pre);
+}
+
+bool loom__bpe_has_byte(const loom_tokenizer *t, uint8_t c) {
+    const bpe_state *b = t->bpe;
+    char u[4];
+    size_t un = put_utf8(b->byte_cp[c], u);
+    return loom__tok_find(t, u, un) >= 0;
 }
 
 const char *loom__bpe_pre(const loom_tokenizer *t) {

@@ -66,6 +66,8 @@ void loom__bpe_free(loom_tokenizer *t);
 loom_status loom__bpe_tokenize(const loom_tokenizer *t, const char *text, size_t len,
                                int32_t *out, size_t cap, size_t *n_out);
 const char *loom__bpe_pre(const loom_tokenizer *t);
+/* Whether the vocabulary has the token of byte c (a byte without one is dropped from text). */
+bool loom__bpe_has_byte(const loom_tokenizer *t, uint8_t c);
 /* WordPiece (wpm.c) over text that holds no special token. */
 loom_status loom__wpm_tokenize(const loom_tokenizer *t, const char *text, size_t len, int32_t *out,
                                size_t cap, size_t *n_out);

@@ -560,3 +560,121 @@ LOOM_TEST(tokenizer, wordpiece_test_vectors) {
     loom_gguf_free(g);
     check_vectors("ggml-vocab-bert-bge.gguf", 46);
 }
+
+/* ---------------------------------------------------------------- random texts */
+
+static uint32_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+/* A random valid UTF-8 text of ASCII, white space runs, Latin-1, Cyrillic, CJK, Hangul, emoji,
+ * combining marks and special-token look-alikes (no U+2581, which SentencePiece reads as a
+ * space). Returns its length. */
+static size_t random_text(uint64_t *seed, char *buf, size_t cap) {
+    static const char *const frags[] = {"<|", "|>", "<s>", "</s>", "[SEP]", "<|endoftext|>", "  ", "\n\n", "\r\n", "\t", "'s", "'LL", "123456"};
+    static const uint32_t ranges[][2] = {{0x20, 0x7E}, {0xA0, 0xFF}, {0x400, 0x44F}, {0x4E00, 0x4F00}, {0xAC00, 0xAD00}, {0x1F600, 0x1F64F}, {0x300, 0x36F}, {0x9, 0xD}};
+    size_t n = 0, want = lcg(seed) % 60;
+    while (want-- && n + 16 < cap) {
+        uint32_t r = lcg(seed) % 10;
+        if (r < 2) {
+            const char *f = frags[lcg(seed) % (sizeof frags / sizeof *frags)];
+            memcpy(buf + n, f, strlen(f));
+            n += strlen(f);
+            continue;
+        }
+        const uint32_t *g = ranges[lcg(seed) % (sizeof ranges / sizeof *ranges)];
+        uint32_t cp = g[0] + lcg(seed) % (g[1] - g[0] + 1);
+        if (cp < 0x80) buf[n++] = (char)cp;
+        else if (cp < 0x800) {
+            buf[n++] = (char)(0xC0 | (cp >> 6));
+            buf[n++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            buf[n++] = (char)(0xE0 | (cp >> 12));
+            buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            buf[n++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            buf[n++] = (char)(0xF0 | (cp >> 18));
+            buf[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            buf[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            buf[n++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    return n;
+}
+
+/* Byte-level BPE and SentencePiece with byte fallback lose nothing: random texts decode back
+ * exactly (SentencePiece: after its dummy-prefix space). Random bytes are an error naming the
+ * first bad byte for BPE and WordPiece, never a crash, and SentencePiece spells them in byte
+ * tokens. */
+LOOM_TEST(tokenizer, random_texts_round_trip) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    static const char *const V[] = {"ggml-vocab-gpt-2.gguf", "ggml-vocab-deepseek-llm.gguf",
+                                    "ggml-vocab-falcon.gguf", "ggml-vocab-mpt.gguf",
+                                    "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf",
+                                    "ggml-vocab-bert-bge.gguf"};
+    enum { CAP = 4096 };
+    char *text = malloc(CAP), *dec = malloc(4 * CAP);
+    int32_t *ids = malloc(CAP * sizeof *ids);
+    for (size_t v = 0; v < sizeof V / sizeof *V; v++) {
+        loom_gguf *g = NULL;
+        loom_tokenizer *t = open_vocab(V[v], &g);
+        if (!t) {
+            loom_gguf_free(g);
+            continue;
+        }
+        loom_tokenizer_kind kind = loom_tokenizer_kind_of(t);
+        uint64_t seed = 42 + v;
+        int n_bad = 0, n_lossy = 0;
+        for (int c = 0; c < 300; c++) {
+            size_t len = random_text(&seed, text, CAP), n = 0;
+            unsigned flags = (c & 1) ? LOOM_TOKENIZE_PARSE_SPECIAL : 0;
+            loom_status st = loom_tokenize_ex(t, text, len, flags, ids, CAP, &n);
+            if (st != LOOM_OK) {
+                loom_test_fail(__FILE__, __LINE__, "%s: %s", V[v], loom_last_error());
+                n_bad++;
+                continue;
+            }
+            if (kind == LOOM_TOKENIZER_WPM || flags) continue; /* WordPiece normalizes; control tokens decode empty */
+            /* not lossless, as in the reference engines: a byte the vocabulary has no token for
+             * (dropped, with a warning at load), and SentencePiece's dummy prefix again after a
+             * user-defined token ("</s>" in phi-3) */
+            bool lossless = true;
+            for (size_t i = 0; kind == LOOM_TOKENIZER_BPE && i < len; i++)
+                lossless &= loom__bpe_has_byte(t, (uint8_t)text[i]);
+            for (size_t i = 0; kind == LOOM_TOKENIZER_SPM && i < n; i++)
+                lossless &= t->type[ids[i]] != LOOM_TOKEN_USER_DEFINED;
+            if (!lossless) {
+                n_lossy++;
+                continue;
+            }
+            size_t dn = 0;
+            for (size_t i = 0; i < n; i++) dn += loom_token_to_piece(t, ids[i], dec + dn, 4 * CAP - dn);
+            bool back = kind == LOOM_TOKENIZER_SPM
+                            ? (len == 0 ? dn == 0 : dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, text, len) == 0)
+                            : dn == len && memcmp(dec, text, len) == 0;
+            if (!back && n_bad++ < 3)
+                loom_test_fail(__FILE__, __LINE__, "%s: '%.*s' does not decode back ('%.*s')", V[v], (int)len, text, (int)dn, dec);
+        }
+        /* random bytes */
+        for (int c = 0; c < 100; c++) {
+            size_t len = 1 + lcg(&seed) % 40, n = 0;
+            for (size_t i = 0; i < len; i++) text[i] = (char)(lcg(&seed) & 0xFF);
+            text[len / 2] = (char)0xFF; /* never valid UTF-8 */
+            loom_status st = loom_tokenize_ex(t, text, len, 0, ids, CAP, &n);
+            if (kind == LOOM_TOKENIZER_SPM) {
+                LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", V[v], loom_last_error());
+            } else {
+                LOOM_CHECK_MSG(st == LOOM_ERR_INVALID_ARG, "%s: random bytes gave %d", V[v], (int)st);
+                LOOM_CHECK_STR_CONTAINS(loom_last_error(), "not valid UTF-8 at byte");
+            }
+        }
+        LOOM_CHECK_MSG(n_bad == 0, "%s: %d random texts failed", V[v], n_bad);
+        LOOM_CHECK_MSG(n_lossy < 100, "%s: %d of 150 texts not checked", V[v], n_lossy);
+        loom_tokenizer_free(t);
+        loom_gguf_free(g);
+    }
+    free(text);
+    free(dec);
+    free(ids);
+}
