@@ -513,6 +513,9 @@ loom_status loom_tokenize_ex(const loom_tokenizer *t, const char *text, size_t l
         loom_free(fr.v);
     }
     if (st == LOOM_OK && eos) emit(t->eos, out, cap, n_out);
+    if (st == LOOM_OK && bos && *n_out >= 2 && cap >= 2 && out[1] == t->bos)
+        LOOM_LOG_WARN("tokenizer: the text starts with a BOS token and one was added: the ids "
+                      "start with two BOS tokens");
     if (st == LOOM_OK && *n_out > cap)
         return loom_error(LOOM_ERR_FULL, "tokenizer: %zu tokens do not fit in %zu", *n_out, cap);
     return st;
