@@ -511,6 +511,13 @@ LOOM_TEST(tokenizer, special_tokens_bos_and_eos) {
     LOOM_CHECK(n == 2 && ids[0] == 1 && ids[1] == 15043);
     LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), 0, ids, 64, &n) == LOOM_OK);
     LOOM_CHECK(n > 2 && ids[0] != 1);
+    /* a BOS added to text that starts with one is reported */
+    last_warning[0] = 0;
+    loom_log_set(keep_warning, NULL);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL | LOOM_TOKENIZE_ADD_BOS, ids, 64, &n) == LOOM_OK);
+    loom_log_set(NULL, NULL);
+    LOOM_CHECK(n == 3 && ids[0] == 1 && ids[1] == 1);
+    LOOM_CHECK_STR_CONTAINS(last_warning, "two BOS");
     /* byte fallback: U+1F600 is no token, so "▁" then its four bytes <0xF0><0x9F><0x98><0x80>
      * (byte tokens start at id 3: <0x00>) */
     LOOM_CHECK(loom_tokenize_ex(t, "\xF0\x9F\x98\x80", 4, 0, ids, 64, &n) == LOOM_OK);
