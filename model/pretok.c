@@ -115,9 +115,11 @@ typedef struct pretok_family {
 static const pretok_family FAMILIES[] = {
     {"default", NAMES("default"), R_DEFAULT, 0},
     {"llama3",
-     NAMES("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-           "dbrx", "smaug-bpe", "glm4", "chatglm-bpe"),
+     NAMES("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0",
+           "lfm2"),
      R_LLAMA3, F_IGNORE_MERGES | F_ADD_BOS},
+    /* the Llama 3 pattern, but ordinary merges and no BOS of their own */
+    {"dbrx", NAMES("dbrx", "smaug-bpe", "glm4", "chatglm-bpe"), R_LLAMA3, 0},
     {"qwen2",
      NAMES("qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan", "grok-2"),
      R_QWEN2, 0},

@@ -437,7 +437,8 @@ LOOM_TEST(tokenizer, pre_tokenizer_names) {
     /* every alias the converters write maps onto a family that compiles */
     static const struct {
         const char *pre, *family;
-    } A[] = {{"llama3", "llama3"}, {"llama-bpe", "llama3"}, {"falcon3", "llama3"},
+    } A[] = {{"llama3", "llama3"}, {"llama-bpe", "llama3"}, {"falcon3", "llama3"}, {"dbrx", "dbrx"},
+             {"glm4", "dbrx"}, {"smaug-bpe", "dbrx"},
              {"qwen2", "qwen2"}, {"deepseek-r1-qwen", "qwen2"}, {"gpt-2", "gpt-2"},
              {"mpt", "gpt-2"}, {"gpt-neox", NULL}, {"olmo", "gpt-2"}, {"phi-2", "gpt-2"},
              {"starcoder", "starcoder"}, {"refact", "starcoder"}, {"command-r", "starcoder"},
@@ -457,6 +458,10 @@ LOOM_TEST(tokenizer, pre_tokenizer_names) {
         LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", A[i].pre, loom_last_error());
         if (st) continue;
         LOOM_CHECK_MSG(strcmp(p.family, A[i].family) == 0, "%s -> %s", A[i].pre, p.family);
+        /* only Llama 3 and tekken take whole-word tokens and a BOS of their own */
+        bool l3 = !strcmp(p.family, "llama3") || !strcmp(p.family, "tekken");
+        LOOM_CHECK_MSG(p.ignore_merges == l3, "%s: ignore_merges %d", A[i].pre, p.ignore_merges);
+        LOOM_CHECK_MSG(p.add_bos == (l3 || !strcmp(p.family, "chameleon")), "%s: add_bos %d", A[i].pre, p.add_bos);
         loom__pretok_free(&p);
     }
 }
