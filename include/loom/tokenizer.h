@@ -25,8 +25,11 @@ typedef enum loom_tokenizer_kind {
     LOOM_TOKENIZER_WPM = 2, /* tokenizer.ggml.model = "bert" (WordPiece, uncased BERT) */
 } loom_tokenizer_kind;
 
-/* Reads tokenizer.ggml.* from g (tokens, scores, token_type, merges, special ids). Errors
- * name the missing or malformed key. The tokenizer copies what it needs: g may be freed. */
+/* Reads tokenizer.ggml.* from g (tokens, scores, token_type, merges, special ids, add_*_token,
+ * pre). Errors name the missing or malformed key; an unknown tokenizer.ggml.pre is an error
+ * naming it (LOOM_ERR_UNSUPPORTED), a BPE vocabulary without the key logs a warning and uses
+ * the 'default' pre-tokenizer, as llama.cpp does. The tokenizer copies what it needs: g may
+ * be freed. */
 LOOM_API loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out);
 LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
 
