@@ -39,6 +39,9 @@ loom_status loom__pretok_split(const loom_pretok *p, const char *text, size_t le
                                size_t *n_seg);
 size_t loom__utf8_invalid_at(const char *text, size_t n);
 
+/* White space a special token found in the text swallows on its left / right. */
+enum { LOOM_STRIP_LEFT = 1, LOOM_STRIP_RIGHT = 2 };
+
 struct loom_tokenizer {
     loom_tokenizer_kind kind;
     int32_t n_vocab;
@@ -53,6 +56,7 @@ struct loom_tokenizer {
     bool add_space_prefix;   /* SPM: " " before text at the start and after a special token */
     int32_t *special;        /* control / user-defined / unknown ids, longest text first */
     int32_t n_special;
+    uint8_t *strip;          /* [n_vocab] LOOM_STRIP_* of special tokens, NULL if none */
     int32_t byte_token[256]; /* SPM: id of <0xXX>, -1 if absent */
     void *bpe;               /* BPE state (bpe.c), NULL for SPM */
 };

@@ -90,6 +90,39 @@ static loom_status build_special(loom_tokenizer *t) {
     return LOOM_OK;
 }
 
+static bool set_strip_of(loom_tokenizer *t, const char *text, int how, bool on) {
+    int32_t id = loom__tok_find(t, text, strlen(text));
+    if (id < 0) return false;
+    t->strip[id] = (uint8_t)(on ? t->strip[id] | how : t->strip[id] & ~how);
+    return true;
+}
+
+/* GGUF files do not carry the added tokens' lstrip / rstrip; the reference engines set them
+ * by model for the models whose tokenizers use them, and so does this. */
+static loom_status set_strip(loom_tokenizer *t, const loom_gguf *g, const char *pre) {
+    char name[128] = "";
+    const char *s;
+    if (loom_gguf_find_kv(g, "general.name") >= 0 && loom_gguf_get_str(g, "general.name", &s) == LOOM_OK) {
+        size_t i = 0;
+        for (; s[i] && i + 1 < sizeof name; i++) name[i] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] - 'A' + 'a' : s[i]);
+        name[i] = 0;
+    }
+    bool phi3 = strstr(name, "phi-3") || strstr(name, "phi3");
+    bool jina = pre && (!strcmp(pre, "jina-v2-de") || !strcmp(pre, "jina-v2-es") || !strcmp(pre, "jina-v2-code"));
+    if (!phi3 && !jina) return LOOM_OK;
+    t->strip = loom_calloc((size_t)t->n_vocab, 1);
+    if (!t->strip) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    if (jina) set_strip_of(t, "<mask>", LOOM_STRIP_LEFT, true);
+    if (phi3) { /* Phi-3's chat tokens swallow the white space after them */
+        for (int32_t k = 0; k < t->n_special; k++) t->strip[t->special[k]] |= LOOM_STRIP_RIGHT;
+        set_strip_of(t, "</s>", LOOM_STRIP_RIGHT, true);
+        set_strip_of(t, "<unk>", LOOM_STRIP_RIGHT, false);
+        set_strip_of(t, "<s>", LOOM_STRIP_RIGHT, false);
+        set_strip_of(t, "<|endoftext|>", LOOM_STRIP_RIGHT, false);
+    }
+    return LOOM_OK;
+}
+
 /* ---------------------------------------------------------------- loading */
 
 static loom_status get_int_or(const loom_gguf *g, const char *key, int64_t dflt, int64_t *out) {
@@ -201,7 +234,7 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     t->add_eos = add_eos;
     t->add_space_prefix = add_space_prefix;
     for (int b = 0; b < 256; b++) t->byte_token[b] = -1;
-    if ((st = build_map(t)) || (st = build_special(t))) {
+    if ((st = build_map(t)) || (st = build_special(t)) || (st = set_strip(t, g, pre))) {
         loom_tokenizer_free(t);
         return st;
     }
@@ -237,6 +270,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     loom_free(t->type);
     loom_free(t->map);
     loom_free(t->special);
+    loom_free(t->strip);
     loom__bpe_free(t);
     loom_free(t);
 }
@@ -431,6 +465,10 @@ static bool frag_push(fragv *f, frag x) {
     return true;
 }
 
+static bool is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+}
+
 /* Cuts the special tokens out of text, longest token first (so "<|im_start|>" wins over a
  * shorter token inside it); user-defined tokens always, control and unknown ones only when
  * parse_special. */
@@ -457,11 +495,16 @@ static loom_status partition(const loom_tokenizer *t, const char *text, size_t l
             } else {
                 size_t at = f.off, end = f.off + f.len;
                 const char *hit;
+                int strip = t->strip ? t->strip[id] : 0;
                 while (ok && end - at >= tl && (hit = memmem(text + at, end - at, tt, tl))) {
-                    size_t h = (size_t)(hit - text);
-                    if (h > at) ok = frag_push(&nxt, (frag){at, h - at, -1});
+                    size_t h = (size_t)(hit - text), left_end = h;
+                    if (strip & LOOM_STRIP_LEFT)
+                        while (left_end > at && is_space(text[left_end - 1])) left_end--;
+                    if (left_end > at) ok = frag_push(&nxt, (frag){at, left_end - at, -1});
                     ok = ok && frag_push(&nxt, (frag){h, tl, id});
                     at = h + tl;
+                    if (strip & LOOM_STRIP_RIGHT)
+                        while (at < end && is_space(text[at])) at++;
                 }
                 if (ok && at < end) ok = frag_push(&nxt, (frag){at, end - at, -1});
             }

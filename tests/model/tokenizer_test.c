@@ -690,3 +690,30 @@ LOOM_TEST(tokenizer, random_texts_round_trip) {
     free(dec);
     free(ids);
 }
+
+/* Phi-3's special tokens swallow the white space after them (the reference engines set this
+ * by model name: GGUF does not carry it); Llama-2's do not. */
+LOOM_TEST(tokenizer, phi3_special_tokens_strip_right) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    loom_gguf *g = NULL;
+    loom_tokenizer *t = open_vocab("ggml-vocab-phi-3.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    int32_t ids[32];
+    size_t n;
+    const char *s = "<|user|>\n Hi<|end|>\n";
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(n, 3);
+    LOOM_CHECK(ids[0] == 32010 && ids[2] == 32007);
+    LOOM_CHECK(strcmp(loom_token_text(t, ids[1]), "\xE2\x96\x81Hi") == 0);
+    /* "<s>" is excepted: the space after it stays */
+    LOOM_CHECK(loom_tokenize_ex(t, "<s> Hi", 6, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK(n == 3 && ids[0] == 1 && strcmp(loom_token_text(t, ids[1]), "\xE2\x96\x81") == 0);
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+    t = open_vocab("ggml-vocab-llama-spm.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    LOOM_CHECK(loom_tokenize_ex(t, "</s>\nHi", 7, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK(n == 4 && ids[0] == 2 && ids[1] == 29871 && ids[2] == 13);
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+}
