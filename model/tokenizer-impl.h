@@ -45,16 +45,16 @@ enum { LOOM_STRIP_LEFT = 1, LOOM_STRIP_RIGHT = 2 };
 struct loom_tokenizer {
     loom_tokenizer_kind kind;
     int32_t n_vocab;
-    char **text;     /* [n_vocab] NUL-terminated copies */
-    size_t *len;     /* [n_vocab] */
-    float *score;    /* [n_vocab] SentencePiece scores */
-    int32_t *type;   /* [n_vocab] LOOM_TOKEN_* */
-    int32_t *map;    /* open-addressing text -> id, capacity map_cap (power of two) */
+    char **text;   /* [n_vocab] NUL-terminated copies */
+    size_t *len;   /* [n_vocab] */
+    float *score;  /* [n_vocab] SentencePiece scores */
+    int32_t *type; /* [n_vocab] LOOM_TOKEN_* */
+    int32_t *map;  /* open-addressing text -> id, capacity map_cap (power of two) */
     size_t map_cap;
     int32_t bos, eos, unk;
     bool add_bos, add_eos;
-    bool add_space_prefix;   /* SPM: " " before text at the start and after a special token */
-    int32_t *special;        /* control / user-defined / unknown ids, longest text first */
+    bool add_space_prefix; /* SPM: " " before text at the start and after a special token */
+    int32_t *special;      /* control / user-defined / unknown ids, longest text first */
     int32_t n_special;
     uint8_t *strip;          /* [n_vocab] LOOM_STRIP_* of special tokens, NULL if none */
     int32_t byte_token[256]; /* SPM: id of <0xXX>, -1 if absent */
@@ -67,8 +67,8 @@ int32_t loom__tok_find(const loom_tokenizer *t, const char *s, size_t n);
 loom_status loom__bpe_init(loom_tokenizer *t, const loom_gguf *g, const char *pre);
 void loom__bpe_free(loom_tokenizer *t);
 /* BPE over text that holds no special token; appends to out (counting past cap). */
-loom_status loom__bpe_tokenize(const loom_tokenizer *t, const char *text, size_t len,
-                               int32_t *out, size_t cap, size_t *n_out);
+loom_status loom__bpe_tokenize(const loom_tokenizer *t, const char *text, size_t len, int32_t *out,
+                               size_t cap, size_t *n_out);
 const char *loom__bpe_pre(const loom_tokenizer *t);
 /* Whether the vocabulary has the token of byte c (a byte without one is dropped from text). */
 bool loom__bpe_has_byte(const loom_tokenizer *t, uint8_t c);

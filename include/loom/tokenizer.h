@@ -35,8 +35,8 @@ LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
 
 LOOM_API loom_tokenizer_kind loom_tokenizer_kind_of(const loom_tokenizer *t);
 LOOM_API int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t);
-LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t); /* -1 if none */
-LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t); /* -1 if none */
+LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t);  /* -1 if none */
+LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t);  /* -1 if none */
 LOOM_API bool loom_tokenizer_add_bos(const loom_tokenizer *t); /* the vocab's preference */
 LOOM_API bool loom_tokenizer_add_eos(const loom_tokenizer *t); /* the vocab's preference */
 /* The BPE pre-tokenizer family in use ("llama3", "gpt-2", "deepseek-llm", ...; the family a

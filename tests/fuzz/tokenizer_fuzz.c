@@ -12,9 +12,9 @@
 #include "loom/gguf.h"
 #include "loom/tokenizer.h"
 
-static const char *const VOCABS[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf",
+static const char *const VOCABS[] = {"ggml-vocab-llama-spm.gguf",    "ggml-vocab-gpt-2.gguf",
                                      "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-falcon.gguf",
-                                     "ggml-vocab-starcoder.gguf", "ggml-vocab-bert-bge.gguf"};
+                                     "ggml-vocab-starcoder.gguf",    "ggml-vocab-bert-bge.gguf"};
 enum { N_VOCABS = sizeof VOCABS / sizeof VOCABS[0] };
 static loom_tokenizer *tok[N_VOCABS];
 
@@ -42,7 +42,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *text = (const char *)data + 1;
     size_t len = size - 1, n = 0;
     static int32_t ids[1 << 16];
-    if (loom_tokenize_ex(t, text, len, flags, ids, sizeof ids / sizeof ids[0], &n) != LOOM_OK) return 0;
+    if (loom_tokenize_ex(t, text, len, flags, ids, sizeof ids / sizeof ids[0], &n) != LOOM_OK)
+        return 0;
     char piece[512];
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= loom_tokenizer_n_vocab(t)) abort();

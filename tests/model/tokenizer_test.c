@@ -86,7 +86,8 @@ static int check_vectors(const char *vocab, int n_expected) {
         return -1;
     }
     const bool spm = loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_SPM;
-    const bool wpm = loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_WPM; /* normalizes: no round trip */
+    const bool wpm =
+        loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_WPM; /* normalizes: no round trip */
     const char *sep = "\n__ggml_vocab_test__\n";
     char *case_start = inp;
     char *line = outp;
@@ -100,7 +101,8 @@ static int check_vectors(const char *vocab, int n_expected) {
         size_t len = (size_t)(end - case_start);
         char *nl = strchr(line, '\n');
         if (!nl) {
-            loom_test_fail(__FILE__, __LINE__, "%s: .out has fewer lines than .inp has cases", vocab);
+            loom_test_fail(__FILE__, __LINE__, "%s: .out has fewer lines than .inp has cases",
+                           vocab);
             break;
         }
         *nl = 0;
@@ -129,8 +131,9 @@ static int check_vectors(const char *vocab, int n_expected) {
             size_t dn = 0;
             for (size_t i = 0; i < n_got; i++)
                 dn += loom_token_to_piece(t, got[i], dec + dn, dn < 16384 ? 16384 - dn : 0);
-            bool back = spm ? dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, case_start, len) == 0
-                            : dn == len && memcmp(dec, case_start, len) == 0;
+            bool back =
+                spm ? dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, case_start, len) == 0
+                    : dn == len && memcmp(dec, case_start, len) == 0;
             LOOM_CHECK_MSG(back, "%s case %d does not decode back", vocab, n_cases - 1);
         }
         case_start = end + strlen(sep);
@@ -184,8 +187,9 @@ LOOM_TEST(tokenizer, bpe_test_vectors) {
         if (t) {
             LOOM_CHECK(loom_tokenizer_kind_of(t) == LOOM_TOKENIZER_BPE);
             const char *fam = loom_tokenizer_pre(t);
-            LOOM_CHECK_MSG(fam && strcmp(fam, V[i].family) == 0, "%s: pre-tokenizer %s, expected %s",
-                           V[i].file, fam ? fam : "(none)", V[i].family);
+            LOOM_CHECK_MSG(fam && strcmp(fam, V[i].family) == 0,
+                           "%s: pre-tokenizer %s, expected %s", V[i].file, fam ? fam : "(none)",
+                           V[i].family);
         }
         loom_tokenizer_free(t);
         loom_gguf_free(g);
@@ -205,7 +209,7 @@ LOOM_TEST(tokenizer, spm_bos_and_small_buffer) {
     LOOM_CHECK(loom_tokenize(t, "Hello world", 11, true, ids, 2, &n) == LOOM_ERR_FULL);
     LOOM_CHECK_EQ_INT(n, 3);
     char piece[16];
-    LOOM_CHECK_EQ_INT(loom_token_to_piece(t, 1, piece, sizeof piece), 0); /* <s> is control */
+    LOOM_CHECK_EQ_INT(loom_token_to_piece(t, 1, piece, sizeof piece), 0);  /* <s> is control */
     LOOM_CHECK_EQ_INT(loom_token_to_piece(t, 13, piece, sizeof piece), 1); /* <0x0A> */
     LOOM_CHECK(piece[0] == '\n');
     loom_tokenizer_free(t);
@@ -217,8 +221,8 @@ LOOM_TEST(tokenizer, spm_bos_and_small_buffer) {
  * "Ġ" (U+0120). "hello": h e l l o -> (rank 0) he l l o -> (rank 1) he ll o -> (rank 2)
  * hell o -> (rank 3) hello. " wow": Ġ w o w -> (rank 4) Ġw o w; no more merges. */
 LOOM_TEST(tokenizer, bpe_merges_by_rank) {
-    const char *tokens[] = {"h", "e", "l", "o", "w", "\xC4\xA0", "he", "ll", "hell", "hello",
-                            "\xC4\xA0w", "<|end|>"};
+    const char *tokens[] = {"h",  "e",  "l",    "o",     "w",         "\xC4\xA0",
+                            "he", "ll", "hell", "hello", "\xC4\xA0w", "<|end|>"};
     int32_t types[12] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3};
     const char *merges[] = {"h e", "l l", "he ll", "hell o", "\xC4\xA0 w"};
     loom_gguf_writer *w = loom_gguf_writer_new();
@@ -243,7 +247,8 @@ LOOM_TEST(tokenizer, bpe_merges_by_rank) {
     LOOM_CHECK(ids[0] == 9 && ids[1] == 10 && ids[2] == 3 && ids[3] == 4);
     char dec[64];
     size_t dn = 0;
-    for (size_t i = 0; i < n; i++) dn += loom_token_to_piece(t, ids[i], dec + dn, sizeof dec - dn);
+    for (size_t i = 0; i < n; i++)
+        dn += loom_token_to_piece(t, ids[i], dec + dn, sizeof dec - dn);
     LOOM_CHECK(dn == 9 && memcmp(dec, "hello wow", 9) == 0);
     LOOM_CHECK_EQ_INT(loom_token_to_piece(t, 11, dec, sizeof dec), 0);
     loom_tokenizer_free(t);
@@ -296,14 +301,18 @@ LOOM_TEST(tokenizer, pretok_splits_match_the_oracle) {
         size_t *seg = NULL, n = 0;
         LOOM_REQUIRE(loom__pretok_split(&p, text, strlen(text), &seg, &n) == LOOM_OK);
         bool same = n == (size_t)pc->n;
-        for (size_t i = 0; same && i < n; i++) same = seg[i] == (size_t)pc->len[i];
+        for (size_t i = 0; same && i < n; i++)
+            same = seg[i] == (size_t)pc->len[i];
         if (!same) {
             char gs[1024] = "", ws[1024] = "";
             size_t o = 0;
-            for (size_t i = 0; i < n && o < sizeof gs - 8; i++) o += (size_t)snprintf(gs + o, sizeof gs - o, " %zu", seg[i]);
+            for (size_t i = 0; i < n && o < sizeof gs - 8; i++)
+                o += (size_t)snprintf(gs + o, sizeof gs - o, " %zu", seg[i]);
             o = 0;
-            for (int i = 0; i < pc->n && o < sizeof ws - 8; i++) o += (size_t)snprintf(ws + o, sizeof ws - o, " %d", pc->len[i]);
-            loom_test_fail(__FILE__, __LINE__, "%s on text %d '%s': want%s got%s", pc->pre, pc->text, text, ws, gs);
+            for (int i = 0; i < pc->n && o < sizeof ws - 8; i++)
+                o += (size_t)snprintf(ws + o, sizeof ws - o, " %d", pc->len[i]);
+            loom_test_fail(__FILE__, __LINE__, "%s on text %d '%s': want%s got%s", pc->pre,
+                           pc->text, text, ws, gs);
             n_bad++;
         }
         loom_free(seg);
@@ -373,11 +382,13 @@ LOOM_TEST(tokenizer, bpe_merges_match_the_exact_pair) {
     enum { REP = 50000 };
     char *longw = malloc(2 * REP);
     int32_t *many = malloc(REP * sizeof *many);
-    for (int i = 0; i < REP; i++) memcpy(longw + 2 * i, "ab", 2);
+    for (int i = 0; i < REP; i++)
+        memcpy(longw + 2 * i, "ab", 2);
     LOOM_CHECK(loom_tokenize_ex(v.t, longw, 2 * REP, 0, many, REP, &n) == LOOM_OK);
     LOOM_CHECK_EQ_INT(n, REP);
     int n_ab = 0;
-    for (size_t i = 0; i < n && i < REP; i++) n_ab += many[i] == 3;
+    for (size_t i = 0; i < n && i < REP; i++)
+        n_ab += many[i] == 3;
     LOOM_CHECK_EQ_INT(n_ab, REP);
     free(longw);
     free(many);
@@ -437,16 +448,36 @@ LOOM_TEST(tokenizer, pre_tokenizer_names) {
     /* every alias the converters write maps onto a family that compiles */
     static const struct {
         const char *pre, *family;
-    } A[] = {{"llama3", "llama3"}, {"llama-bpe", "llama3"}, {"falcon3", "llama3"}, {"dbrx", "dbrx"},
-             {"glm4", "dbrx"}, {"smaug-bpe", "dbrx"},
-             {"qwen2", "qwen2"}, {"deepseek-r1-qwen", "qwen2"}, {"gpt-2", "gpt-2"},
-             {"mpt", "gpt-2"}, {"gpt-neox", NULL}, {"olmo", "gpt-2"}, {"phi-2", "gpt-2"},
-             {"starcoder", "starcoder"}, {"refact", "starcoder"}, {"command-r", "starcoder"},
-             {"smollm", "starcoder"}, {"falcon", "falcon"}, {"deepseek-llm", "deepseek-llm"},
-             {"deepseek-coder", "deepseek-coder"}, {"deepseek-v3", "deepseek-v3"},
-             {"gpt-4o", "gpt-4o"}, {"o200k", "gpt-4o"}, {"llama4", "gpt-4o"},
-             {"tekken", "tekken"}, {"chameleon", "chameleon"}, {"bloom", "bloom"},
-             {"viking", "viking"}, {"seed-coder", "seed-coder"}, {"bailingmoe", "bailingmoe"},
+    } A[] = {{"llama3", "llama3"},
+             {"llama-bpe", "llama3"},
+             {"falcon3", "llama3"},
+             {"dbrx", "dbrx"},
+             {"glm4", "dbrx"},
+             {"smaug-bpe", "dbrx"},
+             {"qwen2", "qwen2"},
+             {"deepseek-r1-qwen", "qwen2"},
+             {"gpt-2", "gpt-2"},
+             {"mpt", "gpt-2"},
+             {"gpt-neox", NULL},
+             {"olmo", "gpt-2"},
+             {"phi-2", "gpt-2"},
+             {"starcoder", "starcoder"},
+             {"refact", "starcoder"},
+             {"command-r", "starcoder"},
+             {"smollm", "starcoder"},
+             {"falcon", "falcon"},
+             {"deepseek-llm", "deepseek-llm"},
+             {"deepseek-coder", "deepseek-coder"},
+             {"deepseek-v3", "deepseek-v3"},
+             {"gpt-4o", "gpt-4o"},
+             {"o200k", "gpt-4o"},
+             {"llama4", "gpt-4o"},
+             {"tekken", "tekken"},
+             {"chameleon", "chameleon"},
+             {"bloom", "bloom"},
+             {"viking", "viking"},
+             {"seed-coder", "seed-coder"},
+             {"bailingmoe", "bailingmoe"},
              {"default", "default"}};
     for (size_t i = 0; i < sizeof A / sizeof A[0]; i++) {
         loom_pretok p;
@@ -461,7 +492,8 @@ LOOM_TEST(tokenizer, pre_tokenizer_names) {
         /* only Llama 3 and tekken take whole-word tokens and a BOS of their own */
         bool l3 = !strcmp(p.family, "llama3") || !strcmp(p.family, "tekken");
         LOOM_CHECK_MSG(p.ignore_merges == l3, "%s: ignore_merges %d", A[i].pre, p.ignore_merges);
-        LOOM_CHECK_MSG(p.add_bos == (l3 || !strcmp(p.family, "chameleon")), "%s: add_bos %d", A[i].pre, p.add_bos);
+        LOOM_CHECK_MSG(p.add_bos == (l3 || !strcmp(p.family, "chameleon")), "%s: add_bos %d",
+                       A[i].pre, p.add_bos);
         loom__pretok_free(&p);
     }
 }
@@ -476,7 +508,8 @@ LOOM_TEST(tokenizer, special_tokens_bos_and_eos) {
     int32_t ids[64];
     size_t n;
     const char *s = "a<|endoftext|>b";
-    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) ==
+               LOOM_OK);
     LOOM_CHECK_EQ_INT(n, 3);
     LOOM_CHECK_EQ_INT(ids[1], 50256);
     int32_t a = ids[0], b = ids[2];
@@ -485,13 +518,15 @@ LOOM_TEST(tokenizer, special_tokens_bos_and_eos) {
     LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), 0, ids, 64, &n) == LOOM_OK);
     LOOM_CHECK(n > 3);
     bool has = false;
-    for (size_t i = 0; i < n; i++) has |= ids[i] == 50256;
+    for (size_t i = 0; i < n; i++)
+        has |= ids[i] == 50256;
     LOOM_CHECK_MSG(!has, "plain text must not produce <|endoftext|>");
     /* gpt-2 asks for no BOS; an explicit one and an EOS are honoured */
     LOOM_CHECK(!loom_tokenizer_add_bos(t) && !loom_tokenizer_add_eos(t));
     LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_SPECIAL, ids, 64, &n) == LOOM_OK);
     LOOM_CHECK(n == 1 && ids[0] == a);
-    LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_BOS | LOOM_TOKENIZE_ADD_EOS, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, "a", 1, LOOM_TOKENIZE_ADD_BOS | LOOM_TOKENIZE_ADD_EOS, ids, 64,
+                                &n) == LOOM_OK);
     LOOM_CHECK(n == 3 && ids[0] == 50256 && ids[1] == a && ids[2] == 50256);
     /* text that is not UTF-8 is an error naming the byte */
     LOOM_CHECK(loom_tokenize_ex(t, "ab\xFF", 3, 0, ids, 64, &n) == LOOM_ERR_INVALID_ARG);
@@ -512,14 +547,17 @@ LOOM_TEST(tokenizer, special_tokens_bos_and_eos) {
     t = open_vocab("ggml-vocab-llama-spm.gguf", &g);
     LOOM_REQUIRE(t != NULL);
     s = "<s>Hello";
-    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 64, &n) ==
+               LOOM_OK);
     LOOM_CHECK(n == 2 && ids[0] == 1 && ids[1] == 15043);
     LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), 0, ids, 64, &n) == LOOM_OK);
     LOOM_CHECK(n > 2 && ids[0] != 1);
     /* a BOS added to text that starts with one is reported */
     last_warning[0] = 0;
     loom_log_set(keep_warning, NULL);
-    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL | LOOM_TOKENIZE_ADD_BOS, ids, 64, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s),
+                                LOOM_TOKENIZE_PARSE_SPECIAL | LOOM_TOKENIZE_ADD_BOS, ids, 64,
+                                &n) == LOOM_OK);
     loom_log_set(NULL, NULL);
     LOOM_CHECK(n == 3 && ids[0] == 1 && ids[1] == 1);
     LOOM_CHECK_STR_CONTAINS(last_warning, "two BOS");
@@ -561,10 +599,12 @@ LOOM_TEST(tokenizer, wordpiece_test_vectors) {
     LOOM_CHECK(loom_tokenizer_add_bos(t) && loom_tokenizer_add_eos(t));
     int32_t ids[16];
     size_t n;
-    LOOM_CHECK(loom_tokenize_ex(t, "Hello world", 11, LOOM_TOKENIZE_ADD_SPECIAL, ids, 16, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, "Hello world", 11, LOOM_TOKENIZE_ADD_SPECIAL, ids, 16, &n) ==
+               LOOM_OK);
     LOOM_CHECK(n == 4 && ids[0] == 101 && ids[1] == 7592 && ids[2] == 2088 && ids[3] == 102);
     /* "[SEP]" written in the text is the token with PARSE_SPECIAL, plain text without */
-    LOOM_CHECK(loom_tokenize_ex(t, "a[SEP]", 6, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 16, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, "a[SEP]", 6, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 16, &n) ==
+               LOOM_OK);
     LOOM_CHECK(n == 2 && ids[1] == 102);
     LOOM_CHECK(loom_tokenize_ex(t, "a[SEP]", 6, 0, ids, 16, &n) == LOOM_OK);
     LOOM_CHECK(n > 2);
@@ -584,8 +624,12 @@ static uint32_t lcg(uint64_t *s) {
  * combining marks and special-token look-alikes (no U+2581, which SentencePiece reads as a
  * space). Returns its length. */
 static size_t random_text(uint64_t *seed, char *buf, size_t cap) {
-    static const char *const frags[] = {"<|", "|>", "<s>", "</s>", "[SEP]", "<|endoftext|>", "  ", "\n\n", "\r\n", "\t", "'s", "'LL", "123456"};
-    static const uint32_t ranges[][2] = {{0x20, 0x7E}, {0xA0, 0xFF}, {0x400, 0x44F}, {0x4E00, 0x4F00}, {0xAC00, 0xAD00}, {0x1F600, 0x1F64F}, {0x300, 0x36F}, {0x9, 0xD}};
+    static const char *const frags[] = {"<|",    "|>",   "<s>",  "</s>", "[SEP]", "<|endoftext|>",
+                                        "  ",    "\n\n", "\r\n", "\t",   "'s",    "'LL",
+                                        "123456"};
+    static const uint32_t ranges[][2] = {{0x20, 0x7E},     {0xA0, 0xFF},     {0x400, 0x44F},
+                                         {0x4E00, 0x4F00}, {0xAC00, 0xAD00}, {0x1F600, 0x1F64F},
+                                         {0x300, 0x36F},   {0x9, 0xD}};
     size_t n = 0, want = lcg(seed) % 60;
     while (want-- && n + 16 < cap) {
         uint32_t r = lcg(seed) % 10;
@@ -597,7 +641,8 @@ static size_t random_text(uint64_t *seed, char *buf, size_t cap) {
         }
         const uint32_t *g = ranges[lcg(seed) % (sizeof ranges / sizeof *ranges)];
         uint32_t cp = g[0] + lcg(seed) % (g[1] - g[0] + 1);
-        if (cp < 0x80) buf[n++] = (char)cp;
+        if (cp < 0x80)
+            buf[n++] = (char)cp;
         else if (cp < 0x800) {
             buf[n++] = (char)(0xC0 | (cp >> 6));
             buf[n++] = (char)(0x80 | (cp & 0x3F));
@@ -621,8 +666,8 @@ static size_t random_text(uint64_t *seed, char *buf, size_t cap) {
  * tokens. */
 LOOM_TEST(tokenizer, random_texts_round_trip) {
     if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    static const char *const V[] = {"ggml-vocab-gpt-2.gguf", "ggml-vocab-deepseek-llm.gguf",
-                                    "ggml-vocab-falcon.gguf", "ggml-vocab-mpt.gguf",
+    static const char *const V[] = {"ggml-vocab-gpt-2.gguf",     "ggml-vocab-deepseek-llm.gguf",
+                                    "ggml-vocab-falcon.gguf",    "ggml-vocab-mpt.gguf",
                                     "ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf",
                                     "ggml-vocab-bert-bge.gguf"};
     enum { CAP = 4096 };
@@ -647,7 +692,8 @@ LOOM_TEST(tokenizer, random_texts_round_trip) {
                 n_bad++;
                 continue;
             }
-            if (kind == LOOM_TOKENIZER_WPM || flags) continue; /* WordPiece normalizes; control tokens decode empty */
+            if (kind == LOOM_TOKENIZER_WPM || flags)
+                continue; /* WordPiece normalizes; control tokens decode empty */
             /* not lossless, as in the reference engines: a byte the vocabulary has no token for
              * (dropped, with a warning at load), and SentencePiece's dummy prefix again after a
              * user-defined token ("</s>" in phi-3) */
@@ -661,23 +707,29 @@ LOOM_TEST(tokenizer, random_texts_round_trip) {
                 continue;
             }
             size_t dn = 0;
-            for (size_t i = 0; i < n; i++) dn += loom_token_to_piece(t, ids[i], dec + dn, 4 * CAP - dn);
-            bool back = kind == LOOM_TOKENIZER_SPM
-                            ? (len == 0 ? dn == 0 : dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, text, len) == 0)
-                            : dn == len && memcmp(dec, text, len) == 0;
+            for (size_t i = 0; i < n; i++)
+                dn += loom_token_to_piece(t, ids[i], dec + dn, 4 * CAP - dn);
+            bool back =
+                kind == LOOM_TOKENIZER_SPM
+                    ? (len == 0 ? dn == 0
+                                : dn == len + 1 && dec[0] == ' ' && memcmp(dec + 1, text, len) == 0)
+                    : dn == len && memcmp(dec, text, len) == 0;
             if (!back && n_bad++ < 3)
-                loom_test_fail(__FILE__, __LINE__, "%s: '%.*s' does not decode back ('%.*s')", V[v], (int)len, text, (int)dn, dec);
+                loom_test_fail(__FILE__, __LINE__, "%s: '%.*s' does not decode back ('%.*s')", V[v],
+                               (int)len, text, (int)dn, dec);
         }
         /* random bytes */
         for (int c = 0; c < 100; c++) {
             size_t len = 1 + lcg(&seed) % 40, n = 0;
-            for (size_t i = 0; i < len; i++) text[i] = (char)(lcg(&seed) & 0xFF);
+            for (size_t i = 0; i < len; i++)
+                text[i] = (char)(lcg(&seed) & 0xFF);
             text[len / 2] = (char)0xFF; /* never valid UTF-8 */
             loom_status st = loom_tokenize_ex(t, text, len, 0, ids, CAP, &n);
             if (kind == LOOM_TOKENIZER_SPM) {
                 LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", V[v], loom_last_error());
             } else {
-                LOOM_CHECK_MSG(st == LOOM_ERR_INVALID_ARG, "%s: random bytes gave %d", V[v], (int)st);
+                LOOM_CHECK_MSG(st == LOOM_ERR_INVALID_ARG, "%s: random bytes gave %d", V[v],
+                               (int)st);
                 LOOM_CHECK_STR_CONTAINS(loom_last_error(), "not valid UTF-8 at byte");
             }
         }
@@ -701,18 +753,21 @@ LOOM_TEST(tokenizer, phi3_special_tokens_strip_right) {
     int32_t ids[32];
     size_t n;
     const char *s = "<|user|>\n Hi<|end|>\n";
-    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, s, strlen(s), LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) ==
+               LOOM_OK);
     LOOM_CHECK_EQ_INT(n, 3);
     LOOM_CHECK(ids[0] == 32010 && ids[2] == 32007);
     LOOM_CHECK(strcmp(loom_token_text(t, ids[1]), "\xE2\x96\x81Hi") == 0);
     /* "<s>" is excepted: the space after it stays */
-    LOOM_CHECK(loom_tokenize_ex(t, "<s> Hi", 6, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, "<s> Hi", 6, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) ==
+               LOOM_OK);
     LOOM_CHECK(n == 3 && ids[0] == 1 && strcmp(loom_token_text(t, ids[1]), "\xE2\x96\x81") == 0);
     loom_tokenizer_free(t);
     loom_gguf_free(g);
     t = open_vocab("ggml-vocab-llama-spm.gguf", &g);
     LOOM_REQUIRE(t != NULL);
-    LOOM_CHECK(loom_tokenize_ex(t, "</s>\nHi", 7, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) == LOOM_OK);
+    LOOM_CHECK(loom_tokenize_ex(t, "</s>\nHi", 7, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 32, &n) ==
+               LOOM_OK);
     LOOM_CHECK(n == 4 && ids[0] == 2 && ids[1] == 29871 && ids[2] == 13);
     loom_tokenizer_free(t);
     loom_gguf_free(g);

@@ -165,7 +165,8 @@ LOOM_TEST(tokenize, errors_are_one_clear_line) {
 LOOM_TEST(tokenize, wordpiece_vocabulary) {
     if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *argv[] = {"tokenize", "-m", vocab("ggml-vocab-bert-bge.gguf"), "-p", "Hello world", "--ids", NULL};
+    char *argv[] = {"tokenize", "-m", vocab("ggml-vocab-bert-bge.gguf"), "-p", "Hello world",
+                    "--ids",    NULL};
     int rc = run_tokenize(argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_MSG(strcmp(out, "[101, 7592, 2088, 102]\n") == 0, "got '%s'", out);
