@@ -772,3 +772,40 @@ LOOM_TEST(tokenizer, phi3_special_tokens_strip_right) {
     loom_tokenizer_free(t);
     loom_gguf_free(g);
 }
+
+#include "tests/model/bpe_oracle_vectors.h"
+
+/* Llama 3, Qwen2 and GPT-4o tokenization end to end (pre-tokenizer, byte mapping, merges,
+ * Llama 3's whole-word tokens) on a small BPE vocabulary of loom's own, against the ids of an
+ * independent BPE engine (js-tiktoken; gen_bpe_oracle.py): their real vocabularies are too
+ * big to ship as test files. */
+LOOM_TEST(tokenizer, llama3_qwen2_gpt4o_match_the_oracle) {
+    enum { NT = sizeof ORACLE_TOKENS / sizeof ORACLE_TOKENS[0] };
+    static int32_t types[NT];
+    for (int i = 0; i < NT; i++)
+        types[i] = LOOM_TOKEN_NORMAL;
+    const char *pres[] = {"llama-bpe", "qwen2", "gpt-4o"};
+    int n_checked = 0;
+    for (int p = 0; p < 3; p++) {
+        mem_vocab v = make_bpe(ORACLE_TOKENS, types, NT, ORACLE_MERGES,
+                               sizeof ORACLE_MERGES / sizeof ORACLE_MERGES[0], pres[p], -1);
+        LOOM_CHECK_MSG(v.st == LOOM_OK, "%s: %s", pres[p], loom_last_error());
+        if (v.st) continue;
+        for (size_t c = 0; c < sizeof ORACLE_CASES / sizeof ORACLE_CASES[0]; c++) {
+            const oracle_case *oc = &ORACLE_CASES[c];
+            if (strcmp(oc->pre, pres[p])) continue;
+            const char *text = ORACLE_TEXTS[oc->text];
+            int32_t ids[1024];
+            size_t n = 0;
+            loom_status st = loom_tokenize_ex(v.t, text, strlen(text), 0, ids, 1024, &n);
+            bool same = st == LOOM_OK && n == (size_t)oc->n;
+            for (size_t i = 0; same && i < n; i++)
+                same = ids[i] == oc->ids[i];
+            LOOM_CHECK_MSG(same, "%s text %d '%s': %zu ids, oracle %d", oc->pre, oc->text, text, n,
+                           oc->n);
+            n_checked++;
+        }
+        free_vocab(&v);
+    }
+    LOOM_CHECK_EQ_INT(n_checked, 3 * (int)(sizeof ORACLE_TEXTS / sizeof ORACLE_TEXTS[0]));
+}
