@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Writes tests/model/bpe_oracle_vectors.h: a small byte-level BPE vocabulary and the ids an
+independent BPE engine gives for a set of texts under the Llama 3, Qwen2 and GPT-4o
+pre-tokenizers (the families whose real vocabularies are too big to ship as test files).
+
+The vocabulary is loom's own: byte-level BPE trained here (700 merges) on the shared .inp
+texts and loom's READMEs; its merges are derived from the ranks as the GGUF converters do
+for tiktoken vocabularies (each token's two parts by BPE over the lower ranks). The oracle is
+js-tiktoken 1.0.21 (npm, MIT; `npm install js-tiktoken@1.0.21`), run by bpe_oracle.mjs.
+Run: python3 tests/model/gen_bpe_oracle.py NODE_MODULES_DIR > tests/model/bpe_oracle_vectors.h
+"""
+import base64
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import regex
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.environ.get("LOOM_MODELS_DIR", os.path.join(ROOT, "..", "shared", "models"))
+PAT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+       r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def train(n_merges):
+    corpus = ""
+    for f in sorted(glob.glob(os.path.join(MODELS, "*.inp"))):
+        corpus += open(f, encoding="utf-8").read()
+    for f in ["README.md", "model/README.md"]:
+        corpus += open(os.path.join(ROOT, f), encoding="utf-8").read()
+    words = {}
+    for m in regex.findall(PAT, corpus):
+        b = m.encode("utf-8")
+        words[b] = words.get(b, 0) + 1
+    ranks = {bytes([i]): i for i in range(256)}
+    seqs = {w: [bytes([c]) for c in w] for w in words}
+    for _ in range(n_merges):
+        counts = {}
+        for w, s in seqs.items():
+            for a, b in zip(s, s[1:]):
+                counts[(a, b)] = counts.get((a, b), 0) + words[w]
+        if not counts:
+            break
+        (a, b), c = max(counts.items(), key=lambda kv: (kv[1], -ranks[kv[0][0]], -ranks[kv[0][1]]))
+        if c < 2:
+            break
+        t = a + b
+        if t not in ranks:
+            ranks[t] = len(ranks)
+        for w, s in seqs.items():
+            i, out = 0, []
+            while i < len(s):
+                if i + 1 < len(s) and s[i] == a and s[i + 1] == b:
+                    out.append(t)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            seqs[w] = out
+    return [k for k, _ in sorted(ranks.items(), key=lambda kv: kv[1])]
+
+
+def bytes_to_unicode():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def c_string(s):
+    out = []
+    for ch in s.encode("utf-8"):
+        if ch == 0x5C:
+            out.append("\\\\")
+        elif ch == 0x22:
+            out.append('\\"')
+        elif 0x20 <= ch < 0x7F:
+            out.append(chr(ch))
+        else:
+            out.append('\\x%02X""' % ch)
+    return '"' + "".join(out) + '"'
+
+
+def main():
+    node_modules = sys.argv[1]
+    ranks = train(700)
+    rank_of = {b: i for i, b in enumerate(ranks)}
+    spec = importlib.util.spec_from_file_location("pv", os.path.join(HERE, "gen_pretok_vectors.py"))
+    pv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pv)
+    texts = list(pv.TEXTS)
+    texts += open(os.path.join(MODELS, "ggml-vocab-llama-spm.gguf.inp"), encoding="utf-8").read().split(
+        "\n__ggml_vocab_test__\n")[:-1]
+    with tempfile.TemporaryDirectory() as d:
+        json.dump([base64.b64encode(r).decode() for r in ranks], open(os.path.join(d, "ranks.json"), "w"))
+        json.dump(texts, open(os.path.join(d, "texts.json"), "w"))
+        subprocess.run(["node", os.path.join(HERE, "bpe_oracle.mjs"), d, node_modules], check=True)
+        ids = json.load(open(os.path.join(d, "ids.json")))
+    b2u = bytes_to_unicode()
+
+    def mapped(b):
+        return "".join(b2u[c] for c in b)
+
+    def bpe(token, max_rank):
+        parts = [bytes([c]) for c in token]
+        while True:
+            best = None
+            for i in range(len(parts) - 1):
+                r = rank_of.get(parts[i] + parts[i + 1])
+                if r is not None and r < max_rank and (best is None or r < best[1]):
+                    best = (i, r)
+            if best is None:
+                return parts
+            i = best[0]
+            parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:]
+
+    merges = []
+    for r, tok in enumerate(ranks):
+        if len(tok) > 1:
+            p = bpe(tok, r)
+            assert len(p) == 2
+            merges.append(mapped(p[0]) + " " + mapped(p[1]))
+    w = sys.stdout.write
+    w("/* Generated by tests/model/gen_bpe_oracle.py (oracle: js-tiktoken 1.0.21); do not edit. */\n")
+    w("static const char *const ORACLE_TOKENS[] = {\n")
+    for r in ranks:
+        w("    %s,\n" % c_string(mapped(r)))
+    w("};\n\nstatic const char *const ORACLE_MERGES[] = {\n")
+    for m in merges:
+        w("    %s,\n" % c_string(m))
+    w("};\n\nstatic const char *const ORACLE_TEXTS[] = {\n")
+    for t in texts:
+        w("    %s,\n" % c_string(t))
+    w("};\n\n")
+    w("typedef struct oracle_case {\n    const char *pre;\n    int text, n;\n    int ids[512];\n} oracle_case;\n\n")
+    w("static const oracle_case ORACLE_CASES[] = {\n")
+    for pre, lists in ids.items():
+        for i, l in enumerate(lists):
+            assert len(l) <= 512
+            w('    {"%s", %d, %d, {%s}},\n' % (pre, i, len(l), ", ".join(map(str, l))))
+    w("};\n")
+
+
+if __name__ == "__main__":
+    main()
