@@ -49,6 +49,11 @@ typedef struct meta_backend {
     uint64_t clock;
     loom_meta_stats stats;
     char name[256];
+    /* the first failure of a member's asynchronous work, seen by a synchronize; reported
+     * by get_status, cleared by the next graph_compute once reported (see backend-impl.h) */
+    loom_status async_status;
+    bool async_reported;
+    char async_msg[384];
 } meta_backend;
 
 /* ---------------------------------------------------------------- plan bookkeeping */
@@ -437,7 +442,21 @@ static const char *mbe_name(loom_backend_t backend) {
 
 static void mbe_synchronize(loom_backend_t backend) {
     meta_backend *mb = backend->context;
-    for (int j = 0; j < mb->md->n; j++) loom_backend_synchronize(mb->be[j]);
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_status st = loom_backend_synchronize(mb->be[j]);
+        if (st != LOOM_OK && mb->async_status == LOOM_OK) {
+            mb->async_status = st;
+            mb->async_reported = false;
+            snprintf(mb->async_msg, sizeof mb->async_msg, "%s", loom_last_error());
+        }
+    }
+}
+
+static loom_status mbe_get_status(loom_backend_t backend) {
+    meta_backend *mb = backend->context;
+    if (mb->async_status == LOOM_OK) return LOOM_OK;
+    mb->async_reported = true;
+    return loom_error(mb->async_status, "%s: %s", mb->name, mb->async_msg);
 }
 
 static void mbe_free(loom_backend_t backend) {
@@ -454,6 +473,13 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
     meta_backend *mb = backend->context;
     const int n = mb->md->n;
     loom__meta_end_phase(mb->md);
+    if (mb->async_status != LOOM_OK) { /* a failure of earlier work */
+        loom_status pending = mb->async_status;
+        bool reported = mb->async_reported;
+        mb->async_status = LOOM_OK;
+        mb->async_reported = false;
+        if (!reported) return loom_error(pending, "%s: an earlier graph failed: %s", mb->name, mb->async_msg);
+    }
     uint64_t key = graph_key(g);
     plan *p = NULL;
     int victim = 0;
@@ -522,6 +548,7 @@ static const struct loom_backend_i meta_backend_i = {
     .graph_compute = mbe_compute,
     .split_begin = mbe_split_begin,
     .split_end = mbe_split_end,
+    .get_status = mbe_get_status,
 };
 
 loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
