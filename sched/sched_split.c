@@ -362,9 +362,34 @@ static bool needs_new_copy(const loom_sched *s, const loom_tensor *node, int j, 
     return loom__sched_copy_get(s, sid, cur, 0) == NULL;
 }
 
+/* A node read by a node of another split gets LOOM_TENSOR_FLAG_EXTERNAL: the backend that
+ * computes its split sees only that split, so it must know the value is needed outside
+ * (a meta backend would otherwise delay its reduction past its in-split consumers). */
+static void mark_external(loom_sched *s, const int *split_of, int n_ids, loom_tensor *src, int sid,
+                          int k) {
+    if (sid < 0) sid = loom__sched_id(s, src);
+    if (sid >= 0 && sid < n_ids && split_of[sid] >= 0 && split_of[sid] != k)
+        src->flags |= LOOM_TENSOR_FLAG_EXTERNAL;
+}
+
+static loom_status pass5_cut(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids,
+                             int *split_of, int n_ids);
+
 static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids) {
     s->n_splits = 0;
     s->n_graph_inputs = 0;
+    const int n_ids = s->n_ids;
+    int *split_of = loom_malloc((size_t)(n_ids > 0 ? n_ids : 1) * sizeof(int));
+    if (!split_of) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+    for (int i = 0; i < n_ids; i++) split_of[i] = -1;
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->flags &= ~LOOM_TENSOR_FLAG_EXTERNAL;
+    loom_status st = pass5_cut(s, g, nt, st_ids, split_of, n_ids);
+    loom_free(split_of);
+    return st;
+}
+
+static loom_status pass5_cut(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids,
+                             int *split_of, int n_ids) {
     int first = s->n_backends - 1;
     for (int i = 0; i < g->n_nodes; i++) {
         if (!s->node_view[i]) {
@@ -385,9 +410,14 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
         fp = mix(fp, (uint64_t)node->op | ((uint64_t)node->type << 8) |
                          ((uint64_t)(node->flags & 3) << 16));
         if (s->node_view[i]) { /* views never cut and never need copies */
+            const int k = s->n_splits - 1;
             for (int j = 0; j < LOOM_MAX_SRC; j++) {
-                if (node->src[j]) fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);
+                if (!node->src[j]) continue;
+                fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);
+                mark_external(s, split_of, n_ids, node->src[j], sids[j], k);
             }
+            if (node->view_src) mark_external(s, split_of, n_ids, node->view_src, -1, k);
+            if (nt[i] < n_ids) split_of[nt[i]] = k;
             continue;
         }
         int nb = s->t_backend[nt[i]];
@@ -421,6 +451,7 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
             int sb = s->t_backend[sid];
             LOOM_ASSERT(sb != -1);
             fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sid);
+            mark_external(s, split_of, n_ids, src, sid, s->n_splits - 1);
 
             if ((src->flags & LOOM_TENSOR_FLAG_INPUT) && s->n_copies > 1 &&
                 !loom__sched_copy_get(s, sid, sb, 0)) {
@@ -444,6 +475,7 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
                 node->src[j] = loom__sched_copy_get(s, sid, cur, s->cur_copy);
             }
         }
+        if (nt[i] < n_ids) split_of[nt[i]] = s->n_splits - 1;
     }
     s->splits[s->n_splits - 1].i_end = g->n_nodes;
     s->topology = mix(fp, (uint64_t)s->n_copies);

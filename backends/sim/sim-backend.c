@@ -474,6 +474,10 @@ static void loom__sim_event_record(loom_backend_t backend, loom_event_t ev) {
 
 static void loom__sim_event_wait(loom_backend_t backend, loom_event_t ev) {
     loom__sim_backend *sb = loom__sim_backend_of(backend);
+    if (!loom_dev_is_sim(ev->device)) { /* another kind's event (a meta device's): host wait */
+        loom_event_synchronize(ev);
+        return;
+    }
     loom__sim_event *se = loom__sim_event_of(ev);
     uint64_t n = loom__sim_event_latest(se);
     if (n == 0) return; /* never recorded: nothing to wait for */
