@@ -176,7 +176,7 @@ static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     if (md->phase != 1) loom__meta_end_phase(md); /* inside a split window: keep its batch */
     for (int j = 0; j < md->n; j++)
         if (!loom_dev_supports_op(md->devs[j], op)) return false;
-    if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */
+    /* views too: a reshape the table cannot map falls back instead of failing at compute */
     if (!loom_split_ctx_can_split(md->split, op)) return false;
     if (op->op == LOOM_OP_MUL_MAT_ID) { /* expert-parallel needs id remapping (not done) */
         loom_split_state s;

@@ -60,8 +60,11 @@ typedef struct loom__round {
 /* A source edit in the caller's graph, so a failed reserve can undo it and retry. */
 typedef struct loom__rewrite {
     loom_tensor *node;
-    int j;
+    int j;             /* source index, or -1: the view's storage (view_src, view_offs) */
     loom_tensor *orig;
+    size_t offs;       /* j = -1: the original view_offs, data and buffer */
+    void *data;
+    loom_buffer_t buffer;
 } loom__rewrite;
 
 struct loom_sched {

@@ -404,7 +404,15 @@ loom_status loom__sched_apply_pins(loom_sched *s) {
 /* Puts the caller's graph back as it was before the split (sources edited to copies). */
 static void undo_rewrites(loom_sched *s) {
     for (int i = s->n_rewrites - 1; i >= 0; i--) {
-        s->rewrites[i].node->src[s->rewrites[i].j] = s->rewrites[i].orig;
+        loom__rewrite *r = &s->rewrites[i];
+        if (r->j < 0) {
+            r->node->view_src = r->orig;
+            r->node->view_offs = r->offs;
+            r->node->data = r->data;
+            r->node->buffer = r->buffer;
+        } else {
+            r->node->src[r->j] = r->orig;
+        }
     }
     s->n_rewrites = 0;
 }

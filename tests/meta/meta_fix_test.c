@@ -498,3 +498,65 @@ LOOM_TEST(meta_fix, set_rows_and_cpy_into_split_cache_after_cpu_fallback) {
         sched_close(&x);
     }
 }
+
+/* r = reshape(k, 16, 9) of k [48, 3] split 24 + 24 along axis 0: no device holds whole
+ * rows of 16 in order, so the rule table cannot map it. supports_op says so, the reshape
+ * falls back to the CPU (reading a whole copy of k) and the consumer still runs; the
+ * result is exact. */
+LOOM_TEST(meta_fix, unmappable_reshape_falls_back) {
+    sched_fx x;
+    LOOM_REQUIRE(sched_open(&x, 2, NULL));
+    loom_ctx *wctx = new_ctx(8), *ctx = new_ctx(32);
+    loom_tensor *up = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, D, F);
+    loom_set_name(up, "up");
+    loom_buffer_t wb = loom_alloc_ctx_tensors(wctx, loom_dev_buffer_type(x.f.meta));
+    LOOM_REQUIRE(wb != NULL);
+    loom_buffer_set_usage(wb, LOOM_BUFFER_USAGE_WEIGHTS);
+    float hup[D * F], hx[D * T];
+    fill(up, 1, hup);
+    loom_tensor *xin = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, D, T);
+    loom_set_name(xin, "x");
+    loom_set_input(xin);
+    loom_tensor *k = loom_mul_mat(ctx, up, xin);
+    loom_tensor *r = loom_reshape_2d(ctx, k, 16, F * T / 16);
+    loom_tensor *out = loom_scale(ctx, r, 2.0f);
+    loom_set_output(out);
+    LOOM_CHECK(!loom_backend_supports_op(x.be[0], r));
+    loom_graph *g = loom_graph_new(ctx, 64);
+    LOOM_REQUIRE(loom_graph_build_forward(g, out) == LOOM_OK);
+    loom_status st = loom_sched_alloc_graph(x.s, g);
+    LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
+    LOOM_REQUIRE(st == LOOM_OK);
+    LOOM_CHECK(loom_sched_get_tensor_backend(x.s, k) == x.be[0]);
+    LOOM_CHECK(loom_sched_get_tensor_backend(x.s, r) == x.be[1]);
+    fill(xin, 3, hx);
+    st = loom_sched_graph_compute(x.s, g);
+    LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
+    double want[F * T];
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < F; i++) {
+            double a = 0;
+            for (int q = 0; q < D; q++)
+                a += (double)hup[i * D + q] * hx[t * D + q];
+            want[t * F + i] = 2.0 * (float)a;
+        }
+    LOOM_CHECK_EQ_INT(count_bad(out, want, F * T, 1e-5), 0);
+    LOOM_CHECK(r->view_src != k); /* it views the CPU's copy of k */
+    /* splitting the graph again puts it back first, then rebases the view again */
+    st = loom_sched_split_graph(x.s, g);
+    LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
+    LOOM_REQUIRE(st == LOOM_OK);
+    LOOM_REQUIRE(loom_sched_alloc_graph(x.s, g) == LOOM_OK);
+    for (int i = 0; i < D * T; i++)
+        hx[i] = -hx[i];
+    loom_tensor_set(xin, hx, 0, sizeof hx);
+    LOOM_REQUIRE(loom_sched_graph_compute(x.s, g) == LOOM_OK);
+    for (int i = 0; i < F * T; i++)
+        want[i] = -want[i];
+    LOOM_CHECK_EQ_INT(count_bad(out, want, F * T, 1e-5), 0);
+    loom_sched_reset(x.s);
+    loom_ctx_free(ctx);
+    loom_buffer_free(wb);
+    loom_ctx_free(wctx);
+    sched_close(&x);
+}
