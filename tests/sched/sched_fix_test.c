@@ -127,10 +127,11 @@ LOOM_TEST(sched_fix, eager_input_copy_waits_for_copies_out_of_its_memory) {
 /* A GET_ROWS with an out-of-range row fails inside the SIM0 worker (after compute was
  * queued): the call that computes it fails, naming the cause; the next healthy graph on
  * the same scheduler succeeds. */
-LOOM_TEST(sched_fix, failed_device_graph_fails_the_call_that_ran_it) {
+static void failing_graph_case(bool on_sim) {
     tu_devs d;
     const char *spec[] = {"sim:1"};
-    LOOM_REQUIRE(tu_devs_open(&d, spec, 1, 1));
+    LOOM_REQUIRE(tu_devs_open(&d, spec, on_sim ? 1 : 0, 1));
+    const char *name = loom_backend_name(d.backends[0]);
     loom_ctx *wctx = tu_ctx(4, true);
     loom_tensor *table = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, 8, 5);
     loom_set_name(table, "table");
@@ -154,7 +155,7 @@ LOOM_TEST(sched_fix, failed_device_graph_fails_the_call_that_ran_it) {
         if (round == 0) {
             LOOM_CHECK(st != LOOM_OK);
             LOOM_CHECK_STR_CONTAINS(loom_last_error(), "out of range");
-            LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM0");
+            LOOM_CHECK_STR_CONTAINS(loom_last_error(), name);
         } else {
             LOOM_CHECK_MSG(st == LOOM_OK, "the healthy graph after a failure: %s",
                            loom_last_error());
@@ -172,4 +173,9 @@ LOOM_TEST(sched_fix, failed_device_graph_fails_the_call_that_ran_it) {
     loom_buffer_free(wb);
     loom_ctx_free(wctx);
     tu_devs_close(&d);
+}
+
+LOOM_TEST(sched_fix, failed_device_graph_fails_the_call_that_ran_it) {
+    failing_graph_case(true);  /* sim: the failure happens on the worker, after queueing */
+    failing_graph_case(false); /* cpu: synchronous */
 }
