@@ -175,15 +175,21 @@ static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
     return LOOM_OK;
 }
 
-/* SET_ROWS or CPY of a whole (MIRRORED) source into a split destination (a value computed
- * elsewhere and copied in whole): device j reads only its part of the source, a view of
- * its copy along the split axis over the range the node's state gives device j. */
+/* SET_ROWS or CPY of a whole (MIRRORED) source into a split destination, or FLASH_ATTN_EXT
+ * of whole queries with k and v split on heads (a value computed elsewhere and copied in
+ * whole): device j reads only its part of the source, a view of its copy along the split
+ * axis over the range the node's state gives device j. */
 static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const loom_split_state *s) {
     const loom_tensor *t = p->meta[idx];
-    if ((t->op != LOOM_OP_SET_ROWS && t->op != LOOM_OP_CPY) || !loom_split_axis_is_dim(s->axis))
+    if (!loom_split_axis_is_dim(s->axis) || !state_is_src_mirrored(mb, t->src[0])) return LOOM_OK;
+    int axis; /* of the source, cut like the node's split axis */
+    if (t->op == LOOM_OP_SET_ROWS || t->op == LOOM_OP_CPY) {
+        axis = (int)s->axis;
+    } else if (t->op == LOOM_OP_FLASH_ATTN_EXT && s->axis == LOOM_SPLIT_AXIS_1) {
+        axis = 2; /* the query heads of q [D, Nq, H, S] are the result's axis 1 */
+    } else {
         return LOOM_OK;
-    if (!state_is_src_mirrored(mb, t->src[0])) return LOOM_OK;
-    const int axis = (int)s->axis;
+    }
     for (int j = 0; j < mb->md->n; j++) {
         loom_split_range r;
         loom_status st = loom_split_state_range(s, t, 0, 0, j, &r);

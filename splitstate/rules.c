@@ -764,6 +764,16 @@ static loom_status rule_flash_attn(rule *r) {
         if (sinks && !IS_M(sinks)) return fail(r, "the sinks %s must be MIRRORED", DSC1(4));
         return set_kind(r, LOOM_SPLIT_MIRRORED);
     }
+    /* whole queries (computed elsewhere, copied in) with k and v split on heads: each device
+     * reads the query heads of its KV heads */
+    loom_split_state qs;
+    if (IS_M(q) && IS_DIM(k) && k->axis == LOOM_SPLIT_AXIS_2 && same(k, v) && one_piece(k) &&
+        !sinks && tk->ne[2] > 0 && tq->ne[2] % tk->ne[2] == 0) {
+        qs = *k;
+        for (int j = 0; j < qs.n_devices; j++)
+            qs.ne[0][j] *= tq->ne[2] / tk->ne[2];
+        q = &qs;
+    }
     if (!IS_DIM(q))
         return fail(r, "q %s is not split but k %s is; split q the same way", DSC1(0), DSC2(1));
     switch (q->axis) {

@@ -1,7 +1,8 @@
 /*
  * Sessions over a meta device (stories260K, tensor split over sim devices) for issue 9:
- *   - a rules file that mirrors attn_k (the table splits it): the K rows reach the split
- *     KV cache whole and each device writes its part; logits match the CPU session;
+ *   - a rules file that mirrors attn_k (the table splits it), or devices refusing ROPE (k
+ *     roped on the CPU): the K rows reach the split KV cache whole and each device writes
+ *     its part; logits match the CPU session;
  *   - devices refusing RMS_NORM cut every layer into many meta splits: the meta plan
  *     cache holds them all, so token-by-token generation stops building plans.
  */
@@ -58,7 +59,7 @@ static double max_diff(const float *a, const float *b, int64_t n, double *scale)
     return worst;
 }
 
-LOOM_TEST(meta_session_fix, mirrored_k_reaches_the_split_cache) {
+LOOM_TEST(meta_session_fix, whole_k_rows_reach_the_split_cache) {
     char path[4096], rules[4096];
     if (!model_path(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     const char *tmp = getenv("TEST_TMPDIR");
@@ -75,12 +76,14 @@ LOOM_TEST(meta_session_fix, mirrored_k_reaches_the_split_cache) {
     int64_t V = 0, V2 = 0;
     float *want = run(path, &p, STEPS, &V, NULL);
     LOOM_REQUIRE(want != NULL);
-    for (int n = 2; n <= 3; n++) {
-        char spec[32];
-        snprintf(spec, sizeof spec, "sim:%d", n);
+    /* n = 2, 3 with the rules file; then n = 2 with devices refusing ROPE (k is roped on
+     * the CPU and comes back whole) */
+    for (int n = 2; n <= 4; n++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "sim:%d%s", n < 4 ? n : 2, n < 4 ? "" : ",refuse=rope");
         p.devices = spec;
         p.split_mode = LOOM_SPLIT_MODE_TENSOR;
-        p.split_rules = rules;
+        p.split_rules = n < 4 ? rules : NULL;
         float *got = run(path, &p, STEPS, &V2, NULL);
         if (!got) continue;
         for (int k = 0; k <= STEPS; k++) {

@@ -386,7 +386,11 @@ LOOM_TEST(splitrules, flash_attn_queries_and_refusals) {
                   "cannot split q along axis 0 (the head dimension of the dot products)");
     loom_tensor *qm = leaf_t(&f, "qm", F32, M(2), 4, 3, 2, 1);
     loom_tensor *ks = leaf_t(&f, "ks", F32, ST_AX(2, 2, 1, 1), 4, 5, 2, 1);
-    CHECK_REFUSED(&f, named(loom_flash_attn_ext(f.ctx, qm, ks, ks, NULL, NULL, 0.5f, 0, 0), "fq2"),
+    /* whole queries (copied in from another backend): each device reads its heads' */
+    CHECK_DERIVED(&f, named(loom_flash_attn_ext(f.ctx, qm, ks, ks, NULL, NULL, 0.5f, 0, 0), "fq2"),
+                  ST_AX(1, 2, 1, 1));
+    loom_tensor *sk = leaf_t(&f, "sk", F32, M(2), 2, 1, 1, 1);
+    CHECK_REFUSED(&f, named(loom_flash_attn_ext(f.ctx, qm, ks, ks, NULL, sk, 0.5f, 0, 0), "fq3"),
                   "q 'qm' MIRRORED is not split but k 'ks' AXIS_2 [1,1] is");
     CHECK_DERIVED(&f, loom_flash_attn_ext(f.ctx, qm, k, k, mask_m, NULL, 0.5f, 0, 0), M(2));
     fx_free(&f);
