@@ -55,6 +55,10 @@ typedef struct meta_backend {
     int cache_cap;
     uint64_t evicted[EVICTED_KEYS]; /* ring of keys whose plans were evicted */
     int n_evicted;
+    /* graph_key's node table (open addressing over header addresses, key_cap slots) */
+    int *key_slot;
+    const loom_tensor **key_node;
+    int key_cap;
     uint64_t clock;
     loom_meta_stats stats;
     char name[256];
@@ -237,37 +241,76 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * 1099511628211ull; }
 
+/* A tensor's contents: allocation and address, op, type, flags, shape, strides, params,
+ * view offset; a leaf's name (it may decide the leaf's split state). Not the header's
+ * address: a graph rebuilt for every token (new headers, same memory) is the same plan. */
 static uint64_t tensor_key(uint64_t h, const loom_tensor *t) {
-    h = mix(h, ptr_hash(t));
     h = mix(h, ptr_hash(t->data));
     /* the allocation, not just its address: a buffer freed and allocated again at the
      * same place holds device buffers elsewhere */
     const loom_tensor *owner = t->view_src ? t->view_src : t;
     if (owner->buffer && owner->buffer->iface == &loom__meta_buffer_i)
         h = mix(h, ((const meta_buffer *)owner->buffer->context)->id);
+    h = mix(h, ptr_hash(owner->data));
     h = mix(h, (uint64_t)t->op * 31 + (uint64_t)t->type);
-    /* flags decide reductions (OUTPUT, EXTERNAL stop a delay); a leaf's name may decide its
-     * split state (the caller's table) */
+    /* flags decide reductions (OUTPUT, EXTERNAL stop a delay) */
     h = mix(h, (uint64_t)(uint32_t)t->flags);
     if (t->op == LOOM_OP_NONE)
         for (const char *c = t->name; *c; c++) h = mix(h, (uint8_t)*c);
     for (int d = 0; d < 4; d++) h = mix(mix(h, (uint64_t)t->ne[d]), t->nb[d]);
     h = mix(h, t->view_offs);
-    h = mix(h, ptr_hash(t->view_src));
     for (size_t w = 0; w < LOOM_MAX_OP_PARAMS / sizeof(int32_t); w++) h = mix(h, (uint32_t)t->op_params[w]);
     return h;
 }
 
-/* A fingerprint of everything a plan is derived from: every node and source (address,
- * allocation, data, op, type, flags, shape, strides, params, view; a leaf's name). Equal fingerprints mean the cached plan is
- * valid, whatever the graph's uid. */
-static uint64_t graph_key(const loom_graph *g) {
+/* Index of node t in the key table (-1: not a node of the graph). */
+static int key_find(const meta_backend *mb, const loom_tensor *t) {
+    int mask = mb->key_cap - 1;
+    for (int k = (int)(ptr_hash(t) & (uint64_t)mask);; k = (k + 1) & mask) {
+        if (mb->key_slot[k] < 0) return -1;
+        if (mb->key_node[mb->key_slot[k]] == t) return mb->key_slot[k];
+    }
+}
+
+/* A fingerprint of everything a plan is derived from: every node and source by contents
+ * (tensor_key), and the graph's structure (which node reads which, by node index). Equal
+ * fingerprints mean the cached plan is valid, whatever the graph's uid or header
+ * addresses. Host out of memory: a fingerprint by header addresses instead. */
+static uint64_t graph_key(meta_backend *mb, const loom_graph *g) {
     uint64_t h = mix(0, (uint64_t)g->n_nodes);
+    int cap = 64;
+    while (cap < 2 * g->n_nodes) cap <<= 1;
+    if (cap > mb->key_cap) {
+        int *slot = loom_realloc(mb->key_slot, (size_t)cap * sizeof *slot);
+        if (slot) mb->key_slot = slot;
+        const loom_tensor **node = slot ? loom_realloc(mb->key_node, (size_t)cap * sizeof *node) : NULL;
+        if (node) {
+            mb->key_node = node;
+            mb->key_cap = cap;
+        }
+    }
+    const bool by_index = cap <= mb->key_cap;
+    if (by_index) {
+        for (int k = 0; k < mb->key_cap; k++) mb->key_slot[k] = -1;
+        int mask = mb->key_cap - 1;
+        for (int i = 0; i < g->n_nodes; i++) {
+            mb->key_node[i] = g->nodes[i];
+            int k = (int)(ptr_hash(g->nodes[i]) & (uint64_t)mask);
+            while (mb->key_slot[k] >= 0) k = (k + 1) & mask;
+            mb->key_slot[k] = i;
+        }
+    }
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *t = g->nodes[i];
         h = tensor_key(h, t);
-        for (int k = 0; k < LOOM_MAX_SRC; k++)
-            h = t->src[k] ? tensor_key(h, t->src[k]) : mix(h, (uint64_t)k);
+        if (!by_index) h = mix(h, ptr_hash(t));
+        for (int k = 0; k < LOOM_MAX_SRC; k++) {
+            const loom_tensor *src = t->src[k];
+            int x = src && by_index ? key_find(mb, src) : -1;
+            if (!src) h = mix(h, (uint64_t)k);
+            else if (x >= 0) h = mix(h, 0x6e6f6465ull + (uint64_t)x); /* node x */
+            else h = mix(tensor_key(h, src), by_index ? 0 : ptr_hash(src));
+        }
     }
     return h;
 }
@@ -550,6 +593,8 @@ static void mbe_free(loom_backend_t backend) {
     mbe_synchronize(backend);
     for (int c = 0; c < mb->cache_cap; c++) plan_free(mb->cache[c], mb->md->n);
     loom_free(mb->cache);
+    loom_free(mb->key_slot);
+    loom_free(mb->key_node);
     loom_reducer_free(mb->reducer);
     for (int j = 0; j < mb->md->n; j++) loom_backend_free(mb->be[j]);
     loom_free(mb);
@@ -582,7 +627,7 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->async_reported = false;
         if (!reported) return loom_error(pending, "%s: an earlier graph failed: %s", mb->name, mb->async_msg);
     }
-    uint64_t key = graph_key(g);
+    uint64_t key = graph_key(mb, g);
     plan *p = NULL;
     int victim = 0;
     for (int c = 0; c < mb->cache_cap; c++) {

@@ -560,3 +560,53 @@ LOOM_TEST(meta_fix, unmappable_reshape_falls_back) {
     loom_ctx_free(wctx);
     sched_close(&x);
 }
+
+/* A graph rebuilt with new tensor headers over the same memory (a session rebuilds its
+ * graph every token; the allocator places it the same way) is the same plan: the key is
+ * by contents and structure, not by header addresses. */
+LOOM_TEST(meta_fix, rebuilt_graph_reuses_its_plan) {
+    fixture f;
+    LOOM_REQUIRE(setup(&f, 2, NULL));
+    loom_backend_t be = loom_dev_init(f.meta, NULL);
+    LOOM_REQUIRE(be != NULL);
+    loom_ctx *wctx = new_ctx(8);
+    loom_tensor *up = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, D, F);
+    loom_tensor *down = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, F, D);
+    loom_tensor *xin = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, D, T);
+    loom_set_name(up, "up");
+    loom_set_name(down, "down");
+    loom_set_name(xin, "x");
+    loom_buffer_t wb = loom_alloc_ctx_tensors(wctx, loom_dev_buffer_type(f.meta));
+    LOOM_REQUIRE(wb != NULL);
+    static ffn h;
+    fill(up, 1, h.up);
+    fill(down, 2, h.down);
+    fill(xin, 3, h.x);
+    ffn_ref(&h);
+    loom_gallocr *ga = loom_gallocr_new(loom_dev_buffer_type(f.meta));
+    LOOM_REQUIRE(ga != NULL);
+    loom_ctx *ctx[3] = {NULL, NULL, NULL};
+    loom_meta_backend_reset_stats(be);
+    for (int r = 0; r < 3; r++) {
+        ctx[r] = new_ctx(16); /* all kept alive: new header addresses every round */
+        loom_tensor *o =
+            loom_mul_mat(ctx[r], down, loom_silu(ctx[r], loom_mul_mat(ctx[r], up, xin)));
+        loom_set_output(o);
+        loom_graph *g = loom_graph_new(ctx[r], 16);
+        LOOM_REQUIRE(loom_graph_build_forward(g, o) == LOOM_OK);
+        LOOM_REQUIRE(loom_gallocr_alloc_graph(ga, g) == LOOM_OK);
+        LOOM_REQUIRE(loom_backend_graph_compute(be, g) == LOOM_OK);
+        LOOM_CHECK_EQ_INT(count_bad(o, h.o, D * T, 1e-4), 0);
+    }
+    loom_meta_stats ms;
+    loom_meta_backend_get_stats(be, &ms);
+    LOOM_CHECK_EQ_INT(ms.graphs, 3);
+    LOOM_CHECK_EQ_INT(ms.plans_built, 1);
+    for (int r = 0; r < 3; r++)
+        loom_ctx_free(ctx[r]);
+    loom_gallocr_free(ga);
+    loom_buffer_free(wb);
+    loom_ctx_free(wctx);
+    loom_backend_free(be);
+    teardown(&f);
+}
