@@ -476,9 +476,11 @@ loom_status loom_backend_tensor_copy_async(loom_backend_t backend_src, loom_back
     return loom_tensor_copy(src, dst);
 }
 
-void loom_backend_synchronize(loom_backend_t backend) {
+loom_status loom_backend_synchronize(loom_backend_t backend) {
     LOOM_ASSERT(backend != NULL);
     if (backend->iface->synchronize) backend->iface->synchronize(backend);
+    /* the hook records its own message (loom_error) */
+    return backend->iface->get_status ? backend->iface->get_status(backend) : LOOM_OK;
 }
 
 loom_status loom_backend_graph_compute_async(loom_backend_t backend, loom_graph *g) {
@@ -495,8 +497,7 @@ loom_status loom_backend_graph_compute_async(loom_backend_t backend, loom_graph 
 loom_status loom_backend_graph_compute(loom_backend_t backend, loom_graph *g) {
     loom_status s = loom_backend_graph_compute_async(backend, g);
     if (s != LOOM_OK) return s;
-    loom_backend_synchronize(backend);
-    return LOOM_OK;
+    return loom_backend_synchronize(backend);
 }
 
 void loom_backend_graph_optimize(loom_backend_t backend, loom_graph *g) {

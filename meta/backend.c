@@ -16,7 +16,13 @@
 
 #include "meta/meta-impl.h"
 
-#define PLAN_CACHE 8
+/* The plan cache starts with PLAN_CACHE_MIN entries and doubles (up to PLAN_CACHE_MAX)
+ * whenever a graph comes back whose plan was evicted: a scheduler calls graph_compute once
+ * per meta split, so a session needs as many plans as its graphs have meta splits (22 with
+ * a device refusing RMS_NORM), and a fixed size would rebuild every plan every eval. */
+#define PLAN_CACHE_MIN 8
+#define PLAN_CACHE_MAX 1024
+#define EVICTED_KEYS 64 /* recently evicted keys remembered to detect thrashing */
 
 typedef struct plan_sub {
     int first, last;    /* node range [first, last] */
@@ -45,10 +51,22 @@ typedef struct meta_backend {
     meta_dev *md;
     loom_backend_t be[LOOM_META_MAX_DEVICES];
     loom_reducer *reducer;
-    plan *cache[PLAN_CACHE];
+    plan **cache; /* [cache_cap] */
+    int cache_cap;
+    uint64_t evicted[EVICTED_KEYS]; /* ring of keys whose plans were evicted */
+    int n_evicted;
+    /* graph_key's node table (open addressing over header addresses, key_cap slots) */
+    int *key_slot;
+    const loom_tensor **key_node;
+    int key_cap;
     uint64_t clock;
     loom_meta_stats stats;
     char name[256];
+    /* the first failure of a member's asynchronous work, seen by a synchronize; reported
+     * by get_status, cleared by the next graph_compute once reported (see backend-impl.h) */
+    loom_status async_status;
+    bool async_reported;
+    char async_msg[384];
 } meta_backend;
 
 /* ---------------------------------------------------------------- plan bookkeeping */
@@ -122,6 +140,11 @@ static loom_status plan_collect(plan *p, const loom_tensor *t) {
     return LOOM_OK;
 }
 
+static bool state_is_src_mirrored(meta_backend *mb, const loom_tensor *t) {
+    loom_split_state s;
+    return t && loom__meta_state(mb->md, t, true, &s) == LOOM_OK && s.axis == LOOM_SPLIT_MIRRORED;
+}
+
 /* A matmul whose weight is split along K while its activations are whole on every device
  * (a partial sum): device j multiplies by the K-slice of b that matches its weight rows. */
 static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
@@ -156,6 +179,41 @@ static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
     return LOOM_OK;
 }
 
+/* SET_ROWS or CPY of a whole (MIRRORED) source into a split destination, or FLASH_ATTN_EXT
+ * of whole queries with k and v split on heads (a value computed elsewhere and copied in
+ * whole): device j reads only its part of the source, a view of its copy along the split
+ * axis over the range the node's state gives device j. */
+static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const loom_split_state *s) {
+    const loom_tensor *t = p->meta[idx];
+    if (!loom_split_axis_is_dim(s->axis) || !state_is_src_mirrored(mb, t->src[0])) return LOOM_OK;
+    int axis; /* of the source, cut like the node's split axis */
+    if (t->op == LOOM_OP_SET_ROWS || t->op == LOOM_OP_CPY) {
+        axis = (int)s->axis;
+    } else if (t->op == LOOM_OP_FLASH_ATTN_EXT && s->axis == LOOM_SPLIT_AXIS_1) {
+        axis = 2; /* the query heads of q [D, Nq, H, S] are the result's axis 1 */
+    } else {
+        return LOOM_OK;
+    }
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_split_range r;
+        loom_status st = loom_split_state_range(s, t, 0, 0, j, &r);
+        if (st) return st;
+        loom_tensor *b = p->dev[j][idx].src[0], *x = &p->kslice[j][idx];
+        *x = *b;
+        x->ne[axis] = r.size;
+        size_t off = axis == 0 ? (size_t)(r.offset / loom_blck_size(b->type)) * b->nb[0]
+                               : (size_t)r.offset * b->nb[axis];
+        x->data = (char *)b->data + off;
+        x->view_src = b->view_src ? b->view_src : b;
+        x->view_offs = (size_t)((char *)x->data - (char *)x->view_src->data);
+        x->op = LOOM_OP_VIEW;
+        memset(x->src, 0, sizeof x->src);
+        x->src[0] = b;
+        p->dev[j][idx].src[0] = x;
+    }
+    return LOOM_OK;
+}
+
 /* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). */
 static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
     const int n = mb->md->n;
@@ -177,37 +235,82 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
         for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
         p->dead[j][idx] = false;
     }
+    if ((st = slice_whole_source(mb, p, idx, &s))) return st;
     return kslice_activations(mb, p, idx);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) { return (h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2))) * 1099511628211ull; }
 
+/* A tensor's contents: allocation and address, op, type, flags, shape, strides, params,
+ * view offset; a leaf's name (it may decide the leaf's split state). Not the header's
+ * address: a graph rebuilt for every token (new headers, same memory) is the same plan. */
 static uint64_t tensor_key(uint64_t h, const loom_tensor *t) {
-    h = mix(h, ptr_hash(t));
     h = mix(h, ptr_hash(t->data));
     /* the allocation, not just its address: a buffer freed and allocated again at the
      * same place holds device buffers elsewhere */
     const loom_tensor *owner = t->view_src ? t->view_src : t;
     if (owner->buffer && owner->buffer->iface == &loom__meta_buffer_i)
         h = mix(h, ((const meta_buffer *)owner->buffer->context)->id);
+    h = mix(h, ptr_hash(owner->data));
     h = mix(h, (uint64_t)t->op * 31 + (uint64_t)t->type);
+    /* flags decide reductions (OUTPUT, EXTERNAL stop a delay) */
+    h = mix(h, (uint64_t)(uint32_t)t->flags);
+    if (t->op == LOOM_OP_NONE)
+        for (const char *c = t->name; *c; c++) h = mix(h, (uint8_t)*c);
     for (int d = 0; d < 4; d++) h = mix(mix(h, (uint64_t)t->ne[d]), t->nb[d]);
     h = mix(h, t->view_offs);
-    h = mix(h, ptr_hash(t->view_src));
     for (size_t w = 0; w < LOOM_MAX_OP_PARAMS / sizeof(int32_t); w++) h = mix(h, (uint32_t)t->op_params[w]);
     return h;
 }
 
-/* A fingerprint of everything a plan is derived from: every node and source (address,
- * data, op, shape, strides, params, view). Equal fingerprints mean the cached plan is
- * valid, whatever the graph's uid. */
-static uint64_t graph_key(const loom_graph *g) {
+/* Index of node t in the key table (-1: not a node of the graph). */
+static int key_find(const meta_backend *mb, const loom_tensor *t) {
+    int mask = mb->key_cap - 1;
+    for (int k = (int)(ptr_hash(t) & (uint64_t)mask);; k = (k + 1) & mask) {
+        if (mb->key_slot[k] < 0) return -1;
+        if (mb->key_node[mb->key_slot[k]] == t) return mb->key_slot[k];
+    }
+}
+
+/* A fingerprint of everything a plan is derived from: every node and source by contents
+ * (tensor_key), and the graph's structure (which node reads which, by node index). Equal
+ * fingerprints mean the cached plan is valid, whatever the graph's uid or header
+ * addresses. Host out of memory: a fingerprint by header addresses instead. */
+static uint64_t graph_key(meta_backend *mb, const loom_graph *g) {
     uint64_t h = mix(0, (uint64_t)g->n_nodes);
+    int cap = 64;
+    while (cap < 2 * g->n_nodes) cap <<= 1;
+    if (cap > mb->key_cap) {
+        int *slot = loom_realloc(mb->key_slot, (size_t)cap * sizeof *slot);
+        if (slot) mb->key_slot = slot;
+        const loom_tensor **node = slot ? loom_realloc(mb->key_node, (size_t)cap * sizeof *node) : NULL;
+        if (node) {
+            mb->key_node = node;
+            mb->key_cap = cap;
+        }
+    }
+    const bool by_index = cap <= mb->key_cap;
+    if (by_index) {
+        for (int k = 0; k < mb->key_cap; k++) mb->key_slot[k] = -1;
+        int mask = mb->key_cap - 1;
+        for (int i = 0; i < g->n_nodes; i++) {
+            mb->key_node[i] = g->nodes[i];
+            int k = (int)(ptr_hash(g->nodes[i]) & (uint64_t)mask);
+            while (mb->key_slot[k] >= 0) k = (k + 1) & mask;
+            mb->key_slot[k] = i;
+        }
+    }
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *t = g->nodes[i];
         h = tensor_key(h, t);
-        for (int k = 0; k < LOOM_MAX_SRC; k++)
-            h = t->src[k] ? tensor_key(h, t->src[k]) : mix(h, (uint64_t)k);
+        if (!by_index) h = mix(h, ptr_hash(t));
+        for (int k = 0; k < LOOM_MAX_SRC; k++) {
+            const loom_tensor *src = t->src[k];
+            int x = src && by_index ? key_find(mb, src) : -1;
+            if (!src) h = mix(h, (uint64_t)k);
+            else if (x >= 0) h = mix(h, 0x6e6f6465ull + (uint64_t)x); /* node x */
+            else h = mix(tensor_key(h, src), by_index ? 0 : ptr_hash(src));
+        }
     }
     return h;
 }
@@ -231,7 +334,11 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
     const loom_tensor *cur = g->nodes[i];
     int r = i;
     for (;;) {
-        if ((cur->flags & LOOM_TENSOR_FLAG_OUTPUT) || use_count(g, cur, r + 1) == 0) return r;
+        /* read by the caller or by another split of a scheduler: its consumers are not all
+         * here, so it must hold the sum when this graph ends */
+        if ((cur->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)) ||
+            use_count(g, cur, r + 1) == 0)
+            return r;
         /* the next node that consumes cur; nodes in between must not be new partials */
         int k = r + 1;
         while (k < g->n_nodes) {
@@ -271,7 +378,9 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
             for (int q = r + 1; q < g->n_nodes && ok && views < U; q++) {
                 const loom_tensor *n2 = g->nodes[q];
                 if (n2->op == LOOM_OP_VIEW && n2->src[0] == cur) {
-                    if (views >= 64 || use_count(g, n2, q + 1) != 1) ok = false;
+                    if (views >= 64 || use_count(g, n2, q + 1) != 1 ||
+                        (n2->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)))
+                        ok = false;
                     else vset[views++] = n2;
                     continue;
                 }
@@ -281,6 +390,10 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
                 if (!touches) continue;
                 if (n2->op != LOOM_OP_ADD) {
                     ok = false;
+                    break;
+                }
+                if (acc && (acc->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL))) {
+                    ok = false; /* a partial sum of the chain is read elsewhere */
                     break;
                 }
                 acc = n2;
@@ -362,6 +475,27 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         start = r + 1;
         i = r;
     }
+    /* a PARTIAL bias added to a partial sum is exact only if that sum is reduced after the
+     * add (delayed past it): otherwise every device would add the bias to the whole sum */
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK && n > 1; i++) {
+        const loom_tensor *y = g->nodes[i], *a = y->src[0], *b = y->src[1];
+        if ((y->op != LOOM_OP_ADD && y->op != LOOM_OP_ADD_ID) || !a || !b || a->op == LOOM_OP_NONE) continue;
+        const loom_tensor *bl = b->view_src ? b->view_src : b;
+        if (bl->op != LOOM_OP_NONE || !state_is(mb, b, false, LOOM_SPLIT_PARTIAL) ||
+            !state_is(mb, a, false, LOOM_SPLIT_PARTIAL))
+            continue;
+        int k = -1;
+        for (int q = 0; q < i && k < 0; q++) if (g->nodes[q] == a) k = q;
+        bool ok = false;
+        for (int q = 0; q < p->n_subs && k >= 0; q++)
+            if (p->subs[q].first <= k && k <= p->subs[q].last) ok = p->subs[q].reduce >= i;
+        if (!ok)
+            st = loom_error(LOOM_ERR_UNSUPPORTED,
+                            "meta: '%s' adds the PARTIAL bias '%s' to the partial sum '%s', "
+                            "which is also read elsewhere (or computed outside this graph), so "
+                            "it cannot be reduced after the add; store the bias MIRRORED",
+                            y->name, b->name, a->name);
+    }
     loom_split_ctx_end(mb->md->split);
 
     /* per-device node lists, skipping what a device has no data for */
@@ -437,27 +571,66 @@ static const char *mbe_name(loom_backend_t backend) {
 
 static void mbe_synchronize(loom_backend_t backend) {
     meta_backend *mb = backend->context;
-    for (int j = 0; j < mb->md->n; j++) loom_backend_synchronize(mb->be[j]);
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_status st = loom_backend_synchronize(mb->be[j]);
+        if (st != LOOM_OK && mb->async_status == LOOM_OK) {
+            mb->async_status = st;
+            mb->async_reported = false;
+            snprintf(mb->async_msg, sizeof mb->async_msg, "%s", loom_last_error());
+        }
+    }
+}
+
+static loom_status mbe_get_status(loom_backend_t backend) {
+    meta_backend *mb = backend->context;
+    if (mb->async_status == LOOM_OK) return LOOM_OK;
+    mb->async_reported = true;
+    return loom_error(mb->async_status, "%s: %s", mb->name, mb->async_msg);
 }
 
 static void mbe_free(loom_backend_t backend) {
     meta_backend *mb = backend->context;
     mbe_synchronize(backend);
-    for (int c = 0; c < PLAN_CACHE; c++) plan_free(mb->cache[c], mb->md->n);
+    for (int c = 0; c < mb->cache_cap; c++) plan_free(mb->cache[c], mb->md->n);
+    loom_free(mb->cache);
+    loom_free(mb->key_slot);
+    loom_free(mb->key_node);
     loom_reducer_free(mb->reducer);
     for (int j = 0; j < mb->md->n; j++) loom_backend_free(mb->be[j]);
     loom_free(mb);
     loom_free(backend);
 }
 
+/* A miss on a key evicted earlier means the working set is larger than the cache: double
+ * it (the new half is empty). false when it cannot grow. */
+static bool cache_grow(meta_backend *mb, uint64_t key) {
+    bool thrash = false;
+    int n = mb->n_evicted < EVICTED_KEYS ? mb->n_evicted : EVICTED_KEYS;
+    for (int i = 0; i < n && !thrash; i++) thrash = mb->evicted[i] == key;
+    if (!thrash || mb->cache_cap >= PLAN_CACHE_MAX) return false;
+    plan **c = loom_realloc(mb->cache, (size_t)mb->cache_cap * 2 * sizeof *c);
+    if (!c) return false; /* keep the size; evicting still works */
+    memset(c + mb->cache_cap, 0, (size_t)mb->cache_cap * sizeof *c);
+    mb->cache = c;
+    mb->cache_cap *= 2;
+    return true;
+}
+
 static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
     meta_backend *mb = backend->context;
     const int n = mb->md->n;
     loom__meta_end_phase(mb->md);
-    uint64_t key = graph_key(g);
+    if (mb->async_status != LOOM_OK) { /* a failure of earlier work */
+        loom_status pending = mb->async_status;
+        bool reported = mb->async_reported;
+        mb->async_status = LOOM_OK;
+        mb->async_reported = false;
+        if (!reported) return loom_error(pending, "%s: an earlier graph failed: %s", mb->name, mb->async_msg);
+    }
+    uint64_t key = graph_key(mb, g);
     plan *p = NULL;
     int victim = 0;
-    for (int c = 0; c < PLAN_CACHE; c++) {
+    for (int c = 0; c < mb->cache_cap; c++) {
         if (mb->cache[c] && mb->cache[c]->key == key) {
             p = mb->cache[c];
             break;
@@ -469,8 +642,10 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         loom_status st = plan_build(mb, g, &p);
         if (st) return st;
         p->key = key;
+        if (mb->cache[victim] && cache_grow(mb, key)) victim = mb->cache_cap / 2;
         if (mb->cache[victim]) {
             mbe_synchronize(backend); /* its graphs may still be queued */
+            mb->evicted[mb->n_evicted++ % EVICTED_KEYS] = mb->cache[victim]->key;
             plan_free(mb->cache[victim], n);
         }
         mb->cache[victim] = p;
@@ -506,6 +681,34 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
     return LOOM_OK;
 }
 
+/* Events are recorded on every member's stream, after everything issued (reductions
+ * included). Waiting on a meta event of this device: every member waits for every
+ * member's event (the devices exchange data in reductions); a foreign event is waited
+ * for on the host. */
+static void mbe_event_record(loom_backend_t backend, loom_event_t ev) {
+    meta_backend *mb = backend->context;
+    meta_event *me = ev->context;
+    LOOM_ASSERT(ev->device == &mb->md->dev);
+    for (int j = 0; j < mb->md->n; j++) loom_event_record(me->m[j], mb->be[j]);
+}
+
+static void mbe_event_wait(loom_backend_t backend, loom_event_t ev) {
+    meta_backend *mb = backend->context;
+    if (ev->device != &mb->md->dev) {
+        loom_event_synchronize(ev);
+        return;
+    }
+    meta_event *me = ev->context;
+    for (int j = 0; j < mb->md->n; j++) {
+        if (!mb->be[j]->iface->event_wait) {
+            loom_event_synchronize(ev);
+            return;
+        }
+    }
+    for (int j = 0; j < mb->md->n; j++)
+        for (int k = 0; k < mb->md->n; k++) loom_event_wait(mb->be[j], me->m[k]);
+}
+
 static void mbe_split_begin(loom_backend_t backend) {
     loom__meta_split_phase(((meta_backend *)backend->context)->md);
 }
@@ -522,6 +725,9 @@ static const struct loom_backend_i meta_backend_i = {
     .graph_compute = mbe_compute,
     .split_begin = mbe_split_begin,
     .split_end = mbe_split_end,
+    .event_record = mbe_event_record,
+    .event_wait = mbe_event_wait,
+    .get_status = mbe_get_status,
 };
 
 loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
@@ -534,6 +740,14 @@ loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
         return NULL;
     }
     mb->md = md;
+    mb->cache_cap = PLAN_CACHE_MIN;
+    mb->cache = loom_calloc((size_t)mb->cache_cap, sizeof *mb->cache);
+    if (!mb->cache) {
+        loom_free(mb);
+        loom_free(b);
+        loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
+        return NULL;
+    }
     size_t o = (size_t)snprintf(mb->name, sizeof mb->name, "Meta(");
     for (int j = 0; j < md->n; j++) {
         mb->be[j] = loom_dev_init(md->devs[j], params);
@@ -541,6 +755,7 @@ loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
             char why[512];
             snprintf(why, sizeof why, "%s", loom_last_error());
             for (int k = 0; k < j; k++) loom_backend_free(mb->be[k]);
+            loom_free(mb->cache);
             loom_free(mb);
             loom_free(b);
             loom_error(LOOM_ERR_DEVICE, "meta: cannot start a backend on %s: %s",
@@ -557,6 +772,7 @@ loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params) {
         char why[512];
         snprintf(why, sizeof why, "%s", loom_last_error());
         for (int j = 0; j < md->n; j++) loom_backend_free(mb->be[j]);
+        loom_free(mb->cache);
         loom_free(mb);
         loom_free(b);
         loom_error(LOOM_ERR_DEVICE, "meta: cannot set up the AllReduce: %s", why);

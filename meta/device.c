@@ -106,18 +106,63 @@ static loom_dev_type dev_type(loom_dev_t dev) {
     return LOOM_DEV_TYPE_META;
 }
 
+/* The members' host buffer type when they all have the same one (host memory every
+ * member can read fast), else NULL. */
+static loom_buft_t dev_host_buft(loom_dev_t dev) {
+    meta_dev *md = loom__meta_dev(dev);
+    loom_buft_t h = loom_dev_host_buffer_type(md->devs[0]);
+    for (int j = 1; j < md->n && h; j++)
+        if (loom_dev_host_buffer_type(md->devs[j]) != h) h = NULL;
+    return h;
+}
+
+/* Events: one member event per device. NULL if a member has none. */
+static loom_event_t dev_event_new(loom_dev_t dev) {
+    meta_dev *md = loom__meta_dev(dev);
+    meta_event *me = loom_calloc(1, sizeof *me);
+    if (!me) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of memory for an event", md->name);
+        return NULL;
+    }
+    me->ev = (struct loom_event){.device = dev, .context = me};
+    for (int j = 0; j < md->n; j++) {
+        me->m[j] = loom_event_new(md->devs[j]);
+        if (!me->m[j]) {
+            for (int k = 0; k < j; k++) loom_event_free(me->m[k]);
+            loom_free(me);
+            return NULL;
+        }
+    }
+    return &me->ev;
+}
+
+static void dev_event_free(loom_dev_t dev, loom_event_t ev) {
+    meta_event *me = ev->context;
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_free(me->m[j]);
+    loom_free(me);
+}
+
+static void dev_event_synchronize(loom_dev_t dev, loom_event_t ev) {
+    meta_event *me = ev->context;
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_synchronize(me->m[j]);
+}
+
 static void dev_props(loom_dev_t dev, loom_dev_props *p) {
     meta_dev *md = loom__meta_dev(dev);
     p->name = md->name;
     p->description = md->name;
     dev_memory(dev, &p->memory_free, &p->memory_total);
     p->type = LOOM_DEV_TYPE_META;
-    p->caps = (loom_dev_caps){.async = true, .host_buffer = false, .events = false};
+    /* the AND of the members' caps; a host buffer type only if they all share one */
+    p->caps = (loom_dev_caps){.async = true, .host_buffer = true, .events = true};
     for (int j = 0; j < md->n; j++) {
         loom_dev_props pj;
         loom_dev_get_props(md->devs[j], &pj);
         p->caps.async = p->caps.async && pj.caps.async;
+        p->caps.host_buffer = p->caps.host_buffer && pj.caps.host_buffer;
+        p->caps.events = p->caps.events && pj.caps.events;
     }
+    p->caps.host_buffer = p->caps.host_buffer && dev_host_buft(dev) != NULL;
 }
 
 static loom_backend_t dev_init(loom_dev_t dev, const char *params) {
@@ -131,7 +176,7 @@ static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     if (md->phase != 1) loom__meta_end_phase(md); /* inside a split window: keep its batch */
     for (int j = 0; j < md->n; j++)
         if (!loom_dev_supports_op(md->devs[j], op)) return false;
-    if (loom_op_is_view(op->op)) return true; /* metadata: placed with its source */
+    /* views too: a reshape the table cannot map falls back instead of failing at compute */
     if (!loom_split_ctx_can_split(md->split, op)) return false;
     if (op->op == LOOM_OP_MUL_MAT_ID) { /* expert-parallel needs id remapping (not done) */
         loom_split_state s;
@@ -152,8 +197,12 @@ static const struct loom_dev_i meta_dev_i = {
     .get_props = dev_props,
     .init_backend = dev_init,
     .get_buffer_type = dev_buft,
+    .get_host_buffer_type = dev_host_buft,
     .supports_op = dev_supports_op,
     .supports_buft = dev_supports_buft,
+    .event_new = dev_event_new,
+    .event_free = dev_event_free,
+    .event_synchronize = dev_event_synchronize,
 };
 
 /* Leafs: a tensor that lives outside this device's buffers reaches the devices as a whole

@@ -53,7 +53,12 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
     loom_split_state_slice_ne(state, t->ne, j, out->ne);
 
     if (!t->view_src) {
-        contiguous_nb(t->type, out->ne, out->nb);
+        /* a whole tensor keeps its own layout on every device (a scheduler's copy of a
+         * permuted view is not contiguous); a slice is stored contiguously */
+        if (loom_split_axis_is_dim(state->axis))
+            contiguous_nb(t->type, out->ne, out->nb);
+        else
+            memcpy(out->nb, t->nb, sizeof out->nb);
         if (!t->buffer || !t->data)
             return loom_error(LOOM_ERR_INVALID_ARG, "meta: tensor '%s' is not allocated", t->name);
         if (t->buffer->iface != &loom__meta_buffer_i)

@@ -51,6 +51,12 @@ void loom__meta_end_phase(meta_dev *md);
 /* Bytes of t's largest slice (what the meta buffer type allocates for it). */
 size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t);
 
+/* A meta event: one event per member device (recorded on each member's stream). */
+typedef struct meta_event {
+    struct loom_event ev; /* ev.device = the meta device, ev.context = this */
+    loom_event_t m[LOOM_META_MAX_DEVICES];
+} meta_event;
+
 extern const struct loom_buffer_i loom__meta_buffer_i;
 loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size);
 loom_backend_t loom__meta_backend_new(meta_dev *md, const char *params);

@@ -382,7 +382,7 @@ static void rd_record(loom_reducer *r, loom_event_t ev, int j) {
     if (ev) {
         loom_event_record(ev, r->backends[j]);
     } else {
-        loom_backend_synchronize(r->backends[j]); /* no events: wait for the work itself */
+        loom__rd_sync(r, j); /* no events: wait for the work itself */
     }
 }
 
@@ -399,7 +399,7 @@ loom_status loom__rd_plan_fill(loom_reducer *r, const loom__rd_plan *p, const bo
             if (s != LOOM_OK) return s;
         } else {
             loom_tensor *t = p->key_t[j];
-            loom_backend_synchronize(r->backends[j]);
+            loom__rd_sync(r, j);
             loom_tensor_memset(t, 0, 0, (size_t)p->n_elem * sizeof(float));
         }
     }

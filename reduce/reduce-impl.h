@@ -89,6 +89,11 @@ struct loom_reducer {
     size_t trace_len, trace_cap;
 
     loom_reducer_stats stats;
+
+    /* the first device failure an internal synchronize saw during this call (a member's
+     * asynchronous work failed): the call reports it */
+    loom_status sync_status;
+    char sync_msg[256];
 };
 
 /* plan.c */
@@ -116,6 +121,8 @@ void loom__rd_host_free(loom_reducer *r);
 loom_status loom__rd_trace_push(loom_reducer *r, uint64_t max_bytes);
 /* Synchronises every backend (ignoring errors): used before freeing anything in flight. */
 void loom__rd_sync_all(loom_reducer *r);
+/* Synchronizes member j, keeping the first failure it reports in r->sync_status. */
+void loom__rd_sync(loom_reducer *r, int j);
 
 #ifdef __cplusplus
 }

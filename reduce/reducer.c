@@ -10,6 +10,7 @@
  * 1/N of it while the per-step cost (event, copy and graph dispatch to a device thread)
  * dominates, i.e. for small tensors; the ring wins once bandwidth dominates.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -81,9 +82,17 @@ size_t loom_reducer_butterfly_max_bytes(int n) {
 
 /* ---------------------------------------------------------------- helpers */
 
+void loom__rd_sync(loom_reducer *r, int j) {
+    loom_status s = loom_backend_synchronize(r->backends[j]);
+    if (s != LOOM_OK && r->sync_status == LOOM_OK) {
+        r->sync_status = s;
+        snprintf(r->sync_msg, sizeof r->sync_msg, "%s", loom_last_error());
+    }
+}
+
 void loom__rd_sync_all(loom_reducer *r) {
     for (int j = 0; j < r->n; j++)
-        loom_backend_synchronize(r->backends[j]);
+        loom__rd_sync(r, j);
 }
 
 loom_status loom__rd_trace_push(loom_reducer *r, uint64_t max_bytes) {
@@ -432,9 +441,7 @@ static void rd_account(loom_reducer *r, loom_allreduce_algo algo, size_t nbytes,
     r->stats.last_algo = algo;
 }
 
-loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
-                                   const bool *empty) {
-    LOOM_ASSERT(r != NULL);
+static loom_status rd_allreduce(loom_reducer *r, loom_tensor *const *tensors, const bool *empty) {
     loom_status s = rd_check_tensors(r, tensors);
     if (s != LOOM_OK) return s;
     const int N = r->n;
@@ -446,7 +453,7 @@ loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
     if (algo == LOOM_ALLREDUCE_AUTO) { /* one device, or nothing to sum */
         for (int j = 0; j < N && nbytes > 0; j++) {
             if (!empty || !empty[j]) continue;
-            loom_backend_synchronize(r->backends[j]);
+            loom__rd_sync(r, j);
             loom_tensor_memset(tensors[j], 0, 0, nbytes);
         }
         rd_account(r, LOOM_ALLREDUCE_AUTO, nbytes, 0);
@@ -506,5 +513,18 @@ loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
 fail:
     if (loom_last_status() == LOOM_OK) loom_error(s, "allreduce failed");
     loom__rd_sync_all(r);
+    return s;
+}
+
+/* A member whose earlier work failed (seen by a synchronize inside the call) fails the
+ * call: the caller must not read the sum as if it were right. */
+loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
+                                   const bool *empty) {
+    LOOM_ASSERT(r != NULL);
+    r->sync_status = LOOM_OK;
+    loom_status s = rd_allreduce(r, tensors, empty);
+    if (s == LOOM_OK && r->sync_status != LOOM_OK) {
+        s = loom_error(r->sync_status, "allreduce: a device failed: %s", r->sync_msg);
+    }
     return s;
 }

@@ -60,8 +60,11 @@ typedef struct loom__round {
 /* A source edit in the caller's graph, so a failed reserve can undo it and retry. */
 typedef struct loom__rewrite {
     loom_tensor *node;
-    int j;
+    int j;             /* source index, or -1: the view's storage (view_src, view_offs) */
     loom_tensor *orig;
+    size_t offs;       /* j = -1: the original view_offs, data and buffer */
+    void *data;
+    loom_buffer_t buffer;
 } loom__rewrite;
 
 struct loom_sched {
@@ -122,7 +125,21 @@ struct loom_sched {
     int debug_realloc; /* LOOM_SCHED_DEBUG_REALLOC */
     int max_split_inputs;
     int n_reallocs;
+
+    /* the first failure of a backend's asynchronous work that a synchronize inside the
+     * scheduler saw; returned (and cleared) by the next compute or synchronize call */
+    loom_status async_status;
+    char async_msg[384];
+    /* pending_reads[x]: bit a set while backend x may still be copying out of backend a's
+     * memory (an asynchronous copy on x's stream); a host write into that memory waits
+     * for copies_done[x] first */
+    uint32_t pending_reads[LOOM_SCHED_MAX_BACKENDS];
 };
+
+/* Synchronizes backend b, keeping the first failure it reports in s->async_status. */
+void loom__sched_sync(loom_sched *s, int b);
+/* Returns (and clears) a failure kept by loom__sched_sync, as an error naming it. */
+loom_status loom__sched_take_status(loom_sched *s);
 
 /* ---- per-tensor table (sched.c) */
 static inline int loom__sched_id(const loom_sched *s, const loom_tensor *t) {

@@ -190,7 +190,7 @@ static void round_begin(loom_sched *s) {
         if (ev) {
             loom_event_synchronize(ev);
         } else {
-            loom_backend_synchronize(s->backends[b]);
+            loom__sched_sync(s, b);
         }
     }
     round_release(s, s->cur_copy);
@@ -301,7 +301,7 @@ void loom_sched_free(loom_sched *s) {
     if (!s) return;
     loom__sched_full *f = full_of(s);
     for (int b = 0; b < s->n_backends; b++)
-        loom_backend_synchronize(s->backends[b]);
+        loom__sched_sync(s, b);
     sched_free_events(s);
     loom_gallocr_free(s->galloc);
     loom__ptrmap_free(&s->map);
@@ -360,13 +360,30 @@ void loom_sched_reset(loom_sched *s) {
     if (s) sched_reset(s, false);
 }
 
-void loom_sched_synchronize(loom_sched *s) {
-    if (!s) return;
+void loom__sched_sync(loom_sched *s, int b) {
+    loom_status st = loom_backend_synchronize(s->backends[b]);
+    s->pending_reads[b] = 0; /* its stream is idle: its copies are done */
+    if (st != LOOM_OK && s->async_status == LOOM_OK) {
+        s->async_status = st;
+        snprintf(s->async_msg, sizeof s->async_msg, "%s", loom_last_error());
+    }
+}
+
+loom_status loom__sched_take_status(loom_sched *s) {
+    loom_status st = s->async_status;
+    if (st == LOOM_OK) return LOOM_OK;
+    s->async_status = LOOM_OK;
+    return loom_error(st, "sched: a graph failed on a device: %s", s->async_msg);
+}
+
+loom_status loom_sched_synchronize(loom_sched *s) {
+    if (!s) return LOOM_OK;
     for (int b = 0; b < s->n_backends; b++)
-        loom_backend_synchronize(s->backends[b]);
+        loom__sched_sync(s, b);
     /* every backend is idle, so no copy slot is in use: the next graph takes copy 0, which
      * keeps token-by-token generation on one stable graph */
     s->next_copy = 0;
+    return loom__sched_take_status(s);
 }
 
 /* Applies pending pins to the table (after the graph's own tensors got their ids, so ids
@@ -387,7 +404,15 @@ loom_status loom__sched_apply_pins(loom_sched *s) {
 /* Puts the caller's graph back as it was before the split (sources edited to copies). */
 static void undo_rewrites(loom_sched *s) {
     for (int i = s->n_rewrites - 1; i >= 0; i--) {
-        s->rewrites[i].node->src[s->rewrites[i].j] = s->rewrites[i].orig;
+        loom__rewrite *r = &s->rewrites[i];
+        if (r->j < 0) {
+            r->node->view_src = r->orig;
+            r->node->view_offs = r->offs;
+            r->node->data = r->data;
+            r->node->buffer = r->buffer;
+        } else {
+            r->node->src[r->j] = r->orig;
+        }
     }
     s->n_rewrites = 0;
 }
@@ -400,7 +425,7 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
      * about to be forgotten) */
     if (f->dirty && is_current(s, g)) {
         for (int b = 0; b < s->n_backends; b++)
-            loom_backend_synchronize(s->backends[b]);
+            loom__sched_sync(s, b);
         undo_rewrites(s);
     }
     if (f->dirty) sched_reset(s, true);
@@ -440,7 +465,7 @@ loom_status loom_sched_split_graph(loom_sched *s, loom_graph *g) {
 static void sync_backends(loom_sched *s) {
     /* not loom_sched_synchronize: that would change the copy index */
     for (int b = 0; b < s->n_backends; b++)
-        loom_backend_synchronize(s->backends[b]);
+        loom__sched_sync(s, b);
 }
 
 static loom_status alloc_splits(loom_sched *s) {
@@ -505,12 +530,17 @@ loom_status loom_sched_graph_compute_async(loom_sched *s, loom_graph *g) {
         loom_status st = loom_sched_alloc_graph(s, g);
         if (st != LOOM_OK) return st;
     }
-    return loom__sched_compute_splits(s);
+    loom_status st = loom__sched_compute_splits(s);
+    if (st != LOOM_OK) {
+        s->async_status = LOOM_OK; /* the error returned covers it */
+        return st;
+    }
+    return loom__sched_take_status(s);
 }
 
 loom_status loom_sched_graph_compute(loom_sched *s, loom_graph *g) {
     loom_status st = loom_sched_graph_compute_async(s, g);
-    if (st == LOOM_OK) loom_sched_synchronize(s);
+    if (st == LOOM_OK) st = loom_sched_synchronize(s);
     return st;
 }
 

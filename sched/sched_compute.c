@@ -40,7 +40,7 @@ static void wait_for(loom_sched *s, int b, int a) {
     } else if (ev) {
         loom_event_synchronize(ev);
     } else {
-        loom_backend_synchronize(s->backends[a]);
+        loom__sched_sync(s, a);
     }
 }
 
@@ -50,7 +50,29 @@ static void host_wait(loom_sched *s, int b) {
     if (ev) {
         loom_event_synchronize(ev);
     } else {
-        loom_backend_synchronize(s->backends[b]);
+        loom__sched_sync(s, b);
+    }
+}
+
+/* Waits on the host until nothing may still read the memory of backend b, which the host
+ * is about to write (an eager user-input copy into bytes the allocator may have handed
+ * over from a dead tensor): b's work, the work of every backend sharing its buffer type,
+ * and every asynchronous copy out of that memory, which runs on the *reading* backend's
+ * stream and so is not ordered by b's event. */
+static void host_wait_writable(loom_sched *s, int b) {
+    uint32_t mem = 0; /* backends whose memory is b's */
+    for (int a = 0; a < s->n_backends; a++) {
+        if (s->bufts[a] == s->bufts[b]) mem |= 1u << a;
+    }
+    for (int x = 0; x < s->n_backends; x++) {
+        if (mem & (1u << x)) host_wait(s, x);
+        if (!(s->pending_reads[x] & mem)) continue;
+        if (s->copies_done[x]) {
+            loom_event_synchronize(s->copies_done[x]); /* its latest copies: all of them */
+            s->pending_reads[x] = 0;
+        } else {
+            loom__sched_sync(s, x);
+        }
     }
 }
 
@@ -113,7 +135,7 @@ static loom_status read_ids(loom_sched *s, const loom__split *sp, const loom_ten
         }
         memset(cache->used, 0, (size_t)n_expert);
         int b = loom__sched_backend_of(s, ids);
-        if (b >= 0) loom_backend_synchronize(s->backends[b]);
+        if (b >= 0) loom__sched_sync(s, b);
         size_t nbytes = loom_nbytes(ids);
         char *host = loom_malloc(nbytes ? nbytes : 1);
         if (!host) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory (ids)");
@@ -195,7 +217,7 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
         loom_status st;
         if (input->flags & LOOM_TENSOR_FLAG_INPUT) {
             /* the caller may overwrite it as soon as compute returns: copy now */
-            host_wait(s, b);
+            host_wait_writable(s, b);
             st = loom_tensor_copy(input, cpy);
         } else if (expert_only(sp, input, cpy)) {
             st = copy_experts(s, sp, input, cpy, cache);
@@ -219,13 +241,14 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
     for (int a = 0; a < s->n_backends; a++) {
         if (!read_from[a] || a == b) continue;
         if (!done) {
-            loom_backend_synchronize(s->backends[b]);
+            loom__sched_sync(s, b);
             break;
         }
         if (!recorded) {
             loom_event_record(done, s->backends[b]);
             recorded = true;
         }
+        s->pending_reads[b] |= 1u << a;
         if (s->backends[a]->iface->event_wait) {
             loom_event_wait(s->backends[a], done);
         } else {
@@ -251,7 +274,8 @@ static loom_status compute_observed(loom_sched *s, loom__split *sp, bool *stop) 
         loom_graph gv = loom_graph_view(sp->graph, j0, j1 + 1);
         loom_status st = loom_backend_graph_compute_async(be, &gv);
         if (st != LOOM_OK) return st;
-        loom_backend_synchronize(be);
+        loom__sched_sync(s, sp->backend_id);
+        if (s->async_status != LOOM_OK) return loom__sched_take_status(s);
         if (need && !s->eval_cb(t, be, false, s->eval_ud)) {
             *stop = true;
             return LOOM_OK;

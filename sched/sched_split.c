@@ -101,6 +101,8 @@ static int backend_from_cur(const loom_sched *s, const loom_tensor *t, int *caus
             *cause = (t->view_src && t->view_src->buffer) ? LOOM__CAUSE_VSRC1 : LOOM__CAUSE_DST;
             return b;
         }
+        /* a view op the owner's backend cannot map falls back (pass 4) and reads a copy */
+        if (is_view_op(t->op) && t->op != LOOM_OP_NONE && t->view_src) return -1;
         *st = loom_error(LOOM_ERR_UNSUPPORTED,
                          "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and no "
                          "backend that can use that buffer can run %s",
@@ -237,8 +239,11 @@ static loom_status pass4(loom_sched *s, loom_graph *g, const int *nt, int *st_id
         loom_tensor *node = g->nodes[i];
         int id = nt[i];
         if (s->t_backend[id] == -1 && node->view_src) {
+            /* a view lives with its storage, where that backend can map it; otherwise it
+             * falls back like any op (and reads a copy of its source, pass 5) */
             int vb = loom__sched_backend_of(s, node->view_src);
-            if (vb != -1) assign(s, id, vb, LOOM__CAUSE_VSRC4);
+            if (vb != -1 && (node->op == LOOM_OP_NONE || supports_op(s, vb, node)))
+                assign(s, id, vb, LOOM__CAUSE_VSRC4);
         }
         for (int b = 0; b < s->n_backends && s->t_backend[id] == -1; b++) {
             set_if_supported(s, node, id, b, LOOM__CAUSE_SUP);
@@ -324,7 +329,27 @@ static loom_status log_rewrite(loom_sched *s, loom_tensor *node, int j, loom_ten
         s->rewrites = r;
         s->cap_rewrites = cap;
     }
-    s->rewrites[s->n_rewrites++] = (loom__rewrite){node, j, orig};
+    s->rewrites[s->n_rewrites++] =
+        (loom__rewrite){node, j, orig, node->view_offs, node->data, node->buffer};
+    return LOOM_OK;
+}
+
+/* A view op placed on a backend that cannot read its source's memory (the source's
+ * backend cannot map it): it reads a copy of its source, so its storage becomes that copy
+ * (view_src, view_offs relative to it), logged so the graph can be put back. */
+static bool foreign_view(const loom_sched *s, const loom_tensor *node, int nb) {
+    const loom_tensor *src = node->src[0];
+    if (!src || !node->view_src || node->op == LOOM_OP_NONE) return false;
+    return loom__sched_backend_of(s, src) != nb && !loom__sched_buffer_supported(s, src, nb);
+}
+
+static loom_status rebase_view(loom_sched *s, loom_tensor *node, loom_tensor *orig_src) {
+    loom_status st = log_rewrite(s, node, -1, node->view_src);
+    if (st != LOOM_OK) return st;
+    node->view_offs -= orig_src->view_src ? orig_src->view_offs : 0;
+    node->view_src = node->src[0];
+    node->data = NULL; /* placed in the copy by the allocator */
+    node->buffer = NULL;
     return LOOM_OK;
 }
 
@@ -362,9 +387,34 @@ static bool needs_new_copy(const loom_sched *s, const loom_tensor *node, int j, 
     return loom__sched_copy_get(s, sid, cur, 0) == NULL;
 }
 
+/* A node read by a node of another split gets LOOM_TENSOR_FLAG_EXTERNAL: the backend that
+ * computes its split sees only that split, so it must know the value is needed outside
+ * (a meta backend would otherwise delay its reduction past its in-split consumers). */
+static void mark_external(loom_sched *s, const int *split_of, int n_ids, loom_tensor *src, int sid,
+                          int k) {
+    if (sid < 0) sid = loom__sched_id(s, src);
+    if (sid >= 0 && sid < n_ids && split_of[sid] >= 0 && split_of[sid] != k)
+        src->flags |= LOOM_TENSOR_FLAG_EXTERNAL;
+}
+
+static loom_status pass5_cut(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids,
+                             int *split_of, int n_ids);
+
 static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids) {
     s->n_splits = 0;
     s->n_graph_inputs = 0;
+    const int n_ids = s->n_ids;
+    int *split_of = loom_malloc((size_t)(n_ids > 0 ? n_ids : 1) * sizeof(int));
+    if (!split_of) return loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+    for (int i = 0; i < n_ids; i++) split_of[i] = -1;
+    for (int i = 0; i < g->n_nodes; i++) g->nodes[i]->flags &= ~LOOM_TENSOR_FLAG_EXTERNAL;
+    loom_status st = pass5_cut(s, g, nt, st_ids, split_of, n_ids);
+    loom_free(split_of);
+    return st;
+}
+
+static loom_status pass5_cut(loom_sched *s, loom_graph *g, const int *nt, const int *st_ids,
+                             int *split_of, int n_ids) {
     int first = s->n_backends - 1;
     for (int i = 0; i < g->n_nodes; i++) {
         if (!s->node_view[i]) {
@@ -384,10 +434,16 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
         const int *sids = &st_ids[i * LOOM_MAX_SRC];
         fp = mix(fp, (uint64_t)node->op | ((uint64_t)node->type << 8) |
                          ((uint64_t)(node->flags & 3) << 16));
-        if (s->node_view[i]) { /* views never cut and never need copies */
+        const bool foreign = s->node_view[i] && foreign_view(s, node, s->t_backend[nt[i]]);
+        if (s->node_view[i] && !foreign) { /* views never cut and never need copies */
+            const int k = s->n_splits - 1;
             for (int j = 0; j < LOOM_MAX_SRC; j++) {
-                if (node->src[j]) fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);
+                if (!node->src[j]) continue;
+                fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);
+                mark_external(s, split_of, n_ids, node->src[j], sids[j], k);
             }
+            if (node->view_src) mark_external(s, split_of, n_ids, node->view_src, -1, k);
+            if (nt[i] < n_ids) split_of[nt[i]] = k;
             continue;
         }
         int nb = s->t_backend[nt[i]];
@@ -395,6 +451,7 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
         loom__split *sp = &s->splits[s->n_splits - 1];
 
         bool cut = nb != cur;
+        loom_tensor *src0 = node->src[0];
         if (!cut && sp->n_inputs > 0) {
             int n_new = 0;
             for (int j = 0; j < LOOM_MAX_SRC && !cut; j++) {
@@ -421,6 +478,7 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
             int sb = s->t_backend[sid];
             LOOM_ASSERT(sb != -1);
             fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sid);
+            mark_external(s, split_of, n_ids, src, sid, s->n_splits - 1);
 
             if ((src->flags & LOOM_TENSOR_FLAG_INPUT) && s->n_copies > 1 &&
                 !loom__sched_copy_get(s, sid, sb, 0)) {
@@ -444,6 +502,11 @@ static loom_status pass5(loom_sched *s, loom_graph *g, const int *nt, const int 
                 node->src[j] = loom__sched_copy_get(s, sid, cur, s->cur_copy);
             }
         }
+        if (foreign && node->src[0] != src0) {
+            st = rebase_view(s, node, src0);
+            if (st != LOOM_OK) return st;
+        }
+        if (nt[i] < n_ids) split_of[nt[i]] = s->n_splits - 1;
     }
     s->splits[s->n_splits - 1].i_end = g->n_nodes;
     s->topology = mix(fp, (uint64_t)s->n_copies);

@@ -148,6 +148,19 @@ static void clear_entries(loom_split_ctx *ctx) {
     ctx->n_entries = 0;
 }
 
+/* A bias stored PARTIAL (b/N per device, or b on one device) added to a computed partial
+ * sum: the sum is read unreduced (its true PARTIAL state), so the result is PARTIAL and
+ * the bias is counted once when the result is reduced. The meta device delays the
+ * reduction of src0 past the add (and refuses the graph when it cannot). */
+static bool partial_bias_add(const loom_tensor *t, const loom_tensor *const *deps,
+                             const loom_split_state *true0, const loom_split_state *st1) {
+    if (t->op != LOOM_OP_ADD && t->op != LOOM_OP_ADD_ID) return false;
+    if (!deps[0] || !deps[1] || deps[0] == deps[1]) return false;
+    const loom_tensor *b = deps[1], *bl = b->view_src ? b->view_src : b;
+    if (bl->op != LOOM_OP_NONE || st1->axis != LOOM_SPLIT_PARTIAL) return false;
+    return deps[0]->op != LOOM_OP_NONE && true0->axis == LOOM_SPLIT_PARTIAL;
+}
+
 /* ---------------------------------------------------------------- dependencies, snapshot */
 
 /* The tensors t's state depends on, by slot (NULL where none). */
@@ -223,7 +236,8 @@ static void derive(loom_split_ctx *ctx, entry *e, const loom_tensor *t) {
     }
     const loom_tensor *deps[N_DEPS];
     deps_of(t, deps);
-    loom_split_state states[N_DEPS];
+    loom_split_state states[N_DEPS], true0;
+    loom_split_state_init(&true0, LOOM_SPLIT_NONE, ctx->n_devices);
     const loom_split_state *src[LOOM_MAX_SRC];
     const loom_split_state *dst = NULL;
     for (int i = 0; i < N_DEPS; i++) {
@@ -241,12 +255,14 @@ static void derive(loom_split_ctx *ctx, entry *e, const loom_tensor *t) {
             return;
         }
         states[i] = d->state;
+        if (i == 0) true0 = d->state;
         loom_split_state_assume_sync(deps[i], &states[i]);
         if (i < LOOM_MAX_SRC)
             src[i] = &states[i];
         else
             dst = &states[i];
     }
+    if (src[0] && src[1] && partial_bias_add(t, deps, &true0, src[1])) states[0] = true0;
     loom_status st = loom_split_rule_apply(t, src, dst, ctx->n_devices, &res);
     set_result(ctx, e, st, st == LOOM_OK ? NULL : loom_last_error(), &res);
 }
@@ -438,7 +454,8 @@ bool loom_split_ctx_can_split(loom_split_ctx *ctx, const loom_tensor *op) {
     const uint64_t pass = current_pass(ctx);
     const loom_tensor *deps[N_DEPS];
     deps_of(op, deps);
-    loom_split_state states[N_DEPS];
+    loom_split_state states[N_DEPS], true0;
+    loom_split_state_init(&true0, LOOM_SPLIT_NONE, ctx->n_devices);
     const loom_split_state *src[LOOM_MAX_SRC] = {0};
     const loom_split_state *dst = NULL;
     loom_status st = LOOM_OK;
@@ -449,9 +466,11 @@ bool loom_split_ctx_can_split(loom_split_ctx *ctx, const loom_tensor *op) {
         if (st != LOOM_OK) break;
         if (e && e->status == LOOM_OK) {
             states[i] = e->state;
+            if (i == 0) true0 = e->state;
             loom_split_state_assume_sync(deps[i], &states[i]);
         } else { /* computed elsewhere, arrives whole */
             loom_split_state_init(&states[i], LOOM_SPLIT_MIRRORED, ctx->n_devices);
+            if (i == 0) true0 = states[i];
         }
         if (i < LOOM_MAX_SRC)
             src[i] = &states[i];
@@ -459,6 +478,7 @@ bool loom_split_ctx_can_split(loom_split_ctx *ctx, const loom_tensor *op) {
             dst = &states[i];
     }
     if (st == LOOM_OK) {
+        if (src[0] && src[1] && partial_bias_add(op, deps, &true0, src[1])) states[0] = true0;
         loom_split_state res;
         st = loom_split_rule_apply(op, src, dst, ctx->n_devices, &res);
     }

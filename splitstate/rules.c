@@ -178,6 +178,12 @@ static loom_status rule_reshape(rule *r) {
     return rule_cont(r);
 }
 
+/* A split state with one segment occurring once: a device's part is one range along the
+ * axis, so a whole tensor can be viewed down to it. */
+static bool one_piece(const loom_split_state *s) {
+    return s->n_segments == 1 && s->nr[0] == 1;
+}
+
 static loom_status rule_cpy(rule *r) {
     loom_split_state res;
     const loom_tensor *b = T(1);
@@ -185,6 +191,10 @@ static loom_status rule_cpy(rule *r) {
     loom_status st = reshape_to(r, 0, ne, b ? b->type : r->t->type, &res);
     if (st != LOOM_OK) return st;
     if (!b || !S(1) || S(1)->axis == LOOM_SPLIT_NONE || same(S(1), &res)) return set(r, &res);
+    /* a whole source (computed elsewhere, copied in) of the destination's shape: each
+     * device copies its part of it */
+    if (IS_M(S(0)) && IS_DIM(S(1)) && one_piece(S(1)) && memcmp(T(0)->ne, b->ne, sizeof b->ne) == 0)
+        return set(r, S(1));
     D1;
     D2;
     char st_res[256];
@@ -716,6 +726,8 @@ static loom_status rule_set_rows(rule *r) {
     if (k == 0) {
         if (IS_DIM(b) && b->axis == LOOM_SPLIT_AXIS_0 && same(b, dst) && IS_M(ids))
             return set(r, dst);
+        /* whole rows (computed elsewhere, copied in): each device writes its part of them */
+        if (IS_M(b) && IS_M(ids) && one_piece(dst)) return set(r, dst);
         return fail(r,
                     "the destination %s is split along axis 0, so the rows %s must be split "
                     "along axis 0 the same way",
@@ -751,6 +763,16 @@ static loom_status rule_flash_attn(rule *r) {
         if (mask && !IS_M(mask)) return fail(r, "the mask %s must be MIRRORED", DSC1(3));
         if (sinks && !IS_M(sinks)) return fail(r, "the sinks %s must be MIRRORED", DSC1(4));
         return set_kind(r, LOOM_SPLIT_MIRRORED);
+    }
+    /* whole queries (computed elsewhere, copied in) with k and v split on heads: each device
+     * reads the query heads of its KV heads */
+    loom_split_state qs;
+    if (IS_M(q) && IS_DIM(k) && k->axis == LOOM_SPLIT_AXIS_2 && same(k, v) && one_piece(k) &&
+        !sinks && tk->ne[2] > 0 && tq->ne[2] % tk->ne[2] == 0) {
+        qs = *k;
+        for (int j = 0; j < qs.n_devices; j++)
+            qs.ne[0][j] *= tq->ne[2] / tk->ne[2];
+        q = &qs;
     }
     if (!IS_DIM(q))
         return fail(r, "q %s is not split but k %s is; split q the same way", DSC1(0), DSC2(1));

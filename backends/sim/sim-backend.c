@@ -26,6 +26,8 @@
 
 /* ---------------------------------------------------------------- events */
 
+static void loom__sim_release(const void *stream); /* held streams, below */
+
 typedef struct loom__sim_event {
     struct loom_event ev; /* ev.context = this */
     pthread_mutex_t mu;
@@ -33,6 +35,7 @@ typedef struct loom__sim_event {
     uint64_t issued;    /* records issued */
     uint64_t completed; /* highest record completed */
     int refs;
+    const void *stream; /* the backend the latest record was issued on (compared only) */
 } loom__sim_event;
 
 static loom__sim_event *loom__sim_event_alloc(loom_dev_t dev) {
@@ -120,6 +123,10 @@ void loom__sim_event_free(loom_dev_t dev, loom_event_t ev) {
 void loom__sim_event_synchronize(loom_dev_t dev, loom_event_t ev) {
     (void)dev;
     loom__sim_event *se = loom__sim_event_of(ev);
+    pthread_mutex_lock(&se->mu);
+    const void *stream = se->stream;
+    pthread_mutex_unlock(&se->mu);
+    if (stream) loom__sim_release(stream); /* the host waits for it */
     loom__sim_event_block(se, loom__sim_event_latest(se));
 }
 
@@ -159,11 +166,40 @@ typedef struct loom__sim_backend {
     loom__sim_cmd *head, *tail;
     uint64_t n_issued, n_done;
     bool stop;
-    loom_status async_status; /* first failure of an asynchronous graph, until reported */
+    loom_status async_status; /* first failure of an asynchronous graph */
+    bool async_reported;      /* ... returned by synchronize: the next graph starts clean */
     char async_msg[256];
+    bool held; /* test hook: run nothing until something waits on it */
 } loom__sim_backend;
 
 static loom__sim_backend *loom__sim_backend_of(loom_backend_t b);
+
+/* ---------------------------------------------------------------- held streams (tests) */
+
+/* Streams held by loom_sim_backend_hold: they run nothing until the host waits for them,
+ * which makes "a device as late as it may legally be" a deterministic test adversary. */
+#define LOOM__SIM_MAX_HELD 16
+static pthread_mutex_t g_held_mu = PTHREAD_MUTEX_INITIALIZER;
+static loom__sim_backend *g_held[LOOM__SIM_MAX_HELD];
+static int g_n_held;
+
+static void loom__sim_release_locked(int k) {
+    loom__sim_backend *sb = g_held[k];
+    g_held[k] = g_held[--g_n_held];
+    pthread_mutex_lock(&sb->mu);
+    sb->held = false;
+    pthread_cond_signal(&sb->cv_work);
+    pthread_mutex_unlock(&sb->mu);
+}
+
+/* Releases `stream` if it is held (any held stream when stream is NULL). */
+static void loom__sim_release(const void *stream) {
+    pthread_mutex_lock(&g_held_mu);
+    for (int k = g_n_held - 1; k >= 0; k--) {
+        if (!stream || g_held[k] == stream) loom__sim_release_locked(k);
+    }
+    pthread_mutex_unlock(&g_held_mu);
+}
 
 static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
     loom__sim_dev *sd = sb->sd;
@@ -216,7 +252,7 @@ static void *loom__sim_worker(void *arg) {
     loom__sim_backend *sb = arg;
     for (;;) {
         pthread_mutex_lock(&sb->mu);
-        while (!sb->head && !sb->stop)
+        while ((!sb->head || sb->held) && !sb->stop)
             pthread_cond_wait(&sb->cv_work, &sb->mu);
         loom__sim_cmd *c = sb->head;
         if (!c) {
@@ -239,6 +275,8 @@ static void *loom__sim_worker(void *arg) {
 }
 
 static void loom__sim_drain(loom__sim_backend *sb) {
+    /* a held stream may be what this one waits for (device-side): the host waits now */
+    loom__sim_release(NULL);
     pthread_mutex_lock(&sb->mu);
     uint64_t target = sb->n_issued;
     while (sb->n_done < target)
@@ -352,6 +390,19 @@ static void loom__sim_synchronize(loom_backend_t backend) {
     loom__sim_drain(loom__sim_backend_of(backend));
 }
 
+/* After synchronize: the failure of a graph that ran on the worker. */
+static loom_status loom__sim_get_status(loom_backend_t backend) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    pthread_mutex_lock(&sb->mu);
+    loom_status s = sb->async_status;
+    char msg[sizeof sb->async_msg];
+    memcpy(msg, sb->async_msg, sizeof msg);
+    if (s != LOOM_OK) sb->async_reported = true;
+    pthread_mutex_unlock(&sb->mu);
+    if (s != LOOM_OK) return loom_error(s, "%s: graph compute failed: %s", sb->name, msg);
+    return LOOM_OK;
+}
+
 /* Checks a graph before queueing it, so misuse fails synchronously with a clear message:
  * every op supported, every tensor allocated in memory this device can use. */
 static loom_status loom__sim_validate(loom__sim_backend *sb, const loom_graph *g) {
@@ -388,13 +439,16 @@ static loom_status loom__sim_validate(loom__sim_backend *sb, const loom_graph *g
     return LOOM_OK;
 }
 
+/* A failure synchronize reported belongs to the work it waited for: the next graph starts
+ * clean. One nobody waited for yet is returned by the next graph_compute instead. */
 static loom_status loom__sim_graph_compute(loom_backend_t backend, loom_graph *g) {
     loom__sim_backend *sb = loom__sim_backend_of(backend);
     pthread_mutex_lock(&sb->mu);
-    loom_status pending = sb->async_status;
+    loom_status pending = sb->async_reported ? LOOM_OK : sb->async_status;
     char msg[sizeof sb->async_msg];
     memcpy(msg, sb->async_msg, sizeof msg);
     sb->async_status = LOOM_OK;
+    sb->async_reported = false;
     pthread_mutex_unlock(&sb->mu);
     if (pending != LOOM_OK) {
         return loom_error(pending, "%s: an earlier graph failed: %s", sb->name, msg);
@@ -410,6 +464,9 @@ static void loom__sim_event_record(loom_backend_t backend, loom_event_t ev) {
     loom__sim_backend *sb = loom__sim_backend_of(backend);
     loom__sim_event *se = loom__sim_event_of(ev);
     uint64_t n = loom__sim_event_issue(se);
+    pthread_mutex_lock(&se->mu);
+    se->stream = sb;
+    pthread_mutex_unlock(&se->mu);
     loom__sim_event_ref(se);
     loom__sim_cmd c = {.kind = LOOM__SIM_RECORD, .ev = se, .n = n};
     loom__sim_submit(sb, &c);
@@ -417,6 +474,10 @@ static void loom__sim_event_record(loom_backend_t backend, loom_event_t ev) {
 
 static void loom__sim_event_wait(loom_backend_t backend, loom_event_t ev) {
     loom__sim_backend *sb = loom__sim_backend_of(backend);
+    if (!loom_dev_is_sim(ev->device)) { /* another kind's event (a meta device's): host wait */
+        loom_event_synchronize(ev);
+        return;
+    }
     loom__sim_event *se = loom__sim_event_of(ev);
     uint64_t n = loom__sim_event_latest(se);
     if (n == 0) return; /* never recorded: nothing to wait for */
@@ -435,11 +496,27 @@ static const struct loom_backend_i loom__sim_backend_i = {
     .graph_compute = loom__sim_graph_compute,
     .event_record = loom__sim_event_record,
     .event_wait = loom__sim_event_wait,
+    .get_status = loom__sim_get_status,
 };
 
 static loom__sim_backend *loom__sim_backend_of(loom_backend_t b) {
     LOOM_ASSERT(b != NULL && b->iface == &loom__sim_backend_i);
     return b->context;
+}
+
+void loom_sim_backend_hold(loom_backend_t backend) {
+    loom__sim_backend *sb = loom__sim_backend_of(backend);
+    pthread_mutex_lock(&g_held_mu);
+    bool listed = false;
+    for (int k = 0; k < g_n_held; k++)
+        listed |= g_held[k] == sb;
+    if (!listed && g_n_held < LOOM__SIM_MAX_HELD) {
+        g_held[g_n_held++] = sb;
+        pthread_mutex_lock(&sb->mu);
+        sb->held = true;
+        pthread_mutex_unlock(&sb->mu);
+    }
+    pthread_mutex_unlock(&g_held_mu);
 }
 
 /* ---------------------------------------------------------------- constructor */

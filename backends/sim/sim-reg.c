@@ -193,6 +193,7 @@ static const struct {
     {"loom_sim_link_time_us", (loom__sim_any_fn)loom_sim_link_time_us},
     {"loom_sim_dev_stats", (loom__sim_any_fn)loom_sim_dev_stats},
     {"loom_sim_dev_reset_stats", (loom__sim_any_fn)loom_sim_dev_reset_stats},
+    {"loom_sim_backend_hold", (loom__sim_any_fn)loom_sim_backend_hold},
     {"loom_dev_is_sim", (loom__sim_any_fn)loom_dev_is_sim},
     /* this module's own core: callers with another copy import its errors */
     {"loom_last_error", (loom__sim_any_fn)loom_last_error},

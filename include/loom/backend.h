@@ -121,9 +121,14 @@ LOOM_API void loom_backend_tensor_get_async(loom_backend_t backend, const loom_t
 LOOM_API loom_status loom_backend_tensor_copy_async(loom_backend_t backend_src,
                                                     loom_backend_t backend_dst,
                                                     const loom_tensor *src, loom_tensor *dst);
-LOOM_API void loom_backend_synchronize(loom_backend_t backend);
+/* Waits for everything issued to the backend. Returns the first failure of work that ran
+ * asynchronously (a graph that failed on the device), with its message, until the next
+ * graph_compute: a failure is reported by the call that waits for the failed work. */
+LOOM_API loom_status loom_backend_synchronize(loom_backend_t backend);
 /* Runs a graph whose tensors are all allocated in buffers this backend can use. May
- * return before completion on async backends (synchronize to wait). */
+ * return before completion on async backends (synchronize to wait, and to learn whether
+ * the work succeeded); a failure of earlier asynchronous work that nobody waited for is
+ * returned here. The synchronous form returns the failure of this graph's work. */
 LOOM_API loom_status loom_backend_graph_compute_async(loom_backend_t backend, loom_graph *g);
 LOOM_API loom_status loom_backend_graph_compute(loom_backend_t backend, loom_graph *g);
 /* Lets the backend reorder/fuse its graph before allocation (no-op by default). */

@@ -254,6 +254,10 @@ enum loom_tensor_flag {
     LOOM_TENSOR_FLAG_OUTPUT = 2,  /* read by the caller after compute; never reused */
     LOOM_TENSOR_FLAG_PARAM = 4,   /* a model weight */
     LOOM_TENSOR_FLAG_COMPUTE = 8, /* set on graph nodes that must be computed */
+    /* read outside the graph a backend is given: a scheduler sets it on the nodes of a
+     * split that another split reads, so the backend must leave them holding their final
+     * value (e.g. a meta backend must not delay their reduction) */
+    LOOM_TENSOR_FLAG_EXTERNAL = 16,
 };
 
 struct loom_buffer;

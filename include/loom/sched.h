@@ -134,12 +134,15 @@ LOOM_API loom_status loom_sched_split_graph(loom_sched *sched, loom_graph *g);
 LOOM_API loom_status loom_sched_alloc_graph(loom_sched *sched, loom_graph *g);
 /* Stage 3: computes g, allocating it first if needed (and resetting a previous graph).
  * The async form may return before the backends finish; user inputs have already been
- * copied when it returns, so they may be overwritten at once. */
+ * copied when it returns, so they may be overwritten at once. A split that fails on its
+ * device fails the call that waits for it: loom_sched_graph_compute, or the
+ * loom_sched_synchronize after the async form (or, if nobody waited, the next call). */
 LOOM_API loom_status loom_sched_graph_compute_async(loom_sched *sched, loom_graph *g);
 LOOM_API loom_status loom_sched_graph_compute(loom_sched *sched, loom_graph *g);
-/* Waits for every backend. When no graph is allocated, the next graph uses copy 0 (so
+/* Waits for every backend; returns the first failure of their asynchronous work (a
+ * split's graph that failed on its device). The next graph uses copy 0 (so
  * token-by-token generation always sees the same graph). */
-LOOM_API void loom_sched_synchronize(loom_sched *sched);
+LOOM_API loom_status loom_sched_synchronize(loom_sched *sched);
 /* Forgets assignments and copies; the previous graph must be discarded. */
 LOOM_API void loom_sched_reset(loom_sched *sched);
 

@@ -83,6 +83,14 @@ LOOM_API void loom_sim_dev_reset_stats(loom_dev_t dev);
 /* Projected time of moving `bytes` over `link` (latency + bytes / bandwidth), in us. */
 LOOM_API double loom_sim_link_time_us(const loom_sim_link *link, uint64_t bytes);
 
+/* Test hook: the backend's stream keeps queueing commands but runs none until the host
+ * waits for it (loom_backend_synchronize of any sim backend, or loom_event_synchronize of
+ * an event last recorded on it); from then on it runs normally. Another stream waiting
+ * for it on the device does not release it. So it behaves as a device that runs as late
+ * as ordering allows, which makes a missing host-side wait a deterministic wrong result
+ * instead of a rare race. */
+LOOM_API void loom_sim_backend_hold(loom_backend_t backend);
+
 /* The same functions through the registry for a dynamically loaded sim module:
  * loom_reg_get_proc_address(reg, "loom_sim_reg_new_from_spec") etc. */
 
