@@ -145,7 +145,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
         if (s->p.split_rules) {
             loom_rules *user = NULL;
             if ((st = loom_rules_load_file(s->p.split_rules, &user))) return fail(s, st);
-            loom_rules_prepend(s->rules, user);
+            if ((st = loom_rules_prepend(s->rules, user))) return fail(s, st);
         }
         if ((st = loom_meta_device_new(s->devs, s->n_dev, leaf_state, s, &s->meta))) return fail(s, st);
         s->backends[s->n_backends] = loom_dev_init(s->meta, NULL);
