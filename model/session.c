@@ -160,13 +160,20 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     }
     s->backends[s->n_backends++] = s->cpu;
 
-    /* weights, cache, tokenizer */
+    /* tokenizer first: a vocabulary that does not match the model's rows is refused before
+     * the weights are loaded (ids the tokenizer lacks would print nothing) */
+    if ((st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
+    if (loom_tokenizer_n_vocab(s->tok) != s->hp.n_vocab)
+        return fail(s, loom_error(LOOM_ERR_FORMAT,
+                                  "session: the tokenizer has %d tokens but the model's token_embd/output have %lld rows",
+                                  loom_tokenizer_n_vocab(s->tok), (long long)s->hp.n_vocab));
+
+    /* weights, cache */
     loom_model_params mp = {.placement = place, .placement_user_data = s,
                             .progress = s->p.progress, .progress_user_data = s->p.progress_user_data};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
     int64_t n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
     if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);
-    if ((st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
     s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, false, !s->p.no_op_offload);
     if (!s->sched) return fail(s, loom_last_status());
