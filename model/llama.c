@@ -118,6 +118,8 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         hp->norm_topk = strcmp(arch, "qwen2moe") != 0;
     } else if ((st = key_int(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) {
         return st;
+    } else {
+        hp->n_expert_used = 0; /* no experts: a stray expert_used_count means nothing */
     }
     if (hp->n_ff <= 0 || hp->n_ff > LOOM_MODEL_MAX_DIM)
         return loom_error(LOOM_ERR_FORMAT, "model: feed_forward_length %lld (must be 1..%lld)",

@@ -376,9 +376,19 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
     int64_t blck = loom_blck_size(t->type);
     loom_status st;
     if (rule->split == LOOM_RULE_FUSED_QKV) {
-        const int64_t D = hp->head_dim, Dq = hp->n_head * D, Dkv = hp->n_head_kv * D;
+        const int64_t D = hp->head_dim;
+        int64_t Dq, Dkv, Dqkv;
         int axis = loom_n_dims(t) == 1 ? 0 : 1;
-        if (t->ne[axis] != Dq + 2 * Dkv)
+        /* checked: the hyperparameters come from a file */
+        if (D <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || loom_mul_overflow_i64(hp->n_head, D, &Dq) ||
+            loom_mul_overflow_i64(hp->n_head_kv, D, &Dkv) || loom_add_overflow_i64(Dq, Dkv, &Dqkv) ||
+            loom_add_overflow_i64(Dqkv, Dkv, &Dqkv))
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "rules: '%s' (%s:%d fused_qkv): the q/k/v widths overflow (head_dim %lld, "
+                              "%lld heads, %lld KV heads)",
+                              t->name, rule->source, rule->line, (long long)D, (long long)hp->n_head,
+                              (long long)hp->n_head_kv);
+        if (t->ne[axis] != Dqkv)
             return loom_error(LOOM_ERR_SHAPE,
                               "rules: '%s' (%s:%d fused_qkv): ne[%d] = %lld, expected %lld + 2 x %lld",
                               t->name, rule->source, rule->line, axis, (long long)t->ne[axis],

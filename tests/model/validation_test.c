@@ -137,8 +137,19 @@ LOOM_TEST(validation, integer_hyperparameters_checked) {
         loom_gguf_free(g);
         loom_free(data);
     }
+    /* a dense model with a stray expert_used_count: ignored, not a huge graph (found by
+     * tests/fuzz/model_fuzz.c) */
+    const icase stray = {"llama.expert_used_count", 1ull << 40, ""};
     void *data = NULL;
-    loom_gguf *g = open_edited(set_heads_that_wrap, NULL, &data);
+    loom_gguf *g = open_edited(set_u64, &stray, &data);
+    LOOM_REQUIRE(g != NULL);
+    loom_hparams shp;
+    LOOM_CHECK(loom_hparams_from_gguf(g, &shp) == LOOM_OK);
+    LOOM_CHECK(shp.n_expert == 0 && shp.n_expert_used == 0);
+    loom_gguf_free(g);
+    loom_free(data);
+
+    g = open_edited(set_heads_that_wrap, NULL, &data);
     LOOM_REQUIRE(g != NULL);
     loom_hparams hp;
     LOOM_CHECK(loom_hparams_from_gguf(g, &hp) == LOOM_ERR_FORMAT);

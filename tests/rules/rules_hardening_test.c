@@ -142,6 +142,14 @@ LOOM_TEST(rules_hardening, huge_granularity_and_overflowing_unit) {
     LOOM_CHECK(loom_rules_split_state(r, &hp, t, 2, &s, NULL) == LOOM_ERR_INVALID_ARG);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "'w' (q.rules:1): the split unit overflows");
     loom_rules_free(r);
+    /* fused_qkv: n_head * head_dim past int64 (found by tests/fuzz/rules_fuzz.c) */
+    LOOM_REQUIRE(loom_rules_parse("w fused_qkv\n", "f.rules", &r) == LOOM_OK);
+    hp.head_dim = INT64_MAX;
+    hp.n_head = hp.n_head_kv = INT64_MAX;
+    LOOM_CHECK(loom_rules_split_state(r, &hp, t, 2, &s, NULL) == LOOM_ERR_INVALID_ARG);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(),
+                            "'w' (f.rules:1 fused_qkv): the q/k/v widths overflow");
+    loom_rules_free(r);
     loom_ctx_free(ctx);
 }
 
