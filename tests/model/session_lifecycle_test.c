@@ -171,6 +171,41 @@ LOOM_TEST(session_lifecycle, pipeline_parallel_copies_rotate) {
     }
 }
 
+/* Devices with room for the weights, the cache and one set of compute buffers but not four:
+ * the reserve retries without pipeline copies (the session still works, pipeline off). The
+ * smallest memory that works is searched for in steps of 4 KiB. */
+LOOM_TEST(session_lifecycle, pipeline_dropped_when_copies_do_not_fit) {
+    loom_gguf *g = tiny_gguf();
+    LOOM_REQUIRE(g != NULL);
+    size_t first_ok = 0;
+    bool first_pipeline = true;
+    for (size_t kib = 16; kib <= 4096 && !first_ok; kib += 4) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "sim:2,mem=%zuKiB", kib);
+        loom_session_params p = params(spec, LOOM_SPLIT_MODE_LAYER, 64);
+        loom_session *s = NULL;
+        if (loom_session_new(NULL, g, &p, &s) != LOOM_OK) continue;
+        first_ok = kib;
+        first_pipeline = loom_session_pipeline(s);
+        float logits[300];
+        int32_t prompt[40];
+        for (int i = 0; i < 40; i++)
+            prompt[i] = 3 + i;
+        LOOM_CHECK_MSG(loom_session_eval(s, prompt, 40, false, logits) == LOOM_OK, "%s",
+                       loom_last_error());
+        loom_session_free(s);
+    }
+    LOOM_REQUIRE(first_ok > 0);
+    LOOM_CHECK_MSG(!first_pipeline,
+                   "at %zu KiB, the smallest that works, pipeline copies still fit", first_ok);
+    /* with room to spare they are used */
+    loom_session_params p = params("sim:2,mem=64MiB", LOOM_SPLIT_MODE_LAYER, 64);
+    loom_session *s = NULL;
+    LOOM_REQUIRE(loom_session_new(NULL, g, &p, &s) == LOOM_OK);
+    LOOM_CHECK(loom_session_pipeline(s));
+    loom_session_free(s);
+}
+
 LOOM_TEST(session_lifecycle, planned_memory_checked_before_allocating) {
     loom_gguf *g = tiny_gguf();
     LOOM_REQUIRE(g != NULL);
@@ -179,8 +214,7 @@ LOOM_TEST(session_lifecycle, planned_memory_checked_before_allocating) {
     loom_session *s = NULL;
     LOOM_CHECK(loom_session_new(NULL, g, &p, &s) == LOOM_ERR_DEVICE_OOM);
     LOOM_CHECK(s == NULL);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(),
-                            "MiB of KV cache (16384 positions) on ");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "MiB of KV cache (16384 positions) on ");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM0, which has 1.0 MiB free of 1.0 MiB");
     /* tensor split: an even share (8 MiB / 2) on each device */
     p = params("sim:2,mem=1MiB", LOOM_SPLIT_MODE_TENSOR, 32768);
