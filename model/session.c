@@ -212,6 +212,36 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
     return LOOM_OK;
 }
 
+/* A scheduler or meta failure while user split rules are in effect: say which of them
+ * matched which tensors, so a rule that made a placement impossible is named. */
+static loom_status with_rules(loom_session *s, loom_status st) {
+    if (st == LOOM_OK || !s->p.split_rules || !s->rules) return st;
+    char msg[1024], extra[600];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    size_t n = 0;
+    extra[0] = 0;
+    for (int r = 0; r < loom_rules_count(s->rules) && n < sizeof extra - 80; r++) {
+        const loom_rule *rule = loom_rules_get(s->rules, r);
+        if (strcmp(rule->source, s->p.split_rules) != 0) continue;
+        char first[48] = "";
+        int hits = 0;
+        char cname[32];
+        for (int64_t i = 0; i < loom_gguf_tensor_count(s->g) + 2 * s->hp.n_layer; i++) {
+            const char *name = cname;
+            int64_t k = i - loom_gguf_tensor_count(s->g);
+            if (k < 0) name = loom_gguf_tensor_name(s->g, i);
+            else snprintf(cname, sizeof cname, "cache_%c_l%lld", k % 2 ? 'v' : 'k', (long long)(k / 2));
+            if (loom_rules_match(s->rules, name) != rule) continue;
+            if (!hits++) snprintf(first, sizeof first, "%s", name);
+        }
+        if (!hits) continue;
+        n += (size_t)snprintf(extra + n, sizeof extra - n, "%s%s:%d '%.40s' (%d tensors, e.g. %.40s)", n ? "; " : "",
+                              rule->source, rule->line, rule->pattern, hits, first);
+    }
+    if (!n) return st;
+    return loom_error(st, "%s [split rules in effect: %s]", msg, extra);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
 
 static loom_status reserve(loom_session *s, int64_t n, bool all_logits);
@@ -305,8 +335,8 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
      * generation keeps using), each attending over the whole context */
     int64_t nb = s->p.n_batch > 0 ? s->p.n_batch : 512;
     if (nb > n_ctx) nb = n_ctx;
-    if (nb > 1 && (st = reserve(s, nb, false))) return fail(s, st);
-    if ((st = reserve(s, 1, false))) return fail(s, st);
+    if (nb > 1 && (st = reserve(s, nb, false))) return fail(s, with_rules(s, st));
+    if ((st = reserve(s, 1, false))) return fail(s, with_rules(s, st));
     s->stats.load_us = loom_time_us() - t0;
     *out = s;
     return LOOM_OK;
@@ -432,7 +462,7 @@ loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out) {
                           (long long)n, (long long)s->n_past, (long long)s->kv->n_ctx);
     loom_status st = prepare(s, n, false);
     if (st == LOOM_OK) *out = s->bg.graph;
-    return st;
+    return with_rules(s, st);
 }
 
 loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n, bool all_logits,
@@ -486,7 +516,7 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", loom_last_error());
         sync_inflight(s);
-        return loom_error(st, "%s", msg);
+        return with_rules(s, loom_error(st, "%s", msg));
     }
     return LOOM_OK;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
@@ -230,6 +231,40 @@ LOOM_TEST(session_lifecycle, planned_memory_checked_before_allocating) {
     p = params("sim:1,mem=8MiB", LOOM_SPLIT_MODE_NONE, 1024);
     LOOM_CHECK_MSG(loom_session_new(NULL, g, &p, &s) == LOOM_OK, "%s", loom_last_error());
     loom_session_free(s);
+}
+
+/* A user rule that makes the placement impossible (the K cache is written from a mirrored
+ * K, which the meta device's split cache refuses today): the error names the rule and what
+ * it matched. If the engine learns to place it, the session must simply work. */
+LOOM_TEST(session_lifecycle, rules_induced_error_names_the_rule) {
+    loom_gguf *g = tiny_gguf();
+    LOOM_REQUIRE(g != NULL);
+    const char *d = getenv("TEST_TMPDIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/mirror_k_%d.rules", d && *d ? d : "/tmp", (int)getpid());
+    FILE *f = fopen(path, "w");
+    LOOM_REQUIRE(f != NULL);
+    fputs("# keep K whole\nblk\\.\\d+\\.attn_k\\.weight mirrored\n", f);
+    fclose(f);
+    loom_session_params p = params("sim:2", LOOM_SPLIT_MODE_TENSOR, 64);
+    p.split_rules = path;
+    loom_session *s = NULL;
+    loom_status st = loom_session_new(NULL, g, &p, &s);
+    if (st != LOOM_OK) {
+        char want[4200];
+        snprintf(want, sizeof want,
+                 "[split rules in effect: %s:2 'blk\\.\\d+\\.attn_k\\.weight' (2 tensors, e.g. "
+                 "blk.0.attn_k.weight)]",
+                 path);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), want);
+    } else {
+        float logits[300];
+        int32_t tok = 1;
+        LOOM_CHECK_MSG(loom_session_eval(s, &tok, 1, false, logits) == LOOM_OK, "%s",
+                       loom_last_error());
+        loom_session_free(s);
+    }
+    unlink(path);
 }
 
 LOOM_TEST(session_lifecycle, sim_sessions_free_their_reg) {
