@@ -114,6 +114,9 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
     if (nf < 2)
         return loom_error(LOOM_ERR_FORMAT, "%s:%d: missing split for pattern '%s'", source, lineno,
                           fields[0]);
+    if (r->n >= LOOM_RULES_MAX_RULES) /* every name is matched against every rule */
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: more than %d rules", source, lineno,
+                          LOOM_RULES_MAX_RULES);
     rule_impl ri = {0};
     const char *sp = fields[1];
     if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;

@@ -65,6 +65,8 @@ LOOM_API loom_status loom_rules_parse(const char *text, const char *source, loom
  * or a directory is refused before it is opened). */
 LOOM_API loom_status loom_rules_load_file(const char *path, loom_rules **out);
 #define LOOM_RULES_MAX_FILE (1 << 20)
+/* The most rules one table may hold (each tensor name is matched against each rule). */
+#define LOOM_RULES_MAX_RULES 4096
 /* The largest integer GRANULARITY a table may give. */
 #define LOOM_RULES_MAX_GRANULARITY ((int64_t)1 << 40)
 /* The built-in table for an architecture (llama, mistral, qwen2, mixtral, qwen2moe; a llama

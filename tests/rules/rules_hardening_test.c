@@ -65,6 +65,18 @@ LOOM_TEST(rules_hardening, size_cap_nul_and_empty_file) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), ":2: NUL byte at offset 7");
     LOOM_CHECK(r == NULL);
 
+    /* at most LOOM_RULES_MAX_RULES rules (each name is matched against each) */
+    char *many = malloc(8 * (LOOM_RULES_MAX_RULES + 1) + 1), *q = many;
+    LOOM_REQUIRE(many != NULL);
+    for (int i = 0; i <= LOOM_RULES_MAX_RULES; i++)
+        q += sprintf(q, "r%04d 0\n", i % 10000);
+    LOOM_CHECK(loom_rules_parse(many, "many.rules", &r) == LOOM_ERR_FORMAT);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "many.rules:4097: more than 4096 rules");
+    many[8 * LOOM_RULES_MAX_RULES] = 0; /* exactly the maximum is fine */
+    LOOM_CHECK(loom_rules_parse(many, "many.rules", &r) == LOOM_OK);
+    loom_rules_free(r);
+    free(many);
+
     /* an empty file is a table with no rules; prepending it changes nothing */
     write_file(path, "", 0);
     LOOM_REQUIRE(loom_rules_load_file(path, &r) == LOOM_OK);
