@@ -44,12 +44,14 @@ int64_t loom_gguf_kv_count(const loom_gguf *g) { return g->n_kv; }
 
 uint64_t loom__gguf_hash(const char *s) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
 int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name,
-                              const char *(*name_of)(const loom_gguf *, int64_t), const loom_gguf *g) {
+                              const char *(*name_of)(const loom_gguf *, int64_t),
+                              const loom_gguf *g) {
     if (!slots || !name) return -1;
     for (size_t k = loom__gguf_hash(name) & (cap - 1);; k = (k + 1) & (cap - 1)) {
         if (slots[k] < 0) return -1;
@@ -57,8 +59,12 @@ int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name
     }
 }
 
-static const char *kv_name(const loom_gguf *g, int64_t i) { return g->kv[i].key; }
-static const char *tensor_name(const loom_gguf *g, int64_t i) { return g->tensors[i].name; }
+static const char *kv_name(const loom_gguf *g, int64_t i) {
+    return g->kv[i].key;
+}
+static const char *tensor_name(const loom_gguf *g, int64_t i) {
+    return g->tensors[i].name;
+}
 
 int64_t loom_gguf_find_kv(const loom_gguf *g, const char *key) {
     return loom__gguf_index_find(g->kv_index, g->kv_cap, key, kv_name, g);

@@ -52,7 +52,8 @@ struct loom_gguf {
 
 /* The index of `name` in a table built by the reader, or -1. */
 int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name,
-                              const char *(*name_of)(const loom_gguf *, int64_t), const loom_gguf *g);
+                              const char *(*name_of)(const loom_gguf *, int64_t),
+                              const loom_gguf *g);
 uint64_t loom__gguf_hash(const char *s);
 
 /* Bytes of one scalar of type t (0 for STRING, ARRAY and unknown types). */

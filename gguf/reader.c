@@ -218,18 +218,25 @@ static loom_status parse_tensor_info(cursor *c, loom__gguf_tensor *t, int64_t in
     return LOOM_OK;
 }
 
-static const char *kv_name(const loom_gguf *g, int64_t i) { return g->kv[i].key; }
-static const char *tensor_name(const loom_gguf *g, int64_t i) { return g->tensors[i].name; }
+static const char *kv_name(const loom_gguf *g, int64_t i) {
+    return g->kv[i].key;
+}
+static const char *tensor_name(const loom_gguf *g, int64_t i) {
+    return g->tensors[i].name;
+}
 
 /* Builds the name -> index hash table of n names (linear in n), refusing a duplicate. */
 static loom_status build_index(const loom_gguf *g, int64_t n,
-                               const char *(*name_of)(const loom_gguf *, int64_t), int64_t **slots_out,
-                               size_t *cap_out, const char *what) {
+                               const char *(*name_of)(const loom_gguf *, int64_t),
+                               int64_t **slots_out, size_t *cap_out, const char *what) {
     size_t cap = 16;
-    while (cap < (size_t)n * 2) cap <<= 1;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
     int64_t *slots = loom_malloc(cap * sizeof *slots);
-    if (!slots) return loom_error(LOOM_ERR_NOMEM, "gguf: out of memory indexing %lld names", (long long)n);
-    for (size_t k = 0; k < cap; k++) slots[k] = -1;
+    if (!slots)
+        return loom_error(LOOM_ERR_NOMEM, "gguf: out of memory indexing %lld names", (long long)n);
+    for (size_t k = 0; k < cap; k++)
+        slots[k] = -1;
     for (int64_t i = 0; i < n; i++) {
         const char *name = name_of(g, i);
         size_t k = loom__gguf_hash(name) & (cap - 1);
@@ -368,8 +375,10 @@ loom_status loom_gguf_open(const char *path, loom_gguf **out) {
     /* a FIFO or a device would block open() or read without end: refuse it before opening,
      * and open non-blocking so that one swapped in after the check cannot hang either */
     struct stat sb;
-    if (stat(path, &sb) != 0) return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return loom_error(LOOM_ERR_IO, "gguf: '%s' is not a regular file", path);
+    if (stat(path, &sb) != 0)
+        return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return loom_error(LOOM_ERR_IO, "gguf: '%s' is not a regular file", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {

@@ -58,9 +58,9 @@ static loom_status key_float(const loom_gguf *g, const char *arch, const char *s
 static loom_status check_sizes(const loom_hparams *hp) {
     int64_t dq, dkv, dqkv;
     const int64_t M = LOOM_MODEL_MAX_DIM;
-    if (hp->n_embd > M || hp->n_head > M || hp->n_head_kv > M || hp->head_dim <= 0 || hp->head_dim > M ||
-        hp->n_expert < 0 || hp->n_expert > LOOM_MODEL_MAX_EXPERTS || hp->n_ctx_train <= 0 ||
-        loom_mul_overflow_i64(hp->n_head, hp->head_dim, &dq) || dq > M ||
+    if (hp->n_embd > M || hp->n_head > M || hp->n_head_kv > M || hp->head_dim <= 0 ||
+        hp->head_dim > M || hp->n_expert < 0 || hp->n_expert > LOOM_MODEL_MAX_EXPERTS ||
+        hp->n_ctx_train <= 0 || loom_mul_overflow_i64(hp->n_head, hp->head_dim, &dq) || dq > M ||
         loom_mul_overflow_i64(hp->n_head_kv, hp->head_dim, &dkv) ||
         loom_add_overflow_i64(dq, 2 * dkv, &dqkv) || dqkv > M)
         return loom_error(LOOM_ERR_FORMAT,
@@ -129,21 +129,24 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     double f;
     if ((st = key_float(g, arch, "attention.layer_norm_rms_epsilon", 1e-5, &f))) return st;
     if (!(f > 0 && f < 1))
-        return loom_error(LOOM_ERR_FORMAT, "model: %s.attention.layer_norm_rms_epsilon = %g (must be in (0, 1))",
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.attention.layer_norm_rms_epsilon = %g (must be in (0, 1))",
                           arch, f);
     hp->rms_eps = (float)f;
     if ((st = key_float(g, arch, "rope.freq_base", 10000.0, &f))) return st;
     if (!(f > 0 && f <= 3.4e38))
-        return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.freq_base = %g (must be finite and > 0)", arch, f);
+        return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.freq_base = %g (must be finite and > 0)",
+                          arch, f);
     hp->rope_freq_base = (float)f;
     if ((st = key_float(g, arch, "rope.scaling.factor", 1.0, &f))) return st;
     if (!(f >= 0 && f <= 1e6)) /* 0: no scaling, as llama.cpp reads it */
-        return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)",
-                          arch, f);
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)", arch, f);
     hp->rope_freq_scale = f > 0 ? (float)(1.0 / f) : 1.0f;
     if (!(hp->rope_freq_scale > 0))
-        return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor = %g gives a zero frequency scale",
-                          arch, f);
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.factor = %g gives a zero frequency scale", arch,
+                          f);
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return loom_error(LOOM_ERR_FORMAT, "model: rope dimension %lld does not fit head_dim %lld",
                           (long long)hp->n_rot, (long long)hp->head_dim);
@@ -157,7 +160,8 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     char key[128];
     snprintf(key, sizeof key, "%s.vocab_size", arch);
     if (loom_gguf_find_kv(g, key) >= 0) {
-        if ((st = loom_gguf_get_int(g, key, &hp->n_vocab))) return loom_error(st, "model: %s", loom_last_error());
+        if ((st = loom_gguf_get_int(g, key, &hp->n_vocab)))
+            return loom_error(st, "model: %s", loom_last_error());
     } else {
         int64_t ti = loom_gguf_find_tensor(g, "token_embd.weight");
         if (ti < 0) return loom_error(LOOM_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");

@@ -37,12 +37,12 @@ struct loom_session {
     loom_batch_graph bg;
     int64_t n_past;
     loom_session_stats stats;
-    bool parallel;               /* pipeline copies asked of the scheduler */
+    bool parallel; /* pipeline copies asked of the scheduler */
     /* graphs computed asynchronously (pipeline: the batches of one eval are queued without
      * waiting) whose headers must live until the next synchronize */
     loom_ctx *inflight[LOOM_SCHED_MAX_COPIES];
     int n_inflight;
-    bool reserved;               /* the scheduler holds the worst-case plan of (res_n, res_all) */
+    bool reserved; /* the scheduler holds the worst-case plan of (res_n, res_all) */
     int64_t res_n;
     bool res_all;
 };
@@ -110,8 +110,8 @@ static loom_status leaf_state(const loom_tensor *t, loom_split_state *out, void 
 
 /* llama.cpp's conditions for pipeline parallelism (llama_context's constructor). */
 static bool pipeline_wanted(const loom_session *s) {
-    if (s->p.no_pipeline || s->n_dev < 2 || s->mode != LOOM_SPLIT_MODE_LAYER || !s->output_offload ||
-        s->p.no_kv_offload)
+    if (s->p.no_pipeline || s->n_dev < 2 || s->mode != LOOM_SPLIT_MODE_LAYER ||
+        !s->output_offload || s->p.no_kv_offload)
         return false;
     for (int j = 0; j < s->n_dev; j++) {
         loom_dev_props pr;
@@ -131,8 +131,10 @@ static uint64_t host_available(void) {
         char line[256];
         while (fgets(line, sizeof line, f)) {
             unsigned long long kb;
-            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (uint64_t)kb * 1024, found = true;
-            else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1) swap = (uint64_t)kb * 1024;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+                avail = (uint64_t)kb * 1024, found = true;
+            else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1)
+                swap = (uint64_t)kb * 1024;
         }
         fclose(f);
     }
@@ -150,7 +152,8 @@ typedef struct mem_need {
 
 static void need_add(mem_need *v, int *n, int cap, loom_buft_t buft, uint64_t w, uint64_t kv) {
     int i = 0;
-    while (i < *n && v[i].buft != buft) i++;
+    while (i < *n && v[i].buft != buft)
+        i++;
     if (i == *n) {
         if (*n == cap) return; /* more buffer types than devices: cannot happen */
         v[(*n)++] = (mem_need){.buft = buft};
@@ -159,7 +162,9 @@ static void need_add(mem_need *v, int *n, int cap, loom_buft_t buft, uint64_t w,
     v[i].kv += kv;
 }
 
-static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+static double mib(uint64_t b) {
+    return (double)b / (1024.0 * 1024.0);
+}
 
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
  * positions against what each device and the host have, before anything is allocated. */
@@ -174,9 +179,11 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         need_add(v, &n, MAX_DEVS + 2, place(name, layer, s), loom_gguf_tensor_size(s->g, i), 0);
     }
     int64_t row, per;
-    if (loom_mul_overflow_i64(s->hp.n_head_kv * s->hp.head_dim, (int64_t)loom_type_size(s->p.kv_type), &row) ||
+    if (loom_mul_overflow_i64(s->hp.n_head_kv * s->hp.head_dim,
+                              (int64_t)loom_type_size(s->p.kv_type), &row) ||
         loom_mul_overflow_i64(row, n_ctx, &per))
-        return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows", (long long)n_ctx);
+        return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows",
+                          (long long)n_ctx);
     char name[32];
     for (int il = 0; il < s->hp.n_layer; il++) {
         snprintf(name, sizeof name, "cache_k_l%d", il);
@@ -188,25 +195,29 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         if (v[i].buft == host) {
             uint64_t have = host_available();
             if (have && total > have)
-                return loom_error(LOOM_ERR_NOMEM,
-                                  "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
-                                  "in host memory, which has %.1f MiB available",
-                                  mib(v[i].weights), mib(v[i].kv), (long long)n_ctx, mib(have));
+                return loom_error(
+                    LOOM_ERR_NOMEM,
+                    "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
+                    "in host memory, which has %.1f MiB available",
+                    mib(v[i].weights), mib(v[i].kv), (long long)n_ctx, mib(have));
             continue;
         }
         bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
         for (int j = 0; j < s->n_dev; j++) {
             if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
             /* a meta device splits the bulk evenly: count an even share on each device */
-            uint64_t w = meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
+            uint64_t w =
+                meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
             uint64_t kv = meta ? (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].kv;
             size_t fr = 0, tot = 0;
             loom_dev_memory(s->devs[j], &fr, &tot);
             if (tot > 0 && w + kv > fr)
-                return loom_error(LOOM_ERR_DEVICE_OOM,
-                                  "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
-                                  "on %s, which has %.1f MiB free of %.1f MiB",
-                                  mib(w), mib(kv), (long long)n_ctx, loom_dev_name(s->devs[j]), mib(fr), mib(tot));
+                return loom_error(
+                    LOOM_ERR_DEVICE_OOM,
+                    "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
+                    "on %s, which has %.1f MiB free of %.1f MiB",
+                    mib(w), mib(kv), (long long)n_ctx, loom_dev_name(s->devs[j]), mib(fr),
+                    mib(tot));
         }
     }
     return LOOM_OK;
@@ -229,13 +240,17 @@ static loom_status with_rules(loom_session *s, loom_status st) {
         for (int64_t i = 0; i < loom_gguf_tensor_count(s->g) + 2 * s->hp.n_layer; i++) {
             const char *name = cname;
             int64_t k = i - loom_gguf_tensor_count(s->g);
-            if (k < 0) name = loom_gguf_tensor_name(s->g, i);
-            else snprintf(cname, sizeof cname, "cache_%c_l%lld", k % 2 ? 'v' : 'k', (long long)(k / 2));
+            if (k < 0)
+                name = loom_gguf_tensor_name(s->g, i);
+            else
+                snprintf(cname, sizeof cname, "cache_%c_l%lld", k % 2 ? 'v' : 'k',
+                         (long long)(k / 2));
             if (loom_rules_match(s->rules, name) != rule) continue;
             if (!hits++) snprintf(first, sizeof first, "%s", name);
         }
         if (!hits) continue;
-        n += (size_t)snprintf(extra + n, sizeof extra - n, "%s%s:%d '%.40s' (%d tensors, e.g. %.40s)", n ? "; " : "",
+        n += (size_t)snprintf(extra + n, sizeof extra - n,
+                              "%s%s:%d '%.40s' (%d tensors, e.g. %.40s)", n ? "; " : "",
                               rule->source, rule->line, rule->pattern, hits, first);
     }
     if (!n) return st;
@@ -314,11 +329,13 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     if ((st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
     if (loom_tokenizer_n_vocab(s->tok) != s->hp.n_vocab)
         return fail(s, loom_error(LOOM_ERR_FORMAT,
-                                  "session: the tokenizer has %d tokens but the model's token_embd/output have %lld rows",
+                                  "session: the tokenizer has %d tokens but the model's "
+                                  "token_embd/output have %lld rows",
                                   loom_tokenizer_n_vocab(s->tok), (long long)s->hp.n_vocab));
 
     /* weights, cache: checked against the memory there is before allocating */
-    int64_t n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
+    int64_t n_ctx =
+        s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
     if (s->p.kv_type != LOOM_TYPE_F32 && s->p.kv_type != LOOM_TYPE_F16)
         return fail(s, loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)",
                                   loom_type_name(s->p.kv_type)));
@@ -329,7 +346,8 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
     s->parallel = pipeline_wanted(s);
-    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel, !s->p.no_op_offload);
+    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,
+                              !s->p.no_op_offload);
     if (!s->sched) return fail(s, loom_last_status());
     /* worst cases, as llama.cpp reserves: a full prompt batch, then one token (what
      * generation keeps using), each attending over the whole context */
@@ -347,7 +365,8 @@ static loom_status sync_inflight(loom_session *s) {
     loom_status st = LOOM_OK;
     if (s->n_inflight > 0) {
         loom_sched_synchronize(s->sched);
-        for (int i = 0; i < s->n_inflight; i++) loom_ctx_free(s->inflight[i]);
+        for (int i = 0; i < s->n_inflight; i++)
+            loom_ctx_free(s->inflight[i]);
         s->n_inflight = 0;
     }
     return st;
@@ -379,7 +398,9 @@ loom_backend_t loom_session_meta_backend(const loom_session *s) { return s->meta
 int loom_session_n_devices(const loom_session *s) { return s->n_dev; }
 loom_dev_t loom_session_device(const loom_session *s, int i) { return s->devs[i]; }
 loom_split_mode loom_session_split_mode(const loom_session *s) { return s->mode; }
-bool loom_session_pipeline(const loom_session *s) { return loom_sched_get_n_copies(s->sched) > 1; }
+bool loom_session_pipeline(const loom_session *s) {
+    return loom_sched_get_n_copies(s->sched) > 1;
+}
 int64_t loom_session_n_past(const loom_session *s) { return s->n_past; }
 int64_t loom_session_n_ctx(const loom_session *s) { return s->kv->n_ctx; }
 void loom_session_clear(loom_session *s) { s->n_past = 0; }
@@ -395,7 +416,8 @@ static loom_status build(loom_session *s, int64_t n, int64_t n_past, bool all_lo
     s->graph_ctx = loom_ctx_new(
         (loom_ctx_params){.mem_size = loom_model_graph_ctx_size(s->model), .no_alloc = true});
     if (!s->graph_ctx) return loom_last_status();
-    loom_status st = loom_model_build_graph(s->model, s->kv, s->graph_ctx, n, n_past, all_logits, &s->bg);
+    loom_status st =
+        loom_model_build_graph(s->model, s->kv, s->graph_ctx, n, n_past, all_logits, &s->bg);
     if (st) return st;
     if (s->p.no_kv_offload && s->n_dev > 0) {
         /* the cache is in host memory: run what reads it there too (as llama.cpp pins its
@@ -429,8 +451,9 @@ static loom_status reserve(loom_session *s, int64_t n, bool all_logits) {
     s->reserved = st == LOOM_OK;
     s->res_n = n;
     s->res_all = all_logits;
-    if (st) return loom_error(st, "session: reserving compute buffers for %lld tokens: %s", (long long)n,
-                              loom_last_error());
+    if (st)
+        return loom_error(st, "session: reserving compute buffers for %lld tokens: %s",
+                          (long long)n, loom_last_error());
     return LOOM_OK;
 }
 

@@ -126,7 +126,8 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     }
     if (loom_gguf_find_kv(g, "tokenizer.ggml.add_bos_token") >= 0)
         loom_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
-    if (bos < -1 || eos < -1 || unk < -1 || bos >= (int64_t)n || eos >= (int64_t)n || unk >= (int64_t)n) {
+    if (bos < -1 || eos < -1 || unk < -1 || bos >= (int64_t)n || eos >= (int64_t)n ||
+        unk >= (int64_t)n) {
         loom_tokenizer_free(t);
         return loom_error(LOOM_ERR_FORMAT, "tokenizer: special token id out of range (bos %lld, eos %lld, unk %lld, vocab %llu)",
                           (long long)bos, (long long)eos, (long long)unk, (unsigned long long)n);

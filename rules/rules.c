@@ -164,8 +164,8 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         /* the reason first and the pattern shortened, so a long pattern cannot push the
          * reason out of the message */
         int shown = plen > 80 ? 80 : (int)plen;
-        return loom_error(LOOM_ERR_FORMAT, "%s:%d: bad pattern at offset %zu: %s: '%.*s'%s",
-                          source, lineno, at, (const char *)msg, shown, fields[0],
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: bad pattern at offset %zu: %s: '%.*s'%s", source,
+                          lineno, at, (const char *)msg, shown, fields[0],
                           plen > 80 ? "... (cut)" : "");
     }
     ri.pattern = loom_strdup(fields[0]);
@@ -233,7 +233,8 @@ loom_status loom_rules_load_file(const char *path, loom_rules **out) {
     if (!S_ISREG(sb.st_mode))
         return loom_error(LOOM_ERR_IO, "rules: '%s' is not a regular file", path);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0)
+        return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return loom_error(LOOM_ERR_IO, "rules: '%s' is not a regular file", path);
@@ -265,9 +266,10 @@ loom_status loom_rules_load_file(const char *path, loom_rules **out) {
         if (n == cap) {
             close(fd);
             loom_free(buf);
-            return loom_error(LOOM_ERR_FORMAT,
-                              "rules: '%s' grew while being read (a rules file is at most %d bytes)",
-                              path, LOOM_RULES_MAX_FILE);
+            return loom_error(
+                LOOM_ERR_FORMAT,
+                "rules: '%s' grew while being read (a rules file is at most %d bytes)", path,
+                LOOM_RULES_MAX_FILE);
         }
     }
     close(fd);
@@ -276,7 +278,8 @@ loom_status loom_rules_load_file(const char *path, loom_rules **out) {
     const char *nul = memchr(buf, 0, n);
     if (nul) {
         int line = 1;
-        for (const char *p = buf; p < nul; p++) line += *p == '\n';
+        for (const char *p = buf; p < nul; p++)
+            line += *p == '\n';
         loom_free(buf);
         return loom_error(LOOM_ERR_FORMAT, "%s:%d: NUL byte at offset %zu (a rules file is text)",
                           path, line, (size_t)(nul - buf));
@@ -358,11 +361,20 @@ static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t *o
         !lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1, &l))
         return false;
     switch (rule->unit) {
-    case LOOM_RULE_UNIT_HEAD: *out = hp->head_dim; return true;
-    case LOOM_RULE_UNIT_KVHEAD: return !loom_mul_overflow_i64(hp->head_dim, l / qg, out);
-    case LOOM_RULE_UNIT_QGROUP: *out = l; return true;
-    case LOOM_RULE_UNIT_FFN: *out = hp->ffn_block > 1 ? hp->ffn_block : 1; return true;
-    default: *out = rule->granularity; return rule->granularity > 0;
+    case LOOM_RULE_UNIT_HEAD:
+        *out = hp->head_dim;
+        return true;
+    case LOOM_RULE_UNIT_KVHEAD:
+        return !loom_mul_overflow_i64(hp->head_dim, l / qg, out);
+    case LOOM_RULE_UNIT_QGROUP:
+        *out = l;
+        return true;
+    case LOOM_RULE_UNIT_FFN:
+        *out = hp->ffn_block > 1 ? hp->ffn_block : 1;
+        return true;
+    default:
+        *out = rule->granularity;
+        return rule->granularity > 0;
     }
 }
 
@@ -383,14 +395,16 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
         int64_t Dq, Dkv, Dqkv;
         int axis = loom_n_dims(t) == 1 ? 0 : 1;
         /* checked: the hyperparameters come from a file */
-        if (D <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || loom_mul_overflow_i64(hp->n_head, D, &Dq) ||
-            loom_mul_overflow_i64(hp->n_head_kv, D, &Dkv) || loom_add_overflow_i64(Dq, Dkv, &Dqkv) ||
-            loom_add_overflow_i64(Dqkv, Dkv, &Dqkv))
-            return loom_error(LOOM_ERR_INVALID_ARG,
-                              "rules: '%s' (%s:%d fused_qkv): the q/k/v widths overflow (head_dim %lld, "
-                              "%lld heads, %lld KV heads)",
-                              t->name, rule->source, rule->line, (long long)D, (long long)hp->n_head,
-                              (long long)hp->n_head_kv);
+        if (D <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+            loom_mul_overflow_i64(hp->n_head, D, &Dq) ||
+            loom_mul_overflow_i64(hp->n_head_kv, D, &Dkv) ||
+            loom_add_overflow_i64(Dq, Dkv, &Dqkv) || loom_add_overflow_i64(Dqkv, Dkv, &Dqkv))
+            return loom_error(
+                LOOM_ERR_INVALID_ARG,
+                "rules: '%s' (%s:%d fused_qkv): the q/k/v widths overflow (head_dim %lld, "
+                "%lld heads, %lld KV heads)",
+                t->name, rule->source, rule->line, (long long)D, (long long)hp->n_head,
+                (long long)hp->n_head_kv);
         if (t->ne[axis] != Dqkv)
             return loom_error(LOOM_ERR_SHAPE,
                               "rules: '%s' (%s:%d fused_qkv): ne[%d] = %lld, expected %lld + 2 x %lld",

@@ -477,9 +477,9 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
         fill_f32(k->data, loom_nelements(k), -1, 1);
         fill_f32(v->data, loom_nelements(v), -1, 1);
         ((float *)sinks->data)[0] = 0.5f;
-        if (which == 0) loom_set_f32_nd(q, 3, 1, 0, 0, NAN);      /* query 1 only */
-        if (which == 1) loom_set_f32_nd(v, 2, 4, 0, 0, NAN);      /* every query reads key 4 */
-        if (which == 2) ((float *)sinks->data)[0] = NAN;         /* every query */
+        if (which == 0) loom_set_f32_nd(q, 3, 1, 0, 0, NAN); /* query 1 only */
+        if (which == 1) loom_set_f32_nd(v, 2, 4, 0, 0, NAN); /* every query reads key 4 */
+        if (which == 2) ((float *)sinks->data)[0] = NAN;     /* every query */
         loom_tensor *o = loom_flash_attn_ext(ctx, q, k, v, NULL, sinks, 0.5f, 0.0f, 0.0f);
         LOOM_REQUIRE(o);
         for (int path = 0; path < 3; path++) {
@@ -503,7 +503,8 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, 3);
     fill_f32(x->data, 3 * n, -2, 2);
     loom_set_f32_nd(x, 4, 0, 0, 0, NAN);
-    for (int64_t i = 0; i < n; i++) loom_set_f32_nd(x, i, 2, 0, 0, NAN);
+    for (int64_t i = 0; i < n; i++)
+        loom_set_f32_nd(x, i, 2, 0, 0, NAN);
     loom_tensor *sm = loom_soft_max_ext(ctx, x, NULL, NULL, 1.0f, 0.0f);
     LOOM_REQUIRE(sm);
     for (int path = 0; path < 3; path++) {
@@ -513,8 +514,9 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
         for (int64_t r = 0; r < 3; r++)
             for (int64_t i = 0; i < n; i++) {
                 float y = loom_get_f32_nd(sm, i, r, 0, 0);
-                LOOM_CHECK_MSG(r == 1 ? isfinite(y) : isnan(y), "softmax path %s row %lld [%lld]: %g",
-                               k_paths[path], (long long)r, (long long)i, (double)y);
+                LOOM_CHECK_MSG(r == 1 ? isfinite(y) : isnan(y),
+                               "softmax path %s row %lld [%lld]: %g", k_paths[path], (long long)r,
+                               (long long)i, (double)y);
             }
     }
     unsetenv("LOOM_CPU_SIMD");
