@@ -391,6 +391,26 @@ void loom_registry_reset(void) {
     pthread_mutex_unlock(&loom__reg_mutex);
 }
 
+bool loom_registry_release(loom_reg_t reg) {
+    if (!reg) return false;
+    pthread_mutex_lock(&loom__reg_mutex);
+    loom__reg_entry *e = loom__find_reg_locked(reg);
+    loom__sim_free_fn free_fn = e ? e->free_fn : NULL;
+    if (free_fn) {
+        /* drop its devices from the flat list, then the entry itself */
+        size_t k = 0;
+        for (size_t i = 0; i < loom__n_devs; i++)
+            if (loom_dev_reg(loom__devs[i]) != reg) loom__devs[k++] = loom__devs[i];
+        loom__n_devs = k;
+        size_t at = (size_t)(e - loom__regs);
+        memmove(e, e + 1, (loom__n_regs - at - 1) * sizeof *e);
+        loom__n_regs--;
+    }
+    pthread_mutex_unlock(&loom__reg_mutex);
+    if (free_fn) free_fn(reg);
+    return free_fn != NULL;
+}
+
 /* ---------------------------------------------------------------- device specs */
 
 /* "sim spec 'X': reason" -> "reason", so the device-spec prefix is not doubled. */

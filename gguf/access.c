@@ -42,10 +42,32 @@ size_t loom_gguf_file_size(const loom_gguf *g) { return g->size; }
 
 int64_t loom_gguf_kv_count(const loom_gguf *g) { return g->n_kv; }
 
+uint64_t loom__gguf_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name,
+                              const char *(*name_of)(const loom_gguf *, int64_t),
+                              const loom_gguf *g) {
+    if (!slots || !name) return -1;
+    for (size_t k = loom__gguf_hash(name) & (cap - 1);; k = (k + 1) & (cap - 1)) {
+        if (slots[k] < 0) return -1;
+        if (strcmp(name_of(g, slots[k]), name) == 0) return slots[k];
+    }
+}
+
+static const char *kv_name(const loom_gguf *g, int64_t i) {
+    return g->kv[i].key;
+}
+static const char *tensor_name(const loom_gguf *g, int64_t i) {
+    return g->tensors[i].name;
+}
+
 int64_t loom_gguf_find_kv(const loom_gguf *g, const char *key) {
-    for (int64_t i = 0; i < g->n_kv; i++)
-        if (strcmp(g->kv[i].key, key) == 0) return i;
-    return -1;
+    return loom__gguf_index_find(g->kv_index, g->kv_cap, key, kv_name, g);
 }
 
 static const loom__gguf_kv *kv_at(const loom_gguf *g, int64_t i) {
@@ -185,6 +207,11 @@ loom_status loom_gguf_get_str(const loom_gguf *g, const char *key, const char **
     loom_status st = lookup(g, key, &kv);
     if (st) return st;
     if (kv->type != LOOM_GGUF_STRING) return wrong_type(kv, "string");
+    /* callers read it as a C string: a NUL inside would silently cut it */
+    const char *nul = memchr(kv->str.ptr, 0, kv->str.len);
+    if (nul)
+        return loom_error(LOOM_ERR_FORMAT, "gguf: string '%s' contains a NUL byte at %zu of %llu",
+                          key, (size_t)(nul - kv->str.ptr), (unsigned long long)kv->str.len);
     *out = kv->str_copy;
     return LOOM_OK;
 }
@@ -239,9 +266,7 @@ void loom_gguf_kv_format(const loom_gguf *g, int64_t i, char *buf, size_t size) 
 int64_t loom_gguf_tensor_count(const loom_gguf *g) { return g->n_tensors; }
 
 int64_t loom_gguf_find_tensor(const loom_gguf *g, const char *name) {
-    for (int64_t i = 0; i < g->n_tensors; i++)
-        if (strcmp(g->tensors[i].name, name) == 0) return i;
-    return -1;
+    return loom__gguf_index_find(g->tensor_index, g->tensor_cap, name, tensor_name, g);
 }
 
 static const loom__gguf_tensor *tensor_at(const loom_gguf *g, int64_t i) {

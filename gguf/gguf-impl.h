@@ -42,7 +42,19 @@ struct loom_gguf {
     loom__gguf_kv *kv;
     int64_t n_tensors;
     loom__gguf_tensor *tensors;
+    /* name -> index hash tables (open addressing, -1 empty, cap a power of two, at least
+     * twice the count), so every look-up and the duplicate checks at open are O(1) */
+    int64_t *kv_index;
+    size_t kv_cap;
+    int64_t *tensor_index;
+    size_t tensor_cap;
 };
+
+/* The index of `name` in a table built by the reader, or -1. */
+int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name,
+                              const char *(*name_of)(const loom_gguf *, int64_t),
+                              const loom_gguf *g);
+uint64_t loom__gguf_hash(const char *s);
 
 /* Bytes of one scalar of type t (0 for STRING, ARRAY and unknown types). */
 size_t loom__gguf_scalar_size(loom_gguf_type t);

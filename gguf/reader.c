@@ -218,6 +218,41 @@ static loom_status parse_tensor_info(cursor *c, loom__gguf_tensor *t, int64_t in
     return LOOM_OK;
 }
 
+static const char *kv_name(const loom_gguf *g, int64_t i) {
+    return g->kv[i].key;
+}
+static const char *tensor_name(const loom_gguf *g, int64_t i) {
+    return g->tensors[i].name;
+}
+
+/* Builds the name -> index hash table of n names (linear in n), refusing a duplicate. */
+static loom_status build_index(const loom_gguf *g, int64_t n,
+                               const char *(*name_of)(const loom_gguf *, int64_t),
+                               int64_t **slots_out, size_t *cap_out, const char *what) {
+    size_t cap = 16;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    int64_t *slots = loom_malloc(cap * sizeof *slots);
+    if (!slots)
+        return loom_error(LOOM_ERR_NOMEM, "gguf: out of memory indexing %lld names", (long long)n);
+    for (size_t k = 0; k < cap; k++)
+        slots[k] = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const char *name = name_of(g, i);
+        size_t k = loom__gguf_hash(name) & (cap - 1);
+        for (; slots[k] >= 0; k = (k + 1) & (cap - 1)) {
+            if (strcmp(name_of(g, slots[k]), name) == 0) {
+                loom_free(slots);
+                return loom_error(LOOM_ERR_FORMAT, "gguf: duplicate %s '%s'", what, name);
+            }
+        }
+        slots[k] = i;
+    }
+    *slots_out = slots;
+    *cap_out = cap;
+    return LOOM_OK;
+}
+
 static const loom__gguf_kv *find_kv(const loom_gguf *g, const char *key) {
     int64_t i = loom_gguf_find_kv(g, key);
     return i < 0 ? NULL : &g->kv[i];
@@ -256,11 +291,9 @@ static loom_status parse(loom_gguf *g) {
     for (uint64_t i = 0; i < n_kv; i++) {
         g->n_kv = (int64_t)i + 1; /* so that free() releases what was parsed */
         if ((st = parse_kv(&c, &g->kv[i], (int64_t)i))) return st;
-        for (uint64_t j = 0; j < i; j++)
-            if (strcmp(g->kv[j].key, g->kv[i].key) == 0)
-                return loom_error(LOOM_ERR_FORMAT, "gguf: duplicate metadata key '%s'",
-                                  g->kv[i].key);
     }
+    if ((st = build_index(g, g->n_kv, kv_name, &g->kv_index, &g->kv_cap, "metadata key")))
+        return st;
 
     g->alignment = LOOM_GGUF_DEFAULT_ALIGNMENT;
     const loom__gguf_kv *al = find_kv(g, "general.alignment");
@@ -283,29 +316,9 @@ static loom_status parse(loom_gguf *g) {
         if ((st = parse_tensor_info(&c, &g->tensors[i], (int64_t)i))) return st;
     }
 
-    /* Duplicate tensor names: sort-free check with a small open-addressing hash. */
-    if (n_tensors > 1) {
-        size_t cap = 1;
-        while (cap < n_tensors * 2) cap <<= 1;
-        int64_t *slots = loom_malloc(cap * sizeof *slots);
-        if (!slots) return loom_error(LOOM_ERR_NOMEM, "gguf: out of memory");
-        for (size_t k = 0; k < cap; k++) slots[k] = -1;
-        for (int64_t i = 0; i < g->n_tensors; i++) {
-            uint64_t h = 1469598103934665603ull;
-            for (const char *p = g->tensors[i].name; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
-            size_t k = h & (cap - 1);
-            while (slots[k] >= 0) {
-                if (strcmp(g->tensors[slots[k]].name, g->tensors[i].name) == 0) {
-                    loom_free(slots);
-                    return loom_error(LOOM_ERR_FORMAT, "gguf: duplicate tensor name '%s'",
-                                      g->tensors[i].name);
-                }
-                k = (k + 1) & (cap - 1);
-            }
-            slots[k] = i;
-        }
-        loom_free(slots);
-    }
+    if ((st = build_index(g, g->n_tensors, tensor_name, &g->tensor_index, &g->tensor_cap,
+                          "tensor name")))
+        return st;
 
     /* Data starts at the next aligned offset. A file with no tensor bytes may end before
      * it (a vocab-only file whose header ends exactly at EOF). */
@@ -359,9 +372,15 @@ loom_status loom_gguf_open_memory(const void *data, size_t size, loom_gguf **out
 loom_status loom_gguf_open(const char *path, loom_gguf **out) {
     if (!path || !out) return loom_error(LOOM_ERR_INVALID_ARG, "gguf: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
+    /* a FIFO or a device would block open() or read without end: refuse it before opening,
+     * and open non-blocking so that one swapped in after the check cannot hang either */
     struct stat sb;
+    if (stat(path, &sb) != 0)
+        return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return loom_error(LOOM_ERR_IO, "gguf: '%s' is not a regular file", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return loom_error(LOOM_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
         return loom_error(LOOM_ERR_IO, "gguf: '%s' is not a regular file", path);
@@ -404,6 +423,8 @@ void loom_gguf_free(loom_gguf *g) {
     loom_free(g->kv);
     for (int64_t i = 0; i < g->n_tensors; i++) loom_free(g->tensors[i].name);
     loom_free(g->tensors);
+    loom_free(g->kv_index);
+    loom_free(g->tensor_index);
     if (g->mapped) munmap((void *)g->data, g->size);
     if (g->fd >= 0) close(g->fd);
     loom_free(g);

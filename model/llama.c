@@ -53,6 +53,26 @@ static loom_status key_float(const loom_gguf *g, const char *arch, const char *s
     return LOOM_OK;
 }
 
+/* Every size the graph multiplies: bounded, and the products (q/k/v widths, the fused QKV
+ * width) checked, so nothing read from a file can wrap around. */
+static loom_status check_sizes(const loom_hparams *hp) {
+    int64_t dq, dkv, dqkv;
+    const int64_t M = LOOM_MODEL_MAX_DIM;
+    if (hp->n_embd > M || hp->n_head > M || hp->n_head_kv > M || hp->head_dim <= 0 ||
+        hp->head_dim > M || hp->n_expert < 0 || hp->n_expert > LOOM_MODEL_MAX_EXPERTS ||
+        hp->n_ctx_train <= 0 || loom_mul_overflow_i64(hp->n_head, hp->head_dim, &dq) || dq > M ||
+        loom_mul_overflow_i64(hp->n_head_kv, hp->head_dim, &dkv) ||
+        loom_add_overflow_i64(dq, 2 * dkv, &dqkv) || dqkv > M)
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: bad hyperparameters: n_embd %lld, n_head %lld x head_dim %lld, "
+                          "n_head_kv %lld, %lld experts, context %lld (each width at most %lld, "
+                          "experts at most %d, context > 0)",
+                          (long long)hp->n_embd, (long long)hp->n_head, (long long)hp->head_dim,
+                          (long long)hp->n_head_kv, (long long)hp->n_expert,
+                          (long long)hp->n_ctx_train, (long long)M, LOOM_MODEL_MAX_EXPERTS);
+    return LOOM_OK;
+}
+
 loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     const char *arch;
@@ -86,6 +106,7 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
                           (long long)hp->n_head, (long long)hp->n_head_kv);
     if ((st = key_int(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim)))
         return st;
+    if ((st = check_sizes(hp))) return st;
     if ((st = key_int(g, arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot))) return st;
     if (hp->n_expert > 0) {
         if ((st = key_int(g, arch, "expert_feed_forward_length", false, -1, &v))) return st;
@@ -97,14 +118,35 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         hp->norm_topk = strcmp(arch, "qwen2moe") != 0;
     } else if ((st = key_int(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) {
         return st;
+    } else {
+        hp->n_expert_used = 0; /* no experts: a stray expert_used_count means nothing */
     }
+    if (hp->n_ff <= 0 || hp->n_ff > LOOM_MODEL_MAX_DIM)
+        return loom_error(LOOM_ERR_FORMAT, "model: feed_forward_length %lld (must be 1..%lld)",
+                          (long long)hp->n_ff, (long long)LOOM_MODEL_MAX_DIM);
+    /* float hyperparameters: finite and in range (NaN compares false everywhere, so each
+     * test is written to fail for NaN) */
     double f;
     if ((st = key_float(g, arch, "attention.layer_norm_rms_epsilon", 1e-5, &f))) return st;
+    if (!(f > 0 && f < 1))
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.attention.layer_norm_rms_epsilon = %g (must be in (0, 1))",
+                          arch, f);
     hp->rms_eps = (float)f;
     if ((st = key_float(g, arch, "rope.freq_base", 10000.0, &f))) return st;
+    if (!(f > 0 && f <= 3.4e38))
+        return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.freq_base = %g (must be finite and > 0)",
+                          arch, f);
     hp->rope_freq_base = (float)f;
     if ((st = key_float(g, arch, "rope.scaling.factor", 1.0, &f))) return st;
+    if (!(f >= 0 && f <= 1e6)) /* 0: no scaling, as llama.cpp reads it */
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)", arch, f);
     hp->rope_freq_scale = f > 0 ? (float)(1.0 / f) : 1.0f;
+    if (!(hp->rope_freq_scale > 0))
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.factor = %g gives a zero frequency scale", arch,
+                          f);
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return loom_error(LOOM_ERR_FORMAT, "model: rope dimension %lld does not fit head_dim %lld",
                           (long long)hp->n_rot, (long long)hp->head_dim);
@@ -118,7 +160,8 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     char key[128];
     snprintf(key, sizeof key, "%s.vocab_size", arch);
     if (loom_gguf_find_kv(g, key) >= 0) {
-        if ((st = loom_gguf_get_int(g, key, &hp->n_vocab))) return st;
+        if ((st = loom_gguf_get_int(g, key, &hp->n_vocab)))
+            return loom_error(st, "model: %s", loom_last_error());
     } else {
         int64_t ti = loom_gguf_find_tensor(g, "token_embd.weight");
         if (ti < 0) return loom_error(LOOM_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
@@ -126,6 +169,10 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         loom_gguf_tensor_ne(g, ti, ne);
         hp->n_vocab = ne[1];
     }
+    /* token ids are int32 */
+    if (hp->n_vocab <= 0 || hp->n_vocab > INT32_MAX)
+        return loom_error(LOOM_ERR_FORMAT, "model: vocabulary of %lld tokens (must be 1..%d)",
+                          (long long)hp->n_vocab, INT32_MAX);
     return LOOM_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "loom/cpu.h"
 #include "loom/session.h"
@@ -21,6 +22,7 @@ struct loom_session {
     int n_dev;
     loom_dev_t devs[MAX_DEVS];
     loom_dev_t meta;             /* tensor mode */
+    loom_reg_t spec_reg;         /* the reg a sim spec created for this session, or NULL */
     loom_rules *rules;
     loom_backend_t backends[MAX_DEVS + 1]; /* scheduler order; the CPU last */
     int n_backends;
@@ -35,6 +37,14 @@ struct loom_session {
     loom_batch_graph bg;
     int64_t n_past;
     loom_session_stats stats;
+    bool parallel; /* pipeline copies asked of the scheduler */
+    /* graphs computed asynchronously (pipeline: the batches of one eval are queued without
+     * waiting) whose headers must live until the next synchronize */
+    loom_ctx *inflight[LOOM_SCHED_MAX_COPIES];
+    int n_inflight;
+    bool reserved; /* the scheduler holds the worst-case plan of (res_n, res_all) */
+    int64_t res_n;
+    bool res_all;
 };
 
 const char *loom_split_mode_name(loom_split_mode m) {
@@ -96,7 +106,160 @@ static loom_status leaf_state(const loom_tensor *t, loom_split_state *out, void 
     return loom_rules_split_state(s->rules, &s->hp, t, s->n_dev, out, NULL);
 }
 
+/* ---------------------------------------------------------------- pipeline, memory */
+
+/* llama.cpp's conditions for pipeline parallelism (llama_context's constructor). */
+static bool pipeline_wanted(const loom_session *s) {
+    if (s->p.no_pipeline || s->n_dev < 2 || s->mode != LOOM_SPLIT_MODE_LAYER ||
+        !s->output_offload || s->p.no_kv_offload)
+        return false;
+    for (int j = 0; j < s->n_dev; j++) {
+        loom_dev_props pr;
+        loom_dev_get_props(s->devs[j], &pr);
+        if (!pr.caps.async || !pr.caps.events) return false;
+    }
+    return true;
+}
+
+/* Bytes the host can still give: MemAvailable + SwapFree, or free pages where /proc is
+ * missing; 0 if unknown (then nothing is checked). */
+static uint64_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    uint64_t avail = 0, swap = 0;
+    bool found = false;
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long kb;
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+                avail = (uint64_t)kb * 1024, found = true;
+            else if (sscanf(line, "SwapFree: %llu kB", &kb) == 1)
+                swap = (uint64_t)kb * 1024;
+        }
+        fclose(f);
+    }
+    if (!found) {
+        long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && psz > 0) avail = (uint64_t)pages * (uint64_t)psz;
+    }
+    return avail + swap;
+}
+
+typedef struct mem_need {
+    loom_buft_t buft;
+    uint64_t weights, kv;
+} mem_need;
+
+static void need_add(mem_need *v, int *n, int cap, loom_buft_t buft, uint64_t w, uint64_t kv) {
+    int i = 0;
+    while (i < *n && v[i].buft != buft)
+        i++;
+    if (i == *n) {
+        if (*n == cap) return; /* more buffer types than devices: cannot happen */
+        v[(*n)++] = (mem_need){.buft = buft};
+    }
+    v[i].weights += w;
+    v[i].kv += kv;
+}
+
+static double mib(uint64_t b) {
+    return (double)b / (1024.0 * 1024.0);
+}
+
+/* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
+ * positions against what each device and the host have, before anything is allocated. */
+static loom_status check_memory(loom_session *s, int64_t n_ctx) {
+    mem_need v[MAX_DEVS + 2];
+    int n = 0;
+    for (int64_t i = 0; i < loom_gguf_tensor_count(s->g); i++) {
+        const char *name = loom_gguf_tensor_name(s->g, i);
+        int layer = -1;
+        if (strncmp(name, "blk.", 4) == 0) layer = atoi(name + 4);
+        if (layer >= s->hp.n_layer) layer = (int)s->hp.n_layer - 1;
+        need_add(v, &n, MAX_DEVS + 2, place(name, layer, s), loom_gguf_tensor_size(s->g, i), 0);
+    }
+    int64_t row, per;
+    if (loom_mul_overflow_i64(s->hp.n_head_kv * s->hp.head_dim,
+                              (int64_t)loom_type_size(s->p.kv_type), &row) ||
+        loom_mul_overflow_i64(row, n_ctx, &per))
+        return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows",
+                          (long long)n_ctx);
+    char name[32];
+    for (int il = 0; il < s->hp.n_layer; il++) {
+        snprintf(name, sizeof name, "cache_k_l%d", il);
+        need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, 2 * (uint64_t)per);
+    }
+    const loom_buft_t host = loom_cpu_buffer_type();
+    for (int i = 0; i < n; i++) {
+        const uint64_t total = v[i].weights + v[i].kv;
+        if (v[i].buft == host) {
+            uint64_t have = host_available();
+            if (have && total > have)
+                return loom_error(
+                    LOOM_ERR_NOMEM,
+                    "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
+                    "in host memory, which has %.1f MiB available",
+                    mib(v[i].weights), mib(v[i].kv), (long long)n_ctx, mib(have));
+            continue;
+        }
+        bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
+        for (int j = 0; j < s->n_dev; j++) {
+            if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
+            /* a meta device splits the bulk evenly: count an even share on each device */
+            uint64_t w =
+                meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
+            uint64_t kv = meta ? (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].kv;
+            size_t fr = 0, tot = 0;
+            loom_dev_memory(s->devs[j], &fr, &tot);
+            if (tot > 0 && w + kv > fr)
+                return loom_error(
+                    LOOM_ERR_DEVICE_OOM,
+                    "session: %.1f MiB of weights and %.1f MiB of KV cache (%lld positions) "
+                    "on %s, which has %.1f MiB free of %.1f MiB",
+                    mib(w), mib(kv), (long long)n_ctx, loom_dev_name(s->devs[j]), mib(fr),
+                    mib(tot));
+        }
+    }
+    return LOOM_OK;
+}
+
+/* A scheduler or meta failure while user split rules are in effect: say which of them
+ * matched which tensors, so a rule that made a placement impossible is named. */
+static loom_status with_rules(loom_session *s, loom_status st) {
+    if (st == LOOM_OK || !s->p.split_rules || !s->rules) return st;
+    char msg[1024], extra[600];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    size_t n = 0;
+    extra[0] = 0;
+    for (int r = 0; r < loom_rules_count(s->rules) && n < sizeof extra - 80; r++) {
+        const loom_rule *rule = loom_rules_get(s->rules, r);
+        if (strcmp(rule->source, s->p.split_rules) != 0) continue;
+        char first[48] = "";
+        int hits = 0;
+        char cname[32];
+        for (int64_t i = 0; i < loom_gguf_tensor_count(s->g) + 2 * s->hp.n_layer; i++) {
+            const char *name = cname;
+            int64_t k = i - loom_gguf_tensor_count(s->g);
+            if (k < 0)
+                name = loom_gguf_tensor_name(s->g, i);
+            else
+                snprintf(cname, sizeof cname, "cache_%c_l%lld", k % 2 ? 'v' : 'k',
+                         (long long)(k / 2));
+            if (loom_rules_match(s->rules, name) != rule) continue;
+            if (!hits++) snprintf(first, sizeof first, "%s", name);
+        }
+        if (!hits) continue;
+        n += (size_t)snprintf(extra + n, sizeof extra - n,
+                              "%s%s:%d '%.40s' (%d tensors, e.g. %.40s)", n ? "; " : "",
+                              rule->source, rule->line, rule->pattern, hits, first);
+    }
+    if (!n) return st;
+    return loom_error(st, "%s [split rules in effect: %s]", msg, extra);
+}
+
 /* ---------------------------------------------------------------- lifecycle */
+
+static loom_status reserve(loom_session *s, int64_t n, bool all_logits);
 
 static loom_status fail(loom_session *s, loom_status st) {
     loom_session_free(s);
@@ -126,6 +289,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     size_t nd = 0;
     if (strcmp(spec, "cpu") != 0) {
         if ((st = loom_devices_from_spec(spec, s->devs, MAX_DEVS, &nd))) return fail(s, st);
+        if (nd > 0) s->spec_reg = loom_dev_reg(s->devs[0]); /* released at free if a spec made it */
         if (nd > MAX_DEVS)
             return fail(s, loom_error(LOOM_ERR_INVALID_ARG, "session: %zu devices (at most %d)", nd, MAX_DEVS));
     }
@@ -145,7 +309,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
         if (s->p.split_rules) {
             loom_rules *user = NULL;
             if ((st = loom_rules_load_file(s->p.split_rules, &user))) return fail(s, st);
-            loom_rules_prepend(s->rules, user);
+            if ((st = loom_rules_prepend(s->rules, user))) return fail(s, st);
         }
         if ((st = loom_meta_device_new(s->devs, s->n_dev, leaf_state, s, &s->meta))) return fail(s, st);
         s->backends[s->n_backends] = loom_dev_init(s->meta, NULL);
@@ -160,23 +324,57 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     }
     s->backends[s->n_backends++] = s->cpu;
 
-    /* weights, cache, tokenizer */
+    /* tokenizer first: a vocabulary that does not match the model's rows is refused before
+     * the weights are loaded (ids the tokenizer lacks would print nothing) */
+    if ((st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
+    if (loom_tokenizer_n_vocab(s->tok) != s->hp.n_vocab)
+        return fail(s, loom_error(LOOM_ERR_FORMAT,
+                                  "session: the tokenizer has %d tokens but the model's "
+                                  "token_embd/output have %lld rows",
+                                  loom_tokenizer_n_vocab(s->tok), (long long)s->hp.n_vocab));
+
+    /* weights, cache: checked against the memory there is before allocating */
+    int64_t n_ctx =
+        s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
+    if (s->p.kv_type != LOOM_TYPE_F32 && s->p.kv_type != LOOM_TYPE_F16)
+        return fail(s, loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)",
+                                  loom_type_name(s->p.kv_type)));
+    if ((st = check_memory(s, n_ctx))) return fail(s, st);
     loom_model_params mp = {.placement = place, .placement_user_data = s,
                             .progress = s->p.progress, .progress_user_data = s->p.progress_user_data};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
-    int64_t n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
     if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);
-    if ((st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
-    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, false, !s->p.no_op_offload);
+    s->parallel = pipeline_wanted(s);
+    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,
+                              !s->p.no_op_offload);
     if (!s->sched) return fail(s, loom_last_status());
+    /* worst cases, as llama.cpp reserves: a full prompt batch, then one token (what
+     * generation keeps using), each attending over the whole context */
+    int64_t nb = s->p.n_batch > 0 ? s->p.n_batch : 512;
+    if (nb > n_ctx) nb = n_ctx;
+    if (nb > 1 && (st = reserve(s, nb, false))) return fail(s, with_rules(s, st));
+    if ((st = reserve(s, 1, false))) return fail(s, with_rules(s, st));
     s->stats.load_us = loom_time_us() - t0;
     *out = s;
     return LOOM_OK;
 }
 
+/* Waits for every queued graph, then frees their headers; the status of the wait. */
+static loom_status sync_inflight(loom_session *s) {
+    loom_status st = LOOM_OK;
+    if (s->n_inflight > 0) {
+        loom_sched_synchronize(s->sched);
+        for (int i = 0; i < s->n_inflight; i++)
+            loom_ctx_free(s->inflight[i]);
+        s->n_inflight = 0;
+    }
+    return st;
+}
+
 void loom_session_free(loom_session *s) {
     if (!s) return;
+    sync_inflight(s);
     loom_sched_free(s->sched);
     loom_ctx_free(s->graph_ctx);
     loom_tokenizer_free(s->tok);
@@ -186,6 +384,8 @@ void loom_session_free(loom_session *s) {
         if (s->backends[i] != s->cpu) loom_backend_free(s->backends[i]);
     loom_backend_free(s->cpu);
     loom_meta_device_free(s->meta);
+    /* a sim spec made a reg for this session alone: free it (nothing of it is used now) */
+    if (s->spec_reg) loom_registry_release(s->spec_reg);
     loom_rules_free(s->rules);
     loom_gguf_free(s->own_gguf);
     loom_free(s);
@@ -198,6 +398,9 @@ loom_backend_t loom_session_meta_backend(const loom_session *s) { return s->meta
 int loom_session_n_devices(const loom_session *s) { return s->n_dev; }
 loom_dev_t loom_session_device(const loom_session *s, int i) { return s->devs[i]; }
 loom_split_mode loom_session_split_mode(const loom_session *s) { return s->mode; }
+bool loom_session_pipeline(const loom_session *s) {
+    return loom_sched_get_n_copies(s->sched) > 1;
+}
 int64_t loom_session_n_past(const loom_session *s) { return s->n_past; }
 int64_t loom_session_n_ctx(const loom_session *s) { return s->kv->n_ctx; }
 const loom_kv_cache *loom_session_kv(const loom_session *s) { return s->kv; }
@@ -206,14 +409,16 @@ void loom_session_get_stats(const loom_session *s, loom_session_stats *out) { *o
 
 /* ---------------------------------------------------------------- evaluation */
 
-/* Builds and allocates the graph of n tokens at n_past. */
-static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
+/* Builds the graph of n tokens at position n_past into a fresh graph_ctx, with the
+ * no_kv_offload pins applied. */
+static loom_status build(loom_session *s, int64_t n, int64_t n_past, bool all_logits) {
     loom_sched_reset(s->sched);
     loom_ctx_free(s->graph_ctx);
     s->graph_ctx = loom_ctx_new(
         (loom_ctx_params){.mem_size = loom_model_graph_ctx_size(s->model), .no_alloc = true});
     if (!s->graph_ctx) return loom_last_status();
-    loom_status st = loom_model_build_graph(s->model, s->kv, s->graph_ctx, n, s->n_past, all_logits, &s->bg);
+    loom_status st =
+        loom_model_build_graph(s->model, s->kv, s->graph_ctx, n, n_past, all_logits, &s->bg);
     if (st) return st;
     if (s->p.no_kv_offload && s->n_dev > 0) {
         /* the cache is in host memory: run what reads it there too (as llama.cpp pins its
@@ -232,6 +437,35 @@ static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
             }
         }
     }
+    return LOOM_OK;
+}
+
+/* Reserves the scheduler's compute buffers for the worst case of a batch of n tokens: at
+ * the end of the context, so the attention spans every position. Every later graph of the
+ * same kind (n, all_logits) is no larger and has the same topology, so it fits the plan. */
+static loom_status reserve(loom_session *s, int64_t n, bool all_logits) {
+    all_logits = all_logits && n > 1; /* one token: the same graph either way */
+    loom_status st = build(s, n, s->kv->n_ctx - n, all_logits);
+    if (st == LOOM_OK) st = loom_sched_reserve(s->sched, s->bg.graph);
+    loom_ctx_free(s->graph_ctx); /* the measure graph is spent */
+    s->graph_ctx = NULL;
+    s->reserved = st == LOOM_OK;
+    s->res_n = n;
+    s->res_all = all_logits;
+    if (st)
+        return loom_error(st, "session: reserving compute buffers for %lld tokens: %s",
+                          (long long)n, loom_last_error());
+    return LOOM_OK;
+}
+
+/* Builds and allocates the graph of n tokens at n_past. */
+static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
+    /* another kind of graph than the plan held: plan its worst case first, so the actual
+     * graph (and every later one of its kind) fits without reallocating */
+    loom_status st;
+    if (!s->reserved || s->res_n != n || s->res_all != (all_logits && n > 1))
+        if ((st = reserve(s, n, all_logits))) return st;
+    if ((st = build(s, n, s->n_past, all_logits))) return st;
     if ((st = loom_sched_alloc_graph(s->sched, s->bg.graph))) return st;
     loom_sched_stats ss;
     loom_sched_get_stats(s->sched, &ss);
@@ -252,7 +486,7 @@ loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out) {
                           (long long)n, (long long)s->n_past, (long long)s->kv->n_ctx);
     loom_status st = prepare(s, n, false);
     if (st == LOOM_OK) *out = s->bg.graph;
-    return st;
+    return with_rules(s, st);
 }
 
 loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n, bool all_logits,
@@ -266,14 +500,31 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
     if (s->n_past + n > s->kv->n_ctx)
         return loom_error(LOOM_ERR_INVALID_ARG, "session: %lld tokens at position %lld exceed the context of %lld",
                           (long long)n, (long long)s->n_past, (long long)s->kv->n_ctx);
-    for (int64_t i0 = 0; i0 < n; i0 += batch) {
+    loom_status st = LOOM_OK;
+    s->stats.last_copy_mask = 0;
+    for (int64_t i0 = 0; i0 < n && st == LOOM_OK; i0 += batch) {
         int64_t nb = n - i0 < batch ? n - i0 : batch;
         bool last = i0 + nb == n;
-        loom_status st = prepare(s, nb, all_logits);
-        if (st) return st;
-        if ((st = loom_batch_set_inputs(&s->bg, tokens + i0))) return st;
+        /* with pipeline copies, a batch whose logits nobody reads is queued without waiting:
+         * the next batch's first layers then run while this one finishes on later devices
+         * (the scheduler rotates the copies; its headers live until the next wait) */
+        bool queue = s->parallel && !last && !all_logits && loom_sched_get_n_copies(s->sched) > 1;
+        if (s->n_inflight == LOOM_SCHED_MAX_COPIES && (st = sync_inflight(s))) break;
+        if ((st = prepare(s, nb, all_logits))) break;
+        if ((st = loom_batch_set_inputs(&s->bg, tokens + i0))) break;
         if (s->meta) loom_meta_backend_reset_stats(s->backends[0]);
-        if ((st = loom_sched_graph_compute(s->sched, s->bg.graph))) return st;
+        loom_sched_stats ss;
+        loom_sched_get_stats(s->sched, &ss);
+        s->stats.last_copy_mask |= 1u << ss.cur_copy;
+        if (queue) {
+            if ((st = loom_sched_graph_compute_async(s->sched, s->bg.graph))) break;
+            s->inflight[s->n_inflight++] = s->graph_ctx;
+            s->graph_ctx = NULL;
+            s->n_past += nb;
+            continue;
+        }
+        if ((st = loom_sched_graph_compute(s->sched, s->bg.graph))) break;
+        if ((st = sync_inflight(s))) break;
         if (all_logits) loom_tensor_get(s->bg.logits, out + i0 * V, 0, (size_t)(nb * V) * sizeof(float));
         else if (last) loom_tensor_get(s->bg.logits, out, 0, (size_t)V * sizeof(float));
         s->n_past += nb;
@@ -284,6 +535,12 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
             s->stats.last_bytes_reduced = ms.bytes_reduced;
             s->stats.last_subgraphs = (int)ms.subgraphs;
         }
+    }
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        sync_inflight(s);
+        return with_rules(s, loom_error(st, "%s", msg));
     }
     return LOOM_OK;
 }

@@ -252,7 +252,8 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
             loom_tokenizer_free(t);
             return loom_error(st, "tokenizer: %s", loom_last_error());
         }
-    if (bos >= (int64_t)n || eos >= (int64_t)n || unk >= (int64_t)n) {
+    if (bos < -1 || eos < -1 || unk < -1 || bos >= (int64_t)n || eos >= (int64_t)n ||
+        unk >= (int64_t)n) {
         loom_tokenizer_free(t);
         return loom_error(
             LOOM_ERR_FORMAT,

@@ -5,10 +5,13 @@
 #define _GNU_SOURCE
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <errno.h>
+#include <fcntl.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "loom/rules.h"
 
@@ -111,6 +114,9 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
     if (nf < 2)
         return loom_error(LOOM_ERR_FORMAT, "%s:%d: missing split for pattern '%s'", source, lineno,
                           fields[0]);
+    if (r->n >= LOOM_RULES_MAX_RULES) /* every name is matched against every rule */
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: more than %d rules", source, lineno,
+                          LOOM_RULES_MAX_RULES);
     rule_impl ri = {0};
     const char *sp = fields[1];
     if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;
@@ -132,11 +138,11 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
             char *end;
             errno = 0;
             long long v = strtoll(g, &end, 10);
-            if (*end || errno || v <= 0)
+            if (*end || errno || v <= 0 || v > LOOM_RULES_MAX_GRANULARITY)
                 return loom_error(LOOM_ERR_FORMAT,
-                                  "%s:%d: bad granularity '%s' (a positive integer, head, kvhead, "
-                                  "qgroup or ffn)",
-                                  source, lineno, g);
+                                  "%s:%d: bad granularity '%s' (a positive integer up to %lld, "
+                                  "head, kvhead, qgroup or ffn)",
+                                  source, lineno, g, (long long)LOOM_RULES_MAX_GRANULARITY);
             ri.pub.granularity = v;
         }
         if (ri.pub.split == LOOM_RULE_MIRRORED || ri.pub.split == LOOM_RULE_FUSED_QKV)
@@ -155,8 +161,12 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
         size_t at = off >= 4 ? off - 4 : 0;
-        return loom_error(LOOM_ERR_FORMAT, "%s:%d: bad pattern '%s' at offset %zu: %s", source,
-                          lineno, fields[0], at, (const char *)msg);
+        /* the reason first and the pattern shortened, so a long pattern cannot push the
+         * reason out of the message */
+        int shown = plen > 80 ? 80 : (int)plen;
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: bad pattern at offset %zu: %s: '%.*s'%s", source,
+                          lineno, at, (const char *)msg, shown, fields[0],
+                          plen > 80 ? "... (cut)" : "");
     }
     ri.pattern = loom_strdup(fields[0]);
     ri.source = loom_strdup(source);
@@ -187,6 +197,7 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
 
 loom_status loom_rules_parse(const char *text, const char *source, loom_rules **out) {
     *out = NULL;
+    if (!text) return loom_error(LOOM_ERR_INVALID_ARG, "rules: NULL text");
     loom_rules *r = loom_calloc(1, sizeof *r);
     char *copy = loom_strdup(text);
     if (!r || !copy) {
@@ -214,46 +225,90 @@ loom_status loom_rules_parse(const char *text, const char *source, loom_rules **
 
 loom_status loom_rules_load_file(const char *path, loom_rules **out) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = loom_malloc(cap);
+    /* a FIFO would block fopen() and /dev/zero would read without end: only a regular file
+     * of bounded size, checked before opening and again on the open descriptor */
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return loom_error(LOOM_ERR_IO, "rules: '%s' is not a regular file", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return loom_error(LOOM_ERR_IO, "rules: cannot open '%s': %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return loom_error(LOOM_ERR_IO, "rules: '%s' is not a regular file", path);
+    }
+    if (sb.st_size > LOOM_RULES_MAX_FILE) {
+        close(fd);
+        return loom_error(LOOM_ERR_FORMAT, "rules: '%s' is %lld bytes (a rules file is at most %d)",
+                          path, (long long)sb.st_size, LOOM_RULES_MAX_FILE);
+    }
+    size_t cap = (size_t)sb.st_size + 1, n = 0;
+    char *buf = loom_malloc(cap + 1);
+    if (!buf) {
+        close(fd);
+        return loom_error(LOOM_ERR_NOMEM, "rules: out of memory reading '%s'", path);
+    }
+    /* at most cap bytes: a file that grew past its size since the check is refused */
     for (;;) {
-        if (!buf) {
-            fclose(f);
-            return loom_error(LOOM_ERR_NOMEM, "rules: out of memory reading '%s'", path);
+        ssize_t k = read(fd, buf + n, cap - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            loom_status st =
+                loom_error(LOOM_ERR_IO, "rules: error reading '%s': %s", path, strerror(errno));
+            close(fd);
+            loom_free(buf);
+            return st;
         }
-        n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        cap *= 2;
-        char *nb = loom_realloc(buf, cap);
-        if (!nb) loom_free(buf);
-        buf = nb;
+        if (k == 0) break;
+        n += (size_t)k;
+        if (n == cap) {
+            close(fd);
+            loom_free(buf);
+            return loom_error(
+                LOOM_ERR_FORMAT,
+                "rules: '%s' grew while being read (a rules file is at most %d bytes)", path,
+                LOOM_RULES_MAX_FILE);
+        }
     }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        loom_free(buf);
-        return loom_error(LOOM_ERR_IO, "rules: error reading '%s'", path);
-    }
+    close(fd);
     buf[n] = 0;
+    /* a NUL would silently end the text: name the line it is on */
+    const char *nul = memchr(buf, 0, n);
+    if (nul) {
+        int line = 1;
+        for (const char *p = buf; p < nul; p++)
+            line += *p == '\n';
+        loom_free(buf);
+        return loom_error(LOOM_ERR_FORMAT, "%s:%d: NUL byte at offset %zu (a rules file is text)",
+                          path, line, (size_t)(nul - buf));
+    }
     loom_status st = loom_rules_parse(buf, path, out);
     loom_free(buf);
     return st;
 }
 
-void loom_rules_prepend(loom_rules *base, loom_rules *user) {
-    if (!user) return;
+loom_status loom_rules_prepend(loom_rules *base, loom_rules *user) {
+    if (!user) return LOOM_OK;
     int n = base->n + user->n;
-    rule_impl *v = loom_malloc((size_t)(n ? n : 1) * sizeof *v);
-    LOOM_ASSERT(v != NULL || n == 0); /* tables are tiny */
+    if (user->n == 0) { /* an empty file: nothing to add (and no NULL to memcpy) */
+        loom_rules_free(user);
+        return LOOM_OK;
+    }
+    rule_impl *v = loom_malloc((size_t)n * sizeof *v);
+    if (!v) {
+        loom_rules_free(user);
+        return loom_error(LOOM_ERR_NOMEM, "rules: out of memory adding %d rules", n);
+    }
     memcpy(v, user->v, (size_t)user->n * sizeof *v);
-    memcpy(v + user->n, base->v, (size_t)base->n * sizeof *v);
+    if (base->n) memcpy(v + user->n, base->v, (size_t)base->n * sizeof *v);
     loom_free(base->v);
     base->v = v;
     base->n = base->cap = n;
     loom_free(user->v);
     loom_free(user);
+    return LOOM_OK;
 }
 
 int loom_rules_count(const loom_rules *r) { return r->n; }
@@ -291,19 +346,35 @@ static int64_t gcd64(int64_t a, int64_t b) {
     return a;
 }
 
-static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
+/* lcm(a, b) of positive a, b; false when it overflows */
+static bool lcm64(int64_t a, int64_t b, int64_t *out) {
+    return !loom_mul_overflow_i64(a / gcd64(a, b), b, out);
+}
 
 /* Query groups are coarsened to whole quant blocks of attn_output's rows; KV heads follow
- * with the same multiple, so query and KV splits keep agreeing. */
-static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
-    int64_t qg = hp->head_dim * (hp->n_head / hp->n_head_kv);
-    int64_t mult = lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1) / qg;
+ * with the same multiple, so query and KV splits keep agreeing. Checked (the hyperparameters
+ * come from a file): false when the unit does not fit in int64. */
+static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t *out) {
+    if (hp->head_dim <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0) return false;
+    int64_t qg, l;
+    if (loom_mul_overflow_i64(hp->head_dim, hp->n_head / hp->n_head_kv, &qg) || qg <= 0 ||
+        !lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1, &l))
+        return false;
     switch (rule->unit) {
-    case LOOM_RULE_UNIT_HEAD: return hp->head_dim;
-    case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim * mult;
-    case LOOM_RULE_UNIT_QGROUP: return qg * mult;
-    case LOOM_RULE_UNIT_FFN: return hp->ffn_block > 1 ? hp->ffn_block : 1;
-    default: return rule->granularity;
+    case LOOM_RULE_UNIT_HEAD:
+        *out = hp->head_dim;
+        return true;
+    case LOOM_RULE_UNIT_KVHEAD:
+        return !loom_mul_overflow_i64(hp->head_dim, l / qg, out);
+    case LOOM_RULE_UNIT_QGROUP:
+        *out = l;
+        return true;
+    case LOOM_RULE_UNIT_FFN:
+        *out = hp->ffn_block > 1 ? hp->ffn_block : 1;
+        return true;
+    default:
+        *out = rule->granularity;
+        return rule->granularity > 0;
     }
 }
 
@@ -320,9 +391,21 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
     int64_t blck = loom_blck_size(t->type);
     loom_status st;
     if (rule->split == LOOM_RULE_FUSED_QKV) {
-        const int64_t D = hp->head_dim, Dq = hp->n_head * D, Dkv = hp->n_head_kv * D;
+        const int64_t D = hp->head_dim;
+        int64_t Dq, Dkv, Dqkv;
         int axis = loom_n_dims(t) == 1 ? 0 : 1;
-        if (t->ne[axis] != Dq + 2 * Dkv)
+        /* checked: the hyperparameters come from a file */
+        if (D <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+            loom_mul_overflow_i64(hp->n_head, D, &Dq) ||
+            loom_mul_overflow_i64(hp->n_head_kv, D, &Dkv) ||
+            loom_add_overflow_i64(Dq, Dkv, &Dqkv) || loom_add_overflow_i64(Dqkv, Dkv, &Dqkv))
+            return loom_error(
+                LOOM_ERR_INVALID_ARG,
+                "rules: '%s' (%s:%d fused_qkv): the q/k/v widths overflow (head_dim %lld, "
+                "%lld heads, %lld KV heads)",
+                t->name, rule->source, rule->line, (long long)D, (long long)hp->n_head,
+                (long long)hp->n_head_kv);
+        if (t->ne[axis] != Dqkv)
             return loom_error(LOOM_ERR_SHAPE,
                               "rules: '%s' (%s:%d fused_qkv): ne[%d] = %lld, expected %lld + 2 x %lld",
                               t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
@@ -340,8 +423,13 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
     if (axis >= LOOM_MAX_DIMS || (t->ne[axis] == 1 && axis > 0 && loom_n_dims(t) <= axis))
         return loom_error(LOOM_ERR_SHAPE, "rules: '%s' (%s:%d) splits axis %d of a %d-d tensor",
                           t->name, rule->source, rule->line, axis, loom_n_dims(t));
-    int64_t g = unit_elems(rule, hp);
-    if (axis == 0 && blck > 1) g = g / gcd64(g, blck) * blck; /* lcm: whole blocks */
+    int64_t g;
+    if (!unit_elems(rule, hp, &g) || (axis == 0 && blck > 1 && !lcm64(g, blck, &g))) /* blocks */
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "rules: '%s' (%s:%d): the split unit overflows (granularity %lld, "
+                          "head_dim %lld, block %lld)",
+                          t->name, rule->source, rule->line, (long long)rule->granularity,
+                          (long long)hp->head_dim, (long long)blck);
     if ((st = loom_split_state_even(out, (loom_split_axis)axis, n_devices, t->ne[axis], g, rotation)))
         return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                           loom_last_error());

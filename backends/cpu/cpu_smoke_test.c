@@ -462,6 +462,67 @@ LOOM_TEST(cpu_vec, flash_attn_f16_paths_agree) {
     check_flash_attn(6, true);
 }
 
+/* NaN in, NaN out (docs/ops.md): a NaN score of an unmasked key, a NaN in v and a NaN
+ * sink each make that query's output NaN, while the other queries stay finite; a NaN
+ * logit makes its softmax row NaN. Every path. */
+LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
+    const int64_t D = 8, Nq = 4, Nkv = 5;
+    loom_ctx *ctx = new_ctx(8);
+    for (int which = 0; which < 3; which++) { /* NaN in q, in v, in the sink */
+        loom_tensor *q = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nq, 1);
+        loom_tensor *k = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, 1);
+        loom_tensor *v = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, 1);
+        loom_tensor *sinks = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 1);
+        fill_f32(q->data, loom_nelements(q), -1, 1);
+        fill_f32(k->data, loom_nelements(k), -1, 1);
+        fill_f32(v->data, loom_nelements(v), -1, 1);
+        ((float *)sinks->data)[0] = 0.5f;
+        if (which == 0) loom_set_f32_nd(q, 3, 1, 0, 0, NAN); /* query 1 only */
+        if (which == 1) loom_set_f32_nd(v, 2, 4, 0, 0, NAN); /* every query reads key 4 */
+        if (which == 2) ((float *)sinks->data)[0] = NAN;     /* every query */
+        loom_tensor *o = loom_flash_attn_ext(ctx, q, k, v, NULL, sinks, 0.5f, 0.0f, 0.0f);
+        LOOM_REQUIRE(o);
+        for (int path = 0; path < 3; path++) {
+            if (!path_available(path)) continue;
+            use_path(path);
+            LOOM_CHECK(compute(o, 1) == LOOM_OK);
+            for (int64_t j = 0; j < Nq; j++) {
+                for (int64_t d = 0; d < D; d++) {
+                    /* NaN in v reaches only its own output dimension */
+                    bool want_nan = which == 0 ? j == 1 : which == 1 ? d == 2 : true;
+                    float y = loom_get_f32_nd(o, d, 0, j, 0);
+                    LOOM_CHECK_MSG(want_nan ? isnan(y) : isfinite(y),
+                                   "nan case %d path %s query %lld dim %lld: %g", which,
+                                   k_paths[path], (long long)j, (long long)d, (double)y);
+                }
+            }
+        }
+    }
+    /* softmax: row 0 has one NaN logit, row 1 is finite, row 2 is all NaN */
+    const int64_t n = 7;
+    loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, 3);
+    fill_f32(x->data, 3 * n, -2, 2);
+    loom_set_f32_nd(x, 4, 0, 0, 0, NAN);
+    for (int64_t i = 0; i < n; i++)
+        loom_set_f32_nd(x, i, 2, 0, 0, NAN);
+    loom_tensor *sm = loom_soft_max_ext(ctx, x, NULL, NULL, 1.0f, 0.0f);
+    LOOM_REQUIRE(sm);
+    for (int path = 0; path < 3; path++) {
+        if (!path_available(path)) continue;
+        use_path(path);
+        LOOM_CHECK(compute(sm, 1) == LOOM_OK);
+        for (int64_t r = 0; r < 3; r++)
+            for (int64_t i = 0; i < n; i++) {
+                float y = loom_get_f32_nd(sm, i, r, 0, 0);
+                LOOM_CHECK_MSG(r == 1 ? isfinite(y) : isnan(y),
+                               "softmax path %s row %lld [%lld]: %g", k_paths[path], (long long)r,
+                               (long long)i, (double)y);
+            }
+    }
+    unsetenv("LOOM_CPU_SIMD");
+    loom_ctx_free(ctx);
+}
+
 /* ---------------------------------------------------------------- errors */
 
 LOOM_TEST(cpu_errors, unsupported_op_names_op_tensor_and_types) {

@@ -6,7 +6,9 @@
  * Flash attention takes up to 4 queries of one head at a time, so each key row is loaded
  * once for all of them: per query an online softmax (running max M, sum S, accumulator V)
  * over the keys, skipping masked (-INF) keys, then the sink logit folded into the
- * normalisation. Threads split the (query block, head, sequence) items.
+ * normalisation. A NaN score of an unmasked key (NaN in q, k, the mask, softcap), NaN in v
+ * or a NaN sink makes that query's whole output NaN: NaN in, NaN out, as every other op.
+ * Threads split the (query block, head, sequence) items.
  */
 #include "backends/cpu/cpu-impl.h"
 
@@ -141,7 +143,9 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
         }
         const char *mrow[FA_QB];
         float M[FA_QB], S[FA_QB];
+        bool nan[FA_QB]; /* a NaN score was seen: the output is NaN */
         for (int jj = 0; jj < nq; jj++) {
+            nan[jj] = false;
             mrow[jj] = mask ? loom__at(mask, 0, j0 + jj, h % mask->ne[2], s % mask->ne[3]) : NULL;
             M[jj] = -INFINITY;
             S[jj] = 0.0f;
@@ -169,7 +173,11 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
                 float zj = z[jj] * scale;
                 if (softcap > 0.0f) zj = softcap * tanhf(zj / softcap);
                 zj += slope * mv[jj];
-                if (zj == -INFINITY || zj != zj) continue;
+                if (zj != zj) {
+                    nan[jj] = true;
+                    continue;
+                }
+                if (zj == -INFINITY) continue;
                 float *aj = acc + jj * Dv;
                 float vs;
                 if (zj > M[jj]) {
@@ -203,9 +211,11 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
                 }
             }
             char *y = loom__at(dst, 0, h, j0 + jj, s);
+            /* S is NaN when a sink or an exp of v-weights was NaN; NaN in v reaches aj */
+            const bool poisoned = nan[jj] || S[jj] != S[jj];
             const float inv = S[jj] > 0.0f ? 1.0f / S[jj] : 0.0f;
             for (int64_t d = 0; d < Dv; d++) {
-                float o = aj[d] * inv;
+                float o = poisoned ? NAN : aj[d] * inv;
                 memcpy(y + d * (int64_t)dst->nb[0], &o, sizeof o);
             }
         }

@@ -134,6 +134,7 @@ void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst) {
         const float slope = alibi_slope(max_bias, a->ne[2], i2);
         const void *mrow = mask ? loom__at(mask, 0, i1, i2 % mask->ne[2], i3 % mask->ne[3]) : NULL;
         float max = -INFINITY;
+        bool nan = false; /* fmaxf ignores NaN: a NaN logit must make the row NaN */
         for (int64_t i = 0; i < n; i++) {
             float v = getf(x, i, a->nb[0]) * scale;
             if (mrow) {
@@ -149,14 +150,21 @@ void loom__cpu_op_soft_max(const loom__cpu_params *p, loom_tensor *dst) {
                 v += slope * mv;
             }
             z[i] = v;
+            nan |= v != v;
             max = fmaxf(max, v);
         }
         float sink = -INFINITY;
         if (sinks) {
             memcpy(&sink, flat_at(sinks, i2), sizeof sink);
+            nan |= sink != sink;
             max = fmaxf(max, sink);
         }
         void *y = loom__at(dst, 0, i1, i2, i3);
+        if (nan) { /* NaN in, NaN out */
+            for (int64_t i = 0; i < n; i++)
+                setf(y, i, dst->nb[0], NAN);
+            continue;
+        }
         if (max == -INFINITY) { /* every logit masked, no sink */
             for (int64_t i = 0; i < n; i++)
                 setf(y, i, dst->nb[0], 0.0f);

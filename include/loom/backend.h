@@ -189,6 +189,10 @@ LOOM_API loom_dev_t loom_registry_dev_by_type(loom_dev_type type); /* first of a
 /* Unregisters everything and unloads modules (tests). Devices and backends obtained
  * earlier must not be used afterwards. */
 LOOM_API void loom_registry_reset(void);
+/* Unregisters and frees a reg that loom_devices_from_spec created for a spec ("sim:N"),
+ * once nothing uses its devices; true if it was such a reg. Any other reg (static, loaded
+ * module) is left registered and false is returned. */
+LOOM_API bool loom_registry_release(loom_reg_t reg);
 
 /* Resolves a device SPEC into devices: "cpu", "sim:N[,options]" (see loom/sim.h),
  * "cuda:0,1", "cuda". Writes up to cap devices; *n_out is the number found. Errors name

@@ -117,6 +117,23 @@ LOOM_API char *loom_strdup(const char *s);
 LOOM_API void *loom_aligned_alloc(size_t alignment, size_t size);
 LOOM_API void loom_aligned_free(void *p);
 
+/* ---------------------------------------------------------------- checked arithmetic */
+
+/* For sizes read from files: each returns true (and leaves *out unspecified) when the exact
+ * result does not fit, so callers can refuse the input instead of wrapping around. */
+static inline bool loom_mul_overflow_i64(int64_t a, int64_t b, int64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool loom_add_overflow_i64(int64_t a, int64_t b, int64_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+static inline bool loom_mul_overflow_size(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool loom_add_overflow_size(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+
 /* ---------------------------------------------------------------- types */
 
 /* Values match GGUF's ggml_type ids, so a GGUF file's type field maps directly. */

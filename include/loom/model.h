@@ -29,6 +29,8 @@ extern "C" {
 #endif
 
 #define LOOM_MODEL_MAX_LAYERS 512
+#define LOOM_MODEL_MAX_DIM ((int64_t)1 << 20) /* n_embd, n_ff, n_head * head_dim, ... */
+#define LOOM_MODEL_MAX_EXPERTS 1024
 
 typedef struct loom_hparams {
     char arch[32];         /* "llama", "qwen2", "mixtral", "qwen2moe" ... */

@@ -61,13 +61,21 @@ typedef struct loom_rule {
 
 /* Parses a table. source names it in errors ("rules.txt:7: unknown split 'x'"). */
 LOOM_API loom_status loom_rules_parse(const char *text, const char *source, loom_rules **out);
+/* A regular file of at most LOOM_RULES_MAX_FILE bytes with no NUL byte (a FIFO, a device
+ * or a directory is refused before it is opened). */
 LOOM_API loom_status loom_rules_load_file(const char *path, loom_rules **out);
+#define LOOM_RULES_MAX_FILE (1 << 20)
+/* The most rules one table may hold (each tensor name is matched against each rule). */
+#define LOOM_RULES_MAX_RULES 4096
+/* The largest integer GRANULARITY a table may give. */
+#define LOOM_RULES_MAX_GRANULARITY ((int64_t)1 << 40)
 /* The built-in table for an architecture (llama, mistral, qwen2, mixtral, qwen2moe; a llama
  * with experts uses the MoE table). LOOM_ERR_UNSUPPORTED naming an unknown one. */
 LOOM_API loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out);
 LOOM_API const char *loom_rules_builtin_text(const char *arch, bool moe);
-/* Puts `user`'s rules in front of base's (user is consumed and freed). */
-LOOM_API void loom_rules_prepend(loom_rules *base, loom_rules *user);
+/* Puts `user`'s rules in front of base's (user is consumed and freed, also on failure).
+ * LOOM_ERR_NOMEM leaves base as it was. */
+LOOM_API loom_status loom_rules_prepend(loom_rules *base, loom_rules *user);
 LOOM_API void loom_rules_free(loom_rules *r);
 
 LOOM_API int loom_rules_count(const loom_rules *r);

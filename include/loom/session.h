@@ -46,6 +46,11 @@ typedef struct loom_session_params {
     loom_type kv_type;          /* F32 (default) or F16 */
     bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
     bool no_op_offload;
+    /* pipeline parallelism (4 copies of every tensor crossing devices, rotating per graph)
+     * is used under llama.cpp's conditions: layer split over several devices, every layer
+     * and the output offloaded, the KV cache offloaded, every device with async compute and
+     * events; if its compute buffers do not fit it is dropped (logged). true: never. */
+    bool no_pipeline;
     const char *split_rules;    /* a rules file that overrides/extends the built-in table */
     void (*progress)(size_t done, size_t total, void *user_data);
     void *progress_user_data;
@@ -56,7 +61,14 @@ LOOM_API loom_session_params loom_session_params_default(void);
 typedef struct loom_session loom_session;
 
 /* Opens path (or uses g if path is NULL; g is then borrowed and must outlive the session),
- * places the model and prepares everything. Errors name the file, device or tensor. */
+ * places the model and prepares everything. Errors name the file, device or tensor. The
+ * planned weights and KV cache are checked against each device's free memory (an even
+ * share of each for a meta device) and the host's available memory before anything is
+ * allocated (LOOM_ERR_DEVICE_OOM / LOOM_ERR_NOMEM naming the device and both sizes). The
+ * compute buffers are then reserved for the worst-case graphs (a full prompt batch and one
+ * token, both attending over the whole context), so evaluation at any position does not
+ * reallocate them (LOOM_SCHED_DEBUG_REALLOC=1 stays quiet). A session on a "sim:" spec
+ * frees the sim reg it created. */
 LOOM_API loom_status loom_session_new(const char *path, const loom_gguf *g,
                                       const loom_session_params *p, loom_session **out);
 LOOM_API void loom_session_free(loom_session *s);
@@ -69,6 +81,8 @@ LOOM_API loom_backend_t loom_session_meta_backend(const loom_session *s);
 LOOM_API int loom_session_n_devices(const loom_session *s);
 LOOM_API loom_dev_t loom_session_device(const loom_session *s, int i);
 LOOM_API loom_split_mode loom_session_split_mode(const loom_session *s);
+/* Whether pipeline parallelism is on (after the reserve: false if it did not fit). */
+LOOM_API bool loom_session_pipeline(const loom_session *s);
 LOOM_API int64_t loom_session_n_past(const loom_session *s);
 LOOM_API int64_t loom_session_n_ctx(const loom_session *s);
 /* The KV cache (its tensors and buffers, e.g. for a memory report). */
@@ -95,6 +109,9 @@ typedef struct loom_session_stats {
     int last_reductions;
     uint64_t last_bytes_reduced;
     int last_subgraphs;
+    /* scheduler copies the last eval's graphs used (bit c: copy c): with pipeline
+     * parallelism a prompt of several batches rotates through them */
+    unsigned last_copy_mask;
 } loom_session_stats;
 
 LOOM_API void loom_session_get_stats(const loom_session *s, loom_session_stats *out);

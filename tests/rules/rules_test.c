@@ -45,7 +45,8 @@ LOOM_TEST(rules, parse_errors_name_file_and_line) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "my.rules:2: unknown split 'sideways'");
     LOOM_CHECK(r == NULL);
     LOOM_CHECK(loom_rules_parse("# c\n\nfoo(\\d 1\n", "x.rules", &r) == LOOM_ERR_FORMAT);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "x.rules:3: bad pattern 'foo(\\d'");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "x.rules:3: bad pattern at offset");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "'foo(\\d'");
     LOOM_CHECK(loom_rules_parse("a 1 -4\n", "y", &r) == LOOM_ERR_FORMAT);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "y:1: bad granularity '-4'");
     LOOM_CHECK(loom_rules_parse("a mirrored 4\n", "y", &r) == LOOM_ERR_FORMAT);
