@@ -93,8 +93,10 @@ int loom_cli_gguf(int argc, char **argv) {
         for (int d = 0; d < nd; d++) o += (size_t)snprintf(sh + o, sizeof sh - o, "%s%lld", d ? ", " : "", (long long)ne[d]);
         snprintf(sh + o, sizeof sh - o, "]");
         loom_cli_format_bytes(sz, sizeof sz, (double)loom_gguf_tensor_size(g, i));
-        printf("  %-32s %-5s %-22s %10s", loom_gguf_tensor_name(g, i), loom_type_name(loom_gguf_tensor_type(g, i)), sh, sz);
-        if (plan && ctx) {
+        printf("  %-32s %-5s %-22s %10s", loom_gguf_tensor_name(g, i), loom_gguf_tensor_type_name(g, i), sh, sz);
+        if (plan && ctx && loom_gguf_tensor_check_type(g, i) != LOOM_OK) {
+            printf("  (type not supported)");
+        } else if (plan && ctx) {
             loom_tensor *t = loom_new_tensor(ctx, loom_gguf_tensor_type(g, i), 4, ne);
             loom_set_name(t, loom_gguf_tensor_name(g, i));
             loom_split_state st;

@@ -16,7 +16,7 @@
  * split by output columns; b is walked in blocks that fit L2 so every weight row is read
  * from memory once per block.
  */
-#include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/quants-dot.h"
 
 enum {
     MM_GEMM_MIN_N = 8,   /* columns (rows of b) from which the tiled GEMM pays */
@@ -26,19 +26,36 @@ enum {
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_GEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM } mm_path;
 
+static size_t align64_size(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Q8_0/Q4_0: the Q8 activation layout of cpu-impl.h and the SIMD table's dots */
 static bool is_quant(loom_type t) {
     return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
 }
 
+/* every other block type: activations in the type's vec_dot_type blocks (quants-dot.h) */
+static bool is_qdot(loom_type t) {
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized && !is_quant(t);
+}
+
+/* Bytes of one activation row of K elements in a's vec_dot_type. */
+static size_t qdot_row_bytes(loom_type t, int64_t K) {
+    return align64_size(loom_row_size(loom_type_traits_get((int)t)->vec_dot_type, K));
+}
+
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    const int64_t min_n = is_quant(a->type) ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
+    const bool q = is_quant(a->type) || is_qdot(a->type);
+    const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
     if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
         dst->nb[1] % sizeof(float) == 0)
         return MM_GEMM;
-    return is_quant(a->type) ? MM_QUANT : MM_DOT;
+    return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
 /* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
@@ -79,6 +96,7 @@ typedef struct mm_dot_args {
     size_t b_row_bytes;
     const loom__cpu_simd *simd;
     float *a_tmp; /* K floats when a rows must be converted first, else NULL */
+    loom__cpu_qdot_fn qdot; /* the dot of a's block type against its vec_dot_type rows */
 } mm_dot_args;
 
 /* out[j] = a_row . b_rows[j] for j < nb. */
@@ -107,7 +125,9 @@ static void dot_rows(const mm_dot_args *x, const void *arow, const void *brows, 
         s->dot_q4_0(x->K / LOOM_QK4_0, arow, brows, x->ldb, nb, out);
         break;
     default:
-        LOOM_ASSERT(!"matmul weight type");
+        LOOM_ASSERT(x->qdot != NULL);
+        for (int j = 0; j < nb; j++)
+            out[j] = x->qdot(x->K, arow, (const char *)brows + (size_t)j * x->ldb);
     }
 }
 
@@ -140,6 +160,10 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
     switch (choose_path(dst, simd)) {
     case MM_QUANT:
         w.shared = brows * loom__q8a_row_bytes(s.K / LOOM_QK8_0);
+        w.per_thread = (size_t)s.K * sizeof(float);
+        break;
+    case MM_QDOT:
+        w.shared = brows * qdot_row_bytes(a->type, s.K);
         w.per_thread = (size_t)s.K * sizeof(float);
         break;
     case MM_DOT:
@@ -257,6 +281,39 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
         .simd = p->simd,
     };
     const size_t rb = loom__q8a_row_bytes(nblk);
+    mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
+}
+
+/* Other block types: b quantised once to a's vec_dot_type rows (shared), then the type's
+ * integer dots. */
+static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const loom_type_traits *vt = loom_type_traits_get((int)loom_type_traits_get((int)a->type)->vec_dot_type);
+    const size_t rb = qdot_row_bytes(a->type, s->K);
+    char *qb = p->wshared;
+    float *tmp = p->wthread;
+    int64_t r0, r1;
+    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r % s->N, i2 = (r / s->N) % s->B2, i3 = r / (s->N * s->B2);
+        const float *row = loom__at(b, 0, n, i2, i3);
+        if (b->nb[0] != sizeof(float)) {
+            loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, tmp);
+            row = tmp;
+        }
+        vt->from_float(row, qb + r * (int64_t)rb, s->K);
+    }
+    loom__cpu_barrier(p);
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .ldb = rb,
+        .b_row_bytes = rb,
+        .simd = p->simd,
+        .qdot = loom__cpu_qdot_get(a->type, p->simd),
+    };
     mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
                 rb * (size_t)(s->N * s->B2));
 }
@@ -404,6 +461,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     case MM_QUANT:
         mm_path_quant(p, dst, &s);
         break;
+    case MM_QDOT:
+        mm_path_qdot(p, dst, &s);
+        break;
     case MM_DOT:
         mm_path_dot(p, dst, &s);
         break;
@@ -423,8 +483,9 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst) {
     const loom_tensor *as = dst->src[0], *ids = dst->src[2];
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
-    l.row_bytes =
-        is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0) : (size_t)K * sizeof(float);
+    l.row_bytes = is_quant(as->type)  ? loom__q8a_row_bytes(K / LOOM_QK8_0)
+                  : is_qdot(as->type) ? qdot_row_bytes(as->type, K)
+                                      : (size_t)K * sizeof(float);
     l.off_count = 0;
     l.off_start = align64((size_t)E * sizeof(int64_t));
     l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));
@@ -497,6 +558,9 @@ done:
         loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
         if (is_quant(as->type))
             p->simd->quantize_q8a(tmp, rows + r * l.row_bytes, K);
+        else if (is_qdot(as->type))
+            loom_type_traits_get((int)loom_type_traits_get((int)as->type)->vec_dot_type)
+                ->from_float(tmp, rows + r * l.row_bytes, K);
         else
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
@@ -510,10 +574,11 @@ done:
         .a = as,
         .atype = as->type,
         .K = K,
-        .ldb = is_quant(as->type) ? l.row_bytes : (size_t)K,
+        .ldb = is_quant(as->type) || is_qdot(as->type) ? l.row_bytes : (size_t)K,
         .b_row_bytes = l.row_bytes,
         .simd = p->simd,
         .a_tmp = a_in_place(as) ? NULL : p->wthread,
+        .qdot = loom__cpu_qdot_get(as->type, p->simd),
     };
     int64_t t0, t1;
     loom__range(active * M, p->ith, p->nth, &t0, &t1);
