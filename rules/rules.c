@@ -132,12 +132,15 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
             char *end;
             errno = 0;
             long long v = strtoll(g, &end, 10);
-            if (*end || errno || v <= 0)
+            /* "N" elements, or "Nblocks" / "Nblock": N quant blocks of the tensor's type */
+            bool blocks = end != g && (strcmp(end, "blocks") == 0 || strcmp(end, "block") == 0);
+            if ((*end && !blocks) || errno || v <= 0)
                 return loom_error(LOOM_ERR_FORMAT,
-                                  "%s:%d: bad granularity '%s' (a positive integer, head, kvhead, "
-                                  "qgroup or ffn)",
+                                  "%s:%d: bad granularity '%s' (a positive integer of elements, "
+                                  "Nblocks, head, kvhead, qgroup or ffn)",
                                   source, lineno, g);
             ri.pub.granularity = v;
+            if (blocks) ri.pub.unit = LOOM_RULE_UNIT_BLOCKS;
         }
         if (ri.pub.split == LOOM_RULE_MIRRORED || ri.pub.split == LOOM_RULE_FUSED_QKV)
             return loom_error(LOOM_ERR_FORMAT, "%s:%d: '%s' takes no granularity", source, lineno, sp);
@@ -295,7 +298,7 @@ static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
 
 /* Query groups are coarsened to whole quant blocks of attn_output's rows; KV heads follow
  * with the same multiple, so query and KV splits keep agreeing. */
-static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
+static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t blck) {
     int64_t qg = hp->head_dim * (hp->n_head / hp->n_head_kv);
     int64_t mult = lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1) / qg;
     switch (rule->unit) {
@@ -303,6 +306,7 @@ static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
     case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim * mult;
     case LOOM_RULE_UNIT_QGROUP: return qg * mult;
     case LOOM_RULE_UNIT_FFN: return hp->ffn_block > 1 ? hp->ffn_block : 1;
+    case LOOM_RULE_UNIT_BLOCKS: return rule->granularity * blck;
     default: return rule->granularity;
     }
 }
@@ -340,7 +344,7 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
     if (axis >= LOOM_MAX_DIMS || (t->ne[axis] == 1 && axis > 0 && loom_n_dims(t) <= axis))
         return loom_error(LOOM_ERR_SHAPE, "rules: '%s' (%s:%d) splits axis %d of a %d-d tensor",
                           t->name, rule->source, rule->line, axis, loom_n_dims(t));
-    int64_t g = unit_elems(rule, hp);
+    int64_t g = unit_elems(rule, hp, blck);
     if (axis == 0 && blck > 1) g = g / gcd64(g, blck) * blck; /* lcm: whole blocks */
     if ((st = loom_split_state_even(out, (loom_split_axis)axis, n_devices, t->ne[axis], g, rotation)))
         return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,

@@ -107,6 +107,13 @@ int loom_cli_gguf(int argc, char **argv) {
             else
                 snprintf(state, sizeof state, "error: %.80s", loom_last_error());
             printf("  %-28s", state);
+            /* block-quantised rows split on axis 0 move whole blocks: show them per device */
+            const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+            if (tr && tr->is_quantized && st.axis == LOOM_SPLIT_AXIS_0) {
+                printf(" blocks");
+                for (int j = 0; j < n_dev; j++)
+                    printf("%s%lld", j ? "," : " ", (long long)(loom_split_state_dev_count(&st, j) / tr->blck_size));
+            }
             if (m) printf(" %s:%d /%s/", m->source, m->line, m->pattern);
             else printf(" (no rule: mirrored)");
             loom_ctx_free(ctx);
