@@ -13,6 +13,7 @@ static void qdot_init(void) {
     for (int isa = 0; isa < 3; isa++) {
         loom__cpu_qdot_legacy(&qdot_sets[isa], isa);
         loom__cpu_qdot_k(&qdot_sets[isa], isa);
+        if (isa > 0) loom__cpu_qdot_avx2(&qdot_sets[isa]);
     }
 }
 

@@ -27,6 +27,8 @@ typedef struct loom__cpu_qdot_set {
 
 void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa); /* isa: 0 portable, 1 avx2, 2 avx512 */
 void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa);
+/* Overrides with the hand-written AVX2 kernels (quants-avx2.c) where there are some. */
+void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s);
 
 /* The dot of weight type t for the given SIMD table; NULL for types without one (float types,
  * Q8_0/Q4_0, which have their own paths, and the activation types). */
