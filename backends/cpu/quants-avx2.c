@@ -16,6 +16,9 @@
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
+/* fp16 -> f32 with F16C (exact, like loom__fp16_to_fp32) */
+#define H(h) _cvtsh_ss(h)
+
 AVX2 static inline float hsum8(__m256 x) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -62,9 +65,9 @@ AVX2 static float dot_q4_1(int64_t n, const void *vx, const void *vy) {
     float summ = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
         const __m256i p = dot_us(nibbles32(x[b].qs), load32(y[b].qs));
-        const float d = loom__fp16_to_fp32(x[b].d) * loom__fp16_to_fp32(y[b].d);
+        const float d = H(x[b].d) * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-        summ += loom__fp16_to_fp32(x[b].m) * loom__fp16_to_fp32(y[b].s);
+        summ += H(x[b].m) * H(y[b].s);
     }
     return hsum8(acc) + summ;
 }
@@ -78,9 +81,9 @@ AVX2 static float dot_q5_1(int64_t n, const void *vx, const void *vy) {
         __m256i q = _mm256_or_si256(nibbles32(x[b].qs),
                                     _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
         const __m256i p = dot_us(q, load32(y[b].qs));
-        const float d = loom__fp16_to_fp32(x[b].d) * loom__fp16_to_fp32(y[b].d);
+        const float d = H(x[b].d) * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-        summ += loom__fp16_to_fp32(x[b].m) * loom__fp16_to_fp32(y[b].s);
+        summ += H(x[b].m) * H(y[b].s);
     }
     return hsum8(acc) + summ;
 }
@@ -94,7 +97,7 @@ AVX2 static float dot_q5_0(int64_t n, const void *vx, const void *vy) {
                                     _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
         q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
         const __m256i p = dot_ss(q, load32(y[b].qs));
-        const float d = loom__fp16_to_fp32(x[b].d) * loom__fp16_to_fp32(y[b].d);
+        const float d = H(x[b].d) * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     }
     return hsum8(acc);
@@ -112,7 +115,7 @@ AVX2 static float dot_iq4_nl(int64_t n, const void *vx, const void *vy) {
     for (int64_t b = 0; b < n / 32; b++) {
         const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs));
         const __m256i p = dot_ss(q, load32(y[b].qs));
-        const float d = loom__fp16_to_fp32(x[b].d) * loom__fp16_to_fp32(y[b].d);
+        const float d = H(x[b].d) * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     }
     return hsum8(acc);
@@ -128,7 +131,7 @@ AVX2 static float dot_mxfp4(int64_t n, const void *vx, const void *vy) {
         const __m256i p = dot_ss(q, load32(y[b].qs));
         const uint8_t e = x[b].e;
         const float de = loom__f32_from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
-        const float d = de * loom__fp16_to_fp32(y[b].d);
+        const float d = de * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
     }
     return hsum8(acc);
@@ -174,9 +177,9 @@ AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
         }
-        const float d = y[b].d * loom__fp16_to_fp32(x[b].d);
+        const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * loom__fp16_to_fp32(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
     }
     return hsum8(acc) - accm;
 }
@@ -206,9 +209,9 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
         }
-        const float d = y[b].d * loom__fp16_to_fp32(x[b].d);
+        const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * loom__fp16_to_fp32(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
     }
     return hsum8(acc) - accm;
 }
@@ -242,7 +245,7 @@ AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
-        const float d = y[b].d * loom__fp16_to_fp32(x[b].d);
+        const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
@@ -264,7 +267,7 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
             const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
         }
-        const float d = y[b].d * loom__fp16_to_fp32(x[b].d);
+        const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
