@@ -472,34 +472,137 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
 
 /* ---------------------------------------------------------------- mul_mat_id */
 
+/* MUL_MAT_ID takes the batched (GEMM) path, from the shapes alone, when there are enough
+ * (u, t) slots overall and per expert on average for the packed micro-kernel to pay. */
+enum { MMID_GEMM_MIN_SLOTS = 64, MMID_GEMM_MIN_PER_EXPERT = 8 };
+
+static bool mmid_use_gemm(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    const loom_tensor *as = dst->src[0], *ids = dst->src[2];
+    const int64_t slots = ids->ne[0] * ids->ne[1], E = as->ne[2];
+    return simd->gemm_tile && slots >= MMID_GEMM_MIN_SLOTS &&
+           slots >= MMID_GEMM_MIN_PER_EXPERT * E;
+}
+
 /* Shared scratch of MUL_MAT_ID: the (u, t) slots grouped by expert (counting sort), then
- * b's rows in that order, contiguous (f32, or Q8 activations for quantised experts). */
+ * b's rows in that order, contiguous (f32, or Q8 activations for quantised experts on the
+ * dot path); on the GEMM path the rows stay f32 and are packed into NR-wide panels per
+ * expert (each expert's last panel zero-padded). */
 typedef struct mmid_layout {
-    size_t off_count, off_start, off_slots, off_rows, total;
+    size_t off_count, off_start, off_slots, off_rows, off_panels, total;
     size_t row_bytes;
+    bool gemm;
 } mmid_layout;
 
-static mmid_layout mmid_layout_of(const loom_tensor *dst) {
+static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *as = dst->src[0], *ids = dst->src[2];
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
-    l.row_bytes = is_quant(as->type)  ? loom__q8a_row_bytes(K / LOOM_QK8_0)
-                  : is_qdot(as->type) ? qdot_row_bytes(as->type, K)
-                                      : (size_t)K * sizeof(float);
+    l.gemm = mmid_use_gemm(dst, simd);
+    l.row_bytes = l.gemm                ? (size_t)K * sizeof(float)
+                  : is_quant(as->type)  ? loom__q8a_row_bytes(K / LOOM_QK8_0)
+                  : is_qdot(as->type)   ? qdot_row_bytes(as->type, K)
+                                        : (size_t)K * sizeof(float);
     l.off_count = 0;
     l.off_start = align64((size_t)E * sizeof(int64_t));
     l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));
     l.off_rows = l.off_slots + align64((size_t)slots * 2 * sizeof(int32_t));
-    l.total = l.off_rows + (size_t)slots * l.row_bytes;
+    l.off_panels = l.off_rows + align64((size_t)slots * l.row_bytes);
+    l.total = l.off_panels;
+    if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
+        l.total += (size_t)(slots + E * simd->gemm_nr) * (size_t)K * sizeof(float);
     return l;
+}
+
+/* Per-thread scratch of the GEMM path: A panels, converted A lines, then one unit's
+ * results (MM_MC rows by up to every slot). */
+static size_t mmid_gemm_lines_off(void) {
+    return align64((size_t)MM_MC * MM_KC * sizeof(float));
+}
+
+static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
+    return mmid_gemm_lines_off() + align64((size_t)simd->gemm_mr * MM_KC * sizeof(float));
 }
 
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd) {
     (void)nth;
-    (void)simd;
-    loom__cpu_work w = {mmid_layout_of(dst).total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
+    const mmid_layout l = mmid_layout_of(dst, simd);
+    loom__cpu_work w = {l.total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
+    if (l.gemm) {
+        const int64_t slots = dst->src[2]->ne[0] * dst->src[2]->ne[1];
+        const size_t g = mmid_gemm_cbuf_off(simd) + (size_t)MM_MC * (size_t)slots * sizeof(float);
+        if (g > w.per_thread) w.per_thread = g;
+    }
     return w;
+}
+
+/* The GEMM path over the slots grouped by expert: b's f32 rows packed into panels per
+ * expert (shared), then (expert, row block) units across threads, each accumulating its
+ * MM_MC x n_e block over K with the micro-kernel and scattering it to dst. */
+static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_layout *l,
+                      const int64_t *start, const int32_t *slot, const float *rows) {
+    const loom_tensor *as = dst->src[0];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const int mr = p->simd->gemm_mr, nr = p->simd->gemm_nr;
+    float *bp = (float *)((char *)p->wshared + l->off_panels);
+    int64_t npanels = 0, active = 0;
+    for (int64_t e = 0; e < E; e++) {
+        npanels += ceil_div(start[e + 1] - start[e], nr);
+        active += start[e + 1] > start[e];
+    }
+    int64_t p0, p1;
+    loom__range(npanels, p->ith, p->nth, &p0, &p1);
+    for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        for (int64_t pn = 0; pn < np; pn++, gi++) {
+            if (gi < p0 || gi >= p1) continue;
+            float *dp = bp + gi * K * nr;
+            for (int j = 0; j < nr; j++) {
+                const int64_t col = pn * nr + j;
+                const float *src = col < ne_ ? rows + (start[e] + col) * K : NULL;
+                for (int64_t k = 0; k < K; k++)
+                    dp[k * nr + j] = src ? src[k] : 0.0f;
+            }
+        }
+    }
+    loom__cpu_barrier(p);
+
+    float *ap = p->wthread;
+    float *lines = (float *)((char *)p->wthread + mmid_gemm_lines_off());
+    float *cbuf = (float *)((char *)p->wthread + mmid_gemm_cbuf_off(p->simd));
+    const int64_t mblocks = ceil_div(M, MM_MC);
+    int64_t u0, u1;
+    loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
+    int64_t e = -1, e_rank = -1, pan0 = 0;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t rank = u / mblocks, mb = u % mblocks;
+        while (e_rank < rank) { /* the rank-th active expert and its first panel */
+            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
+            e++;
+            if (start[e + 1] > start[e]) e_rank++;
+        }
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
+        const int64_t mpan = ceil_div(mlen, mr);
+        for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
+            const int64_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
+            gemm_pack_a(p, as, e, 0, mc0, mlen, k0, kc, mr, ap, lines);
+            for (int64_t pn = 0; pn < np; pn++) {
+                const float *bpk = bp + (pan0 + pn) * K * nr + k0 * nr;
+                const int nvalid = ne_ - pn * nr < nr ? (int)(ne_ - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                    p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, cbuf + pn * nr * MM_MC + mp * mr,
+                                       MM_MC, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+        for (int64_t j = 0; j < ne_; j++) {
+            const int64_t s = start[e] + j;
+            for (int64_t i = 0; i < mlen; i++)
+                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
+        }
+    }
 }
 
 void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
@@ -507,7 +610,7 @@ void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
     const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
     const int64_t U = ids->ne[0], T = ids->ne[1], B1 = b->ne[1];
     const int64_t slots = U * T;
-    const mmid_layout l = mmid_layout_of(dst);
+    const mmid_layout l = mmid_layout_of(dst, p->simd);
     char *w = p->wshared;
     int64_t *count = (int64_t *)(w + l.off_count), *start = (int64_t *)(w + l.off_start);
     int32_t *slot = (int32_t *)(w + l.off_slots); /* (u, t) pairs by expert */
@@ -556,7 +659,9 @@ done:
         const char *row = loom__at(b, 0, u % B1, t, 0);
         float *tmp = p->wthread;
         loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
-        if (is_quant(as->type))
+        if (l.gemm)
+            memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
+        else if (is_quant(as->type))
             p->simd->quantize_q8a(tmp, rows + r * l.row_bytes, K);
         else if (is_qdot(as->type))
             loom_type_traits_get((int)loom_type_traits_get((int)as->type)->vec_dot_type)
@@ -565,6 +670,10 @@ done:
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
     loom__cpu_barrier(p);
+    if (l.gemm) {
+        mmid_gemm(p, dst, &l, start, slot, (const float *)rows);
+        return;
+    }
 
     /* (expert, m) pairs of the experts in use, split across threads */
     int64_t active = 0;
