@@ -1,13 +1,13 @@
 /*
  * AVX2 dot products of the block types beyond Q8_0/Q4_0 (the AVX-512 table uses them too):
- * Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0/Q8_1 activations and Q4_K, Q5_K, Q6_K, IQ4_XS
- * against Q8_K, written with intrinsics: nibbles split with a mask and a shift, the Q5 fifth
- * bits expanded from the 32-bit qh with a byte shuffle, the non-linear grids looked up with
- * pshufb, unsigned x signed byte products with maddubs (signed x signed through the sign
- * trick: |x| * sign(y, x)), integer sub-block scales applied with madd in int32, and one
- * float scale per block. Q2_K and Q3_K keep the compiler-vectorised bodies of quants-k.c.
- * Each function computes exactly what its portable body in quants-legacy.c / quants-k.c
- * computes (the ops suite checks both against the same reference).
+ * Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0/Q8_1 activations and Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_XS against Q8_K, written with intrinsics: nibbles split with a mask and a
+ * shift, 2-bit fields with shifts, the Q5 fifth bits expanded from the 32-bit qh with a byte
+ * shuffle, the non-linear grids looked up with pshufb, unsigned x signed byte products with maddubs
+ * (signed x signed through the sign trick: |x| * sign(y, x)), integer sub-block scales applied with
+ * madd in int32, and one float scale per block. Each function computes exactly what its portable
+ * body in quants-legacy.c / quants-k.c computes (the ops suite checks both against the same
+ * reference).
  */
 #include "backends/cpu/quants-dot.h"
 
@@ -174,8 +174,10 @@ AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
             const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
             const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+            sumi =
+                _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+            sumi = _mm256_add_epi32(
+                sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
         }
         const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -206,8 +208,10 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hhi);
             const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
             const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+            sumi =
+                _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+            sumi = _mm256_add_epi32(
+                sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
         }
         const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
@@ -219,8 +223,7 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
 AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
     const loom_block_q6_K *x = vx;
     const loom_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3),
-                  off = _mm256_set1_epi8(32);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         __m256i sumi = _mm256_setzero_si256();
@@ -229,19 +232,25 @@ AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
             const int8_t *sc = x[b].scales + 8 * h;
             const __m256i l0 = load32(ql), l1 = load32(ql + 32), qh = load32(qhp);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
             for (int g = 0; g < 4; g++) {
                 const __m256i xs = _mm256_sub_epi8(q[g], off);
                 const __m256i yv = load32(y[b].qs + 128 * h + 32 * g);
-                const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xs, xs), _mm256_sign_epi8(yv, xs));
+                const __m256i p =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(xs, xs), _mm256_sign_epi8(yv, xs));
                 /* elements 0..15 of the group in the low 128 bits, 16..31 in the high */
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+                const __m256i s =
+                    _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
             }
         }
@@ -273,7 +282,79 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
     return hsum8(acc);
 }
 
+/* Q2_K/Q3_K: element 128 h + 32 g + l is (qs[32 h + l] >> 2 g) & 3; its 16-element
+ * sub-block is 8 h + 2 g (l < 16) or 8 h + 2 g + 1 */
+AVX2 static inline __m256i k2_scales(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+AVX2 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q2_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const uint8_t *sc = x[b].scales;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q2 = load32(x[b].qs + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const int sb = 8 * h + 2 * g;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * g), m2);
+                const __m256i p = _mm256_maddubs_epi16(q, load32(y[b].qs + 128 * h + 32 * g));
+                sumi = _mm256_add_epi32(
+                    sumi, _mm256_madd_epi16(p, k2_scales(sc[sb] & 0x0f, sc[sb + 1] & 0x0f)));
+            }
+        }
+        int summ = 0;
+        for (int j = 0; j < 16; j++)
+            summ += (sc[j] >> 4) * y[b].bsums[j];
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * H(x[b].dmin) * (float)summ;
+    }
+    return hsum8(acc) - accm;
+}
+
+AVX2 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q3_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const uint8_t *in = x[b].scales;
+        int sc[16];
+        for (int j = 0; j < 16; j++) {
+            int lo = j < 8 ? in[j] & 0x0f : in[j - 8] >> 4;
+            int hi = (in[8 + j % 4] >> (2 * (j / 4))) & 3;
+            sc[j] = (lo | (hi << 4)) - 32;
+        }
+        const __m256i hm = load32(x[b].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q2 = load32(x[b].qs + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const int sb = 8 * h + 2 * g;
+                /* q - 4 unless hmask[l] bit 4 h + g is set */
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + g), one);
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * g), m2);
+                q = _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(hb, 2)), four);
+                const __m256i yv = load32(y[b].qs + 128 * h + 32 * g);
+                const __m256i p =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k2_scales(sc[sb], sc[sb + 1])));
+            }
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
 void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
+    s->q2_K = dot_q2_K;
+    s->q3_K = dot_q3_K;
     s->q4_1 = dot_q4_1;
     s->q5_0 = dot_q5_0;
     s->q5_1 = dot_q5_1;

@@ -22,17 +22,29 @@ loom__cpu_qdot_fn loom__cpu_qdot_get(loom_type t, const loom__cpu_simd *simd) {
     const int isa = simd == &loom__cpu_simd_avx512 ? 2 : simd == &loom__cpu_simd_avx2 ? 1 : 0;
     const loom__cpu_qdot_set *s = &qdot_sets[isa];
     switch (t) {
-    case LOOM_TYPE_Q4_1: return s->q4_1;
-    case LOOM_TYPE_Q5_0: return s->q5_0;
-    case LOOM_TYPE_Q5_1: return s->q5_1;
-    case LOOM_TYPE_IQ4_NL: return s->iq4_nl;
-    case LOOM_TYPE_MXFP4: return s->mxfp4;
-    case LOOM_TYPE_Q2_K: return s->q2_K;
-    case LOOM_TYPE_Q3_K: return s->q3_K;
-    case LOOM_TYPE_Q4_K: return s->q4_K;
-    case LOOM_TYPE_Q5_K: return s->q5_K;
-    case LOOM_TYPE_Q6_K: return s->q6_K;
-    case LOOM_TYPE_IQ4_XS: return s->iq4_xs;
-    default: return NULL;
+    case LOOM_TYPE_Q4_1:
+        return s->q4_1;
+    case LOOM_TYPE_Q5_0:
+        return s->q5_0;
+    case LOOM_TYPE_Q5_1:
+        return s->q5_1;
+    case LOOM_TYPE_IQ4_NL:
+        return s->iq4_nl;
+    case LOOM_TYPE_MXFP4:
+        return s->mxfp4;
+    case LOOM_TYPE_Q2_K:
+        return s->q2_K;
+    case LOOM_TYPE_Q3_K:
+        return s->q3_K;
+    case LOOM_TYPE_Q4_K:
+        return s->q4_K;
+    case LOOM_TYPE_Q5_K:
+        return s->q5_K;
+    case LOOM_TYPE_Q6_K:
+        return s->q6_K;
+    case LOOM_TYPE_IQ4_XS:
+        return s->iq4_xs;
+    default:
+        return NULL;
     }
 }

@@ -26,8 +26,9 @@
 #include "tests/ops/harness.h"
 
 static const loom_type k_qtypes[] = {
-    LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,   LOOM_TYPE_Q2_K,   LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K,
-    LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K, LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4,
+    LOOM_TYPE_Q4_1,   LOOM_TYPE_Q5_0,   LOOM_TYPE_Q5_1,  LOOM_TYPE_Q2_K,
+    LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K,   LOOM_TYPE_Q5_K,  LOOM_TYPE_Q6_K,
+    LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4,
 };
 #define N_QTYPES ((int)(sizeof k_qtypes / sizeof k_qtypes[0]))
 
@@ -121,10 +122,10 @@ typedef struct qmm_variant {
 } qmm_variant;
 
 static const qmm_variant k_qmm[] = {
-    {1, 5, 1, 1, 1},  /* one token, one block */
-    {3, 17, 3, 1, 2}, /* weights broadcast over dim 2 */
+    {1, 5, 1, 1, 1},   /* one token, one block */
+    {3, 17, 3, 1, 2},  /* weights broadcast over dim 2 */
     {2, 33, 40, 1, 1}, /* enough columns for the GEMM path */
-    {5, 7, 2, 2, 2},  /* two weight batches */
+    {5, 7, 2, 2, 2},   /* two weight batches */
 };
 
 OPS_CASE(mul_mat_quants) {
@@ -187,8 +188,8 @@ OPS_CASE(mul_mat_id_quants) {
             const ops_layout la = iv == 1 ? OPS_PADDED : OPS_CONTIG;
             const ops_layout lb = iv == 2 ? OPS_PERM12 : OPS_CONTIG;
             ops_begin(e, "mul_mat_id %s K=%lld M=%lld E=4 U=%lld B1=%lld T=%lld as %s b %s",
-                      loom_type_name(type), (long long)K, (long long)M, (long long)U,
-                      (long long)B1, (long long)T, ops_layout_name(la), ops_layout_name(lb));
+                      loom_type_name(type), (long long)K, (long long)M, (long long)U, (long long)B1,
+                      (long long)T, ops_layout_name(la), ops_layout_name(lb));
             loom_tensor *as = ops_src(e, type, K, M, E, 1, la);
             loom_tensor *b = ops_src(e, LOOM_TYPE_F32, K, B1, T, 1, lb);
             loom_tensor *ids = ops_src(e, LOOM_TYPE_I32, U, T, 1, 1, OPS_CONTIG);

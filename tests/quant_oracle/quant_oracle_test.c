@@ -54,7 +54,8 @@ static int read_expected(expected *out, int max) {
         if (strncmp(line, "tokens:", 7) == 0) {
             char *p = line + 7, *end;
             g_n_tokens = 0;
-            for (long v = strtol(p, &end, 10); end != p && g_n_tokens < 64; v = strtol(p, &end, 10)) {
+            for (long v = strtol(p, &end, 10); end != p && g_n_tokens < 64;
+                 v = strtol(p, &end, 10)) {
                 g_tokens[g_n_tokens++] = (int32_t)v;
                 p = end;
             }
@@ -63,7 +64,8 @@ static int read_expected(expected *out, int max) {
         if (n >= max) break;
         char *p = line, *end;
         int k = 0;
-        while (*p && *p != ' ' && k < 15) out[n].type[k++] = *p++;
+        while (*p && *p != ' ' && k < 15)
+            out[n].type[k++] = *p++;
         out[n].type[k] = 0;
         int v = 0;
         for (; v < MAX_V; v++) {
@@ -84,7 +86,8 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
     int n = read_expected(exp, 32);
     const char *dir = getenv("LOOM_ORACLE_DIR");
     if (!dir) {
-        loom_test_skip(__FILE__, __LINE__, "LOOM_ORACLE_DIR not set (see tests/quant_oracle/README.md)");
+        loom_test_skip(__FILE__, __LINE__,
+                       "LOOM_ORACLE_DIR not set (see tests/quant_oracle/README.md)");
         return;
     }
 
@@ -96,7 +99,8 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
     int checked = 0;
     for (int i = 0; i < n; i++) {
         char path[4096];
-        if (snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, exp[i].type) >= (int)sizeof path) {
+        if (snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, exp[i].type) >=
+            (int)sizeof path) {
             loom_test_fail(__FILE__, __LINE__, "LOOM_ORACLE_DIR is too long");
             break;
         }
@@ -110,7 +114,8 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
         float logits[MAX_V];
         loom_status st = loom_model_load(g, NULL, &m);
         if (!st) st = loom_kv_cache_new(m, 64, LOOM_TYPE_F32, NULL, &kv);
-        if (!st && m->hp.n_vocab != MAX_V) st = loom_error(LOOM_ERR_SHAPE, "vocab %lld", (long long)m->hp.n_vocab);
+        if (!st && m->hp.n_vocab != MAX_V)
+            st = loom_error(LOOM_ERR_SHAPE, "vocab %lld", (long long)m->hp.n_vocab);
         if (!st) st = loom_model_eval_simple(m, kv, cpu, g_tokens, g_n_tokens, 0, false, logits);
         if (LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", exp[i].type, loom_last_error())) {
             double worst = 0, scale = 0;
