@@ -28,6 +28,8 @@
 #include "model/run-simple.h"
 #include "tests/shim/loom_test.h"
 
+loom_synth_params loom_quant_oracle_params(void);
+
 #define MAX_V 320
 
 typedef struct expected {
@@ -84,28 +86,36 @@ static int read_expected(expected *out, int max) {
 LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
     static expected exp[32];
     int n = read_expected(exp, 32);
-    const char *dir = getenv("LOOM_ORACLE_DIR");
-    if (!dir) {
-        loom_test_skip(__FILE__, __LINE__,
-                       "LOOM_ORACLE_DIR not set (see tests/quant_oracle/README.md)");
-        return;
-    }
-
     LOOM_CHECK_MSG(n > 0, "cannot read tests/quant_oracle/expected_logits.txt");
     LOOM_REQUIRE(n > 0);
     LOOM_REQUIRE(g_n_tokens > 0);
+    const char *dir = getenv("LOOM_ORACLE_DIR");
     loom_backend_t cpu = loom_cpu_backend_new(2);
     LOOM_REQUIRE(cpu != NULL);
-    int checked = 0;
+    int checked = 0, skipped = 0;
     for (int i = 0; i < n; i++) {
+        loom_gguf *g = NULL;
+        void *synth = NULL;
+        if (strcmp(exp[i].type, "f32") == 0) {
+            /* gen_model's F32 file, rebuilt in memory: this check needs no oracle files */
+            loom_synth_params sp = loom_quant_oracle_params();
+            loom_gguf_writer *w = NULL;
+            size_t size = 0;
+            LOOM_REQUIRE(loom_model_synth(&sp, &w) == LOOM_OK);
+            LOOM_REQUIRE(loom_gguf_write_memory(w, &synth, &size) == LOOM_OK);
+            loom_gguf_writer_free(w);
+            LOOM_REQUIRE(loom_gguf_open_memory(synth, size, &g) == LOOM_OK);
+        } else if (!dir) {
+            skipped++;
+            continue;
+        }
         char path[4096];
-        if (snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, exp[i].type) >=
-            (int)sizeof path) {
+        if (!g && snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, exp[i].type) >=
+                      (int)sizeof path) {
             loom_test_fail(__FILE__, __LINE__, "LOOM_ORACLE_DIR is too long");
             break;
         }
-        loom_gguf *g = NULL;
-        if (loom_gguf_open(path, &g) != LOOM_OK) {
+        if (!g && loom_gguf_open(path, &g) != LOOM_OK) {
             loom_test_fail(__FILE__, __LINE__, "%s: %s", path, loom_last_error());
             continue;
         }
@@ -113,7 +123,7 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
         loom_kv_cache *kv = NULL;
         float logits[MAX_V];
         loom_status st = loom_model_load(g, NULL, &m);
-        if (!st) st = loom_kv_cache_new(m, 64, LOOM_TYPE_F32, NULL, &kv);
+        if (!st) st = loom_kv_cache_new(m, 64, LOOM_TYPE_F16, NULL, &kv); /* as the oracle's */
         if (!st && m->hp.n_vocab != MAX_V)
             st = loom_error(LOOM_ERR_SHAPE, "vocab %lld", (long long)m->hp.n_vocab);
         if (!st) st = loom_model_eval_simple(m, kv, cpu, g_tokens, g_n_tokens, 0, false, logits);
@@ -132,7 +142,11 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
         loom_kv_cache_free(kv);
         loom_model_free(m);
         loom_gguf_free(g);
+        loom_free(synth);
     }
     loom_backend_free(cpu);
-    LOOM_CHECK(checked == n);
+    LOOM_CHECK(checked + skipped == n);
+    if (skipped)
+        fprintf(stderr, "%d quantised files not checked: LOOM_ORACLE_DIR not set (README.md)\n",
+                skipped);
 }
