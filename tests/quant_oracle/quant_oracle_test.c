@@ -150,3 +150,55 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
         fprintf(stderr, "%d quantised files not checked: LOOM_ORACLE_DIR not set (README.md)\n",
                 skipped);
 }
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Blocks written by the oracle's own quantisers decode in loom to exactly the floats the
+ * oracle decodes them to (block_vectors.txt): the GGUF layouts bit for bit, every type. */
+LOOM_TEST(quant_oracle, blocks_decode_as_llama_cpp) {
+    char path[4096];
+    const char *root = loom_test_source_root();
+    LOOM_REQUIRE(root != NULL);
+    snprintf(path, sizeof path, "%s/tests/quant_oracle/block_vectors.txt", root);
+    FILE *f = fopen(path, "r");
+    LOOM_CHECK_MSG(f != NULL, "%s", path);
+    LOOM_REQUIRE(f != NULL);
+    char *line = NULL;
+    size_t cap = 0;
+    int types = 0;
+    static unsigned char q[8192];
+    static float want[1024], got[1024];
+    while (getline(&line, &cap, f) > 0) {
+        if (line[0] == '#') continue;
+        char *p = line, *end;
+        const int type = (int)strtol(p, &end, 10);
+        const int n = (int)strtol(end, &p, 10);
+        const loom_type_traits *tr = loom_type_traits_get(type);
+        if (!LOOM_CHECK_MSG(tr && tr->to_float && n > 0 && n <= 1024, "type %d n %d", type, n))
+            continue;
+        while (*p == ' ')
+            p++;
+        size_t nb = 0;
+        while (hexval(p[0]) >= 0 && hexval(p[1]) >= 0 && nb < sizeof q) {
+            q[nb++] = (unsigned char)(hexval(p[0]) << 4 | hexval(p[1]));
+            p += 2;
+        }
+        LOOM_CHECK_EQ_INT(nb, loom_row_size((loom_type)type, n));
+        for (int j = 0; j < n; j++) {
+            want[j] = strtof(p, &end);
+            p = end;
+        }
+        tr->to_float(q, got, n);
+        int bad = 0;
+        for (int j = 0; j < n; j++)
+            if (got[j] != want[j] && bad++ < 3)
+                loom_test_fail(__FILE__, __LINE__, "%s element %d: loom %.9g, oracle %.9g",
+                               tr->name, j, got[j], want[j]);
+        types++;
+    }
+    free(line);
+    fclose(f);
+    LOOM_CHECK_EQ_INT(types, 13);
+}
