@@ -1,21 +1,31 @@
 /*
- * loom's logits on GGUF files quantised by llama.cpp's quantiser against that engine's own
- * logits for the same files (expected_logits.txt; oracle, commit and procedure in README.md).
+ * loom against llama.cpp's quantiser and decoder, with ik_llama.cpp as the oracle
+ * (expected values, commit and procedure in README.md and in the data files' heads).
  *
- * The files themselves are the oracle's output and are not committed: the test reads them
- * from $LOOM_ORACLE_DIR (oracle-<type>.gguf, made from gen_model's F32 model) and skips when
- * they are absent. What it proves when they are there: loom decodes every block layout
- * exactly as llama.cpp's quantiser wrote it, and its quantised-activation dots agree.
+ * blocks_decode_as_llama_cpp: blocks the oracle's quantisers wrote decode in loom to
+ * exactly the oracle's floats, every weight type (always runs).
  *
- * Tolerance: max |loom - oracle| <= 2e-3 * max |oracle logit| per type. The F32 file sets the
- * floor: both engines then compute the same function from the same weights, and differ only
- * by float summation order (matmul, softmax, norms) and their own expf/rope code, ~1e-5
- * relative here. The quantised files add the activation rounding of the integer dots,
- * which both engines do the same way (Q8_K per 256 / Q8_0 / Q8_1 per 32, d = amax / 127)
- * but with their own float rounding of the block scale (1/d vs. x/d) that can move a
- * quantised activation by one step where x/d lands within an ulp of .5: a few such steps
- * per row move a logit by ~1e-4 relative. 2e-3 covers that with margin, and is ~50x below
- * what a wrong scale, nibble or sub-block order costs (the ops suite's mutations: >3e-2).
+ * logits_match_llama_cpp_quantised_files: loom's logits on oracle-<type>.gguf, files the
+ * oracle's llama-quantize made from gen_model's F32 model, read from $LOOM_ORACLE_DIR (the
+ * files are the oracle's output and are not committed; without them only the F32 line runs,
+ * on the model rebuilt in memory). Per file two expected lines:
+ *   "<type>:deq"  the oracle's logits on its own F32 dequantisation of the file
+ *                 (llama-quantize --allow-requantize ... F32): the exact function of the
+ *                 decoded weights. Tolerance 1e-2 x max |logit|: loom quantises activations
+ *                 to Q8 blocks for its integer dots (step amax / 127, up to 0.4% of a block's
+ *                 largest activation per element) at every matmul of both layers; measured
+ *                 here 0.3-0.5% relative for every type (the same as for Q8_0, whose weights
+ *                 are nearly exact, so this is the activation rounding alone). A wrong scale,
+ *                 nibble or sub-block order costs >3% (the ops suite's mutations).
+ *   "<type>"      the oracle's logits on the quantised file itself. The oracle rounds
+ *                 activations too, but into its own Q8 variants (ik_llama's iqk kernels), so
+ *                 two independent roundings meet: tolerance 1.5e-2 x max |logit| (measured
+ *                 0.45-0.95%; 0.0001% for Q2_K, whose oracle path takes Q8_K activations like
+ *                 loom: identical decoding and integer dots). Not checked for IQ4_XS: there
+ *                 the oracle's quantised matmul is 7% away from its own dequantised F32
+ *                 evaluation (loom agrees with the latter to 0.4%), an oracle deviation.
+ * The F32 line: both engines compute the same function from the same weights, 1.7e-6
+ * relative (summation order, expf, rope); tolerance 1e-4.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -33,7 +43,7 @@ loom_synth_params loom_quant_oracle_params(void);
 #define MAX_V 320
 
 typedef struct expected {
-    char type[16];
+    char type[24];
     float logits[MAX_V];
 } expected;
 
@@ -109,9 +119,19 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
             skipped++;
             continue;
         }
-        char path[4096];
-        if (!g && snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, exp[i].type) >=
-                      (int)sizeof path) {
+        char path[4096], base[24];
+        snprintf(base, sizeof base, "%s", exp[i].type);
+        char *colon = strchr(base, ':');
+        const bool deq = colon != NULL;
+        if (colon) *colon = 0;
+        const bool is_f32 = strcmp(base, "f32") == 0;
+        if (!deq && strcmp(base, "iq4_xs") == 0) { /* see the head: an oracle deviation */
+            skipped++;
+            loom_gguf_free(g);
+            continue;
+        }
+        const double tol = is_f32 ? 1e-4 : deq ? 1e-2 : 1.5e-2;
+        if (!g && snprintf(path, sizeof path, "%s/oracle-%s.gguf", dir, base) >= (int)sizeof path) {
             loom_test_fail(__FILE__, __LINE__, "LOOM_ORACLE_DIR is too long");
             break;
         }
@@ -135,8 +155,8 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
             }
             fprintf(stderr, "%-8s max |loom - oracle| = %.3g (logit scale %.3g, %.2g relative)\n",
                     exp[i].type, worst, scale, worst / scale);
-            LOOM_CHECK_MSG(worst <= 2e-3 * scale, "%s: max |diff| %g > 2e-3 x %g", exp[i].type,
-                           worst, scale);
+            LOOM_CHECK_MSG(worst <= tol * scale, "%s: max |diff| %g > %g x %g", exp[i].type, worst,
+                           tol, scale);
             checked++;
         }
         loom_kv_cache_free(kv);
@@ -147,7 +167,7 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
     loom_backend_free(cpu);
     LOOM_CHECK(checked + skipped == n);
     if (skipped)
-        fprintf(stderr, "%d quantised files not checked: LOOM_ORACLE_DIR not set (README.md)\n",
+        fprintf(stderr, "%d expected lines not checked (LOOM_ORACLE_DIR unset, or iq4_xs's own)\n",
                 skipped);
 }
 
