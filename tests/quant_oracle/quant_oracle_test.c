@@ -15,7 +15,7 @@
  *                 to Q8 blocks for its integer dots (step amax / 127, up to 0.4% of a block's
  *                 largest activation per element) at every matmul of both layers; measured
  *                 here 0.3-0.75% relative for every type (as for Q8_0, whose weights are
-^ *                 nearly exact, so this is the activation rounding alone). A wrong scale,
+ *                 nearly exact, so this is the activation rounding alone). A wrong scale,
  *                 nibble or sub-block order costs >3% (the ops suite's mutations).
  *   "<type>"      the oracle's logits on the quantised file itself. The oracle rounds
  *                 activations too, but into its own Q8 variants (ik_llama's iqk kernels), so
