@@ -11,8 +11,17 @@ static bool is_float(loom_type t) {
     return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16;
 }
 
+/* Block-quantised weight types (every quantised loom type but the activation-only Q8_1
+ * and Q8_K). */
 static bool is_quant(loom_type t) {
-    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized && tr->is_weight;
+}
+
+/* Quantised types a copy or SET_ROWS may write (a quantised KV cache). */
+static bool is_quant_dst(loom_type t) {
+    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 ||
+           t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_IQ4_NL;
 }
 
 /* Types the matmul kernels take as weights. */
@@ -22,8 +31,9 @@ static bool is_mm_weight(loom_type t) {
 
 /* Quantised tensors must keep whole blocks contiguous along dim 0. */
 static bool blocks_ok(const loom_tensor *t) {
-    if (!is_quant(t->type)) return true;
-    return t->nb[0] == loom_type_size(t->type) && t->ne[0] % LOOM_QK8_0 == 0;
+    const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+    if (!tr || !tr->is_quantized) return true;
+    return t->nb[0] == tr->type_size && t->ne[0] % tr->blck_size == 0;
 }
 
 static bool all_f32(const loom_tensor *op, int n_src) {
@@ -38,7 +48,7 @@ static bool cpy_types_ok(const loom_tensor *src, const loom_tensor *dst) {
     if (!blocks_ok(src) || !blocks_ok(dst)) return false;
     if (src->type == dst->type) return true;
     if (src->type == LOOM_TYPE_F32)
-        return dst->type == LOOM_TYPE_F16 || dst->type == LOOM_TYPE_BF16 || is_quant(dst->type);
+        return dst->type == LOOM_TYPE_F16 || dst->type == LOOM_TYPE_BF16 || is_quant_dst(dst->type);
     if (dst->type == LOOM_TYPE_F32)
         return src->type == LOOM_TYPE_F16 || src->type == LOOM_TYPE_BF16 || is_quant(src->type);
     return false;
@@ -101,8 +111,8 @@ bool loom__op_types_ok(const loom_tensor *op) {
         return is_mm_weight(a->type) && blocks_ok(a) && op->type == LOOM_TYPE_F32;
     case LOOM_OP_SET_ROWS:
         return a && b && a->type == LOOM_TYPE_F32 &&
-               (b->type == LOOM_TYPE_I32 || b->type == LOOM_TYPE_I64) && is_mm_weight(op->type) &&
-               blocks_ok(op);
+               (b->type == LOOM_TYPE_I32 || b->type == LOOM_TYPE_I64) &&
+               (is_float(op->type) || is_quant_dst(op->type)) && blocks_ok(op);
     case LOOM_OP_SOFT_MAX:
         return a && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
                (!b || b->type == LOOM_TYPE_F32 || b->type == LOOM_TYPE_F16) &&

@@ -3,7 +3,7 @@
  *
  * First it measures the machine itself (machine_limits.c): streaming read bandwidth and
  * FMA peak on every hardware thread. Then it times MUL_MAT of an M x K weight (F32, F16,
- * Q8_0, Q4_0) by K x N activations for one token (N = 1, a matrix-vector product that is
+ * Q8_0, Q4_0, the other legacy quants, the K-quants, IQ4_NL/IQ4_XS, MXFP4) by K x N activations for one token (N = 1, a matrix-vector product that is
  * bound by memory bandwidth) and for a batch (N = 512 by default, bound by arithmetic).
  * Each row reports the best time of several runs, GFLOP/s (2*M*N*K per matmul), GB/s
  * ((weight bytes + activation bytes) / time), and the fraction of the measured read
@@ -45,8 +45,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: matmul_bench [--size K] [--tokens N] [--threads T] [--small]\n"
                "\n"
                "Measures memory bandwidth and FMA peak, then times the CPU backend's MUL_MAT\n"
-               "with KxK weights (F32, F16, Q8_0, Q4_0) for N=1 and N tokens.\n"
-               "  --size K     weight rows and columns (default 4096; a multiple of 32)\n"
+               "with KxK weights (F32, F16, every quant type) for N=1 and N tokens.\n"
+               "  --size K     weight rows and columns (default 4096; a multiple of 32,\n"
+               "               of 256 for the K-quants and IQ4_XS, which are skipped otherwise)\n"
                "  --tokens N   batch of the second row per type (default 512)\n"
                "  --threads T  threads (default: every hardware thread)\n"
                "  --small      quick run for CI: 512x512 weights, fewer repetitions\n");
@@ -310,10 +311,19 @@ int main(int argc, char **argv) {
     printf("%-6s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "time(ms)", "GFLOP/s", "GB/s",
            "%bw", "%peak", "reps", "check");
 
-    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
+    static const loom_type types[] = {
+        LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,   LOOM_TYPE_Q4_1,
+        LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K,   LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K,
+        LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K, LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4};
     int failed = 0;
     bool over_limit = false;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        if (o.size % loom_blck_size(types[ti])) {
+            printf("%-6s  (skipped: K = %lld is not a multiple of its %lld-element block)\n",
+                   loom_type_name(types[ti]), (long long)o.size,
+                   (long long)loom_blck_size(types[ti]));
+            continue;
+        }
         int64_t ns[2] = {1, o.tokens};
         for (int k = 0; k < (o.tokens == 1 ? 1 : 2); k++) {
             case_result r;

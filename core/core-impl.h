@@ -100,6 +100,32 @@ void loom__dequantize_row_q8_0(const loom_block_q8_0 *x, float *y, int64_t n);
 void loom__quantize_row_q4_0(const float *x, loom_block_q4_0 *y, int64_t n);
 void loom__dequantize_row_q4_0(const loom_block_q4_0 *x, float *y, int64_t n);
 
+/* The other block types (quants-legacy.c, quants-k.c): GGUF layouts, loom's quantisers;
+ * n a multiple of the block length. */
+#define LOOM__QUANT_DECL(t)                                                                        \
+    void loom__quantize_row_##t(const float *x, loom_block_##t *y, int64_t n);                     \
+    void loom__dequantize_row_##t(const loom_block_##t *x, float *y, int64_t n);
+LOOM__QUANT_DECL(q4_1)
+LOOM__QUANT_DECL(q5_0)
+LOOM__QUANT_DECL(q5_1)
+LOOM__QUANT_DECL(q8_1)
+LOOM__QUANT_DECL(iq4_nl)
+LOOM__QUANT_DECL(mxfp4)
+LOOM__QUANT_DECL(q2_K)
+LOOM__QUANT_DECL(q3_K)
+LOOM__QUANT_DECL(q4_K)
+LOOM__QUANT_DECL(q5_K)
+LOOM__QUANT_DECL(q6_K)
+LOOM__QUANT_DECL(q8_K)
+LOOM__QUANT_DECL(iq4_xs)
+#undef LOOM__QUANT_DECL
+int loom__grid_nearest(const int8_t *grid, int n, float v);
+float loom__quantize_iq4nl_group(const float *x, int n, int *q);
+float loom__e8m0_half(uint8_t e);
+void loom__q3k_scales_unpack(const uint8_t in[12], int out[16]);
+void loom__k4_scale_min(int j, const uint8_t *q, int *sc, int *m);
+int loom__iq4xs_scale(const loom_block_iq4_xs *x, int s);
+
 /* The ALiBi slope of head h among n_head heads (docs/ops.md, SOFT_MAX); 1 when
  * max_bias <= 0. */
 float loom__alibi_slope(float max_bias, int64_t n_head, int64_t h);

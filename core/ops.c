@@ -82,18 +82,14 @@ bool loom__op_need_type(const char *op, const char *what, const loom_tensor *t, 
 }
 
 bool loom__op_need_float(const char *op, const char *what, const loom_tensor *t) {
-    switch (t->type) {
-    case LOOM_TYPE_F32:
-    case LOOM_TYPE_F16:
-    case LOOM_TYPE_BF16:
-    case LOOM_TYPE_Q8_0:
-    case LOOM_TYPE_Q4_0:
-        return true;
-    default:
-        loom_error(LOOM_ERR_TYPE, "%s: %s must be f32/f16/bf16/q8_0/q4_0, not %s (%s '%s')", op,
-                   what, loom_type_name(t->type), what, t->name);
-        return false;
-    }
+    /* f32/f16/bf16 and every block-quantised weight type (not the activation-only Q8_1
+     * and Q8_K, not integers) */
+    const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+    if (tr && tr->is_weight) return true;
+    loom_error(LOOM_ERR_TYPE,
+               "%s: %s must be f32/f16/bf16 or a quantised weight type, not %s (%s '%s')", op,
+               what, tr ? tr->name : loom_gguf_type_str((int)t->type), what, t->name);
+    return false;
 }
 
 loom_tensor *loom__new_view(loom_ctx *ctx, const char *opname, loom_tensor *a, loom_type type,
@@ -159,12 +155,14 @@ loom_tensor *loom_dup(loom_ctx *ctx, loom_tensor *a) {
 
 /* The conversions of docs/ops.md (CPY). */
 static bool loom__cpy_supported(loom_type from, loom_type to) {
-    if (from == LOOM_TYPE_F32)
+    if (from == LOOM_TYPE_F32) /* the quantised targets are the KV-cache types */
         return to == LOOM_TYPE_F32 || to == LOOM_TYPE_F16 || to == LOOM_TYPE_BF16 ||
-               to == LOOM_TYPE_Q8_0 || to == LOOM_TYPE_Q4_0;
-    if (to == LOOM_TYPE_F32)
-        return from == LOOM_TYPE_F16 || from == LOOM_TYPE_BF16 || from == LOOM_TYPE_Q8_0 ||
-               from == LOOM_TYPE_Q4_0;
+               to == LOOM_TYPE_Q8_0 || to == LOOM_TYPE_Q4_0 || to == LOOM_TYPE_Q4_1 ||
+               to == LOOM_TYPE_Q5_0 || to == LOOM_TYPE_Q5_1 || to == LOOM_TYPE_IQ4_NL;
+    if (to == LOOM_TYPE_F32) {
+        const loom_type_traits *tr = loom_type_traits_get((int)from);
+        return tr && tr->is_weight && from != LOOM_TYPE_F32;
+    }
     return from == LOOM_TYPE_I32 && to == LOOM_TYPE_I32;
 }
 

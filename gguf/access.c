@@ -278,6 +278,18 @@ const char *loom_gguf_tensor_name(const loom_gguf *g, int64_t i) { return tensor
 loom_type loom_gguf_tensor_type(const loom_gguf *g, int64_t i) { return tensor_at(g, i)->type; }
 int loom_gguf_tensor_n_dims(const loom_gguf *g, int64_t i) { return tensor_at(g, i)->n_dims; }
 
+loom_status loom_gguf_tensor_check_type(const loom_gguf *g, int64_t i) {
+    const loom__gguf_tensor *t = tensor_at(g, i);
+    const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+    if (tr && (tr->is_weight || !tr->is_quantized)) return LOOM_OK;
+    return loom_error(LOOM_ERR_UNSUPPORTED, "tensor '%s' has type %s (%d), which loom does not support",
+                      t->name, loom_gguf_type_str((int)t->type), (int)t->type);
+}
+
+const char *loom_gguf_tensor_type_name(const loom_gguf *g, int64_t i) {
+    return loom_gguf_type_str((int)tensor_at(g, i)->type);
+}
+
 void loom_gguf_tensor_ne(const loom_gguf *g, int64_t i, int64_t ne[LOOM_MAX_DIMS]) {
     memcpy(ne, tensor_at(g, i)->ne, sizeof(int64_t) * LOOM_MAX_DIMS);
 }

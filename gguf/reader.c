@@ -195,21 +195,25 @@ static loom_status parse_tensor_info(cursor *c, loom__gguf_tensor *t, int64_t in
     size_t ty_at = c->pos;
     snprintf(field, sizeof field, "type of tensor '%s'", t->name);
     if ((st = rd_u32(c, &type, field))) return st;
-    const loom_type_traits *tr = loom_type_traits_get((int)type);
-    if (!tr)
+    /* Any id GGUF defines is accepted here, so such a file still opens and lists; a type loom
+     * does not compute with is refused where the data is used (loom_gguf_tensor_check_type). */
+    loom_gguf_type_info tr;
+    if (!loom_gguf_type_info_get((int)type, &tr))
         return loom_error(LOOM_ERR_FORMAT, "gguf: tensor '%s' at offset %zu has unknown type %u",
                           t->name, ty_at, type);
     t->type = (loom_type)type;
-    if (t->ne[0] % tr->blck_size != 0)
+    if (t->ne[0] % tr.blck_size != 0)
         return loom_error(LOOM_ERR_FORMAT,
                           "gguf: tensor '%s': ne[0] = %lld is not a multiple of the %s block "
                           "size %lld",
-                          t->name, (long long)t->ne[0], tr->name, (long long)tr->blck_size);
+                          t->name, (long long)t->ne[0],
+                          loom_type_is_valid((int)type) ? loom_type_name((loom_type)type) : tr.name,
+                          (long long)tr.blck_size);
     /* bytes = total / blck * type_size, checked for overflow */
-    uint64_t blocks = (uint64_t)total / (uint64_t)tr->blck_size;
-    if (tr->type_size && blocks > SIZE_MAX / tr->type_size)
+    uint64_t blocks = (uint64_t)total / (uint64_t)tr.blck_size;
+    if (tr.type_size && blocks > SIZE_MAX / tr.type_size)
         return loom_error(LOOM_ERR_FORMAT, "gguf: tensor '%s': byte size overflows", t->name);
-    t->size = (size_t)blocks * tr->type_size;
+    t->size = (size_t)blocks * tr.type_size;
 
     uint64_t off;
     snprintf(field, sizeof field, "offset of tensor '%s'", t->name);

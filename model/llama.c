@@ -152,6 +152,10 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
                           (long long)hp->n_rot, (long long)hp->head_dim);
     hp->attn_block = hp->ffn_block = 1;
     int64_t ti;
+    /* a tensor type loom cannot compute with is refused by name here, before its block
+     * size is read (loom_gguf_tensor_check_type) */
+    for (int64_t i = 0; i < loom_gguf_tensor_count(g); i++)
+        if ((st = loom_gguf_tensor_check_type(g, i))) return st;
     if ((ti = loom_gguf_find_tensor(g, "blk.0.attn_output.weight")) >= 0)
         hp->attn_block = loom_blck_size(loom_gguf_tensor_type(g, ti));
     if ((ti = loom_gguf_find_tensor(g, "blk.0.ffn_down.weight")) >= 0 ||
@@ -194,6 +198,8 @@ static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_mode
         *slot = NULL;
         return LOOM_OK;
     }
+    loom_status tst = loom_gguf_tensor_check_type(g, gi);
+    if (tst) return tst;
     int64_t fne[4];
     loom_gguf_tensor_ne(g, gi, fne);
     for (int d = 0; d < 4; d++) {

@@ -125,6 +125,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     const int64_t E = p->n_embd, F = p->n_ff, X = p->n_expert, D = E / p->n_head;
     const int64_t Dq = p->n_head * D, Dkv = p->n_head_kv * D;
     const loom_type wt = p->wtype;
+    const loom_type wt_hi = p->wtype_hi != LOOM_TYPE_F32 ? p->wtype_hi : wt;
     const float se = 1.0f / sqrtf((float)E), sf = 1.0f / sqrtf((float)F);
     char name[LOOM_MAX_NAME];
     int64_t zero_rows = 0;
@@ -135,13 +136,13 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     } while (0)
 #define NAME(...) snprintf(name, sizeof name, __VA_ARGS__)
     NAME("token_embd.weight");
-    T(2, LOOM_TYPE_F32, 1.0f, false, E, V);
+    T(2, p->embd_type, 1.0f, false, E, V);
     NAME("output_norm.weight");
     T(1, LOOM_TYPE_F32, 0, true, E);
     /* zero logits for the control and byte tokens keep generated text readable letters */
     zero_rows = 259;
     NAME("output.weight");
-    T(2, wt, se, false, E, V);
+    T(2, wt_hi, se, false, E, V);
     zero_rows = 0;
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);
@@ -155,7 +156,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             NAME("blk.%d.attn_k.weight", il);
             T(2, wt, se, false, E, Dkv);
             NAME("blk.%d.attn_v.weight", il);
-            T(2, wt, se, false, E, Dkv);
+            T(2, wt_hi, se, false, E, Dkv);
             if (p->biases) {
                 NAME("blk.%d.attn_q.bias", il);
                 T(1, LOOM_TYPE_F32, 0.1f, false, Dq);
@@ -177,7 +178,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             NAME("blk.%d.ffn_up_exps.weight", il);
             T(3, wt, se, false, E, F, X);
             NAME("blk.%d.ffn_down_exps.weight", il);
-            T(3, wt, sf, false, F, E, X);
+            T(3, wt_hi, sf, false, F, E, X);
             if (p->biases) {
                 NAME("blk.%d.ffn_gate_exps.bias", il);
                 T(2, LOOM_TYPE_F32, 0.1f, false, F, X);
@@ -192,7 +193,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             NAME("blk.%d.ffn_up.weight", il);
             T(2, wt, se, false, E, F);
             NAME("blk.%d.ffn_down.weight", il);
-            T(2, wt, sf, false, F, E);
+            T(2, wt_hi, sf, false, F, E);
         }
     }
 #undef T

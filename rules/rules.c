@@ -138,12 +138,15 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
             char *end;
             errno = 0;
             long long v = strtoll(g, &end, 10);
-            if (*end || errno || v <= 0 || v > LOOM_RULES_MAX_GRANULARITY)
+            /* "N" elements, or "Nblocks" / "Nblock": N quant blocks of the tensor's type */
+            bool blocks = end != g && (strcmp(end, "blocks") == 0 || strcmp(end, "block") == 0);
+            if ((*end && !blocks) || errno || v <= 0 || v > LOOM_RULES_MAX_GRANULARITY)
                 return loom_error(LOOM_ERR_FORMAT,
-                                  "%s:%d: bad granularity '%s' (a positive integer up to %lld, "
-                                  "head, kvhead, qgroup or ffn)",
+                                  "%s:%d: bad granularity '%s' (a positive integer of elements up "
+                                  "to %lld, Nblocks, head, kvhead, qgroup or ffn)",
                                   source, lineno, g, (long long)LOOM_RULES_MAX_GRANULARITY);
             ri.pub.granularity = v;
+            if (blocks) ri.pub.unit = LOOM_RULE_UNIT_BLOCKS;
         }
         if (ri.pub.split == LOOM_RULE_MIRRORED || ri.pub.split == LOOM_RULE_FUSED_QKV)
             return loom_error(LOOM_ERR_FORMAT, "%s:%d: '%s' takes no granularity", source, lineno, sp);
@@ -353,8 +356,10 @@ static bool lcm64(int64_t a, int64_t b, int64_t *out) {
 
 /* Query groups are coarsened to whole quant blocks of attn_output's rows; KV heads follow
  * with the same multiple, so query and KV splits keep agreeing. Checked (the hyperparameters
- * come from a file): false when the unit does not fit in int64. */
-static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t *out) {
+ * come from a file): false when the unit does not fit in int64. blck: elements per quant
+ * block of the tensor's type (for a granularity in blocks). */
+static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t blck,
+                       int64_t *out) {
     if (hp->head_dim <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0) return false;
     int64_t qg, l;
     if (loom_mul_overflow_i64(hp->head_dim, hp->n_head / hp->n_head_kv, &qg) || qg <= 0 ||
@@ -372,6 +377,8 @@ static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t *o
     case LOOM_RULE_UNIT_FFN:
         *out = hp->ffn_block > 1 ? hp->ffn_block : 1;
         return true;
+    case LOOM_RULE_UNIT_BLOCKS:
+        return !loom_mul_overflow_i64(rule->granularity, blck, out);
     default:
         *out = rule->granularity;
         return rule->granularity > 0;
@@ -424,7 +431,7 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
         return loom_error(LOOM_ERR_SHAPE, "rules: '%s' (%s:%d) splits axis %d of a %d-d tensor",
                           t->name, rule->source, rule->line, axis, loom_n_dims(t));
     int64_t g;
-    if (!unit_elems(rule, hp, &g) || (axis == 0 && blck > 1 && !lcm64(g, blck, &g))) /* blocks */
+    if (!unit_elems(rule, hp, blck, &g) || (axis == 0 && blck > 1 && !lcm64(g, blck, &g))) /* blocks */
         return loom_error(LOOM_ERR_INVALID_ARG,
                           "rules: '%s' (%s:%d): the split unit overflows (granularity %lld, "
                           "head_dim %lld, block %lld)",

@@ -189,8 +189,10 @@ int loom_cli_gguf(int argc, char **argv) {
         loom_cli_format_bytes(sz, sizeof sz, (double)loom_gguf_tensor_size(g, i));
         printf("  ");
         put_escaped(loom_gguf_tensor_name(g, i), 32);
-        printf(" %-5s %-22s %10s", loom_type_name(loom_gguf_tensor_type(g, i)), sh, sz);
-        if (plan && ctx) {
+        printf(" %-5s %-22s %10s", loom_gguf_tensor_type_name(g, i), sh, sz);
+        if (plan && ctx && loom_gguf_tensor_check_type(g, i) != LOOM_OK) {
+            printf("  (type not supported)");
+        } else if (plan && ctx) {
             loom_tensor *t = loom_new_tensor(ctx, loom_gguf_tensor_type(g, i), 4, ne);
             loom_set_name(t, loom_gguf_tensor_name(g, i));
             loom_split_state st;
@@ -206,6 +208,14 @@ int loom_cli_gguf(int argc, char **argv) {
             } else
                 snprintf(state, sizeof state, "error: %.80s", loom_last_error());
             printf("  %-28s", state);
+            /* block-quantised rows split on axis 0 move whole blocks: show them per device */
+            const loom_type_traits *tr = loom_type_traits_get((int)t->type);
+            if (tr && tr->is_quantized && st.axis == LOOM_SPLIT_AXIS_0) {
+                printf(" blocks");
+                for (int j = 0; j < n_dev; j++)
+                    printf("%s%lld", j ? "," : " ",
+                           (long long)(loom_split_state_dev_count(&st, j) / tr->blck_size));
+            }
             if (m) {
                 printf(" %s:%d /", m->source, m->line);
                 put_escaped(m->pattern, 0);

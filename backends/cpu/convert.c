@@ -1,7 +1,7 @@
 /*
  * Row conversions between f32 and every storage type the kernels read or write: f16,
- * bf16, i32, and the Q8_0 / Q4_0 block formats (quantisation exactly as docs/ops.md
- * defines it). Used by the copy, get_rows and set_rows kernels and by matmul's packing.
+ * bf16, i32, the Q8_0 / Q4_0 block formats (quantisation exactly as docs/ops.md
+ * defines it) and every other block type through its traits (core/quants-*.c). Used by the copy, get_rows and set_rows kernels and by matmul's packing.
  */
 #include "backends/cpu/cpu-impl.h"
 
@@ -88,26 +88,28 @@ void loom__cpu_row_to_f32(loom_type type, const void *row, size_t nb0, int64_t i
             y[i] = (float)v;
         }
         return;
-    case LOOM_TYPE_Q8_0:
-    case LOOM_TYPE_Q4_0: {
-        /* dequantise the blocks covering [i0, i0 + n) one at a time */
-        float tmp[LOOM_QK8_0];
+    default: {
+        /* a block type: dequantise the blocks covering [i0, i0 + n) one at a time */
+        const loom_type_traits *tr = loom_type_traits_get((int)type);
+        LOOM_ASSERT(tr && tr->is_quantized && tr->blck_size <= LOOM_QK_K);
+        const int64_t blck = tr->blck_size;
+        float tmp[LOOM_QK_K];
         int64_t i = 0;
         while (i < n) {
             int64_t e = i0 + i;
-            int64_t blk = e / LOOM_QK8_0, off = e % LOOM_QK8_0;
-            int64_t take = LOOM_QK8_0 - off < n - i ? LOOM_QK8_0 - off : n - i;
+            int64_t blk = e / blck, off = e % blck;
+            int64_t take = blck - off < n - i ? blck - off : n - i;
             if (type == LOOM_TYPE_Q8_0)
                 loom__cpu_dequantize_row_q8_0((const loom_block_q8_0 *)row + blk, tmp, LOOM_QK8_0);
-            else
+            else if (type == LOOM_TYPE_Q4_0)
                 loom__cpu_dequantize_row_q4_0((const loom_block_q4_0 *)row + blk, tmp, LOOM_QK4_0);
+            else
+                tr->to_float(p + blk * (int64_t)tr->type_size, tmp, blck);
             memcpy(y + i, tmp + off, (size_t)take * sizeof(float));
             i += take;
         }
         return;
     }
-    default:
-        LOOM_ASSERT(!"row_to_f32: type not convertible");
     }
 }
 
@@ -136,7 +138,11 @@ void loom__cpu_row_from_f32(loom_type type, const float *x, void *row, size_t nb
     case LOOM_TYPE_Q4_0:
         loom__cpu_quantize_row_q4_0(x, row, n);
         return;
-    default:
-        LOOM_ASSERT(!"row_from_f32: type not convertible");
+    default: {
+        const loom_type_traits *tr = loom_type_traits_get((int)type);
+        LOOM_ASSERT(tr && tr->is_quantized && tr->from_float);
+        tr->from_float(x, row, n);
+        return;
+    }
     }
 }

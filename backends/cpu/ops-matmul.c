@@ -16,7 +16,7 @@
  * split by output columns; b is walked in blocks that fit L2 so every weight row is read
  * from memory once per block.
  */
-#include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/quants-dot.h"
 
 enum {
     MM_GEMM_MIN_N = 8,   /* columns (rows of b) from which the tiled GEMM pays */
@@ -26,19 +26,36 @@ enum {
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_GEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM } mm_path;
 
+static size_t align64_size(size_t n) {
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Q8_0/Q4_0: the Q8 activation layout of cpu-impl.h and the SIMD table's dots */
 static bool is_quant(loom_type t) {
     return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
 }
 
+/* every other block type: activations in the type's vec_dot_type blocks (quants-dot.h) */
+static bool is_qdot(loom_type t) {
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized && !is_quant(t);
+}
+
+/* Bytes of one activation row of K elements in a's vec_dot_type. */
+static size_t qdot_row_bytes(loom_type t, int64_t K) {
+    return align64_size(loom_row_size(loom_type_traits_get((int)t)->vec_dot_type, K));
+}
+
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    const int64_t min_n = is_quant(a->type) ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
+    const bool q = is_quant(a->type) || is_qdot(a->type);
+    const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
     if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
         dst->nb[1] % sizeof(float) == 0)
         return MM_GEMM;
-    return is_quant(a->type) ? MM_QUANT : MM_DOT;
+    return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
 /* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
@@ -79,6 +96,7 @@ typedef struct mm_dot_args {
     size_t b_row_bytes;
     const loom__cpu_simd *simd;
     float *a_tmp; /* K floats when a rows must be converted first, else NULL */
+    loom__cpu_qdot_fn qdot; /* the dot of a's block type against its vec_dot_type rows */
 } mm_dot_args;
 
 /* out[j] = a_row . b_rows[j] for j < nb. */
@@ -107,7 +125,9 @@ static void dot_rows(const mm_dot_args *x, const void *arow, const void *brows, 
         s->dot_q4_0(x->K / LOOM_QK4_0, arow, brows, x->ldb, nb, out);
         break;
     default:
-        LOOM_ASSERT(!"matmul weight type");
+        LOOM_ASSERT(x->qdot != NULL);
+        for (int j = 0; j < nb; j++)
+            out[j] = x->qdot(x->K, arow, (const char *)brows + (size_t)j * x->ldb);
     }
 }
 
@@ -140,6 +160,10 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
     switch (choose_path(dst, simd)) {
     case MM_QUANT:
         w.shared = brows * loom__q8a_row_bytes(s.K / LOOM_QK8_0);
+        w.per_thread = (size_t)s.K * sizeof(float);
+        break;
+    case MM_QDOT:
+        w.shared = brows * qdot_row_bytes(a->type, s.K);
         w.per_thread = (size_t)s.K * sizeof(float);
         break;
     case MM_DOT:
@@ -257,6 +281,39 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
         .simd = p->simd,
     };
     const size_t rb = loom__q8a_row_bytes(nblk);
+    mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
+}
+
+/* Other block types: b quantised once to a's vec_dot_type rows (shared), then the type's
+ * integer dots. */
+static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const loom_type_traits *vt = loom_type_traits_get((int)loom_type_traits_get((int)a->type)->vec_dot_type);
+    const size_t rb = qdot_row_bytes(a->type, s->K);
+    char *qb = p->wshared;
+    float *tmp = p->wthread;
+    int64_t r0, r1;
+    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r % s->N, i2 = (r / s->N) % s->B2, i3 = r / (s->N * s->B2);
+        const float *row = loom__at(b, 0, n, i2, i3);
+        if (b->nb[0] != sizeof(float)) {
+            loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, tmp);
+            row = tmp;
+        }
+        vt->from_float(row, qb + r * (int64_t)rb, s->K);
+    }
+    loom__cpu_barrier(p);
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .ldb = rb,
+        .b_row_bytes = rb,
+        .simd = p->simd,
+        .qdot = loom__cpu_qdot_get(a->type, p->simd),
+    };
     mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
                 rb * (size_t)(s->N * s->B2));
 }
@@ -404,6 +461,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     case MM_QUANT:
         mm_path_quant(p, dst, &s);
         break;
+    case MM_QDOT:
+        mm_path_qdot(p, dst, &s);
+        break;
     case MM_DOT:
         mm_path_dot(p, dst, &s);
         break;
@@ -412,33 +472,137 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
 
 /* ---------------------------------------------------------------- mul_mat_id */
 
+/* MUL_MAT_ID takes the batched (GEMM) path, from the shapes alone, when there are enough
+ * (u, t) slots overall and per expert on average for the packed micro-kernel to pay. */
+enum { MMID_GEMM_MIN_SLOTS = 64, MMID_GEMM_MIN_PER_EXPERT = 8 };
+
+static bool mmid_use_gemm(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    const loom_tensor *as = dst->src[0], *ids = dst->src[2];
+    const int64_t slots = ids->ne[0] * ids->ne[1], E = as->ne[2];
+    return simd->gemm_tile && slots >= MMID_GEMM_MIN_SLOTS &&
+           slots >= MMID_GEMM_MIN_PER_EXPERT * E;
+}
+
 /* Shared scratch of MUL_MAT_ID: the (u, t) slots grouped by expert (counting sort), then
- * b's rows in that order, contiguous (f32, or Q8 activations for quantised experts). */
+ * b's rows in that order, contiguous (f32, or Q8 activations for quantised experts on the
+ * dot path); on the GEMM path the rows stay f32 and are packed into NR-wide panels per
+ * expert (each expert's last panel zero-padded). */
 typedef struct mmid_layout {
-    size_t off_count, off_start, off_slots, off_rows, total;
+    size_t off_count, off_start, off_slots, off_rows, off_panels, total;
     size_t row_bytes;
+    bool gemm;
 } mmid_layout;
 
-static mmid_layout mmid_layout_of(const loom_tensor *dst) {
+static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *as = dst->src[0], *ids = dst->src[2];
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
-    l.row_bytes =
-        is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0) : (size_t)K * sizeof(float);
+    l.gemm = mmid_use_gemm(dst, simd);
+    l.row_bytes = l.gemm                ? (size_t)K * sizeof(float)
+                  : is_quant(as->type)  ? loom__q8a_row_bytes(K / LOOM_QK8_0)
+                  : is_qdot(as->type)   ? qdot_row_bytes(as->type, K)
+                                        : (size_t)K * sizeof(float);
     l.off_count = 0;
     l.off_start = align64((size_t)E * sizeof(int64_t));
     l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));
     l.off_rows = l.off_slots + align64((size_t)slots * 2 * sizeof(int32_t));
-    l.total = l.off_rows + (size_t)slots * l.row_bytes;
+    l.off_panels = l.off_rows + align64((size_t)slots * l.row_bytes);
+    l.total = l.off_panels;
+    if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
+        l.total += (size_t)(slots + E * simd->gemm_nr) * (size_t)K * sizeof(float);
     return l;
+}
+
+/* Per-thread scratch of the GEMM path: A panels, converted A lines, then one unit's
+ * results (MM_MC rows by up to every slot). */
+static size_t mmid_gemm_lines_off(void) {
+    return align64((size_t)MM_MC * MM_KC * sizeof(float));
+}
+
+static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
+    return mmid_gemm_lines_off() + align64((size_t)simd->gemm_mr * MM_KC * sizeof(float));
 }
 
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd) {
     (void)nth;
-    (void)simd;
-    loom__cpu_work w = {mmid_layout_of(dst).total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
+    const mmid_layout l = mmid_layout_of(dst, simd);
+    loom__cpu_work w = {l.total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
+    if (l.gemm) {
+        const int64_t slots = dst->src[2]->ne[0] * dst->src[2]->ne[1];
+        const size_t g = mmid_gemm_cbuf_off(simd) + (size_t)MM_MC * (size_t)slots * sizeof(float);
+        if (g > w.per_thread) w.per_thread = g;
+    }
     return w;
+}
+
+/* The GEMM path over the slots grouped by expert: b's f32 rows packed into panels per
+ * expert (shared), then (expert, row block) units across threads, each accumulating its
+ * MM_MC x n_e block over K with the micro-kernel and scattering it to dst. */
+static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_layout *l,
+                      const int64_t *start, const int32_t *slot, const float *rows) {
+    const loom_tensor *as = dst->src[0];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const int mr = p->simd->gemm_mr, nr = p->simd->gemm_nr;
+    float *bp = (float *)((char *)p->wshared + l->off_panels);
+    int64_t npanels = 0, active = 0;
+    for (int64_t e = 0; e < E; e++) {
+        npanels += ceil_div(start[e + 1] - start[e], nr);
+        active += start[e + 1] > start[e];
+    }
+    int64_t p0, p1;
+    loom__range(npanels, p->ith, p->nth, &p0, &p1);
+    for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        for (int64_t pn = 0; pn < np; pn++, gi++) {
+            if (gi < p0 || gi >= p1) continue;
+            float *dp = bp + gi * K * nr;
+            for (int j = 0; j < nr; j++) {
+                const int64_t col = pn * nr + j;
+                const float *src = col < ne_ ? rows + (start[e] + col) * K : NULL;
+                for (int64_t k = 0; k < K; k++)
+                    dp[k * nr + j] = src ? src[k] : 0.0f;
+            }
+        }
+    }
+    loom__cpu_barrier(p);
+
+    float *ap = p->wthread;
+    float *lines = (float *)((char *)p->wthread + mmid_gemm_lines_off());
+    float *cbuf = (float *)((char *)p->wthread + mmid_gemm_cbuf_off(p->simd));
+    const int64_t mblocks = ceil_div(M, MM_MC);
+    int64_t u0, u1;
+    loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
+    int64_t e = -1, e_rank = -1, pan0 = 0;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t rank = u / mblocks, mb = u % mblocks;
+        while (e_rank < rank) { /* the rank-th active expert and its first panel */
+            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
+            e++;
+            if (start[e + 1] > start[e]) e_rank++;
+        }
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
+        const int64_t mpan = ceil_div(mlen, mr);
+        for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
+            const int64_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
+            gemm_pack_a(p, as, e, 0, mc0, mlen, k0, kc, mr, ap, lines);
+            for (int64_t pn = 0; pn < np; pn++) {
+                const float *bpk = bp + (pan0 + pn) * K * nr + k0 * nr;
+                const int nvalid = ne_ - pn * nr < nr ? (int)(ne_ - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                    p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, cbuf + pn * nr * MM_MC + mp * mr,
+                                       MM_MC, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+        for (int64_t j = 0; j < ne_; j++) {
+            const int64_t s = start[e] + j;
+            for (int64_t i = 0; i < mlen; i++)
+                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
+        }
+    }
 }
 
 void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
@@ -446,7 +610,7 @@ void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst) {
     const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
     const int64_t U = ids->ne[0], T = ids->ne[1], B1 = b->ne[1];
     const int64_t slots = U * T;
-    const mmid_layout l = mmid_layout_of(dst);
+    const mmid_layout l = mmid_layout_of(dst, p->simd);
     char *w = p->wshared;
     int64_t *count = (int64_t *)(w + l.off_count), *start = (int64_t *)(w + l.off_start);
     int32_t *slot = (int32_t *)(w + l.off_slots); /* (u, t) pairs by expert */
@@ -495,12 +659,21 @@ done:
         const char *row = loom__at(b, 0, u % B1, t, 0);
         float *tmp = p->wthread;
         loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
-        if (is_quant(as->type))
+        if (l.gemm)
+            memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
+        else if (is_quant(as->type))
             p->simd->quantize_q8a(tmp, rows + r * l.row_bytes, K);
+        else if (is_qdot(as->type))
+            loom_type_traits_get((int)loom_type_traits_get((int)as->type)->vec_dot_type)
+                ->from_float(tmp, rows + r * l.row_bytes, K);
         else
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
     loom__cpu_barrier(p);
+    if (l.gemm) {
+        mmid_gemm(p, dst, &l, start, slot, (const float *)rows);
+        return;
+    }
 
     /* (expert, m) pairs of the experts in use, split across threads */
     int64_t active = 0;
@@ -510,10 +683,11 @@ done:
         .a = as,
         .atype = as->type,
         .K = K,
-        .ldb = is_quant(as->type) ? l.row_bytes : (size_t)K,
+        .ldb = is_quant(as->type) || is_qdot(as->type) ? l.row_bytes : (size_t)K,
         .b_row_bytes = l.row_bytes,
         .simd = p->simd,
         .a_tmp = a_in_place(as) ? NULL : p->wthread,
+        .qdot = loom__cpu_qdot_get(as->type, p->simd),
     };
     int64_t t0, t1;
     loom__range(active * M, p->ith, p->nth, &t0, &t1);

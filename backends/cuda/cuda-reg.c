@@ -105,9 +105,31 @@ bool loom__cuda_peer_ok(int from, int to) {
 /* The op/type combinations the kernels implement: those of the CPU oracle (the contract of
  * docs/ops.md, backends/op-types.c), with flash attention limited to head sizes whose
  * per-warp rows fit shared memory. */
+/* Storage types the CUDA kernels have (the CPU contract also takes the K-quants, the
+ * other legacy quants, IQ4_NL/IQ4_XS and MXFP4, which have no CUDA kernels yet). */
+static bool cuda_type_known(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_F32:
+    case LOOM_TYPE_F16:
+    case LOOM_TYPE_BF16:
+    case LOOM_TYPE_Q8_0:
+    case LOOM_TYPE_Q4_0:
+    case LOOM_TYPE_I8:
+    case LOOM_TYPE_I16:
+    case LOOM_TYPE_I32:
+    case LOOM_TYPE_I64:
+        return true;
+    default:
+        return false;
+    }
+}
+
 bool loom__cuda_dev_supports_op(const loom__cuda_dev *cd, const loom_tensor *op) {
     (void)cd;
     if (!loom__op_types_ok(op)) return false;
+    if (!cuda_type_known(op->type)) return false;
+    for (int i = 0; i < LOOM_MAX_SRC; i++)
+        if (op->src[i] && !cuda_type_known(op->src[i]->type)) return false;
     if (op->op == LOOM_OP_FLASH_ATTN_EXT)
         return op->src[0]->ne[0] <= LOOM_CU_FA_MAX_D && op->src[2]->ne[0] <= LOOM_CU_FA_MAX_D;
     return true;

@@ -136,22 +136,45 @@ static inline bool loom_add_overflow_size(size_t a, size_t b, size_t *out) {
 
 /* ---------------------------------------------------------------- types */
 
-/* Values match GGUF's ggml_type ids, so a GGUF file's type field maps directly. */
+/* Values match GGUF's ggml_type ids, so a GGUF file's type field maps directly. Ids that
+ * GGUF defines but loom has no kernels for (IQ1/IQ2/IQ3, TQ, F64, ...) are not loom types:
+ * loom_type_traits_get returns NULL for them, loom_gguf_type_info still names them. */
 typedef enum loom_type {
     LOOM_TYPE_F32 = 0,
     LOOM_TYPE_F16 = 1,
     LOOM_TYPE_Q4_0 = 2,
+    LOOM_TYPE_Q4_1 = 3,
+    LOOM_TYPE_Q5_0 = 6,
+    LOOM_TYPE_Q5_1 = 7,
     LOOM_TYPE_Q8_0 = 8,
+    LOOM_TYPE_Q8_1 = 9, /* activation type of the Q4_1/Q5_1 dot products */
+    LOOM_TYPE_Q2_K = 10,
+    LOOM_TYPE_Q3_K = 11,
+    LOOM_TYPE_Q4_K = 12,
+    LOOM_TYPE_Q5_K = 13,
+    LOOM_TYPE_Q6_K = 14,
+    LOOM_TYPE_Q8_K = 15, /* activation type of the K-quant and IQ4_XS dot products */
+    LOOM_TYPE_IQ4_NL = 20,
+    LOOM_TYPE_IQ4_XS = 23,
     LOOM_TYPE_I8 = 24,
     LOOM_TYPE_I16 = 25,
     LOOM_TYPE_I32 = 26,
     LOOM_TYPE_I64 = 27,
     LOOM_TYPE_BF16 = 30,
-    LOOM_TYPE_COUNT = 31,
+    LOOM_TYPE_MXFP4 = 39,
+    LOOM_TYPE_COUNT = 40,
 } loom_type;
 
 #define LOOM_QK8_0 32
 #define LOOM_QK4_0 32
+#define LOOM_QK4_1 32
+#define LOOM_QK5_0 32
+#define LOOM_QK5_1 32
+#define LOOM_QK8_1 32
+#define LOOM_QK4_NL 32
+#define LOOM_QK_MXFP4 32
+#define LOOM_QK_K 256         /* super-block of the K-quants and IQ4_XS */
+#define LOOM_K_SCALE_SIZE 12  /* packed 6-bit scales and mins of Q4_K/Q5_K */
 
 /* Q8_0 block: 32 values, x[i] = qs[i] * d. 34 bytes. */
 typedef struct {
@@ -166,6 +189,105 @@ typedef struct {
     uint8_t qs[LOOM_QK4_0 / 2];
 } loom_block_q4_0;
 
+/* Q4_1: x = nibble * d + m (nibbles as Q4_0). 20 bytes. */
+typedef struct {
+    uint16_t d, m; /* fp16 */
+    uint8_t qs[LOOM_QK4_1 / 2];
+} loom_block_q4_1;
+
+/* Q5_0: 5-bit q = nibble | bit j of qh (little-endian u32) << 4, x = (q - 16) * d. 22 bytes. */
+typedef struct {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[LOOM_QK5_0 / 2];
+} loom_block_q5_0;
+
+/* Q5_1: as Q5_0 without the -16, x = q * d + m. 24 bytes. */
+typedef struct {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[LOOM_QK5_1 / 2];
+} loom_block_q5_1;
+
+/* Q8_1: x = qs * d; s = d * sum(qs) (fp16). 36 bytes. */
+typedef struct {
+    uint16_t d, s;
+    int8_t qs[LOOM_QK8_1];
+} loom_block_q8_1;
+
+/* Q2_K: 16 sub-blocks of 16; scales[i] = scale (low 4 bits) | min (high 4 bits);
+ * x = d * scale * q2 - dmin * min. 84 bytes. */
+typedef struct {
+    uint8_t scales[LOOM_QK_K / 16];
+    uint8_t qs[LOOM_QK_K / 4];
+    uint16_t d, dmin;
+} loom_block_q2_K;
+
+/* Q3_K: x = d * (scale6 - 32) * (q2 - (hmask bit ? 0 : 4)); 16 six-bit scales packed in 12
+ * bytes. 110 bytes. */
+typedef struct {
+    uint8_t hmask[LOOM_QK_K / 8];
+    uint8_t qs[LOOM_QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;
+} loom_block_q3_K;
+
+/* Q4_K: 8 sub-blocks of 32 with 6-bit scale and min; x = d * sc * q4 - dmin * m. 144 bytes. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[LOOM_K_SCALE_SIZE];
+    uint8_t qs[LOOM_QK_K / 2];
+} loom_block_q4_K;
+
+/* Q5_K: Q4_K plus one high bit per value in qh. 176 bytes. */
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[LOOM_K_SCALE_SIZE];
+    uint8_t qh[LOOM_QK_K / 8];
+    uint8_t qs[LOOM_QK_K / 2];
+} loom_block_q5_K;
+
+/* Q6_K: 16 sub-blocks of 16, int8 scales; x = d * scale * (q6 - 32). 210 bytes. */
+typedef struct {
+    uint8_t ql[LOOM_QK_K / 2];
+    uint8_t qh[LOOM_QK_K / 4];
+    int8_t scales[LOOM_QK_K / 16];
+    uint16_t d;
+} loom_block_q6_K;
+
+/* Q8_K: x = qs * d (f32 scale); bsums[i] = sum of qs[16 i .. 16 i + 15]. 292 bytes. */
+typedef struct {
+    float d;
+    int8_t qs[LOOM_QK_K];
+    int16_t bsums[LOOM_QK_K / 16];
+} loom_block_q8_K;
+
+/* IQ4_NL: x = d * loom_iq4nl_values[nibble] (nibbles as Q4_0). 18 bytes. */
+typedef struct {
+    uint16_t d;
+    uint8_t qs[LOOM_QK4_NL / 2];
+} loom_block_iq4_nl;
+
+/* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales (low 4 bits in scales_l, high 2 in
+ * scales_h); x = d * (ls - 32) * loom_iq4nl_values[nibble]. 136 bytes. */
+typedef struct {
+    uint16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[LOOM_QK_K / 64];
+    uint8_t qs[LOOM_QK_K / 2];
+} loom_block_iq4_xs;
+
+/* MXFP4: e8m0 shared exponent e, 4-bit e2m1 values (nibbles as Q4_0);
+ * x = loom_mxfp4_values[nibble] * 2^(e - 128) (the table holds doubled e2m1). 17 bytes. */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[LOOM_QK_MXFP4 / 2];
+} loom_block_mxfp4;
+
+/* The 16 non-linear levels of IQ4_NL/IQ4_XS and the doubled e2m1 values of MXFP4. */
+LOOM_API extern const int8_t loom_iq4nl_values[16];
+LOOM_API extern const int8_t loom_mxfp4_values[16];
+
 typedef void (*loom_to_float_fn)(const void *x, float *y, int64_t n);
 typedef void (*loom_from_float_fn)(const float *x, void *y, int64_t n);
 
@@ -176,7 +298,25 @@ typedef struct loom_type_traits {
     bool is_quantized;
     loom_to_float_fn to_float;     /* NULL for integer types */
     loom_from_float_fn from_float; /* NULL for integer types; n must be a multiple of blck */
+    /* The vector-dot kind: the type activations are quantised to for the integer dot
+     * product against rows of this type (Q8_0, Q8_1 or Q8_K), or F32 for float dots, as
+     * the reference engines do. */
+    loom_type vec_dot_type;
+    bool is_weight; /* matmul/get_rows take it as a weight (false for Q8_1/Q8_K, integers) */
 } loom_type_traits;
+
+/* Any GGUF type id, supported by loom or not: its upper-case name ("IQ2_XXS"), elements per
+ * block and bytes per block, so a file that holds such tensors can still be listed. Returns
+ * false (and leaves the outputs alone) for an id GGUF does not define. */
+typedef struct loom_gguf_type_info {
+    const char *name;
+    int64_t blck_size;
+    size_t type_size;
+} loom_gguf_type_info;
+LOOM_API bool loom_gguf_type_info_get(int type, loom_gguf_type_info *out);
+/* The upper-case GGUF name of any id ("Q4_K", "IQ2_XXS"), or "unknown" for an id GGUF does
+ * not define. */
+LOOM_API const char *loom_gguf_type_str(int type);
 
 /* NULL for an id that is not a loom type (so a hostile file's type id can be checked). */
 LOOM_API const loom_type_traits *loom_type_traits_get(int type);

@@ -81,7 +81,15 @@ LOOM_API void loom_gguf_kv_format(const loom_gguf *g, int64_t i, char *buf, size
 LOOM_API int64_t loom_gguf_tensor_count(const loom_gguf *g);
 LOOM_API int64_t loom_gguf_find_tensor(const loom_gguf *g, const char *name); /* -1 absent */
 LOOM_API const char *loom_gguf_tensor_name(const loom_gguf *g, int64_t i);
+/* The tensor's GGUF type id. It may be an id GGUF defines that loom does not compute with
+ * (IQ2_XXS, TQ1_0, ...): the file still opens and lists; check it with
+ * loom_gguf_tensor_check_type before using the data. */
 LOOM_API loom_type loom_gguf_tensor_type(const loom_gguf *g, int64_t i);
+/* LOOM_OK when loom can compute with the tensor's type, else LOOM_ERR_UNSUPPORTED with
+ * "tensor 'NAME' has type IQ2_XXS (16), which loom does not support". */
+LOOM_API loom_status loom_gguf_tensor_check_type(const loom_gguf *g, int64_t i);
+/* The tensor type's upper-case GGUF name, supported or not ("Q4_K", "IQ2_XXS"). */
+LOOM_API const char *loom_gguf_tensor_type_name(const loom_gguf *g, int64_t i);
 LOOM_API int loom_gguf_tensor_n_dims(const loom_gguf *g, int64_t i);
 LOOM_API void loom_gguf_tensor_ne(const loom_gguf *g, int64_t i, int64_t ne[LOOM_MAX_DIMS]);
 LOOM_API size_t loom_gguf_tensor_offset(const loom_gguf *g, int64_t i); /* from data start */

@@ -156,7 +156,12 @@ typedef struct loom_synth_params {
     int64_t n_vocab;      /* >= 300 (control + byte tokens + letters) */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
     int64_t n_expert, n_expert_used; /* 0: dense */
-    loom_type wtype;      /* matrices: F32, F16, BF16, Q8_0, Q4_0 (norms and biases F32) */
+    loom_type wtype;      /* matrices: F32, F16, BF16 or any quantised weight type (norms and
+                             biases F32; K-quants need n_embd, n_ff multiples of 256) */
+    /* Mixed-type files (Q4_K_M style): attn_v, ffn_down and output.weight in wtype_hi when it
+     * is not F32 (e.g. Q6_K next to Q4_K); token_embd in embd_type (default F32). */
+    loom_type wtype_hi;
+    loom_type embd_type;
     bool biases;          /* attention q/k/v biases, and expert biases for MoE */
     bool fused_qkv;       /* one attn_qkv weight instead of q, k, v */
     uint64_t seed;

@@ -48,13 +48,14 @@ typedef enum loom_rule_unit {
     LOOM_RULE_UNIT_KVHEAD,
     LOOM_RULE_UNIT_QGROUP,
     LOOM_RULE_UNIT_FFN,
+    LOOM_RULE_UNIT_BLOCKS, /* `granularity` quant blocks of the tensor's own type ("2blocks") */
 } loom_rule_unit;
 
 typedef struct loom_rule {
     const char *pattern;
     loom_rule_split split;
     loom_rule_unit unit;
-    int64_t granularity; /* for LOOM_RULE_UNIT_ELEMENTS */
+    int64_t granularity; /* for LOOM_RULE_UNIT_ELEMENTS and LOOM_RULE_UNIT_BLOCKS */
     const char *source;  /* file name or "builtin:llama" */
     int line;
 } loom_rule;

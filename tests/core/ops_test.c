@@ -282,7 +282,7 @@ LOOM_TEST(ops, mul_mat) {
     EXPECT_FAIL(loom_mul_mat(ctx, w, t4(ctx, LOOM_TYPE_F16, 64, 2, 1, 1, "xh")), LOOM_ERR_TYPE,
                 "mul_mat: b must be f32, not f16");
     EXPECT_FAIL(loom_mul_mat(ctx, t4(ctx, LOOM_TYPE_I8, 64, 2, 1, 1, "wi"), x), LOOM_ERR_TYPE,
-                "mul_mat: a must be f32/f16/bf16/q8_0/q4_0, not i8");
+                "mul_mat: a must be f32/f16/bf16 or a quantised weight type, not i8");
 
     /* mul_mat_id: experts [K, M, E], b [K, U or 1, T], ids [U, T] -> [M, U, T] */
     loom_tensor *as = t4(ctx, LOOM_TYPE_Q8_0, 64, 16, 8, 1, "experts");

@@ -87,11 +87,19 @@ LOOM_TEST(types, traits_table) {
         {LOOM_TYPE_Q4_0, "q4_0", 32, 18, true, true}, {LOOM_TYPE_I8, "i8", 1, 1, false, false},
         {LOOM_TYPE_I16, "i16", 1, 2, false, false},   {LOOM_TYPE_I32, "i32", 1, 4, false, false},
         {LOOM_TYPE_I64, "i64", 1, 8, false, false},
+        /* GGUF's block layouts: ids and bytes per block */
+        {LOOM_TYPE_Q4_1, "q4_1", 32, 20, true, true},     {LOOM_TYPE_Q5_0, "q5_0", 32, 22, true, true},
+        {LOOM_TYPE_Q5_1, "q5_1", 32, 24, true, true},     {LOOM_TYPE_Q8_1, "q8_1", 32, 36, true, true},
+        {LOOM_TYPE_Q2_K, "q2_K", 256, 84, true, true},    {LOOM_TYPE_Q3_K, "q3_K", 256, 110, true, true},
+        {LOOM_TYPE_Q4_K, "q4_K", 256, 144, true, true},   {LOOM_TYPE_Q5_K, "q5_K", 256, 176, true, true},
+        {LOOM_TYPE_Q6_K, "q6_K", 256, 210, true, true},   {LOOM_TYPE_Q8_K, "q8_K", 256, 292, true, true},
+        {LOOM_TYPE_IQ4_NL, "iq4_nl", 32, 18, true, true}, {LOOM_TYPE_IQ4_XS, "iq4_xs", 256, 136, true, true},
+        {LOOM_TYPE_MXFP4, "mxfp4", 32, 17, true, true},
     };
     int n_valid = 0;
     for (int t = -3; t < LOOM_TYPE_COUNT + 5; t++)
         n_valid += loom_type_is_valid(t);
-    LOOM_CHECK_EQ_INT(n_valid, 9);
+    LOOM_CHECK_EQ_INT(n_valid, 22);
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const loom_type_traits *tr = loom_type_traits_get(want[i].type);
         LOOM_REQUIRE(tr != NULL);
@@ -107,9 +115,57 @@ LOOM_TEST(types, traits_table) {
     }
     /* ids a hostile file could carry */
     LOOM_CHECK(loom_type_traits_get(-1) == NULL);
-    LOOM_CHECK(loom_type_traits_get(3) == NULL); /* GGUF's removed Q4_2 */
+    LOOM_CHECK(loom_type_traits_get(4) == NULL); /* GGUF's removed Q4_2 */
+    LOOM_CHECK(loom_type_traits_get(16) == NULL); /* IQ2_XXS: no kernels */
     LOOM_CHECK(loom_type_traits_get(LOOM_TYPE_COUNT) == NULL);
     LOOM_CHECK(loom_type_traits_get(1 << 30) == NULL);
+    /* the literal ids GGUF files carry */
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q4_1, 3);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q5_0, 6);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q5_1, 7);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q2_K, 10);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q6_K, 14);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_Q8_K, 15);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_IQ4_NL, 20);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_IQ4_XS, 23);
+    LOOM_CHECK_EQ_INT(LOOM_TYPE_MXFP4, 39);
+    /* the vector-dot kind: what activations are quantised to */
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_Q4_K)->vec_dot_type, LOOM_TYPE_Q8_K);
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_IQ4_XS)->vec_dot_type, LOOM_TYPE_Q8_K);
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_Q4_1)->vec_dot_type, LOOM_TYPE_Q8_1);
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_Q5_0)->vec_dot_type, LOOM_TYPE_Q8_0);
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_MXFP4)->vec_dot_type, LOOM_TYPE_Q8_0);
+    LOOM_CHECK_EQ_INT(loom_type_traits_get(LOOM_TYPE_F16)->vec_dot_type, LOOM_TYPE_F32);
+    LOOM_CHECK(!loom_type_traits_get(LOOM_TYPE_Q8_K)->is_weight);
+    LOOM_CHECK(loom_type_traits_get(LOOM_TYPE_Q6_K)->is_weight);
+}
+
+/* Ids GGUF defines but loom has no kernels for still have names and block geometry, so a
+ * file holding them can be listed; ids GGUF does not define have neither. */
+LOOM_TEST(types, gguf_type_info) {
+    loom_gguf_type_info ti;
+    LOOM_REQUIRE(loom_gguf_type_info_get(16, &ti));
+    LOOM_CHECK(strcmp(ti.name, "IQ2_XXS") == 0);
+    LOOM_CHECK_EQ_INT(ti.blck_size, 256);
+    LOOM_CHECK_EQ_INT(ti.type_size, 66);
+    LOOM_REQUIRE(loom_gguf_type_info_get(35, &ti));
+    LOOM_CHECK(strcmp(ti.name, "TQ2_0") == 0);
+    LOOM_REQUIRE(loom_gguf_type_info_get(LOOM_TYPE_Q4_K, &ti));
+    LOOM_CHECK(strcmp(ti.name, "Q4_K") == 0);
+    LOOM_CHECK_EQ_INT(ti.type_size, 144);
+    /* every loom type agrees with its GGUF geometry */
+    for (int t = 0; t < LOOM_TYPE_COUNT; t++) {
+        const loom_type_traits *tr = loom_type_traits_get(t);
+        if (!tr) continue;
+        LOOM_REQUIRE(loom_gguf_type_info_get(t, &ti));
+        LOOM_CHECK_EQ_INT(ti.blck_size, tr->blck_size);
+        LOOM_CHECK_EQ_INT(ti.type_size, tr->type_size);
+    }
+    LOOM_CHECK(!loom_gguf_type_info_get(4, &ti));
+    LOOM_CHECK(!loom_gguf_type_info_get(40, &ti));
+    LOOM_CHECK(!loom_gguf_type_info_get(-1, &ti));
+    LOOM_CHECK(strcmp(loom_gguf_type_str(99), "unknown") == 0);
+    LOOM_CHECK(strcmp(loom_gguf_type_str(19), "IQ1_S") == 0);
 }
 
 LOOM_TEST(types, row_size) {

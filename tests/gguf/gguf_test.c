@@ -499,3 +499,65 @@ LOOM_TEST(gguf, vocab_only_header_ends_at_eof) {
     LOOM_CHECK(loom_gguf_data_offset(g) >= loom_gguf_file_size(g));
     loom_gguf_free(g);
 }
+
+/* ---------------------------------------------------------------- quant types */
+
+/* A file with one tensor of each given GGUF type id: written as Q8_0 (whose 256-element
+ * rows are larger than any type's here), then the type field patched in the bytes. */
+static void *file_with_types(const int *types, int n, size_t *size) {
+    loom_gguf_writer *w = loom_gguf_writer_new();
+    if (!w) return NULL;
+    loom_gguf_set_str(w, "general.architecture", "llama");
+    static uint8_t zeros[8 * 34];
+    char name[64];
+    for (int i = 0; i < n; i++) {
+        int64_t ne[1] = {256};
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+        loom_gguf_add_tensor(w, name, LOOM_TYPE_Q8_0, 1, ne, zeros);
+    }
+    void *data = NULL;
+    if (loom_gguf_write_memory(w, &data, size)) data = NULL;
+    loom_gguf_writer_free(w);
+    for (int i = 0; data && i < n; i++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
+        uint8_t *p = memmem(data, *size, name, strlen(name));
+        LOOM_REQUIRE(p != NULL);
+        uint32_t t = (uint32_t)types[i];
+        memcpy(p + strlen(name) + 4 + 8, &t, 4); /* after n_dims (u32) and ne[0] (u64) */
+    }
+    return data;
+}
+
+/* GGUF type ids loom has no kernels for open and list (names from the GGUF table), and
+ * are refused by name and id where the data would be used; loom's own types pass. */
+LOOM_TEST(gguf, unsupported_types_listed_then_refused_by_name) {
+    const int types[] = {16, LOOM_TYPE_Q4_K, 35, LOOM_TYPE_MXFP4};
+    size_t size = 0;
+    void *data = file_with_types(types, 4, &size);
+    LOOM_REQUIRE(data != NULL);
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    LOOM_CHECK(strcmp(loom_gguf_tensor_type_name(g, 0), "IQ2_XXS") == 0);
+    LOOM_CHECK(strcmp(loom_gguf_tensor_type_name(g, 1), "Q4_K") == 0);
+    LOOM_CHECK(strcmp(loom_gguf_tensor_type_name(g, 2), "TQ2_0") == 0);
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_size(g, 0), 66);  /* one IQ2_XXS block */
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_size(g, 1), 144); /* one Q4_K block */
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_size(g, 3), 8 * 17);
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_check_type(g, 0), LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(),
+                            "tensor 'blk.0.ffn_up.weight' has type IQ2_XXS (16), which loom does "
+                            "not support");
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_check_type(g, 2), LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has type TQ2_0 (35)");
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_check_type(g, 1), LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_gguf_tensor_check_type(g, 3), LOOM_OK);
+    loom_gguf_free(g);
+    loom_free(data);
+
+    /* an id GGUF does not define is still refused at open (its size is unknowable) */
+    const int bad[] = {4};
+    data = file_with_types(bad, 1, &size);
+    LOOM_REQUIRE(data != NULL);
+    expect_reject(data, size, "unknown type 4");
+    loom_free(data);
+}

@@ -235,3 +235,50 @@ LOOM_TEST(meta_model, f16_weights) {
     p.wtype = LOOM_TYPE_F16;
     check_synth(&p, false, 1e-5, 2);
 }
+
+/* K-quants: n_ff = 512 is two 256-blocks, so over 3 devices the row-parallel ffn_down's K
+ * splits unevenly in whole blocks and over 4 and 8 devices some get empty slices; n_embd
+ * 256 is one block, so attn_output's K (256) has a single block to place. */
+static loom_synth_params kquant(loom_type wt) {
+    loom_synth_params p = small();
+    p.n_embd = 256;
+    p.n_head = 8;
+    p.n_head_kv = 2;
+    p.n_ff = 512;
+    p.wtype = wt;
+    return p;
+}
+
+LOOM_TEST(meta_model, q4_K_weights) {
+    loom_synth_params p = kquant(LOOM_TYPE_Q4_K);
+    check_synth(&p, false, 1e-4, 2);
+}
+
+/* A Q4_K_M-style file: Q4_K matrices, Q6_K attn_v / ffn_down / output, Q4_K embeddings. */
+LOOM_TEST(meta_model, mixed_q4_K_q6_K_file) {
+    loom_synth_params p = kquant(LOOM_TYPE_Q4_K);
+    p.wtype_hi = LOOM_TYPE_Q6_K;
+    p.embd_type = LOOM_TYPE_Q4_K;
+    check_synth(&p, false, 1e-4, 2);
+}
+
+/* The other block families through the same splits: legacy (32) and i-quant (256) blocks,
+ * with MoE experts of 512 (two blocks) for MXFP4 as gpt-oss stores them. */
+LOOM_TEST(meta_model, legacy_and_iq_weights) {
+    static const loom_type types[] = {LOOM_TYPE_Q5_1, LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS,
+                                      LOOM_TYPE_Q3_K};
+    for (int i = 0; i < 4 && loom_test_failures() == 0; i++) {
+        loom_synth_params p = kquant(types[i]);
+        p.n_layer = 1;
+        check_synth(&p, false, 1e-4, 2);
+    }
+}
+
+LOOM_TEST(meta_model, moe_mxfp4_experts) {
+    loom_synth_params p = kquant(LOOM_TYPE_MXFP4);
+    p.arch = "mixtral";
+    p.n_expert = 4;
+    p.n_expert_used = 2;
+    p.n_layer = 1;
+    check_synth(&p, false, 1e-4, 2);
+}

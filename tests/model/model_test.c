@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 /*
  * The llama forward pass end to end on the CPU backend: stories260K (a trained model)
  * writes its known story greedily from "Once upon a time"; batched prompt processing gives
@@ -214,4 +215,43 @@ LOOM_TEST(model, sampler_greedy_seeded_topk) {
     loom_sampler *s3 = loom_sampler_new(&p);
     for (int i = 0; i < 100; i++) LOOM_CHECK_EQ_INT(loom_sampler_sample(s3, logits, 6), 1);
     loom_sampler_free(s3);
+}
+
+/* A K-quant file loads and runs; the same file with one tensor's type id changed to one
+ * loom has no kernels for (IQ2_XXS, 16: smaller blocks, so the data still fits) still opens
+ * but the model load refuses it by tensor name, type name and id. */
+LOOM_TEST(model, unsupported_tensor_type_refused_by_name) {
+    loom_synth_params p = loom_synth_params_default();
+    p.n_embd = 256;
+    p.n_ff = 512;
+    p.n_layer = 1;
+    p.n_vocab = 320;
+    p.wtype = LOOM_TYPE_Q4_K;
+    loom_gguf_writer *w = NULL;
+    LOOM_REQUIRE(loom_model_synth(&p, &w) == LOOM_OK);
+    void *data;
+    size_t size;
+    LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+    loom_gguf_writer_free(w);
+    loom_gguf *g = NULL;
+    loom_model *m = NULL;
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    LOOM_CHECK_MSG(loom_model_load(g, NULL, &m) == LOOM_OK, "%s", loom_last_error());
+    loom_model_free(m);
+    m = NULL;
+    loom_gguf_free(g);
+    const char *name = "blk.0.ffn_up.weight";
+    char *at = memmem(data, size, name, strlen(name));
+    LOOM_REQUIRE(at != NULL);
+    uint32_t nd, t = 16;
+    memcpy(&nd, at + strlen(name), 4);
+    memcpy(at + strlen(name) + 4 + 8 * nd, &t, 4);
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    LOOM_CHECK(loom_model_load(g, NULL, &m) == LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(),
+                            "tensor 'blk.0.ffn_up.weight' has type IQ2_XXS (16), which loom does "
+                            "not support");
+    LOOM_CHECK(m == NULL);
+    loom_gguf_free(g);
+    loom_free(data);
 }

@@ -139,7 +139,8 @@ const char *ops_layout_name(ops_layout l) {
 }
 
 bool ops_layout_ok(loom_type type, ops_layout l) {
-    bool quant = type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)type);
+    bool quant = tr && tr->is_quantized;
     return !(quant && (l == OPS_TRANSPOSED || l == OPS_SCRAMBLED));
 }
 
@@ -199,7 +200,8 @@ static ops_leaf *ops__leaf_of(ops_env *e, const loom_tensor *t, size_t *offset) 
 }
 
 static bool ops__is_quant(loom_type type) {
-    return type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)type);
+    return tr && tr->is_quantized;
 }
 
 void ops_fill(ops_env *e, loom_tensor *t, double lo, double hi) {
@@ -241,11 +243,8 @@ void ops_fill(ops_env *e, loom_tensor *t, double lo, double hi) {
                 memcpy(dst + 2 * j, &h, 2);
             }
             break;
-        case LOOM_TYPE_Q8_0:
-        case LOOM_TYPE_Q4_0:
-            loom_type_traits_get(r->type)->from_float(row, dst, n0);
-            break;
         default:
+            if (ops__is_quant(r->type)) loom_type_traits_get(r->type)->from_float(row, dst, n0);
             break;
         }
     }
@@ -258,7 +257,7 @@ loom_tensor *ops_src(ops_env *e, loom_type type, int64_t ne0, int64_t ne1, int64
     LOOM_ASSERT(e->n_leafs < OPS_MAX_LEAFS);
     LOOM_ASSERT(ops_layout_ok(type, l));
     loom_ctx *ctx = e->ctx;
-    int64_t blck = ops__is_quant(type) ? 32 : 1;
+    int64_t blck = ops__is_quant(type) ? loom_blck_size(type) : 1;
     loom_tensor *leaf = NULL, *v = NULL;
     switch (l) {
     case OPS_CONTIG:

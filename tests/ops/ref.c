@@ -13,11 +13,20 @@
 
 /* ---------------------------------------------------------------- element access */
 
+/* The block types beyond Q8_0/Q4_0 (Q4_1 ... MXFP4) are decoded with the type's to_float,
+ * whose layout decoding tests/core/quants_test.c checks against the GGUF block layouts. */
+static bool ref__other_quant(loom_type type) {
+    const loom_type_traits *tr = loom_type_traits_get((int)type);
+    return tr && tr->is_quantized && type != LOOM_TYPE_Q8_0 && type != LOOM_TYPE_Q4_0;
+}
+
 static int64_t ref__blck(loom_type type) {
+    if (ref__other_quant(type)) return loom_type_traits_get((int)type)->blck_size;
     return (type == LOOM_TYPE_Q8_0 || type == LOOM_TYPE_Q4_0) ? 32 : 1;
 }
 
 static size_t ref__type_size(loom_type type) {
+    if (ref__other_quant(type)) return loom_type_traits_get((int)type)->type_size;
     switch (type) {
     case LOOM_TYPE_F32:
         return 4;
@@ -98,6 +107,16 @@ double ref_get(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t 
     }
     case LOOM_TYPE_I8:
         return *(const int8_t *)p;
+    default:
+        if (ref__other_quant(t->type)) {
+            float blk[256];
+            const loom_type_traits *tr = loom_type_traits_get(t->type);
+            tr->to_float(p, blk, tr->blck_size);
+            return blk[i0 % tr->blck_size];
+        }
+        break;
+    }
+    switch (t->type) {
     case LOOM_TYPE_I16: {
         int16_t v;
         memcpy(&v, p, sizeof v);
@@ -119,13 +138,14 @@ double ref_get(const ref_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t 
 }
 
 void ref_get_row(const ref_tensor *t, int64_t i1, int64_t i2, int64_t i3, double *row) {
-    if (t->type == LOOM_TYPE_Q8_0 || t->type == LOOM_TYPE_Q4_0) {
+    if (t->type == LOOM_TYPE_Q8_0 || t->type == LOOM_TYPE_Q4_0 || ref__other_quant(t->type)) {
         const loom_type_traits *tr = loom_type_traits_get(t->type);
-        for (int64_t b = 0; b < t->ne[0] / 32; b++) {
-            float blk[32];
-            tr->to_float(ref__at(t, b * 32, i1, i2, i3), blk, 32);
-            for (int j = 0; j < 32; j++)
-                row[b * 32 + j] = blk[j];
+        const int64_t bl = tr->blck_size;
+        for (int64_t b = 0; b < t->ne[0] / bl; b++) {
+            float blk[256];
+            tr->to_float(ref__at(t, b * bl, i1, i2, i3), blk, bl);
+            for (int j = 0; j < bl; j++)
+                row[b * bl + j] = blk[j];
         }
         return;
     }
@@ -211,6 +231,52 @@ void ref_convert_tol(loom_type type, const double *x, int64_t n, double *tol) {
                 double step = r > 7.4 ? fabs(d) : fabs(d) * 0.5;
                 tol[b * 32 + j] = step * (1 + 1e-5) + 8 * fabs(d) * 0x1p-11 + 1e-30;
             }
+        }
+        return;
+    case LOOM_TYPE_Q4_1:
+    case LOOM_TYPE_Q5_1: {
+        /* loom's quantiser: d = (max - min) / qmax, q = round((x - min) / d): half a step,
+         * plus the fp16 rounding of min (2^-11 |min|) and of d (qmax d 2^-11) */
+        const double qmax = type == LOOM_TYPE_Q4_1 ? 15 : 31;
+        for (int64_t b = 0; b < n / 32; b++) {
+            double mn = x[b * 32], mx = x[b * 32];
+            for (int j = 0; j < 32; j++) {
+                mn = fmin(mn, x[b * 32 + j]);
+                mx = fmax(mx, x[b * 32 + j]);
+            }
+            double d = (mx - mn) / qmax;
+            double t = d * 0.5 * (1 + 1e-5) + fabs(mn) * 0x1p-11 + qmax * d * 0x1p-11 + 1e-30;
+            for (int j = 0; j < 32; j++)
+                tol[b * 32 + j] = t;
+        }
+        return;
+    }
+    case LOOM_TYPE_Q5_0:
+        for (int64_t b = 0; b < n / 32; b++) {
+            double m = 0;
+            for (int j = 0; j < 32; j++)
+                if (fabs(x[b * 32 + j]) > fabs(m)) m = x[b * 32 + j];
+            double d = m / -16;
+            for (int j = 0; j < 32; j++) {
+                /* q = clamp(round(x / d) + 16, 0, 31): half a step, a whole one where the
+                 * clamp at 31 cuts in (x / d > 15.5); |q - 16| <= 16 fp16 roundings of d */
+                double r = d == 0 ? 0 : x[b * 32 + j] / d;
+                double step = r > 15.4 ? fabs(d) : fabs(d) * 0.5;
+                tol[b * 32 + j] = step * (1 + 1e-5) + 16 * fabs(d) * 0x1p-11 + 1e-30;
+            }
+        }
+        return;
+    case LOOM_TYPE_IQ4_NL:
+        for (int64_t b = 0; b < n / 32; b++) {
+            /* the grid's widest gap is 24 of 240 levels over [-127 d, 113 d] with d near
+             * amax / 127 (refit by least squares), and the top level 113 d stops short of
+             * +amax: 0.2 amax covers both with room for the refit; a misplaced nibble or
+             * scale costs about amax */
+            double amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fmax(amax, fabs(x[b * 32 + j]));
+            for (int j = 0; j < 32; j++)
+                tol[b * 32 + j] = 0.2 * amax + 1e-30;
         }
         return;
     default:

@@ -258,7 +258,8 @@ OPS_CASE(fill) {
 /* ---------------------------------------------------------------- copies */
 
 static bool is_quant(loom_type t) {
-    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized;
 }
 
 /* Decoded F32 (I32 for I32) expectation type of a copy into `type`. */
@@ -267,14 +268,16 @@ static loom_type exp_type(loom_type t) {
 }
 
 OPS_CASE(dup_cont) {
-    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16,  LOOM_TYPE_BF16,
-                                      LOOM_TYPE_I32, LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0};
-    for (int t = 0; t < 6; t++)
+    static const loom_type types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
+                                      LOOM_TYPE_I32,  LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0,
+                                      LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K, LOOM_TYPE_MXFP4};
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++)
         for (int l = 0; l < OPS_LAYOUT_COUNT; l++)
             for (int op = 0; op < 3; op++) { /* dup, cont, cont_4d */
                 loom_type type = types[t];
                 if (!ops_layout_ok(type, (ops_layout)l)) continue;
-                int64_t n = is_quant(type) ? 64 : k_ne0[(l + t) % N_NE0];
+                int64_t n = is_quant(type) ? 2 * (loom_blck_size(type) > 32 ? 256 : 32)
+                                           : k_ne0[(l + t) % N_NE0];
                 static const char *names[] = {"dup", "cont", "cont_4d"};
                 ops_begin(e, "%s %s n=%lld %s", names[op], loom_type_name(type), (long long)n,
                           ops_layout_name((ops_layout)l));
@@ -323,6 +326,11 @@ static const cpy_pair k_cpy_pairs[] = {
     {LOOM_TYPE_BF16, LOOM_TYPE_F32}, {LOOM_TYPE_F32, LOOM_TYPE_Q8_0},
     {LOOM_TYPE_F32, LOOM_TYPE_Q4_0}, {LOOM_TYPE_Q8_0, LOOM_TYPE_F32},
     {LOOM_TYPE_Q4_0, LOOM_TYPE_F32}, {LOOM_TYPE_I32, LOOM_TYPE_I32},
+    /* the quantised KV-cache types, and decoding of the other block types */
+    {LOOM_TYPE_F32, LOOM_TYPE_Q4_1}, {LOOM_TYPE_F32, LOOM_TYPE_Q5_0},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q5_1}, {LOOM_TYPE_F32, LOOM_TYPE_IQ4_NL},
+    {LOOM_TYPE_Q5_1, LOOM_TYPE_F32}, {LOOM_TYPE_Q3_K, LOOM_TYPE_F32},
+    {LOOM_TYPE_IQ4_XS, LOOM_TYPE_F32},
 };
 
 /* Per-element conversion tolerance for an expectation of dst's shape (rows of dst). */
@@ -349,7 +357,9 @@ OPS_CASE(cpy) {
             bool q = is_quant(pr.src) || is_quant(pr.dst);
             /* a [a0, 3, 2, 2] copied into b of another shape with as many elements; the
              * quantised side needs rows that are multiples of 32 */
-            int64_t a0 = q ? 64 : (variant == 0 ? 7 : 33);
+            const bool superblk = (is_quant(pr.src) && loom_blck_size(pr.src) > 32) ||
+                                  (is_quant(pr.dst) && loom_blck_size(pr.dst) > 32);
+            int64_t a0 = superblk ? 256 : q ? 64 : (variant == 0 ? 7 : 33);
             int64_t na = a0 * 12;
             int64_t b0 = is_quant(pr.dst) ? (variant == 1 ? 32 : 96) : (variant == 0 ? na : 12);
             if (is_quant(pr.src) && !is_quant(pr.dst)) b0 = variant == 2 ? 3 : 48;

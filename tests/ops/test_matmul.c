@@ -133,6 +133,7 @@ static const mmid_variant k_mmid_variants[] = {
     {3, 1, 4}, /* U > 1, b->ne1 == 1: every slot reads the same row */
     {2, 2, 1}, /* one token */
     {1, 1, 5}, /* one expert per token */
+    {3, 3, 30}, /* 90 slots over 4 experts: the batched (GEMM) path */
 };
 
 OPS_CASE(mul_mat_id) {
@@ -140,7 +141,7 @@ OPS_CASE(mul_mat_id) {
     for (int t = 0; t < N_TYPES; t++) {
         loom_type type = k_types[t];
         bool q = is_quant(type);
-        for (int iv = 0; iv < 4; iv++, v++) {
+        for (int iv = 0; iv < 5; iv++, v++) {
             mmid_variant mv = k_mmid_variants[iv];
             int64_t K = q ? (iv % 2 ? 64 : 32) : (iv % 2 ? 33 : 7);
             int64_t M = iv % 2 ? 17 : 5, E = 4;

@@ -13,7 +13,8 @@
 #include "tests/ops/harness.h"
 
 static bool is_quant(loom_type t) {
-    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized;
 }
 
 /* The reference decodes quantised rows with the type's to_float: check that against the
@@ -56,14 +57,18 @@ static const gr_variant k_gr_variants[] = {
 };
 
 OPS_CASE(get_rows) {
-    static const loom_type types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
-                                      LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_I32};
+    static const loom_type types[] = {
+        LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,   LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,
+        LOOM_TYPE_I32,  LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0,   LOOM_TYPE_Q5_1,   LOOM_TYPE_Q2_K,
+        LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,   LOOM_TYPE_Q6_K,   LOOM_TYPE_IQ4_NL,
+        LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4};
     int v = 0;
-    for (int t = 0; t < 6; t++)
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++)
         for (int iv = 0; iv < 4; iv++, v++) {
             loom_type type = types[t];
             gr_variant g = k_gr_variants[iv];
-            int64_t n = is_quant(type) ? (iv % 2 ? 64 : 32) : (iv % 2 ? 33 : 7);
+            const int64_t bl = is_quant(type) ? loom_blck_size(type) : 1;
+            int64_t n = is_quant(type) ? (iv % 2 ? 2 * bl : bl) : (iv % 2 ? 33 : 7);
             ops_layout la = v % 3 == 0 ? OPS_CONTIG : v % 3 == 1 ? OPS_PADDED : OPS_PERM12;
             ops_layout li = v % 2 ? OPS_PADDED : OPS_CONTIG;
             ops_begin(e, "get_rows %s a[%lld,%lld,%lld,%lld] %s ids[%lld,%lld,%lld] %s",
@@ -122,10 +127,11 @@ static const sr_variant k_sr_variants[] = {
 };
 
 OPS_CASE(set_rows) {
-    static const loom_type types[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
-                                      LOOM_TYPE_Q4_0};
+    static const loom_type types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
+                                      LOOM_TYPE_Q8_0, LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_1,
+                                      LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_IQ4_NL};
     int v = 0;
-    for (int t = 0; t < 5; t++)
+    for (int t = 0; t < (int)(sizeof types / sizeof types[0]); t++)
         for (int it = 0; it < 2; it++)
             for (int iv = 0; iv < 3; iv++, v++) {
                 loom_type type = types[t], id_type = it ? LOOM_TYPE_I64 : LOOM_TYPE_I32;

@@ -187,3 +187,54 @@ LOOM_TEST(rules, quant_blocks_and_fused_qkv) {
     loom_ctx_free(ctx);
     loom_rules_free(r);
 }
+
+/* Granularity from the type: a K-quant row splits only in whole 256-element blocks, unevenly
+ * and with empty devices where there are fewer blocks than devices (an expert FFN of 512 is
+ * two blocks: over 4 devices two are empty); a rule can state its granularity in blocks. */
+LOOM_TEST(rules, k_quant_blocks_uneven_and_empty) {
+    loom_hparams hp = stories_hp();
+    hp.n_embd = 256;
+    hp.n_ff = 512;
+    loom_rules *r = NULL;
+    LOOM_REQUIRE(loom_rules_builtin("llama", false, &r) == LOOM_OK);
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead(), .no_alloc = true});
+    LOOM_REQUIRE(ctx != NULL);
+    loom_tensor *down = tensor(ctx, LOOM_TYPE_Q4_K, 512, 256, "blk.0.ffn_down.weight");
+    loom_split_state s;
+    LOOM_REQUIRE(loom_rules_split_state(r, &hp, down, 4, &s, NULL) == LOOM_OK);
+    int64_t blocks = 0, empty = 0;
+    for (int j = 0; j < 4; j++) {
+        int64_t c = loom_split_state_dev_count(&s, j);
+        LOOM_CHECK_MSG(c % 256 == 0, "device %d: %lld elements, not whole blocks", j, (long long)c);
+        blocks += c / 256;
+        empty += c == 0;
+    }
+    LOOM_CHECK_EQ_INT(s.axis, 0);
+    LOOM_CHECK_EQ_INT(blocks, 2);
+    LOOM_CHECK_EQ_INT(empty, 2);
+    /* 3 blocks (768) over 2 devices: 2 + 1 */
+    loom_tensor *down3 = tensor(ctx, LOOM_TYPE_Q6_K, 768, 256, "blk.1.ffn_down.weight");
+    LOOM_REQUIRE(loom_rules_split_state(r, &hp, down3, 2, &s, NULL) == LOOM_OK);
+    LOOM_CHECK(loom_split_state_dev_count(&s, 0) + loom_split_state_dev_count(&s, 1) == 768);
+    LOOM_CHECK(loom_split_state_dev_count(&s, 0) % 256 == 0 && loom_split_state_dev_count(&s, 1) % 256 == 0);
+    LOOM_CHECK(loom_split_state_dev_count(&s, 0) != loom_split_state_dev_count(&s, 1));
+    /* "2blocks": Q8_0 rows of 256 move 64 elements at a time; "1block" of Q4_K is 256 */
+    loom_rules *u = NULL;
+    LOOM_REQUIRE(loom_rules_parse("q8 0 2blocks\nk4 0 1block\n", "blk.rules", &u) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_rules_match(u, "q8")->unit, LOOM_RULE_UNIT_BLOCKS);
+    loom_tensor *q8 = tensor(ctx, LOOM_TYPE_Q8_0, 256, 4, "q8");
+    LOOM_REQUIRE(loom_rules_split_state(u, &hp, q8, 3, &s, NULL) == LOOM_OK);
+    for (int j = 0; j < 3; j++)
+        LOOM_CHECK(loom_split_state_dev_count(&s, j) % 64 == 0);
+    check_counts(&s, 0, (int64_t[]){128, 64, 64}, 3);
+    loom_tensor *k4 = tensor(ctx, LOOM_TYPE_Q4_K, 512, 4, "k4");
+    LOOM_REQUIRE(loom_rules_split_state(u, &hp, k4, 3, &s, NULL) == LOOM_OK);
+    check_counts(&s, 0, (int64_t[]){256, 256, 0}, 3);
+    loom_rules_free(u);
+    u = NULL;
+    LOOM_CHECK(loom_rules_parse("x 0 2bloks\n", "bad.rules", &u) == LOOM_ERR_FORMAT);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "bad.rules:1: bad granularity '2bloks'");
+    loom_rules_free(u);
+    loom_ctx_free(ctx);
+    loom_rules_free(r);
+}

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "loom/gguf.h"
+#include "loom/model.h"
 #include "tests/shim/loom_test.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
@@ -773,4 +775,60 @@ LOOM_TEST(cli_flags, demo_and_devices_name_the_nearest_flag) {
     refused(loom_cli_demo, d, "unknown option '--layres' (did you mean --layers?");
     char *v[] = {"devices", "--devcies", "sim:2", NULL};
     refused(loom_cli_devices, v, "unknown option '--devcies' (did you mean --devices?");
+/* A K-quant file: `loom gguf --plan` names the types and shows whole blocks per device
+ * (ffn_down's 512 rows are two 256-blocks: over 4 devices two are empty); the same file
+ * with one tensor's type id changed to IQ2_XXS still lists, and `loom run` refuses it by
+ * tensor, type name and id. */
+LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
+    loom_synth_params p = loom_synth_params_default();
+    p.n_embd = 256;
+    p.n_ff = 512;
+    p.n_layer = 1;
+    p.n_vocab = 320;
+    p.wtype = LOOM_TYPE_Q4_K;
+    p.wtype_hi = LOOM_TYPE_Q6_K;
+    loom_gguf_writer *w = NULL;
+    LOOM_REQUIRE(loom_model_synth(&p, &w) == LOOM_OK);
+    void *data;
+    size_t size;
+    LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+    loom_gguf_writer_free(w);
+    char path[] = "/tmp/loom_cli_quant_XXXXXX";
+    int fd = mkstemp(path);
+    LOOM_REQUIRE(fd >= 0);
+    LOOM_REQUIRE(write(fd, data, size) == (ssize_t)size);
+    char *out, *err;
+    char *argv[] = {"gguf", path, "--plan", "--devices", "sim:4", NULL};
+    int rc = capture(loom_cli_gguf, argv, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, "Q4_K");
+    LOOM_CHECK_STR_CONTAINS(out, "Q6_K");
+    LOOM_CHECK_STR_CONTAINS(out, "blocks 1,1,0,0"); /* blk.0.ffn_down */
+    free(out);
+    free(err);
+
+    const char *name = "blk.0.ffn_up.weight";
+    char *at = memmem(data, size, name, strlen(name));
+    LOOM_REQUIRE(at != NULL);
+    uint32_t nd, t = 16;
+    memcpy(&nd, at + strlen(name), 4);
+    memcpy(at + strlen(name) + 4 + 8 * nd, &t, 4);
+    LOOM_REQUIRE(pwrite(fd, data, size, 0) == (ssize_t)size);
+    close(fd);
+    char *argv2[] = {"gguf", path, NULL};
+    rc = capture(loom_cli_gguf, argv2, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, "IQ2_XXS");
+    LOOM_CHECK_STR_CONTAINS(out, "general.architecture");
+    free(out);
+    free(err);
+    char *argv3[] = {"run", "-m", path, "-n", "2", NULL};
+    rc = capture(loom_cli_run, argv3, &out, &err);
+    LOOM_CHECK(rc != 0);
+    LOOM_CHECK_STR_CONTAINS(
+        err, "tensor 'blk.0.ffn_up.weight' has type IQ2_XXS (16), which loom does not support");
+    free(out);
+    free(err);
+    unlink(path);
+    loom_free(data);
 }

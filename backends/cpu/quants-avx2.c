@@ -1,0 +1,372 @@
+/*
+ * AVX2 dot products of the block types beyond Q8_0/Q4_0 (the AVX-512 table uses them too):
+ * Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 against Q8_0/Q8_1 activations and Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_XS against Q8_K, written with intrinsics: nibbles split with a mask and a
+ * shift, 2-bit fields with shifts, the Q5 fifth bits expanded from the 32-bit qh with a byte
+ * shuffle, the non-linear grids looked up with pshufb, unsigned x signed byte products with maddubs
+ * (signed x signed through the sign trick: |x| * sign(y, x)), integer sub-block scales applied with
+ * madd in int32, and one float scale per block. Each function computes exactly what its portable
+ * body in quants-legacy.c / quants-k.c computes (the ops suite checks both against the same
+ * reference).
+ */
+#include "backends/cpu/quants-dot.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+/* fp16 -> f32 with F16C (exact, like loom__fp16_to_fp32) */
+#define H(h) _cvtsh_ss(h)
+
+AVX2 static inline float hsum8(__m256 x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31) */
+AVX2 static inline __m256i nibbles32(const uint8_t *qs) {
+    __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+}
+
+/* bit j of the little-endian u32 at p -> byte j = 0xff when set */
+AVX2 static inline __m256i bits32(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* unsigned x (bytes) . signed y (bytes): 8 int32 sums of 4 products each */
+AVX2 static inline __m256i dot_us(__m256i x, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+}
+
+/* signed x . signed y */
+AVX2 static inline __m256i dot_ss(__m256i x, __m256i y) {
+    return dot_us(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+AVX2 static inline __m256i load32(const void *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+AVX2 static float dot_q4_1(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q4_1 *x = vx;
+    const loom_block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        const __m256i p = dot_us(nibbles32(x[b].qs), load32(y[b].qs));
+        const float d = H(x[b].d) * H(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        summ += H(x[b].m) * H(y[b].s);
+    }
+    return hsum8(acc) + summ;
+}
+
+AVX2 static float dot_q5_1(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q5_1 *x = vx;
+    const loom_block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summ = 0.0f;
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = _mm256_or_si256(nibbles32(x[b].qs),
+                                    _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
+        const __m256i p = dot_us(q, load32(y[b].qs));
+        const float d = H(x[b].d) * H(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+        summ += H(x[b].m) * H(y[b].s);
+    }
+    return hsum8(acc) + summ;
+}
+
+AVX2 static float dot_q5_0(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q5_0 *x = vx;
+    const loom_block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256i q = _mm256_or_si256(nibbles32(x[b].qs),
+                                    _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+        const __m256i p = dot_ss(q, load32(y[b].qs));
+        const float d = H(x[b].d) * H(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static inline __m256i grid_table(const int8_t *values) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)values));
+}
+
+AVX2 static float dot_iq4_nl(int64_t n, const void *vx, const void *vy) {
+    const loom_block_iq4_nl *x = vx;
+    const loom_block_q8_0 *y = vy;
+    const __m256i tab = grid_table(loom_iq4nl_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs));
+        const __m256i p = dot_ss(q, load32(y[b].qs));
+        const float d = H(x[b].d) * H(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static float dot_mxfp4(int64_t n, const void *vx, const void *vy) {
+    const loom_block_mxfp4 *x = vx;
+    const loom_block_q8_0 *y = vy;
+    const __m256i tab = grid_table(loom_mxfp4_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs));
+        const __m256i p = dot_ss(q, load32(y[b].qs));
+        const uint8_t e = x[b].e;
+        const float de = loom__f32_from_bits(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+        const float d = de * H(y[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q4_K / Q5_K sub-block scales and mins (6 bits each, 12 packed bytes) */
+static inline void k4_scales(const uint8_t *q, int sc[8], int m[8]) {
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        }
+    }
+}
+
+/* sum over the 8 sub-blocks of 32 of m[s] * (bsums[2s] + bsums[2s + 1]) */
+static inline int k4_mins(const int m[8], const int16_t *bsums) {
+    int s = 0;
+    for (int j = 0; j < 8; j++)
+        s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
+    return s;
+}
+
+AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q4_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        int sc[8], m[8];
+        k4_scales(x[b].scales, sc, m);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = load32(x[b].qs + 32 * j);
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
+            const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
+            sumi =
+                _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+            sumi = _mm256_add_epi32(
+                sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+    }
+    return hsum8(acc) - accm;
+}
+
+AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q5_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        int sc[8], m[8];
+        k4_scales(x[b].scales, sc, m);
+        const __m256i qh = load32(x[b].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q4 = load32(x[b].qs + 32 * j);
+            /* fifth bit of element 64 j + l is qh[l] bit 2 j (low half), 2 j + 1 (high) */
+            const __m256i hlo =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i hhi =
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), hlo);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hhi);
+            const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
+            const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
+            sumi =
+                _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+            sumi = _mm256_add_epi32(
+                sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+    }
+    return hsum8(acc) - accm;
+}
+
+AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q6_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[b].ql + 64 * h, *qhp = x[b].qh + 32 * h;
+            const int8_t *sc = x[b].scales + 8 * h;
+            const __m256i l0 = load32(ql), l1 = load32(ql + 32), qh = load32(qhp);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+            q[1] = _mm256_or_si256(
+                _mm256_and_si256(l1, m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+            q[2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+            q[3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            for (int g = 0; g < 4; g++) {
+                const __m256i xs = _mm256_sub_epi8(q[g], off);
+                const __m256i yv = load32(y[b].qs + 128 * h + 32 * g);
+                const __m256i p =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(xs, xs), _mm256_sign_epi8(yv, xs));
+                /* elements 0..15 of the group in the low 128 bits, 16..31 in the high */
+                const __m256i s =
+                    _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+            }
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
+    const loom_block_iq4_xs *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i tab = grid_table(loom_iq4nl_values);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            const int ls = (((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) |
+                            (((x[b].scales_h >> (2 * s)) & 3) << 4)) -
+                           32;
+            const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs + 16 * s));
+            const __m256i yv = load32(y[b].qs + 32 * s);
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+/* Q2_K/Q3_K: element 128 h + 32 g + l is (qs[32 h + l] >> 2 g) & 3; its 16-element
+ * sub-block is 8 h + 2 g (l < 16) or 8 h + 2 g + 1 */
+AVX2 static inline __m256i k2_scales(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+AVX2 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q2_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const uint8_t *sc = x[b].scales;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q2 = load32(x[b].qs + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const int sb = 8 * h + 2 * g;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * g), m2);
+                const __m256i p = _mm256_maddubs_epi16(q, load32(y[b].qs + 128 * h + 32 * g));
+                sumi = _mm256_add_epi32(
+                    sumi, _mm256_madd_epi16(p, k2_scales(sc[sb] & 0x0f, sc[sb + 1] & 0x0f)));
+            }
+        }
+        int summ = 0;
+        for (int j = 0; j < 16; j++)
+            summ += (sc[j] >> 4) * y[b].bsums[j];
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * H(x[b].dmin) * (float)summ;
+    }
+    return hsum8(acc) - accm;
+}
+
+AVX2 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q3_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const uint8_t *in = x[b].scales;
+        int sc[16];
+        for (int j = 0; j < 16; j++) {
+            int lo = j < 8 ? in[j] & 0x0f : in[j - 8] >> 4;
+            int hi = (in[8 + j % 4] >> (2 * (j / 4))) & 3;
+            sc[j] = (lo | (hi << 4)) - 32;
+        }
+        const __m256i hm = load32(x[b].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q2 = load32(x[b].qs + 32 * h);
+            for (int g = 0; g < 4; g++) {
+                const int sb = 8 * h + 2 * g;
+                /* q - 4 unless hmask[l] bit 4 h + g is set */
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + g), one);
+                __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * g), m2);
+                q = _mm256_sub_epi8(_mm256_or_si256(q, _mm256_slli_epi16(hb, 2)), four);
+                const __m256i yv = load32(y[b].qs + 128 * h + 32 * g);
+                const __m256i p =
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, k2_scales(sc[sb], sc[sb + 1])));
+            }
+        }
+        const float d = y[b].d * H(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    return hsum8(acc);
+}
+
+void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
+    s->q2_K = dot_q2_K;
+    s->q3_K = dot_q3_K;
+    s->q4_1 = dot_q4_1;
+    s->q5_0 = dot_q5_0;
+    s->q5_1 = dot_q5_1;
+    s->iq4_nl = dot_iq4_nl;
+    s->mxfp4 = dot_mxfp4;
+    s->q4_K = dot_q4_K;
+    s->q5_K = dot_q5_K;
+    s->q6_K = dot_q6_K;
+    s->iq4_xs = dot_iq4_xs;
+}
+#else
+void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
+    (void)s;
+}
+#endif

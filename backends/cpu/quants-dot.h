@@ -1,0 +1,51 @@
+/*
+ * Integer dot products of block-quantised weight rows with quantised activation rows, the
+ * way the reference engines compute them: activations as Q8_K (K-quants, IQ4_XS), Q8_0
+ * (Q5_0, IQ4_NL, MXFP4) or Q8_1 (Q4_1, Q5_1), one type per weight type (its traits'
+ * vec_dot_type). Each block's weights are unpacked to small integers with integer
+ * sub-block scales (and mins), multiplied with the activation integers in int32, and scaled
+ * once per block, so the result equals the float dot of the dequantised rows up to float
+ * rounding of the per-block sums.
+ *
+ * The bodies are written once (quants-k.c, quants-legacy.c) as always-inline functions and
+ * instantiated three times: portable, and inside AVX2+FMA and AVX-512 target functions so
+ * the compiler vectorises the integer loops for each; loom__cpu_qdot_get picks the
+ * instance of the SIMD table in use.
+ */
+#ifndef LOOM_CPU_QUANTS_DOT_H
+#define LOOM_CPU_QUANTS_DOT_H
+
+#include "backends/cpu/cpu-impl.h"
+
+/* Dot of n elements: x a row of weight blocks, y the matching activation blocks. */
+typedef float (*loom__cpu_qdot_fn)(int64_t n, const void *x, const void *y);
+
+typedef struct loom__cpu_qdot_set {
+    loom__cpu_qdot_fn q4_1, q5_0, q5_1, iq4_nl, mxfp4;      /* quants-legacy.c */
+    loom__cpu_qdot_fn q2_K, q3_K, q4_K, q5_K, q6_K, iq4_xs; /* quants-k.c */
+} loom__cpu_qdot_set;
+
+void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa); /* isa: 0 portable, 1 avx2, 2 avx512 */
+void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa);
+/* Overrides with the hand-written AVX2 kernels (quants-avx2.c) where there are some. */
+void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s);
+
+/* The dot of weight type t for the given SIMD table; NULL for types without one (float types,
+ * Q8_0/Q4_0, which have their own paths, and the activation types). */
+loom__cpu_qdot_fn loom__cpu_qdot_get(loom_type t, const loom__cpu_simd *simd);
+
+#define LOOM_QD_INLINE static inline __attribute__((always_inline))
+
+LOOM_QD_INLINE float loom__qd_h(uint16_t h) {
+    return loom__fp16_to_fp32(h);
+}
+
+/* sum of a[i] * b[i] over n int8 pairs, in int32 (n a multiple of 16) */
+LOOM_QD_INLINE int loom__qd_dot_i8(const int8_t *a, const int8_t *b, int n) {
+    int s = 0;
+    for (int i = 0; i < n; i++)
+        s += (int)a[i] * (int)b[i];
+    return s;
+}
+
+#endif /* LOOM_CPU_QUANTS_DOT_H */
