@@ -364,7 +364,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
 static loom_status sync_inflight(loom_session *s) {
     loom_status st = LOOM_OK;
     if (s->n_inflight > 0) {
-        loom_sched_synchronize(s->sched);
+        st = loom_sched_synchronize(s->sched);
         for (int i = 0; i < s->n_inflight; i++)
             loom_ctx_free(s->inflight[i]);
         s->n_inflight = 0;

@@ -158,7 +158,10 @@ int loom_cli_gguf(int argc, char **argv) {
                 fprintf(stderr, "loom gguf: %s\n", loom_last_error());
                 goto out;
             }
-            loom_rules_prepend(rules, user);
+            if (loom_rules_prepend(rules, user)) {
+                fprintf(stderr, "loom gguf: %s\n", loom_last_error()); /* user is consumed */
+                goto out;
+            }
         }
     }
     printf("%s: GGUF v%u, %lld metadata entries, %lld tensors, alignment %zu, data at %zu\n", path,

@@ -245,10 +245,21 @@ int loom_cli_run(int argc, char **argv) {
     const loom_tokenizer *tok = loom_session_tokenizer(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
     size_t plen = strlen(prompt), cap = plen + 8, n_prompt = 0;
-    ids = malloc((cap > (size_t)n_ctx ? cap : (size_t)n_ctx) * sizeof *ids);
-    if (!ids ||
-        loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids, cap, &n_prompt)) {
-        fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n", loom_last_error());
+    if (cap < (size_t)n_ctx) cap = (size_t)n_ctx;
+    ids = malloc(cap * sizeof *ids);
+    loom_status tst = ids ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids,
+                                          cap, &n_prompt)
+                          : LOOM_ERR_NOMEM;
+    if (tst == LOOM_ERR_FULL && n_prompt > cap) { /* more ids than bytes + 8: grow and retry */
+        int32_t *grown = realloc(ids, n_prompt * sizeof *ids);
+        tst = grown ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), grown,
+                                    n_prompt, &n_prompt)
+                    : LOOM_ERR_NOMEM;
+        if (grown) ids = grown, cap = n_prompt;
+    }
+    if (tst) {
+        fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n",
+                tst == LOOM_ERR_NOMEM ? "out of memory" : loom_last_error());
         goto out;
     }
     if (n_prompt == 0) {
