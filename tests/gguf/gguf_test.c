@@ -521,7 +521,10 @@ static void *file_with_types(const int *types, int n, size_t *size) {
     for (int i = 0; data && i < n; i++) {
         snprintf(name, sizeof name, "blk.%d.ffn_up.weight", i);
         uint8_t *p = memmem(data, *size, name, strlen(name));
-        LOOM_REQUIRE(p != NULL);
+        if (!LOOM_CHECK(p != NULL)) {
+            loom_free(data);
+            return NULL;
+        }
         uint32_t t = (uint32_t)types[i];
         memcpy(p + strlen(name) + 4 + 8, &t, 4); /* after n_dims (u32) and ne[0] (u64) */
     }

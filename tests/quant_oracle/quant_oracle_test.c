@@ -119,8 +119,8 @@ LOOM_TEST(quant_oracle, logits_match_llama_cpp_quantised_files) {
             skipped++;
             continue;
         }
-        char path[4096], base[24];
-        snprintf(base, sizeof base, "%s", exp[i].type);
+        char path[4096], base[64];
+        snprintf(base, sizeof base, "%.40s", exp[i].type);
         char *colon = strchr(base, ':');
         const bool deq = colon != NULL;
         if (colon) *colon = 0;

@@ -775,6 +775,8 @@ LOOM_TEST(cli_flags, demo_and_devices_name_the_nearest_flag) {
     refused(loom_cli_demo, d, "unknown option '--layres' (did you mean --layers?");
     char *v[] = {"devices", "--devcies", "sim:2", NULL};
     refused(loom_cli_devices, v, "unknown option '--devcies' (did you mean --devices?");
+}
+
 /* A K-quant file: `loom gguf --plan` names the types and shows whole blocks per device
  * (ffn_down's 512 rows are two 256-blocks: over 4 devices two are empty); the same file
  * with one tensor's type id changed to IQ2_XXS still lists, and `loom run` refuses it by
