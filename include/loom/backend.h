@@ -6,7 +6,7 @@
  * command stream on a device (async set/get/copy, events, graph_compute). A buffer type
  * is a kind of memory (alignment, max size, host-visible or not) owned by a device; a
  * buffer is one allocation of it. Implementations live behind the tables in
- * backends/backend-impl.h; everything here is a thin wrapper that applies defaults.
+ * loom/backend-impl.h; everything here is a thin wrapper that applies defaults.
  */
 #ifndef LOOM_BACKEND_H
 #define LOOM_BACKEND_H
