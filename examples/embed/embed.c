@@ -10,11 +10,14 @@
  *      result is a partial sum the meta device all-reduces), run through the scheduler
  *      [meta, CPU]; checked against the same graph on the CPU backend.
  *
- * Usage: embed MODEL.gguf [N_DEVICES (default 2)] [N_TOKENS (default 24)]
+ * Usage: embed [MODEL.gguf | synth (default: a small synthetic llama made in memory)]
+ *              [N_DEVICES (default 2)] [N_TOKENS (default 24)]
  * Exit status 0 when both checks pass.
  */
+#include <loom/gguf.h>
 #include <loom/loom.h>
 #include <loom/meta.h>
+#include <loom/model.h>
 #include <loom/sched.h>
 #include <loom/session.h>
 #include <math.h>
@@ -44,7 +47,8 @@ static float max_abs_diff(const float *a, const float *b, size_t n, float *scale
 
 /* ---------------------------------------------------------------- 1. generation */
 
-static int generate(const char *model, int n_dev, int n_gen) {
+/* model: a GGUF path, or NULL to use g (borrowed). */
+static int generate(const char *model, const loom_gguf *g, int n_dev, int n_gen) {
     char spec[32];
     snprintf(spec, sizeof spec, "sim:%d", n_dev);
     loom_session_params p = loom_session_params_default();
@@ -52,12 +56,12 @@ static int generate(const char *model, int n_dev, int n_gen) {
     p.split_mode = LOOM_SPLIT_MODE_TENSOR;
     p.n_ctx = 256;
     loom_session *tp = NULL, *cpu = NULL;
-    CHECK(loom_session_new(model, NULL, &p, &tp), "tensor-parallel session");
+    CHECK(loom_session_new(model, g, &p, &tp), "tensor-parallel session");
     loom_session_params pc = loom_session_params_default();
     pc.devices = "cpu";
     pc.n_ctx = 256;
-    CHECK(loom_session_new(model, NULL, &pc, &cpu), "CPU session");
-    printf("model %s on %s (%d devices, split %s)\n", model,
+    CHECK(loom_session_new(model, g, &pc, &cpu), "CPU session");
+    printf("model %s on %s (%d devices, split %s)\n", model ? model : "(synthetic)",
            loom_dev_name(loom_backend_device(loom_session_meta_backend(tp))),
            loom_session_n_devices(tp), loom_split_mode_name(loom_session_split_mode(tp)));
 
@@ -240,18 +244,39 @@ static int own_graph(int n_dev) {
     return 0;
 }
 
+/* A small llama model with random weights, in memory (when no GGUF file is given). */
+static loom_status synth_model(void **data, loom_gguf **g) {
+    loom_synth_params sp = loom_synth_params_default();
+    loom_gguf_writer *w = NULL;
+    size_t size = 0;
+    loom_status st = loom_model_synth(&sp, &w);
+    if (st == LOOM_OK) st = loom_gguf_write_memory(w, data, &size);
+    loom_gguf_writer_free(w);
+    if (st == LOOM_OK) st = loom_gguf_open_memory(*data, size, g);
+    return st;
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.gguf [N_DEVICES] [N_TOKENS]\n", argv[0]);
+    if (argc > 1 && argv[1][0] == '-') {
+        fprintf(stderr, "usage: %s [MODEL.gguf|synth] [N_DEVICES] [N_TOKENS]\n", argv[0]);
         return 2;
     }
+    const char *model = argc > 1 && strcmp(argv[1], "synth") != 0 ? argv[1] : NULL;
     int n_dev = argc > 2 ? atoi(argv[2]) : 2;
     int n_gen = argc > 3 ? atoi(argv[3]) : 24;
     printf("loom %s (built against %s)\n", loom_version(), LOOM_VERSION_STRING);
     /* The backend modules: lib/loom/ beside libloom, and LOOM_BACKEND_PATH. */
     size_t loaded = loom_registry_load_all();
     printf("%zu backend(s) registered, %zu device(s)\n", loaded, loom_registry_dev_count());
-    int rc = generate(argv[1], n_dev, n_gen);
+    void *data = NULL;
+    loom_gguf *g = NULL;
+    if (!model && synth_model(&data, &g) != LOOM_OK) {
+        fprintf(stderr, "embed: synthetic model: %s\n", loom_last_error());
+        return 1;
+    }
+    int rc = generate(model, g, n_dev, n_gen);
+    loom_gguf_free(g);
+    loom_free(data);
     if (rc == 0) rc = own_graph(n_dev);
     loom_registry_reset();
     printf("%s\n", rc == 0 ? "embed: OK" : "embed: FAILED");

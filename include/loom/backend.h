@@ -166,13 +166,17 @@ LOOM_API void *loom_reg_get_proc_address(loom_reg_t reg, const char *name);
 
 /* The global registry. Thread-safe. Registering the same reg twice is a no-op. */
 LOOM_API loom_status loom_registry_add(loom_reg_t reg);
-/* Loads one module (a shared object exporting `loom_backend_init`) and registers its reg.
- * Errors name the path and the reason (dlopen's message, missing entry point, ...). */
+/* Loads one module (a shared object exporting `loom_backend_init`, see
+ * LOOM_BACKEND_MODULE in loom/backend-impl.h) and registers its reg. A module built for
+ * another backend API version is refused, naming both versions. Errors name the path and
+ * the reason (dlopen's message, missing entry point, version, ...). */
 LOOM_API loom_status loom_registry_load(const char *path, loom_reg_t *out_reg);
-/* Loads every libloom-<name>.so found in the directory of the loom library and in each
+/* Loads every libloom-<name>.so found in the directory of the loom library, its loom/
+ * subdirectory (an installed tree: lib/loom/), the executable's directory and each
  * directory of LOOM_BACKEND_PATH (colon-separated). A module that fails to load is logged
- * with the reason and skipped. Returns the number of regs loaded. Also registers the
- * statically linked backends (cpu, and sim when linked). */
+ * with the reason and skipped; one whose name is registered already is not loaded. Returns
+ * the number of regs loaded. Also registers the linked backends (cpu, and sim when
+ * linked). */
 LOOM_API size_t loom_registry_load_all(void);
 LOOM_API size_t loom_registry_reg_count(void);
 LOOM_API loom_reg_t loom_registry_reg_get(size_t index);
