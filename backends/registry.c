@@ -388,38 +388,37 @@ size_t loom_registry_load_all(void) {
     }
     loaded += loom_registry_reg_count() - before;
 
-    /* The library's own directory (modules next to a binary that links loom statically,
-     * as in the build tree) and its loom/ subdirectory (an installed tree: lib/libloom.so
-     * and lib/loom/libloom-*.so). */
-    char self[4096], self_loom[4096 + 8];
+    /* The directories, in order: LOOM_BACKEND_PATH first (so a module there overrides one
+     * of the same name installed with the library: the first of a name wins), then the
+     * library's own directory and its loom/ subdirectory (an installed tree: lib/libloom.so
+     * and lib/loom/libloom-*.so), then the executable's directory (the build tree keeps
+     * modules next to the loom tool). Each directory is scanned once. */
+    enum { MAX_DIRS = 64 };
+    char self[4096], self_loom[4096 + 8], exe[4096];
     loom__self_dir(self, sizeof self);
-    self_loom[0] = '\0';
-    if (self[0]) {
-        loaded += loom__scan_dir(self);
-        snprintf(self_loom, sizeof self_loom, "%s/loom", self);
-        loaded += loom__scan_dir(self_loom);
-    }
-    /* And the executable's directory, when libloom is a shared library elsewhere (the
-     * build tree keeps modules next to the loom tool). */
-    char exe[4096];
+    snprintf(self_loom, sizeof self_loom, "%s%s", self, self[0] ? "/loom" : "");
     loom__exe_dir(exe, sizeof exe);
-    if (exe[0] && strcmp(exe, self) != 0) loaded += loom__scan_dir(exe);
-
+    const char *dirs[MAX_DIRS];
+    int n_dirs = 0;
     const char *env = getenv("LOOM_BACKEND_PATH");
-    if (env && env[0]) {
-        char *copy = loom_strdup(env);
-        if (copy) {
-            char *save = NULL;
-            for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-                if (!dir[0] || strcmp(dir, self) == 0 || strcmp(dir, self_loom) == 0 ||
-                    strcmp(dir, exe) == 0) {
-                    continue;
-                }
-                loaded += loom__scan_dir(dir);
-            }
-            loom_free(copy);
+    char *copy = env && env[0] ? loom_strdup(env) : NULL;
+    if (copy) {
+        char *save = NULL;
+        for (char *dir = strtok_r(copy, ":", &save); dir && n_dirs < MAX_DIRS - 3;
+             dir = strtok_r(NULL, ":", &save)) {
+            dirs[n_dirs++] = dir;
         }
     }
+    dirs[n_dirs++] = self;
+    dirs[n_dirs++] = self_loom;
+    dirs[n_dirs++] = exe;
+    for (int i = 0; i < n_dirs; i++) {
+        bool seen = !dirs[i][0];
+        for (int j = 0; j < i && !seen; j++)
+            seen = strcmp(dirs[i], dirs[j]) == 0;
+        if (!seen) loaded += loom__scan_dir(dirs[i]);
+    }
+    loom_free(copy);
     return loaded;
 }
 

@@ -171,12 +171,13 @@ LOOM_API loom_status loom_registry_add(loom_reg_t reg);
  * another backend API version is refused, naming both versions. Errors name the path and
  * the reason (dlopen's message, missing entry point, version, ...). */
 LOOM_API loom_status loom_registry_load(const char *path, loom_reg_t *out_reg);
-/* Loads every libloom-<name>.so found in the directory of the loom library, its loom/
- * subdirectory (an installed tree: lib/loom/), the executable's directory and each
- * directory of LOOM_BACKEND_PATH (colon-separated). A module that fails to load is logged
- * with the reason and skipped; one whose name is registered already is not loaded. Returns
- * the number of regs loaded. Also registers the linked backends (cpu, and sim when
- * linked). */
+/* Registers the linked backends (cpu, and sim when linked), then loads every
+ * libloom-<name>.so found in each directory of LOOM_BACKEND_PATH (colon-separated), the
+ * directory of the loom library, its loom/ subdirectory (an installed tree: lib/loom/) and
+ * the executable's directory, in that order. The first module of a name wins (one whose
+ * name is registered already is not loaded), so LOOM_BACKEND_PATH overrides the installed
+ * modules. A module that fails to load is logged with the reason and skipped. Returns the
+ * number of regs loaded. */
 LOOM_API size_t loom_registry_load_all(void);
 LOOM_API size_t loom_registry_reg_count(void);
 LOOM_API loom_reg_t loom_registry_reg_get(size_t index);

@@ -7,9 +7,12 @@
  *   - the modules and the loom tool need libloom.so.0 and define no core symbol;
  *   - a module shares the application's core: its host allocations go through the
  *     allocator the application installed, and its errors reach the application's
- *     loom_last_error().
+ *     loom_last_error();
+ *   - load_all's default module directories (here the executable's, which holds a copy of
+ *     libloom-sim.so) are overridden by LOOM_BACKEND_PATH.
  */
-#define _POSIX_C_SOURCE 200809L /* popen */
+#define _GNU_SOURCE /* popen, dladdr, setenv */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,5 +224,40 @@ LOOM_TEST(lib, a_module_shares_the_applications_core) {
     LOOM_CHECK(huge == NULL);
     LOOM_CHECK(loom_last_status() != LOOM_OK);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), loom_dev_name(dev));
+    loom_registry_reset();
+}
+
+/* The file a registered reg's code comes from. */
+static const char *reg_file(loom_reg_t reg) {
+    Dl_info info;
+    void *fn = NULL;
+    memcpy(&fn, &reg->iface->get_name, sizeof fn);
+    return dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "";
+}
+
+LOOM_TEST(lib, backend_path_overrides_the_default_module_dirs) {
+    char sim_so[4096], sim_dir[4096];
+    runfile("backends/sim/libloom-sim.so", sim_so, sizeof sim_so);
+    snprintf(sim_dir, sizeof sim_dir, "%s", sim_so);
+    *strrchr(sim_dir, '/') = '\0';
+
+    /* Default: the copy next to this executable (tests/lib/libloom-sim.so). */
+    unsetenv("LOOM_BACKEND_PATH");
+    loom_registry_reset();
+    loom_registry_load_all();
+    loom_reg_t sim = loom_registry_reg_by_name("SIM");
+    LOOM_REQUIRE(sim != NULL);
+    LOOM_CHECK_STR_CONTAINS(reg_file(sim), "/tests/lib/libloom-sim.so");
+    LOOM_CHECK(loom_registry_reg_by_name("CPU") != NULL); /* libloom's own */
+
+    /* LOOM_BACKEND_PATH comes first: its libloom-sim.so wins. */
+    loom_registry_reset();
+    setenv("LOOM_BACKEND_PATH", sim_dir, 1);
+    loom_registry_load_all();
+    unsetenv("LOOM_BACKEND_PATH");
+    sim = loom_registry_reg_by_name("SIM");
+    LOOM_REQUIRE(sim != NULL);
+    LOOM_CHECK_MSG(strncmp(reg_file(sim), sim_dir, strlen(sim_dir)) == 0,
+                   "SIM came from '%s', not from LOOM_BACKEND_PATH '%s'", reg_file(sim), sim_dir);
     loom_registry_reset();
 }
