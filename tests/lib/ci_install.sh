@@ -3,7 +3,8 @@
 #   1. scripts/install.sh --prefix into a temporary directory, then the tree is moved
 #      elsewhere (it must be relocatable) and searched for build-tree paths;
 #   2. the exported symbols of lib/libloom.so are exactly the LOOM_API names of its headers,
-#      and the modules in lib/loom/ need libloom.so.0 and define no core symbol;
+#      and the modules in lib/loom/ need libloom.so.0 and define no core symbol; every
+#      installed header compiles alone as C11 and as C++17;
 #   3. examples/embed, examples/custom-device and examples/cxx are copied out of the tree
 #      and built with plain make + pkg-config, then run (embed needs stories260K.gguf from
 #      $LOOM_MODELS_DIR or ../shared/models: skipped with a note when absent);
@@ -68,6 +69,16 @@ for m in "$prefix"/lib/loom/libloom-*.so; do
     fi
 done
 ok "modules link libloom without a copy of core"
+
+# every installed header compiles alone, as C11 and as C++17
+for h in "$prefix"/include/loom/*.h; do
+    b=loom/$(basename "$h")
+    echo "#include <$b>" | cc -std=c11 -Wall -Wextra -Werror -fsyntax-only -x c -I"$prefix/include" - ||
+        fail "$b does not compile alone as C11"
+    echo "#include <$b>" | c++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only -x c++ -I"$prefix/include" - ||
+        fail "$b does not compile alone as C++17"
+done
+ok "every header compiles alone (C11, C++17)"
 
 # 3. examples, out of the tree, plain make + pkg-config
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
