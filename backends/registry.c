@@ -260,7 +260,9 @@ loom_status loom_registry_load(const char *path, loom_reg_t *out_reg) {
 }
 
 /* The registry's own directory: where the loom library (or the executable linking it
- * statically) lives. Writes "" when unknown. */
+ * statically) lives, symlinks resolved (Bazel links libloom through a symlink in _solib;
+ * the real file lies beside its loom/ module directory, as in an installed tree). Writes ""
+ * when unknown. */
 static void loom__self_dir(char *out, size_t size) {
     out[0] = '\0';
     Dl_info info;
@@ -279,12 +281,16 @@ static void loom__self_dir(char *out, size_t size) {
         }
     }
     if (!file) return;
+    char *real = realpath(file, NULL); /* malloc'ed by libc */
+    if (real) file = real;
     const char *slash = strrchr(file, '/');
     size_t len = (size_t)(slash - file);
     if (len == 0) len = 1; /* "/libloom.so" */
-    if (len >= size) return;
-    memcpy(out, file, len);
-    out[len] = '\0';
+    if (len < size) {
+        memcpy(out, file, len);
+        out[len] = '\0';
+    }
+    free(real);
 }
 
 /* The running executable's directory; "" when unknown. */

@@ -36,9 +36,9 @@ static char cpu_so[4096], sim_so[4096], broken_so[4096], badver_so[4096], badreg
 static void paths(void) {
     runfile("backends/cpu/libloom-cpu.so", cpu_so, sizeof cpu_so);
     runfile("backends/sim/libloom-sim.so", sim_so, sizeof sim_so);
-    runfile("tests/backends/libloom-broken.so", broken_so, sizeof broken_so);
-    runfile("tests/backends/libloom-badver.so", badver_so, sizeof badver_so);
-    runfile("tests/backends/libloom-badreg.so", badreg_so, sizeof badreg_so);
+    runfile("tests/backends/modules/libloom-broken.so", broken_so, sizeof broken_so);
+    runfile("tests/backends/modules/libloom-badver.so", badver_so, sizeof badver_so);
+    runfile("tests/backends/modules/libloom-badreg.so", badreg_so, sizeof badreg_so);
 }
 
 /* Log capture (the registry logs through this binary's core). */

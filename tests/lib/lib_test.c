@@ -8,8 +8,9 @@
  *   - a module shares the application's core: its host allocations go through the
  *     allocator the application installed, and its errors reach the application's
  *     loom_last_error();
- *   - load_all's default module directories (here the executable's, which holds a copy of
- *     libloom-sim.so) are overridden by LOOM_BACKEND_PATH.
+ *   - load_all's default module directories (bazel-bin/loom/ beside libloom, and this
+ *     executable's, which holds a copy of libloom-sim.so) are overridden by
+ *     LOOM_BACKEND_PATH.
  */
 #define _GNU_SOURCE /* popen, dladdr, setenv */
 #include <dlfcn.h>
@@ -241,13 +242,16 @@ LOOM_TEST(lib, backend_path_overrides_the_default_module_dirs) {
     snprintf(sim_dir, sizeof sim_dir, "%s", sim_so);
     *strrchr(sim_dir, '/') = '\0';
 
-    /* Default: the copy next to this executable (tests/lib/libloom-sim.so). */
+    /* Default: a copy from a default directory (bazel-bin/loom/ beside libloom, or the
+     * one next to this executable), not the one in backends/sim/. */
     unsetenv("LOOM_BACKEND_PATH");
     loom_registry_reset();
     loom_registry_load_all();
     loom_reg_t sim = loom_registry_reg_by_name("SIM");
     LOOM_REQUIRE(sim != NULL);
-    LOOM_CHECK_STR_CONTAINS(reg_file(sim), "/tests/lib/libloom-sim.so");
+    LOOM_CHECK_STR_CONTAINS(reg_file(sim), "libloom-sim.so");
+    LOOM_CHECK_MSG(strncmp(reg_file(sim), sim_dir, strlen(sim_dir)) != 0,
+                   "SIM came from '%s' without LOOM_BACKEND_PATH", reg_file(sim));
     LOOM_CHECK(loom_registry_reg_by_name("CPU") != NULL); /* libloom's own */
 
     /* LOOM_BACKEND_PATH comes first: its libloom-sim.so wins. */
