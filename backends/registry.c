@@ -250,6 +250,13 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
     if (known || s != LOOM_OK) {
         if (s != LOOM_OK) reg = NULL;
         dlclose(handle);
+    } else {
+        /* A registered module stays mapped for the life of the process (RTLD_NODELETE):
+         * reset only unregisters it. GPU runtimes and the C++ runtimes some of them carry
+         * (cuBLAS) cannot be unloaded cleanly: their exit handlers and allocations would
+         * point into unmapped code. A later load of the same file reuses it. */
+        void *pin = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD | RTLD_NODELETE);
+        if (pin) dlclose(pin);
     }
     if (s == LOOM_OK && out_reg) *out_reg = reg;
     return s;

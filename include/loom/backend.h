@@ -186,8 +186,9 @@ LOOM_API size_t loom_registry_dev_count(void);
 LOOM_API loom_dev_t loom_registry_dev_get(size_t index);
 LOOM_API loom_dev_t loom_registry_dev_by_name(const char *name); /* case-insensitive */
 LOOM_API loom_dev_t loom_registry_dev_by_type(loom_dev_type type); /* first of a type */
-/* Unregisters everything and unloads modules (tests). Devices and backends obtained
- * earlier must not be used afterwards. */
+/* Unregisters everything (tests). Modules stay mapped (a GPU runtime cannot be unloaded
+ * safely) and are reused by a later load. Devices and backends obtained earlier must not
+ * be used afterwards. */
 LOOM_API void loom_registry_reset(void);
 
 /* Resolves a device SPEC into devices: "cpu", "sim:N[,options]" (see loom/sim.h),

@@ -349,5 +349,5 @@ LOOM_TEST(registry, devices_from_spec_through_modules) {
     LOOM_CHECK_EQ_INT(loom_devices_from_spec("cuda:0", devs, 8, &n), LOOM_ERR_NOT_FOUND);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "device spec 'cuda:0': no CUDA devices");
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), 3);
-    loom_registry_reset(); /* frees the spec's sim reg through the module, then unloads */
+    loom_registry_reset(); /* frees the spec's sim reg through the module, then unregisters */
 }
