@@ -184,8 +184,8 @@ static const struct loom_reg_i toy_reg_i = {
 
 static void toy_reg_init(toy_reg *r, int n) {
     memset(r, 0, sizeof *r);
-    r->reg = (struct loom_reg){.api_version = LOOM_BACKEND_API_VERSION, .iface = &toy_reg_i,
-                               .context = r};
+    r->reg = (struct loom_reg){
+        .api_version = LOOM_BACKEND_API_VERSION, .iface = &toy_reg_i, .context = r};
     r->n = n;
     for (int i = 0; i < n; i++) {
         toy_dev *d = &r->devs[i];
@@ -247,7 +247,7 @@ static void fill(float *v, size_t n, unsigned seed) {
 
 #define FAIL(what)                                                                                 \
     do {                                                                                           \
-        fprintf(stderr, "custom-device: %s: %s\n", what, loom_last_error());                      \
+        fprintf(stderr, "custom-device: %s: %s\n", what, loom_last_error());                       \
         return 1;                                                                                  \
     } while (0)
 
