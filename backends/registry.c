@@ -1,8 +1,10 @@
 /*
  * The global backend registry: every reg (loaded module or statically linked backend) and
  * the flattened list of their devices, behind one mutex so lookups may come from any
- * thread. Modules are shared objects exporting `loom_backend_init` (dlopen'ed with
- * RTLD_NOW | RTLD_LOCAL); load_all also registers the statically linked backends through
+ * thread. Modules are shared objects exporting `loom_backend_init`, dlopen'ed with
+ * RTLD_NOW | RTLD_LOCAL; their `loom_backend_api_version` is checked before init runs.
+ * load_all scans libloom's directory and its loom/ subdirectory, the executable's
+ * directory and LOOM_BACKEND_PATH, and registers the statically linked backends through
  * weak references, so this file depends on no backend library. Device specs ("cpu",
  * "sim:N,...", "cuda:0,1") resolve here too; sim regs created for a spec are owned by the
  * registry and freed by loom_registry_reset.
@@ -20,7 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/backend-impl.h"
+#include "loom/backend-impl.h"
 
 /* Statically linked backends, when present (weak: NULL when not linked). */
 extern loom_reg_t loom_cpu_reg(void) __attribute__((weak));
@@ -65,8 +67,11 @@ static loom_reg_t loom__find_name_locked(const char *name) {
 /* Appends reg and its devices. The caller checked it is not registered. */
 static loom_status loom__add_locked(loom_reg_t reg, void *handle, loom__sim_free_fn free_fn) {
     if (reg->api_version != LOOM_BACKEND_API_VERSION) {
-        return loom_error(LOOM_ERR_FORMAT, "backend '%s': API version %d, expected %d",
-                          loom_reg_name(reg), reg->api_version, LOOM_BACKEND_API_VERSION);
+        return loom_error(LOOM_ERR_FORMAT,
+                          "backend '%s': backend API version %d, this loom (%s) has backend API "
+                          "version %d",
+                          loom_reg_name(reg), reg->api_version, loom_version(),
+                          LOOM_BACKEND_API_VERSION);
     }
     size_t n = loom_reg_dev_count(reg);
     if (loom__n_regs == loom__cap_regs) {
@@ -193,6 +198,18 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
                           "cannot load backend module '%s': %s", path,
                           why ? why : (exists ? "dlopen failed" : "no such file"));
     }
+    /* The module's compiled-in interface version, read before any of its code runs (a
+     * module built for another layout of the tables must not be called at all). Modules
+     * older than the symbol have only their reg's api_version, checked below. */
+    const int *ver = dlsym(handle, LOOM_BACKEND_VERSION_SYMBOL);
+    if (ver && *ver != LOOM_BACKEND_API_VERSION) {
+        int v = *ver;
+        dlclose(handle);
+        return loom_error(LOOM_ERR_FORMAT,
+                          "backend module '%s': built for backend API version %d, this loom "
+                          "(%s) has backend API version %d",
+                          path, v, loom_version(), LOOM_BACKEND_API_VERSION);
+    }
     loom_backend_init_fn init = NULL;
     void *sym = dlsym(handle, LOOM_BACKEND_INIT_SYMBOL);
     memcpy(&init, &sym, sizeof init);
@@ -210,8 +227,10 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
     if (reg->api_version != LOOM_BACKEND_API_VERSION) {
         int v = reg->api_version;
         dlclose(handle);
-        return loom_error(LOOM_ERR_FORMAT, "backend module '%s': API version %d, expected %d", path,
-                          v, LOOM_BACKEND_API_VERSION);
+        return loom_error(LOOM_ERR_FORMAT,
+                          "backend module '%s': its reg has backend API version %d, this loom "
+                          "(%s) has backend API version %d",
+                          path, v, loom_version(), LOOM_BACKEND_API_VERSION);
     }
     pthread_mutex_lock(&loom__reg_mutex);
     loom_status s = LOOM_OK;
@@ -231,6 +250,13 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
     if (known || s != LOOM_OK) {
         if (s != LOOM_OK) reg = NULL;
         dlclose(handle);
+    } else {
+        /* A registered module stays mapped for the life of the process (RTLD_NODELETE):
+         * reset only unregisters it. GPU runtimes and the C++ runtimes some of them carry
+         * (cuBLAS) cannot be unloaded cleanly: their exit handlers and allocations would
+         * point into unmapped code. A later load of the same file reuses it. */
+        void *pin = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD | RTLD_NODELETE);
+        if (pin) dlclose(pin);
     }
     if (s == LOOM_OK && out_reg) *out_reg = reg;
     return s;
@@ -241,7 +267,9 @@ loom_status loom_registry_load(const char *path, loom_reg_t *out_reg) {
 }
 
 /* The registry's own directory: where the loom library (or the executable linking it
- * statically) lives. Writes "" when unknown. */
+ * statically) lives, symlinks resolved (Bazel links libloom through a symlink in _solib;
+ * the real file lies beside its loom/ module directory, as in an installed tree). Writes ""
+ * when unknown. */
 static void loom__self_dir(char *out, size_t size) {
     out[0] = '\0';
     Dl_info info;
@@ -260,11 +288,30 @@ static void loom__self_dir(char *out, size_t size) {
         }
     }
     if (!file) return;
+    char *real = realpath(file, NULL); /* malloc'ed by libc */
+    if (real) file = real;
     const char *slash = strrchr(file, '/');
     size_t len = (size_t)(slash - file);
     if (len == 0) len = 1; /* "/libloom.so" */
+    if (len < size) {
+        memcpy(out, file, len);
+        out[len] = '\0';
+    }
+    free(real);
+}
+
+/* The running executable's directory; "" when unknown. */
+static void loom__exe_dir(char *out, size_t size) {
+    out[0] = '\0';
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (!slash) return;
+    size_t len = slash == exe ? 1 : (size_t)(slash - exe);
     if (len >= size) return;
-    memcpy(out, file, len);
+    memcpy(out, exe, len);
     out[len] = '\0';
 }
 
@@ -354,22 +401,37 @@ size_t loom_registry_load_all(void) {
     }
     loaded += loom_registry_reg_count() - before;
 
-    char self[4096];
+    /* The directories, in order: LOOM_BACKEND_PATH first (so a module there overrides one
+     * of the same name installed with the library: the first of a name wins), then the
+     * library's own directory and its loom/ subdirectory (an installed tree: lib/libloom.so
+     * and lib/loom/libloom-*.so), then the executable's directory (the build tree keeps
+     * modules next to the loom tool). Each directory is scanned once. */
+    enum { MAX_DIRS = 64 };
+    char self[4096], self_loom[4096 + 8], exe[4096];
     loom__self_dir(self, sizeof self);
-    if (self[0]) loaded += loom__scan_dir(self);
-
+    snprintf(self_loom, sizeof self_loom, "%s%s", self, self[0] ? "/loom" : "");
+    loom__exe_dir(exe, sizeof exe);
+    const char *dirs[MAX_DIRS];
+    int n_dirs = 0;
     const char *env = getenv("LOOM_BACKEND_PATH");
-    if (env && env[0]) {
-        char *copy = loom_strdup(env);
-        if (copy) {
-            char *save = NULL;
-            for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-                if (!dir[0] || strcmp(dir, self) == 0) continue;
-                loaded += loom__scan_dir(dir);
-            }
-            loom_free(copy);
+    char *copy = env && env[0] ? loom_strdup(env) : NULL;
+    if (copy) {
+        char *save = NULL;
+        for (char *dir = strtok_r(copy, ":", &save); dir && n_dirs < MAX_DIRS - 3;
+             dir = strtok_r(NULL, ":", &save)) {
+            dirs[n_dirs++] = dir;
         }
     }
+    dirs[n_dirs++] = self;
+    dirs[n_dirs++] = self_loom;
+    dirs[n_dirs++] = exe;
+    for (int i = 0; i < n_dirs; i++) {
+        bool seen = !dirs[i][0];
+        for (int j = 0; j < i && !seen; j++)
+            seen = strcmp(dirs[i], dirs[j]) == 0;
+        if (!seen) loaded += loom__scan_dir(dirs[i]);
+    }
+    loom_free(copy);
     return loaded;
 }
 

@@ -1,12 +1,10 @@
 /*
- * The dlopen-able CPU module (libloom-cpu.so): exports the entry point the registry looks
- * for, returning the CPU reg.
+ * The dlopen-able CPU module (libloom-cpu.so). The CPU backend itself lives in libloom
+ * (the model and the sim backend need it, and it is the oracle), so this module holds no
+ * code of its own: it links libloom and exports the entry points returning libloom's CPU
+ * reg. A process that links libloom already has "CPU" registered and skips it.
  */
-#include "backends/backend-impl.h"
+#include "loom/backend-impl.h"
 #include "loom/cpu.h"
 
-LOOM_API loom_reg_t loom_backend_init(void);
-
-LOOM_API loom_reg_t loom_backend_init(void) {
-    return loom_cpu_reg();
-}
+LOOM_BACKEND_MODULE(loom_cpu_reg)

@@ -6,7 +6,7 @@
  * command stream on a device (async set/get/copy, events, graph_compute). A buffer type
  * is a kind of memory (alignment, max size, host-visible or not) owned by a device; a
  * buffer is one allocation of it. Implementations live behind the tables in
- * backends/backend-impl.h; everything here is a thin wrapper that applies defaults.
+ * loom/backend-impl.h; everything here is a thin wrapper that applies defaults.
  */
 #ifndef LOOM_BACKEND_H
 #define LOOM_BACKEND_H
@@ -171,13 +171,18 @@ LOOM_API void *loom_reg_get_proc_address(loom_reg_t reg, const char *name);
 
 /* The global registry. Thread-safe. Registering the same reg twice is a no-op. */
 LOOM_API loom_status loom_registry_add(loom_reg_t reg);
-/* Loads one module (a shared object exporting `loom_backend_init`) and registers its reg.
- * Errors name the path and the reason (dlopen's message, missing entry point, ...). */
+/* Loads one module (a shared object exporting `loom_backend_init`, see
+ * LOOM_BACKEND_MODULE in loom/backend-impl.h) and registers its reg. A module built for
+ * another backend API version is refused, naming both versions. Errors name the path and
+ * the reason (dlopen's message, missing entry point, version, ...). */
 LOOM_API loom_status loom_registry_load(const char *path, loom_reg_t *out_reg);
-/* Loads every libloom-<name>.so found in the directory of the loom library and in each
- * directory of LOOM_BACKEND_PATH (colon-separated). A module that fails to load is logged
- * with the reason and skipped. Returns the number of regs loaded. Also registers the
- * statically linked backends (cpu, and sim when linked). */
+/* Registers the linked backends (cpu, and sim when linked), then loads every
+ * libloom-<name>.so found in each directory of LOOM_BACKEND_PATH (colon-separated), the
+ * directory of the loom library, its loom/ subdirectory (an installed tree: lib/loom/) and
+ * the executable's directory, in that order. The first module of a name wins (one whose
+ * name is registered already is not loaded), so LOOM_BACKEND_PATH overrides the installed
+ * modules. A module that fails to load is logged with the reason and skipped. Returns the
+ * number of regs loaded. */
 LOOM_API size_t loom_registry_load_all(void);
 LOOM_API size_t loom_registry_reg_count(void);
 LOOM_API loom_reg_t loom_registry_reg_get(size_t index);
@@ -186,8 +191,9 @@ LOOM_API size_t loom_registry_dev_count(void);
 LOOM_API loom_dev_t loom_registry_dev_get(size_t index);
 LOOM_API loom_dev_t loom_registry_dev_by_name(const char *name); /* case-insensitive */
 LOOM_API loom_dev_t loom_registry_dev_by_type(loom_dev_type type); /* first of a type */
-/* Unregisters everything and unloads modules (tests). Devices and backends obtained
- * earlier must not be used afterwards. */
+/* Unregisters everything (tests). Modules stay mapped (a GPU runtime cannot be unloaded
+ * safely) and are reused by a later load. Devices and backends obtained earlier must not
+ * be used afterwards. */
 LOOM_API void loom_registry_reset(void);
 /* Unregisters and frees a reg that loom_devices_from_spec created for a spec ("sim:N"),
  * once nothing uses its devices; true if it was such a reg. Any other reg (static, loaded

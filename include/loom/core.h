@@ -18,16 +18,22 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #if defined(__GNUC__)
+#ifndef LOOM_API
 #define LOOM_API __attribute__((visibility("default")))
+#endif
 #define LOOM_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #define LOOM_NORETURN __attribute__((noreturn))
 #else
+#ifndef LOOM_API
 #define LOOM_API
+#endif
 #define LOOM_PRINTF(f, a)
 #define LOOM_NORETURN
 #endif

@@ -5,9 +5,6 @@
 #include "loom/backend.h"
 #include "loom/core.h"
 #include "loom/cpu.h"
-
-#define LOOM_VERSION_MAJOR 0
-#define LOOM_VERSION_MINOR 1
-#define LOOM_VERSION_PATCH 0
+#include "loom/version.h"
 
 #endif /* LOOM_H */

@@ -11,7 +11,7 @@
  *
  * The ladder, picked per call (LOOM_ALLREDUCE_AUTO):
  *   1. the backend's native communicator (NCCL on CUDA), when the devices' reg exports
- *      LOOM_PROC_COMM_INIT/_ALLREDUCE/_FREE (backends/backend-impl.h) with the signatures
+ *      LOOM_PROC_COMM_INIT/_ALLREDUCE/_FREE (loom/backend-impl.h) with the signatures
  *      below and agrees to the call;
  *   2. host-staged (gather to host, sum, scatter) when the devices cannot copy to each
  *      other (probed at creation, or stated by the caller);

@@ -31,13 +31,14 @@ static void dir_of(const char *path, char *buf, size_t size) {
     if (slash) *slash = '\0';
 }
 
-static char cpu_so[4096], sim_so[4096], broken_so[4096], badver_so[4096];
+static char cpu_so[4096], sim_so[4096], broken_so[4096], badver_so[4096], badreg_so[4096];
 
 static void paths(void) {
     runfile("backends/cpu/libloom-cpu.so", cpu_so, sizeof cpu_so);
     runfile("backends/sim/libloom-sim.so", sim_so, sizeof sim_so);
-    runfile("tests/backends/libloom-broken.so", broken_so, sizeof broken_so);
-    runfile("tests/backends/libloom-badver.so", badver_so, sizeof badver_so);
+    runfile("tests/backends/modules/libloom-broken.so", broken_so, sizeof broken_so);
+    runfile("tests/backends/modules/libloom-badver.so", badver_so, sizeof badver_so);
+    runfile("tests/backends/modules/libloom-badreg.so", badreg_so, sizeof badreg_so);
 }
 
 /* Log capture (the registry logs through this binary's core). */
@@ -151,9 +152,21 @@ LOOM_TEST(registry, load_errors_name_the_path) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), broken_so);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no loom_backend_init symbol");
 
+    /* Built for API version 7: refused from its version symbol, before its init runs
+     * (that init aborts), naming both versions. */
     LOOM_CHECK_EQ_INT(loom_registry_load(badver_so, &reg), LOOM_ERR_FORMAT);
+    LOOM_CHECK(reg == NULL);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), badver_so);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "API version 7, expected 1");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "built for backend API version 7");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has backend API version 1");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), loom_version());
+
+    /* No version symbol (an older module): its reg's api_version is checked instead. */
+    LOOM_CHECK_EQ_INT(loom_registry_load(badreg_so, &reg), LOOM_ERR_FORMAT);
+    LOOM_CHECK(reg == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), badreg_so);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "its reg has backend API version 7");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has backend API version 1");
 
     /* A file that is not a shared object at all. */
     char text[4096];
@@ -196,7 +209,8 @@ LOOM_TEST(registry, add_twice_is_a_noop_and_version_is_checked) {
     LOOM_CHECK(loom_registry_reg_by_name("fake") == &r);
     struct loom_reg v = {.api_version = 7, .iface = &fake_reg_i, .context = (void *)"V7"};
     LOOM_CHECK_EQ_INT(loom_registry_add(&v), LOOM_ERR_FORMAT);
-    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "API version 7, expected 1");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "backend 'V7': backend API version 7");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has backend API version 1");
     LOOM_CHECK_EQ_INT(loom_registry_add(NULL), LOOM_ERR_INVALID_ARG);
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), 1);
     loom_registry_reset();
@@ -219,9 +233,10 @@ LOOM_TEST(registry, load_all_through_backend_path) {
     LOOM_CHECK(loom_registry_reg_by_name("SIM") != NULL);
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), 2);
     /* The broken modules were logged (path and reason) and skipped. */
-    LOOM_CHECK(log_warns >= 2);
+    LOOM_CHECK(log_warns >= 3);
     LOOM_CHECK_STR_CONTAINS(log_text, "libloom-broken.so': no loom_backend_init symbol");
-    LOOM_CHECK_STR_CONTAINS(log_text, "libloom-badver.so': API version 7, expected 1");
+    LOOM_CHECK_STR_CONTAINS(log_text, "libloom-badver.so': built for backend API version 7");
+    LOOM_CHECK_STR_CONTAINS(log_text, "libloom-badreg.so': its reg has backend API version 7");
 
     /* Again: everything is known, nothing new is loaded. */
     capture_start();
@@ -334,5 +349,5 @@ LOOM_TEST(registry, devices_from_spec_through_modules) {
     LOOM_CHECK_EQ_INT(loom_devices_from_spec("cuda:0", devs, 8, &n), LOOM_ERR_NOT_FOUND);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "device spec 'cuda:0': no CUDA devices");
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), 3);
-    loom_registry_reset(); /* frees the spec's sim reg through the module, then unloads */
+    loom_registry_reset(); /* frees the spec's sim reg through the module, then unregisters */
 }
