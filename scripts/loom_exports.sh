@@ -19,6 +19,7 @@ names=$(awk '
         if (!p) p = index(decl, ";")
         head = substr(decl, 1, p - 1)
         sub(/[ \t]+$/, "", head)
+        sub(/[ \t]*\[[^]]*\]$/, "", head) # an array: name[16]
         n = split(head, w, /[^A-Za-z0-9_]+/)
         print w[n]
         collecting = 0
