@@ -24,6 +24,7 @@
 #include "loom/model.h"
 #include "loom/reduce.h"
 #include "loom/rules.h"
+#include "loom/session.h"
 #include "model/run-simple.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -808,4 +809,184 @@ LOOM_TEST(cuda, stories260k_if_available) {
     loom_backend_free(be);
     loom_backend_free(cpu);
     loom_gguf_free(g);
+}
+
+/* ---------------------------------------------------------------- real models */
+
+/* Fixed token ids valid in both real models' vocabularies (stories260K has 512). */
+static const int32_t real_ids[12] = {1, 403, 407, 261, 378, 300, 72, 310, 266, 289, 400, 43};
+
+/* Logits of a 5-token prompt and 7 single-token steps of the fixed ids. */
+static float *run_model_ids(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64_t *V) {
+    const int n_prompt = 5, n_steps = 7;
+    loom_model_params mp = {.placement = buft ? place_on : NULL, .placement_user_data = buft};
+    loom_model *m = NULL;
+    loom_kv_cache *kv = NULL;
+    loom_status s = loom_model_load(g, &mp, &m);
+    if (s == LOOM_OK) s = loom_kv_cache_new(m, 64, LOOM_TYPE_F32, &mp, &kv);
+    float *out = NULL;
+    if (s == LOOM_OK) {
+        *V = m->hp.n_vocab;
+        out = malloc(sizeof(float) * (size_t)(*V * (1 + n_steps)));
+        s = loom_model_eval_simple(m, kv, be, real_ids, n_prompt, 0, false, out);
+        for (int i = 0; i < n_steps && s == LOOM_OK; i++)
+            s = loom_model_eval_simple(m, kv, be, &real_ids[n_prompt + i], 1, n_prompt + i, false,
+                                       out + *V * (1 + i));
+    }
+    if (s != LOOM_OK) {
+        loom_test_fail(__FILE__, __LINE__, "model on %s: %s", loom_backend_name(be),
+                       loom_last_error());
+        free(out);
+        out = NULL;
+    }
+    loom_kv_cache_free(kv);
+    loom_model_free(m);
+    return out;
+}
+
+/* A real model's logits on one CUDA device and on meta devices over 2 and 3 loom devices
+ * of one GPU (the reducer's fallback AllReduce, NCCL declining a shared GPU) against the
+ * CPU, within 1e-4 of the logit scale. */
+static void check_real_model(const char *file) {
+    GPU_DEVICE_OR_SKIP(dev);
+    const char *dir = loom_test_models_dir();
+    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    loom_gguf *g = NULL;
+    if (loom_gguf_open(path, &g) != LOOM_OK) LOOM_SKIP("model file not found");
+    loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(cpu && be);
+    int64_t V = 0;
+    const int64_t n_rows = 8;
+    float *want = run_model_ids(g, NULL, cpu, &V);
+    float *one = want ? run_model_ids(g, loom_dev_buffer_type(dev), be, &V) : NULL;
+    char what[128];
+    snprintf(what, sizeof what, "%s on cuda:0 vs cpu", file);
+    if (one) compare_logits(want, one, n_rows * V, 1e-4, what);
+    loom_hparams hp;
+    LOOM_CHECK(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
+    for (int N = 2; N <= 3 && want; N++) {
+        loom_reg_t vr = NULL;
+        LOOM_REQUIRE(loom_cuda_reg_new_virtual(N, &vr) == LOOM_OK);
+        loom_dev_t devs[3];
+        for (int j = 0; j < N; j++)
+            devs[j] = loom_reg_dev_get(vr, (size_t)j);
+        rules_ud ud = {.hp = &hp, .n = N};
+        LOOM_REQUIRE(loom_rules_builtin(hp.arch, hp.n_expert > 0, &ud.rules) == LOOM_OK);
+        loom_dev_t meta = NULL;
+        LOOM_REQUIRE(loom_meta_device_new(devs, N, leaf_state, &ud, &meta) == LOOM_OK);
+        loom_backend_t mb = loom_dev_init(meta, NULL);
+        LOOM_CHECK_MSG(mb != NULL, "meta init: %s", loom_last_error());
+        float *got = mb ? run_model_ids(g, loom_dev_buffer_type(meta), mb, &V) : NULL;
+        snprintf(what, sizeof what, "%s on a %d-way meta device over GPU 0 vs cpu", file, N);
+        if (got) compare_logits(want, got, n_rows * V, 1e-4, what);
+        if (mb) {
+            loom_meta_stats ms;
+            loom_meta_backend_get_stats(mb, &ms);
+            LOOM_CHECK(ms.reductions > 0);
+            LOOM_CHECK(ms.last_algo != LOOM_ALLREDUCE_NATIVE);
+        }
+        free(got);
+        loom_backend_free(mb);
+        loom_meta_device_free(meta);
+        loom_rules_free(ud.rules);
+        loom_cuda_reg_free(vr);
+    }
+    free(want);
+    free(one);
+    loom_backend_free(be);
+    loom_backend_free(cpu);
+    loom_gguf_free(g);
+}
+
+LOOM_TEST(cuda, model_stories260k_cuda_and_meta_vs_cpu) {
+    check_real_model("stories260K.gguf");
+}
+
+LOOM_TEST(cuda, model_llama2_tiny_random_cuda_and_meta_vs_cpu) {
+    check_real_model("llama-2-tiny-random.gguf");
+}
+
+/* ---------------------------------------------------------------- CUDA graph replay */
+
+/* Greedy generation of n tokens after the prompt through a session on `spec`; logits of
+ * every step into out[(n + 1) x V]. The CUDA backend's stats into *st. */
+static bool generate(const char *path, const char *spec, int n, float *out, int64_t V,
+                     loom_cuda_backend_stats *st) {
+    loom_session_params sp = loom_session_params_default();
+    sp.devices = spec;
+    sp.n_ctx = 64;
+    sp.threads = 2;
+    loom_session *s = NULL;
+    loom_status rc = loom_session_new(path, NULL, &sp, &s);
+    LOOM_CHECK_MSG(rc == LOOM_OK, "session on %s: %s", spec, loom_last_error());
+    if (rc != LOOM_OK) return false;
+    int32_t tok[5] = {1, 403, 407, 261, 378};
+    rc = loom_session_eval(s, tok, 5, false, out);
+    for (int i = 0; i < n && rc == LOOM_OK; i++) {
+        const float *l = out + (size_t)V * (size_t)i;
+        int32_t best = 0;
+        for (int64_t v = 1; v < V; v++)
+            if (l[v] > l[best]) best = (int32_t)v;
+        rc = loom_session_eval(s, &best, 1, false, out + (size_t)V * (size_t)(i + 1));
+    }
+    LOOM_CHECK_MSG(rc == LOOM_OK, "eval on %s: %s", spec, loom_last_error());
+    memset(st, 0, sizeof *st);
+    loom_sched *sc = loom_session_sched(s);
+    for (int i = 0; i < loom_sched_get_n_backends(sc); i++) {
+        loom_backend_t b = loom_sched_get_backend(sc, i);
+        loom_reg_t reg = loom_dev_reg(loom_backend_device(b));
+        void (*get)(loom_backend_t, loom_cuda_backend_stats *) = NULL;
+        void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_backend_get_stats") : NULL;
+        memcpy(&get, &p, sizeof get);
+        if (get) get(b, st);
+    }
+    loom_session_free(s);
+    return rc == LOOM_OK;
+}
+
+/* 32 generated tokens of stories260K on cuda:0 with CUDA graphs (captured once, then
+ * replayed) give logits bit-identical to eager launches (LOOM_CUDA_GRAPHS=0). */
+LOOM_TEST(cuda, graph_replay_matches_eager_over_32_tokens) {
+    GPU_DEVICE_OR_SKIP(dev);
+    (void)dev;
+    const char *dir = loom_test_models_dir();
+    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    struct stat sb;
+    if (stat(path, &sb) != 0) LOOM_SKIP("stories260K.gguf not found");
+    if (!loom_registry_reg_by_name("CUDA")) (void)loom_registry_add(loom_cuda_reg());
+    const int n = 32;
+    const int64_t V = 512;
+    float *graphs = calloc((size_t)V * (n + 1), sizeof(float));
+    float *eager = calloc((size_t)V * (n + 1), sizeof(float));
+    LOOM_REQUIRE(graphs && eager);
+    loom_cuda_backend_stats sg, se;
+    unsetenv("LOOM_CUDA_GRAPHS");
+    bool ok = generate(path, "cuda:0", n, graphs, V, &sg);
+    setenv("LOOM_CUDA_GRAPHS", "0", 1);
+    ok = generate(path, "cuda:0", n, eager, V, &se) && ok;
+    unsetenv("LOOM_CUDA_GRAPHS");
+    printf("FIGURE graph replay (stories260K, %d tokens on cuda:0): %llu graphs, %llu captured, "
+           "%llu replayed; eager run: %llu graphs, %llu replayed\n",
+           n, (unsigned long long)sg.graphs, (unsigned long long)sg.graph_captures,
+           (unsigned long long)sg.graph_launches, (unsigned long long)se.graphs,
+           (unsigned long long)se.graph_launches);
+    if (ok) {
+        size_t first = 0;
+        while (first < (size_t)V * (n + 1) && memcmp(&graphs[first], &eager[first], 4) == 0)
+            first++;
+        LOOM_CHECK_MSG(first == (size_t)V * (n + 1),
+                       "replayed logits differ from eager ones first at step %zu, token %zu "
+                       "(%.9g vs %.9g)",
+                       first / (size_t)V, first % (size_t)V,
+                       first < (size_t)V * (n + 1) ? graphs[first] : 0.0,
+                       first < (size_t)V * (n + 1) ? eager[first] : 0.0);
+        LOOM_CHECK(sg.graph_captures > 0 && sg.graph_launches >= (uint64_t)n / 2);
+        LOOM_CHECK(se.graph_launches == 0);
+    }
+    free(graphs);
+    free(eager);
 }
