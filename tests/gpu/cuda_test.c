@@ -15,9 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <elf.h>
+#include <stdint.h>
 #include <sys/stat.h>
 
 #include "backends/backend-impl.h"
+#include "backends/cuda/cuda-nccl.h"
 #include "loom/cpu.h"
 #include "loom/cuda.h"
 #include "loom/meta.h"
@@ -150,6 +153,147 @@ LOOM_TEST(cuda, virtual_regs) {
     loom_cuda_reg_free(NULL);
     loom_cuda_reg_free(loom_cuda_reg()); /* the static reg: a no-op */
     LOOM_CHECK(strcmp(loom_reg_name(loom_cuda_reg()), "CUDA") == 0);
+}
+
+/* ---------------------------------------------------------------- lazy NCCL */
+
+static bool built_without_toolkit(void) {
+    return strstr(loom_cuda_no_devices_reason(loom_cuda_reg()), "toolkit") != NULL;
+}
+
+/* The DT_NEEDED entries of a 64-bit ELF shared object, joined by spaces into buf; false when
+ * the file cannot be read as one. */
+static bool elf_needed(const char *path, char *buf, size_t size) {
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *d = n > 0 ? malloc((size_t)n) : NULL;
+    bool ok = d && fread(d, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)d;
+    ok = ok && (size_t)n >= sizeof *eh && memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
+         eh->e_ident[EI_CLASS] == ELFCLASS64 &&
+         eh->e_phoff + (uint64_t)eh->e_phnum * sizeof(Elf64_Phdr) <= (uint64_t)n;
+    const Elf64_Phdr *ph = ok ? (const Elf64_Phdr *)(d + eh->e_phoff) : NULL;
+    const Elf64_Phdr *dyn = NULL;
+    for (int i = 0; ok && i < eh->e_phnum; i++)
+        if (ph[i].p_type == PT_DYNAMIC) dyn = &ph[i];
+    ok = ok && dyn && dyn->p_offset + dyn->p_filesz <= (uint64_t)n;
+    uint64_t strtab = 0;
+    const Elf64_Dyn *dt = ok ? (const Elf64_Dyn *)(d + dyn->p_offset) : NULL;
+    const size_t nd = ok ? dyn->p_filesz / sizeof *dt : 0;
+    for (size_t i = 0; i < nd && dt[i].d_tag != DT_NULL; i++)
+        if (dt[i].d_tag == DT_STRTAB) strtab = dt[i].d_un.d_ptr;
+    uint64_t stroff = 0; /* the string table's file offset, through its PT_LOAD segment */
+    for (int i = 0; ok && i < eh->e_phnum; i++)
+        if (ph[i].p_type == PT_LOAD && strtab >= ph[i].p_vaddr &&
+            strtab < ph[i].p_vaddr + ph[i].p_filesz)
+            stroff = strtab - ph[i].p_vaddr + ph[i].p_offset;
+    ok = ok && stroff > 0 && stroff < (uint64_t)n;
+    size_t used = 0;
+    for (size_t i = 0; ok && i < nd && dt[i].d_tag != DT_NULL; i++) {
+        if (dt[i].d_tag != DT_NEEDED || stroff + dt[i].d_un.d_val >= (uint64_t)n) continue;
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s ",
+                                 (const char *)d + stroff + dt[i].d_un.d_val);
+    }
+    free(d);
+    return ok;
+}
+
+/* Defect 1: NCCL is not a load-time dependency of the module (so a machine without it
+ * still gets its GPUs), the module loads with NCCL made unloadable, and the NCCL loader
+ * says why it cannot load a library. */
+LOOM_TEST(cuda, nccl_is_loaded_lazily) {
+    loom__nccl_api api;
+    if (built_without_toolkit()) {
+        LOOM_CHECK(loom__cuda_nccl_load(NULL, &api) == LOOM_ERR_UNSUPPORTED);
+        LOOM_SKIP("built without the CUDA toolkit");
+    }
+    char path[4096], needed[4096];
+    gpu_runfile("backends/cuda/libloom-cuda.so", path, sizeof path);
+    LOOM_REQUIRE(elf_needed(path, needed, sizeof needed));
+    LOOM_CHECK_STR_CONTAINS(needed, "libcudart.so");
+    LOOM_CHECK_MSG(strstr(needed, "libnccl") == NULL, "the module links NCCL: %s", needed);
+
+    LOOM_CHECK(loom__cuda_nccl_load("/nonexistent/libnccl.so.2", &api) == LOOM_ERR_NOT_FOUND);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "cannot load NCCL '/nonexistent/libnccl.so.2'");
+    LOOM_CHECK(api.handle == NULL && api.AllReduce == NULL);
+    LOOM_CHECK(loom__cuda_nccl_load("libm.so.6", &api) == LOOM_ERR_UNSUPPORTED);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has no ncclGetVersion");
+    LOOM_CHECK(api.handle == NULL);
+    loom_status s = loom__cuda_nccl_load(NULL, &api);
+    if (s == LOOM_OK) { /* this machine has NCCL */
+        LOOM_CHECK(api.version >= 21200 && api.AllReduce && api.CommAbort);
+        LOOM_CHECK(api.CommGetAsyncError && api.GetErrorString(0) != NULL);
+        loom__cuda_nccl_unload(&api);
+        LOOM_CHECK(api.handle == NULL);
+    } else {
+        LOOM_CHECK(s == LOOM_ERR_NOT_FOUND);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "libnccl.so.2");
+    }
+    loom__cuda_nccl_unload(NULL);
+
+    /* the module loads (with as many devices) although NCCL cannot be loaded */
+    setenv("LOOM_CUDA_NCCL", "/nonexistent/libnccl.so.2", 1);
+    loom_registry_reset();
+    loom_reg_t reg = NULL;
+    s = loom_registry_load(path, &reg);
+    LOOM_CHECK_MSG(s == LOOM_OK && reg != NULL, "load: %s", loom_last_error());
+    if (reg) LOOM_CHECK_EQ_INT(loom_reg_dev_count(reg), loom_reg_dev_count(loom_cuda_reg()));
+    loom_registry_reset();
+    unsetenv("LOOM_CUDA_NCCL");
+}
+
+/* A device spec naming CUDA where there is none says why (the driver's or the module's
+ * reason), not only "no CUDA devices". */
+LOOM_TEST(cuda, no_devices_spec_says_why) {
+    if (loom_reg_dev_count(loom_cuda_reg()) > 0) LOOM_SKIP("this machine has CUDA devices");
+    loom_registry_reset();
+    loom_dev_t devs[4];
+    size_t got = 0;
+    LOOM_CHECK(loom_devices_from_spec("cuda:0", devs, 4, &got) == LOOM_ERR_NOT_FOUND);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no CUDA devices (");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "libloom-cuda.so");
+    LOOM_REQUIRE(loom_registry_add(loom_cuda_reg()) == LOOM_OK);
+    LOOM_CHECK(loom_devices_from_spec("cuda", devs, 4, &got) == LOOM_ERR_NOT_FOUND);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no CUDA devices (");
+    if (!built_without_toolkit()) LOOM_CHECK_STR_CONTAINS(loom_last_error(), "cudaGetDeviceCount");
+    loom_registry_reset();
+}
+
+/* Defect 5: BF16 AllReduce rounds activations, so it is off unless opted in. */
+LOOM_TEST(cuda, bf16_allreduce_is_opt_in) {
+    if (built_without_toolkit()) LOOM_SKIP("built without the CUDA toolkit");
+    const char *vars[] = {"LOOM_CUDA_ALLREDUCE_BF16", "LOOM_CUDA_ALLREDUCE_BF16_MIN",
+                          "LOOM_CUDA_ALLREDUCE_ONESHOT_MAX"};
+    for (int i = 0; i < 3; i++)
+        unsetenv(vars[i]);
+    size_t one = 0, bf = 0;
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK_EQ_INT(one, 256 << 10);
+    LOOM_CHECK(bf == SIZE_MAX);
+    setenv("LOOM_CUDA_ALLREDUCE_BF16_MIN", "4096", 1); /* a threshold alone opts nothing in */
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK(bf == SIZE_MAX);
+    setenv("LOOM_CUDA_ALLREDUCE_BF16", "1", 1);
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK_EQ_INT(bf, 4096);
+    unsetenv("LOOM_CUDA_ALLREDUCE_BF16_MIN");
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK_EQ_INT(bf, 1 << 20);
+    setenv("LOOM_CUDA_ALLREDUCE_BF16", "yes", 1); /* not 0/1: logged, stays off */
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK(bf == SIZE_MAX);
+    setenv("LOOM_CUDA_ALLREDUCE_BF16", "0", 1);
+    setenv("LOOM_CUDA_ALLREDUCE_ONESHOT_MAX", "1024", 1);
+    loom__cuda_comm_thresholds(&one, &bf);
+    LOOM_CHECK(bf == SIZE_MAX);
+    LOOM_CHECK_EQ_INT(one, 1024);
+    for (int i = 0; i < 3; i++)
+        unsetenv(vars[i]);
 }
 
 /* The communicator only takes CUDA backends. */
