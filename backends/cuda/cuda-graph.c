@@ -757,8 +757,13 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     LOOM_ASSERT(cb != NULL);
     if (cb->async_status != LOOM_OK) {
         loom_status pending = cb->async_status;
+        const bool reported = cb->async_reported;
         cb->async_status = LOOM_OK;
-        return loom_error(pending, "%s: an earlier operation failed: %s", cb->name, cb->async_msg);
+        cb->async_reported = false;
+        /* reported by get_status (the call that waited for it): start clean */
+        if (!reported)
+            return loom_error(pending, "%s: an earlier operation failed: %s", cb->name,
+                              cb->async_msg);
     }
     size_t need = 0;
     int n_work = 0;
@@ -766,6 +771,17 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     if (s != LOOM_OK) return s;
     cb->stats.graphs++;
     if (n_work == 0) return LOOM_OK;
+    cb->graph_seq++;
+    {
+        const loom_tensor *first = NULL, *last = NULL;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (loom_op_is_view(g->nodes[i]->op) || loom_nelements(g->nodes[i]) == 0) continue;
+            if (!first) first = g->nodes[i];
+            last = g->nodes[i];
+        }
+        snprintf(cb->last_graph, sizeof cb->last_graph, "graph #%llu (%d nodes, '%s' .. '%s')",
+                 (unsigned long long)cb->graph_seq, g->n_nodes, tname(first), tname(last));
+    }
     s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
     if (s == LOOM_OK) s = ensure_scratch(cb, need);
     if (s != LOOM_OK) return s;

@@ -20,9 +20,9 @@
  * with NCCL's own types passed as their underlying C types: ncclComm_t is a pointer,
  * ncclResult_t / ncclDataType_t / ncclRedOp_t are ints), plus the library's version. */
 typedef struct loom__nccl_api {
-    void *handle;      /* dlopen handle */
-    int version;       /* ncclGetVersion: 22809 for 2.28.9 */
-    char path[256];    /* what was loaded */
+    void *handle;   /* dlopen handle */
+    int version;    /* ncclGetVersion: 22809 for 2.28.9 */
+    char path[256]; /* what was loaded */
     int (*GetVersion)(int *version);
     const char *(*GetErrorString)(int result);
     int (*CommInitAll)(void **comms, int ndev, const int *devlist);

@@ -66,12 +66,22 @@ static __host__ __device__ __forceinline__ bool cu_is_quant(int type) {
 
 /* ---------------------------------------------------------------- conversions */
 
+/* NaNs by bits (sign and payload kept, as the CPU's loom__fp16_to_fp32): the hardware
+ * conversion may canonicalise them. */
 static __device__ __forceinline__ float cu_fp16_to_f32(uint16_t h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
+        return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
+                               ((uint32_t)(h & 0x3ffu) << 13));
     return __half2float(__ushort_as_half(h));
 }
 
-/* Round to nearest even, overflow to infinity: as the CPU backend's loom__fp32_to_fp16. */
+/* Round to nearest even, overflow to infinity: as the CPU backend's loom__fp32_to_fp16,
+ * NaN included (a quiet NaN with its sign and top payload bits, where __float2half_rn
+ * would give the canonical 0x7fff). */
 static __device__ __forceinline__ uint16_t cu_f32_to_fp16(float f) {
+    const uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu));
     return __half_as_ushort(__float2half_rn(f));
 }
 

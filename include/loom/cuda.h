@@ -51,12 +51,13 @@ LOOM_API void loom_cuda_reg_free(loom_reg_t reg); /* NULL and the static reg: no
 LOOM_API bool loom_dev_is_cuda(loom_dev_t dev);
 
 typedef struct loom_cuda_backend_stats {
-    uint64_t graphs;         /* graph_compute calls */
-    uint64_t graph_captures; /* CUDA graphs captured and instantiated */
-    uint64_t graph_launches; /* graph_compute calls served by replaying a captured graph */
-    uint64_t cublas_calls;   /* GEMMs issued to cuBLAS */
-    uint64_t staged_copies;  /* device copies staged through pinned host memory */
-    uint64_t peer_copies;    /* device copies between GPUs over peer-to-peer */
+    uint64_t graphs;             /* graph_compute calls */
+    uint64_t graph_captures;     /* CUDA graphs captured and instantiated */
+    uint64_t graph_launches;     /* graph_compute calls served by replaying a captured graph */
+    uint64_t cublas_calls;       /* GEMMs issued to cuBLAS */
+    uint64_t staged_copies;      /* device copies staged through pinned host memory */
+    uint64_t peer_copies;        /* device copies between GPUs over peer-to-peer */
+    uint64_t staged_host_copies; /* async set/get chunks staged through pinned memory */
 } loom_cuda_backend_stats;
 
 /* Counters of a CUDA backend (zeros for any other backend). */
