@@ -527,6 +527,9 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     cb->mu_ok = true;
     const char *g = getenv("LOOM_CUDA_GRAPHS");
     cb->graphs_enabled = !(g && strcmp(g, "0") == 0);
+    /* tests shrink it to reach the panel path with small weights */
+    cb->panel_bytes = loom__cuda_env_size("LOOM_CUDA_PANEL_BYTES", LOOM_CUDA_PANEL_BYTES);
+    if (cb->panel_bytes < 1024) cb->panel_bytes = 1024;
     /* cuBLAS recommends 32 MiB of workspace on Hopper, 4 MiB before. */
     cb->cublas_ws_size = cd->cc >= 90 ? ((size_t)32 << 20) : ((size_t)4 << 20);
 

@@ -28,9 +28,10 @@
 #define LOOM_CUDA_MAX_DEVICES 64 /* loom devices per reg */
 #define LOOM_CUDA_MAX_GPUS 16
 #define LOOM_CUDA_MAX_PER_GPU 8
-#define LOOM_CUDA_ALIGNMENT 256     /* device buffer base and tensor offsets */
-#define LOOM_CUDA_HOST_ALIGNMENT 64 /* pinned host buffers */
-#define LOOM_CUDA_MIN_CC 80         /* the kernels are built for sm_80 and sm_90 */
+#define LOOM_CUDA_ALIGNMENT 256                  /* device buffer base and tensor offsets */
+#define LOOM_CUDA_HOST_ALIGNMENT 64              /* pinned host buffers */
+#define LOOM_CUDA_MIN_CC 80                      /* the kernels are built for sm_80 and sm_90 */
+#define LOOM_CUDA_PANEL_BYTES ((size_t)64 << 20) /* default F32 weight conversion budget */
 
 typedef struct loom__cuda_reg loom__cuda_reg;
 
@@ -90,7 +91,8 @@ struct loom__cuda_backend {
     cublasHandle_t cublas;
     void *cublas_ws; /* cuBLAS workspace (fixed, so captured GEMMs never allocate) */
     size_t cublas_ws_size;
-    void *scratch; /* per-node temporaries of graph_compute (matmul panels) */
+    size_t panel_bytes; /* F32 weight conversion budget of one matmul (LOOM_CUDA_PANEL_BYTES) */
+    void *scratch;      /* per-node temporaries of graph_compute (matmul panels) */
     size_t scratch_size;
     loom_cu_err *err_dev;       /* device memory written by the index-checking kernels */
     loom_cu_err *err_host;      /* pinned copy, read back by synchronize */

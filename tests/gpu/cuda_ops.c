@@ -13,7 +13,9 @@
  * functions within a few ulps); quantised matmuls also allow for the CPU quantising the
  * activations to Q8_0 (docs/ops.md), about 1% of the output scale.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/cpu.h"
@@ -710,6 +712,10 @@ static const mm_shape k_mm_shapes[] = {
     {128, 20, 40, 2, 1, 2, 1, L_PADDED, L_PERM12},
     {64, 31, 17, 1, 1, 3, 2, L_TRANSPOSED, L_TRANSPOSED},
     {4096, 6, 12, 1, 1, 1, 1, L_CONTIG, L_PADDED},
+    /* strided batched GEMMs: weight batches broadcast in groups (A2 = 2 over B2 = 6), and
+     * over both batch dimensions */
+    {64, 24, 16, 2, 1, 6, 1, L_CONTIG, L_CONTIG},
+    {48, 40, 12, 2, 2, 4, 2, L_PADDED, L_CONTIG},
 };
 #define N_MM_SHAPES ((int)(sizeof k_mm_shapes / sizeof k_mm_shapes[0]))
 
@@ -732,6 +738,28 @@ static void build_mul_mat_id(oc_case *c, int v) {
     oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
 }
 
+/* v = type * 4 + variant: the cuBLAS path with results in a padded (ldc > M) or a
+ * transposed (copied out of a temporary) layout, with weight batches broadcast. */
+static void build_mul_mat_strided(oc_case *c, int v) {
+    const loom_type t = k_mm_types[v / 4];
+    const int64_t K = 64, M = 40, N = 12, A2 = 2, B2 = 4;
+    loom_tensor *a = oc_src(c, t, K, M, A2, 1, is_quant(t) ? L_CONTIG : L_PADDED);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, N, B2, 1, v % 2 ? L_PERM12 : L_CONTIG);
+    loom_tensor *r = loom_mul_mat(c->ctx, a, b);
+    if (r && v % 4 < 2) { /* rows of M + 3 floats */
+        r->nb[1] = (M + 3) * sizeof(float);
+    } else if (r) { /* transposed: element (m, n) at (m N + n) floats */
+        r->nb[0] = (size_t)N * sizeof(float);
+        r->nb[1] = sizeof(float);
+        r->nb[2] = (size_t)(M * N) * sizeof(float);
+    }
+    if (r) {
+        r->nb[2] = r->nb[0] == sizeof(float) ? r->nb[1] * (size_t)N : r->nb[2];
+        r->nb[3] = r->nb[2] * (size_t)B2;
+    }
+    oc_out(c, r);
+}
+
 OC_TEST(matmul) {
     for (int v = 0; v < 5 * N_MM_SHAPES; v++) {
         const loom_type t = k_mm_types[v / N_MM_SHAPES];
@@ -749,4 +777,37 @@ OC_TEST(matmul) {
         snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(t));
         oc_check(env, label, build_mul_mat_id, v, tol);
     }
+    for (int v = 0; v < 5 * 4; v++) {
+        const loom_type t = k_mm_types[v / 4];
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat %s, strided result", loom_type_name(t));
+        oc_check(env, label, build_mul_mat_strided, v, tol);
+    }
+}
+
+/* Weights converted in panels of rows (m0 > 0, a last partial panel): a backend whose
+ * conversion budget (LOOM_CUDA_PANEL_BYTES) holds 16 rows of K = 64, against the CPU. */
+OC_TEST(matmul_panels) {
+    setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
+    loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
+    unsetenv("LOOM_CUDA_PANEL_BYTES");
+    LOOM_REQUIRE(small != NULL);
+    loom_backend_t keep = env->gpu;
+    env->gpu = small;
+    for (int v = 0; v < 5 * 4; v++) {
+        const loom_type t = k_mm_types[v / 4];
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat %s in panels", loom_type_name(t));
+        oc_check(env, label, build_mul_mat_strided, v, tol);
+    }
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(small, &st);
+    /* the 16 converted (non-F32) cases: 2 weight batches x 3 panels of 16 of the 40 rows x
+     * 2 batches of b each (F32 weights are read in place, in strided batched calls) */
+    LOOM_CHECK_MSG(st.cublas_calls >= 16 * 12, "%llu cuBLAS calls",
+                   (unsigned long long)st.cublas_calls);
+    env->gpu = keep;
+    loom_backend_free(small);
 }
