@@ -23,6 +23,7 @@
  */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda-impl.h"
@@ -750,6 +751,12 @@ static gentry *gcache_insert(loom__cuda_gcache *gc, uint64_t hash) {
  * nothing launched and every error cleared) when the capture did not work out; the caller
  * then runs the graph eagerly. */
 static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e) {
+    const char *fault = getenv("LOOM_CUDA_FAULT"); /* tests: "capture" fails every capture */
+    if (fault && strcmp(fault, "capture") == 0) {
+        LOOM_LOG_DEBUG("%s: CUDA graph capture failed (injected fault); running eagerly", cb->name);
+        e->no_capture = true;
+        return false;
+    }
     if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(
                                       cb->stream, cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
         LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());

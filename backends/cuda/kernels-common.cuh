@@ -233,6 +233,25 @@ static __device__ float cu_block_max(float v, float *sh /* [32] shared */) {
     return r;
 }
 
+/* Max that propagates NaN (softmax and attention: NaN in, NaN out). */
+static __device__ __forceinline__ float cu_fmax_nan(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+/* Max over the block that propagates NaN (every thread gets it). */
+static __device__ float cu_block_max_nan(float v, float *sh /* [32] shared */) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v = cu_fmax_nan(v, __shfl_xor_sync(CU_FULL_MASK, v, o));
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1)
+        r = cu_fmax_nan(r, __shfl_xor_sync(CU_FULL_MASK, r, o));
+    return r;
+}
+
 /* ALiBi slope of head h (1 when max_bias <= 0), as docs/ops.md defines it. */
 static __device__ __forceinline__ float cu_alibi_slope(float max_bias, int64_t n_head, int64_t h) {
     if (max_bias <= 0.0f) return 1.0f;

@@ -28,7 +28,8 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
 
 /* F_DISTINCT: integers (s0 + 2 i) mod hi for element i (s0 random): distinct within any
  * run of up to hi consecutive elements when hi is odd (row indices that must not repeat). */
-typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT } oc_fill_kind;
+/* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). */
+typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1 } oc_fill_kind;
 
 typedef struct oc_leaf {
     loom_tensor *t;
@@ -136,6 +137,7 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
         if (l->kind == F_MASK && i % t->ne[0] != 0 && (gpu_rand_next(rng) >> 62) == 0)
             f[i] = -INFINITY;
     }
+    if (l->kind == F_NAN1 && n > t->ne[0]) f[t->ne[0]] = NAN;
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (t->type == LOOM_TYPE_F32)
         memcpy(out, f, sizeof(float) * (size_t)n);
@@ -615,6 +617,71 @@ static void build_flash(oc_case *c, int v) {
                                   v & 8 ? 4.0f : 0.0f, v & 8 ? 20.0f : 0.0f));
 }
 
+/* Larger heads than build_flash: several query blocks and key tiles (partial last ones),
+ * GQA groups of 4, decode (one query), head sizes 128 and 256 (the tiled kernel, 256 with
+ * more than 48 KiB of shared memory) and 320 (the one-warp-per-row kernel). */
+static void build_flash_big(oc_case *c, int v) {
+    static const int64_t shp[4][7] = {
+        /* D, Dv, Nkv, Nq, H, Hk, S */
+        {128, 128, 100, 9, 8, 2, 2},
+        {256, 256, 70, 3, 4, 4, 1},
+        {320, 64, 40, 4, 2, 1, 1},
+        {64, 64, 33, 1, 32, 8, 1},
+    };
+    const int64_t *p = shp[v % 4];
+    const loom_type kv = v / 4 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, p[0], p[3], p[4], p[6], L_CONTIG);
+    loom_tensor *k = oc_src(c, kv, p[0], p[2], p[5], p[6], L_CONTIG);
+    loom_tensor *vv = oc_src(c, kv, p[1], p[2], p[5], p[6], L_CONTIG);
+    loom_tensor *mask = NULL;
+    if (v / 4) {
+        mask = oc_src(c, LOOM_TYPE_F16, p[2], p[3] + 2, 1, 1, L_CONTIG);
+        oc_fill(c, mask, F_MASK, -1, 0.5);
+    }
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, mask, NULL, 1.0f / sqrtf((float)p[0]), 0.0f,
+                                  0.0f));
+}
+
+/* NaN in, NaN out (issue 9): a NaN logit makes its softmax row NaN, a NaN key makes the
+ * attention rows of every head reading it NaN; the other rows stay finite. Checked on the
+ * GPU alone (the rule, not the CPU's current behaviour). v: 0 soft_max, 1 tiled flash
+ * attention (D 64), 2 the one-warp-per-row flash attention (D 320). */
+static void build_nan(oc_case *c, int v) {
+    if (v == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 37, 3, 1, 1, L_CONTIG);
+        oc_fill(c, a, F_NAN1, -2, 2);
+        oc_out(c, loom_soft_max(c->ctx, a));
+        return;
+    }
+    const int64_t D = v == 1 ? 64 : 320, Nkv = 40, Nq = 3, H = 4, Hk = 2;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, D, Nq, H, 1, L_CONTIG);
+    loom_tensor *k = oc_src(c, LOOM_TYPE_F32, D, Nkv, Hk, 1, L_CONTIG);
+    loom_tensor *vv = oc_src(c, LOOM_TYPE_F32, 32, Nkv, Hk, 1, L_CONTIG);
+    oc_fill(c, k, F_NAN1, -1, 1); /* key 1 of KV head 0: NaN */
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, NULL, NULL, 0.125f, 0.0f, 0.0f));
+}
+
+OC_TEST(nan_propagates) {
+    for (int v = 0; v < 3; v++) {
+        oc_result got;
+        if (!oc_run_one("nan", build_nan, v, 42, env->gpu, env->gpu_buft, &got)) continue;
+        const double *y = got.v[0];
+        int64_t wrong = 0;
+        if (v == 0) { /* [37, 3]: row 1 NaN */
+            for (int64_t i = 0; i < 3 * 37; i++)
+                wrong += (i / 37 == 1) != (isnan(y[i]) != 0);
+        } else { /* [32, H=4, Nq=3]: heads 0 and 1 read KV head 0 */
+            for (int64_t i = 0; i < 32 * 4 * 3; i++)
+                wrong += ((i / 32) % 4 < 2) != (isnan(y[i]) != 0);
+        }
+        LOOM_CHECK_MSG(wrong == 0,
+                       "NaN case %d: %lld elements NaN where they should not be or "
+                       "not NaN where they should",
+                       v, (long long)wrong);
+        oc_result_free(&got);
+    }
+}
+
 OC_TEST(attention) {
     const oc_tol tol = {1e-5, 1e-6};
     for (int v = 0; v < 8; v++)
@@ -625,6 +692,8 @@ OC_TEST(attention) {
     /* online softmax over 37 keys, dot products of 40 in another order */
     for (int v = 0; v < 32; v++)
         oc_check(env, "flash_attn_ext", build_flash, v, (oc_tol){1e-4, 1e-5});
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "flash_attn_ext (large heads)", build_flash_big, v, (oc_tol){1e-4, 1e-5});
 }
 
 /* ---------------------------------------------------------------- rows, concat */
@@ -810,4 +879,51 @@ OC_TEST(matmul_panels) {
                    (unsigned long long)st.cublas_calls);
     env->gpu = keep;
     loom_backend_free(small);
+}
+
+/* ---------------------------------------------------------------- issue 13, item 9 */
+
+/* Grids beyond 65,535 blocks: an ADD of 2^25 elements and a softmax over 70,001 rows (the
+ * launchers cap the grid and the kernels loop). */
+static void build_large(oc_case *c, int v) {
+    if (v == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 4096, 8192, 1, 1, L_CONTIG);
+        loom_tensor *b = oc_src(c, LOOM_TYPE_F32, 4096, 8192, 1, 1, L_CONTIG);
+        oc_out(c, loom_add(c->ctx, a, b));
+    } else {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 8, 70001, 1, 1, L_CONTIG);
+        oc_out(c, loom_soft_max(c->ctx, a));
+    }
+}
+
+OC_TEST(large_grids) {
+    oc_check(env, "add of 2^25 elements", build_large, 0, TOL_EXACT);
+    oc_check(env, "soft_max over 70001 rows", build_large, 1, (oc_tol){1e-5, 1e-6});
+}
+
+/* Every device other than GPU 0 (a few ops of each kind against the CPU). */
+OC_TEST(other_gpus) {
+    loom_reg_t reg = loom_cuda_reg();
+    const size_t n = loom_reg_dev_count(reg);
+    int others = 0;
+    loom_backend_t keep = env->gpu;
+    loom_buft_t keep_buft = env->gpu_buft;
+    for (size_t i = 1; i < n; i++) {
+        loom_dev_t d = loom_reg_dev_get(reg, i);
+        loom_backend_t b = loom_dev_init(d, NULL);
+        LOOM_CHECK_MSG(b != NULL, "%s: %s", loom_dev_name(d), loom_last_error());
+        if (!b) continue;
+        env->gpu = b;
+        env->gpu_buft = loom_dev_buffer_type(d);
+        for (int v = 0; v < N_MM_SHAPES; v++)
+            oc_check(env, "mul_mat F32 on another GPU", build_mul_mat, v, (oc_tol){1e-5, 1e-5});
+        for (int v = 0; v < 8; v++)
+            oc_check(env, "flash_attn_ext on another GPU", build_flash, v, (oc_tol){1e-4, 1e-5});
+        oc_check(env, "cpy on another GPU", build_cpy, 4, TOL_EXACT);
+        env->gpu = keep;
+        env->gpu_buft = keep_buft;
+        loom_backend_free(b);
+        others++;
+    }
+    if (others == 0) LOOM_SKIP("one GPU: no device other than GPU 0");
 }

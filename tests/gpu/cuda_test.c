@@ -523,11 +523,13 @@ LOOM_TEST(cuda, kernel_index_errors_are_reported) {
     loom_tensor_set(a, av, 0, sizeof av);
     int32_t bad[3] = {1, 12, 2};
     loom_tensor_set(ids, bad, 0, sizeof bad);
-    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_OK); /* asynchronous: not yet known */
+    /* reported by the call that waits for the work (once synchronize reports asynchronous
+     * failures, w9a), or else by the next compute */
+    loom_status s = loom_backend_graph_compute(be, g);
     float out[24];
     loom_tensor_get(r, out, 0, sizeof out);
     LOOM_CHECK(out[0] == 8 && out[16] == 16); /* good rows 1 and 2 */
-    loom_status s = loom_backend_graph_compute(be, g);
+    if (s == LOOM_OK) s = loom_backend_graph_compute(be, g);
     LOOM_CHECK(s == LOOM_ERR_INVALID_ARG);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "GET_ROWS");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "index 12 out of range [0, 10)");
@@ -619,7 +621,8 @@ static void small_net_free(small_net *n) {
 
 /* Runs the net on the CUDA backend 5 times with new inputs (same addresses), each result
  * checked against the CPU on the same inputs. */
-static void run_graph_sequence(loom_dev_t dev, bool graphs_on) {
+/* graphs_on false: LOOM_CUDA_GRAPHS=0; capture_fails: every capture fails (injected). */
+static void run_graph_sequence(loom_dev_t dev, bool graphs_on, bool capture_fails) {
     if (!graphs_on) setenv("LOOM_CUDA_GRAPHS", "0", 1);
     loom_backend_t be = loom_dev_init(dev, NULL);
     if (!graphs_on) unsetenv("LOOM_CUDA_GRAPHS");
@@ -647,7 +650,7 @@ static void run_graph_sequence(loom_dev_t dev, bool graphs_on) {
     loom_cuda_backend_get_stats(be, &st);
     LOOM_CHECK_EQ_INT(st.graphs, 5);
     LOOM_CHECK(st.cublas_calls > 0);
-    if (graphs_on) {
+    if (graphs_on && !capture_fails) {
         /* eager, then captured and replayed, then replayed */
         LOOM_CHECK_EQ_INT(st.graph_captures, 1);
         LOOM_CHECK_EQ_INT(st.graph_launches, 4);
@@ -661,10 +664,150 @@ static void run_graph_sequence(loom_dev_t dev, bool graphs_on) {
     loom_backend_free(be);
 }
 
+/* An index error of SET_ROWS, ADD_ID or MUL_MAT_ID (v 0..2) is reported naming the op and
+ * the index, and a graph with good indices runs clean afterwards. */
+static void check_index_error(loom_dev_t dev, int v) {
+    static const char *ops[3] = {"SET_ROWS", "ADD_ID", "MUL_MAT_ID"};
+    loom_backend_t be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(be != NULL);
+    loom_ctx_params p = {.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16),
+                         .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *ids = NULL, *r = NULL, *x = NULL, *y = NULL;
+    int32_t bad[6] = {1, 2, 0, 3, 1, 0}, good[6] = {1, 2, 0, 3, 1, 0};
+    int64_t limit = 0;
+    if (v == 0) { /* dst [8, 10] <- b [8, 3] at ids [3] */
+        x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 10);
+        y = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 3);
+        ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
+        r = loom_set_rows(ctx, x, y, ids);
+        bad[1] = 12;
+        limit = 10;
+    } else if (v == 1) { /* a [8, U=2, T=3] + b [8, E=4][ids [2, 3]] */
+        x = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, 8, 2, 3);
+        y = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 4);
+        ids = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, 2, 3);
+        r = loom_add_id(ctx, x, y, ids);
+        bad[3] = 7;
+        limit = 4;
+    } else { /* experts [32, 4, E=4] x b [32, U=2, T=3] */
+        x = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, 32, 4, 4);
+        y = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, 32, 2, 3);
+        ids = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, 2, 3);
+        r = loom_mul_mat_id(ctx, x, y, ids);
+        bad[4] = -1;
+        limit = 4;
+    }
+    LOOM_REQUIRE(r != NULL);
+    loom_graph *g = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(loom_graph_build_forward(g, r) == LOOM_OK);
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(dev));
+    LOOM_REQUIRE(buf != NULL);
+    float vals[32 * 4 * 4];
+    for (int i = 0; i < 32 * 4 * 4; i++)
+        vals[i] = (float)(i % 7) - 3.0f;
+    loom_tensor_set(x, vals, 0, loom_nbytes(x));
+    loom_tensor_set(y, vals, 0, loom_nbytes(y));
+    loom_tensor_set(ids, bad, 0, loom_nbytes(ids));
+    loom_status s = loom_backend_graph_compute(be, g);
+    loom_backend_synchronize(be);
+    if (s == LOOM_OK) s = loom_backend_graph_compute(be, g);
+    LOOM_CHECK_MSG(s == LOOM_ERR_INVALID_ARG, "%s: %s", ops[v], loom_last_error());
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), ops[v]);
+    char want[64];
+    snprintf(want, sizeof want, "out of range [0, %lld)", (long long)limit);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), want);
+    loom_tensor_set(ids, good, 0, loom_nbytes(ids));
+    loom_backend_synchronize(be);
+    (void)loom_backend_graph_compute(be, g); /* may still report the bad run once */
+    loom_backend_synchronize(be);
+    LOOM_CHECK_MSG(loom_backend_graph_compute(be, g) == LOOM_OK, "%s: %s", ops[v],
+                   loom_last_error());
+    loom_backend_synchronize(be);
+    LOOM_CHECK(loom_backend_graph_compute(be, g) == LOOM_OK);
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(be);
+}
+
+LOOM_TEST(cuda, index_errors_of_set_rows_add_id_mul_mat_id) {
+    GPU_DEVICE_OR_SKIP(dev);
+    for (int v = 0; v < 3; v++)
+        check_index_error(dev, v);
+}
+
+/* LRU eviction: 130 graphs (> the cache's 128) computed once each, then in reverse order
+ * (the 128 still cached are captured and replayed, the 2 evicted run eagerly), then the
+ * captured ones again (replays only); every result checked. */
+LOOM_TEST(cuda, graph_cache_evicts_least_recently_used) {
+    GPU_DEVICE_OR_SKIP(dev);
+    enum { NG = 130, NX = 256 };
+    loom_backend_t be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(be != NULL);
+    loom_ctx_params p = {.mem_size =
+                             (5 * NG + 4) * loom_tensor_overhead() + NG * loom_graph_overhead(8),
+                         .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *x = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, NX);
+    loom_graph *gs[NG];
+    loom_tensor *ys[NG];
+    for (int i = 0; i < NG; i++) { /* y = (x s_i)^2 / 2 + x: four computing nodes */
+        loom_tensor *t = loom_scale(ctx, x, 1.0f + (float)i / 64.0f);
+        t = loom_scale(ctx, loom_sqr(ctx, t), 0.5f);
+        ys[i] = loom_add(ctx, t, x);
+        gs[i] = loom_graph_new(ctx, 8);
+        LOOM_REQUIRE(loom_graph_build_forward(gs[i], ys[i]) == LOOM_OK);
+    }
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(dev));
+    LOOM_REQUIRE(buf != NULL);
+    float xv[NX], yv[NX];
+    for (int k = 0; k < NX; k++)
+        xv[k] = (float)(k % 17) / 8.0f - 1.0f;
+    loom_tensor_set(x, xv, 0, sizeof xv);
+    int order[3 * NG], n_order = 0;
+    for (int i = 0; i < NG; i++)
+        order[n_order++] = i;
+    for (int i = NG - 1; i >= 0; i--)
+        order[n_order++] = i;
+    for (int i = NG - 3; i >= 2; i--) /* 128..129 became least recently used and left */
+        order[n_order++] = i;
+    int bad = 0;
+    for (int o = 0; o < n_order; o++) {
+        const int i = order[o];
+        LOOM_CHECK(loom_backend_graph_compute(be, gs[i]) == LOOM_OK);
+        loom_tensor_get(ys[i], yv, 0, sizeof yv);
+        const double s = 1.0 + i / 64.0;
+        for (int k = 0; k < NX; k++) {
+            const double w = 0.5 * (xv[k] * s) * (xv[k] * s) + xv[k];
+            bad += fabs(yv[k] - w) > 1e-5 * (1 + fabs(w));
+        }
+    }
+    LOOM_CHECK_EQ_INT(bad, 0);
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(be, &st);
+    printf("FIGURE graph cache: %llu graphs, %llu captures, %llu replays\n",
+           (unsigned long long)st.graphs, (unsigned long long)st.graph_captures,
+           (unsigned long long)st.graph_launches);
+    LOOM_CHECK_EQ_INT(st.graph_captures, NG - 2);
+    LOOM_CHECK_EQ_INT(st.graph_launches, (NG - 2) + (NG - 4));
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_backend_free(be);
+}
+
+/* A capture that fails (injected: LOOM_CUDA_FAULT=capture) falls back to eager launches,
+ * with the same results, and is not retried. */
+LOOM_TEST(cuda, graph_capture_failure_falls_back_to_eager) {
+    GPU_DEVICE_OR_SKIP(dev);
+    setenv("LOOM_CUDA_FAULT", "capture", 1);
+    run_graph_sequence(dev, true, true); /* no captures, no replays, right results */
+    unsetenv("LOOM_CUDA_FAULT");
+}
+
 LOOM_TEST(cuda, graph_capture_replays_with_new_inputs) {
     GPU_DEVICE_OR_SKIP(dev);
-    run_graph_sequence(dev, true);
-    run_graph_sequence(dev, false);
+    run_graph_sequence(dev, true, false);
+    run_graph_sequence(dev, false, false);
 }
 
 /* ---------------------------------------------------------------- communicator */
