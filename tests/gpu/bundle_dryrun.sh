@@ -42,4 +42,9 @@ n_cases=$(LD_LIBRARY_PATH="$work/.gpu/lib" "$work/.gpu/bin/cuda_test" --gtest_li
 n_seen=$(grep -Ec '^(PASS|SKIP) +cuda(_ops)?\.' "$s")
 [ "$n_seen" -eq "$n_cases" ] || fail "$n_seen of $n_cases test cases reported"
 if grep -Eq '^NOTRUN ' "$s"; then fail "the budget of ${budget}s was too small for a dry run"; fi
+# NCCL is loaded lazily: the module must not need it at load time
+mod="$work/.gpu/runfiles/loom/backends/cuda/libloom-cuda.so"
+if [ -f "$mod" ] && ldd "$mod" 2>/dev/null | grep -q libnccl; then
+    fail "libloom-cuda.so links libnccl (it must dlopen it lazily)"
+fi
 echo "gpu bundle dry run: ok ($n_cases test cases, ${took}s, bundle $(du -sh "$work/.gpu" | cut -f1))"
