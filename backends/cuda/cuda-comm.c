@@ -62,7 +62,9 @@ typedef struct loom__cuda_comm {
 #define LOOM_NCCL_CHECK(api, where, call)                                                          \
     loom__nccl_check((api), (api)->call, #call, (where), __FILE__, __LINE__)
 
-/* LOOM_CUDA_COMM_FAULT=nccl (tests only): every NCCL AllReduce fails as if NCCL had. */
+/* LOOM_CUDA_COMM_FAULT=nccl (tests only): after each NCCL AllReduce group, the poll of
+ * asynchronous errors reports one, as NCCL would after a peer or network failure (a
+ * really half-issued group could block inside ncclGroupEnd on connection setup). */
 static bool comm_fault_nccl(void) {
     const char *f = getenv("LOOM_CUDA_COMM_FAULT");
     return f && strcmp(f, "nccl") == 0;
@@ -315,20 +317,13 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
     s = LOOM_NCCL_CHECK(api, "CUDA comm", GroupStart());
     if (s != LOOM_OK) return s;
     loom_status first = LOOM_OK;
-    const bool fault = comm_fault_nccl();
     for (int j = 0; j < N; j++) {
         loom__cuda_backend *cb = c->b[j];
-        if (fault && j == N - 1) {
-            /* the injected fault: the last device's call fails, the group half issued */
-            s = loom__nccl_check(api, ncclInternalError, "AllReduce (injected fault)", cb->name,
-                                 __FILE__, __LINE__);
-        } else {
-            const void *send = bf16 ? c->scratch[j] : t[j]->data;
-            s = LOOM_NCCL_CHECK(api, cb->name,
-                                AllReduce(send, c->scratch[j], (size_t)n,
-                                          bf16 ? ncclBfloat16 : ncclFloat, ncclSum, c->nccl[j],
-                                          cb->stream));
-        }
+        const void *send = bf16 ? c->scratch[j] : t[j]->data;
+        s = LOOM_NCCL_CHECK(api, cb->name,
+                            AllReduce(send, c->scratch[j], (size_t)n,
+                                      bf16 ? ncclBfloat16 : ncclFloat, ncclSum, c->nccl[j],
+                                      cb->stream));
         if (s != LOOM_OK && first == LOOM_OK) first = s;
     }
     char msg[512] = "";
@@ -336,6 +331,9 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
     s = LOOM_NCCL_CHECK(api, "CUDA comm", GroupEnd());
     if (first != LOOM_OK) return loom_error(first, "%s", msg);
     if (s == LOOM_OK) s = comm_poll(c);
+    if (s == LOOM_OK && comm_fault_nccl())
+        s = loom__nccl_check(api, ncclInternalError, "CommGetAsyncError (injected fault)",
+                             "CUDA comm", __FILE__, __LINE__);
     if (s != LOOM_OK) return s; /* the tensors are untouched: only scratch was written */
     for (int j = 0; j < N; j++) {
         loom__cuda_backend *cb = c->b[j];

@@ -930,8 +930,9 @@ LOOM_TEST(cuda, nccl_allreduce_on_distinct_gpus) {
     loom_reducer_set_algorithm(r, LOOM_ALLREDUCE_NATIVE);
     LOOM_CHECK(reduce_and_check(r, be, N, 1 << 20, (N + 1) * 0x1p-8) == LOOM_ALLREDUCE_NATIVE);
     loom_reducer_free(r);
-    /* defect 4: an NCCL failure in a half-issued group is contained: that call and every
-     * later one fall back to loom's ladder, with exact results, and nothing hangs */
+    /* defect 4: an NCCL failure (an asynchronous error, injected) is contained: the
+     * communicators are aborted, that call and every later one fall back to loom's ladder
+     * with exact results, and nothing hangs (freeing included) */
     r = loom_reducer_new(be, N, NULL);
     LOOM_REQUIRE(r != NULL);
     setenv("LOOM_CUDA_COMM_FAULT", "nccl", 1);
