@@ -98,6 +98,13 @@ struct loom_backend_i {
      * answers for that window. NULL: nothing. */
     void (*split_begin)(loom_backend_t backend);
     void (*split_end)(loom_backend_t backend);
+    /* The first failure of asynchronously issued work (records the message with
+     * loom_error), called by loom_backend_synchronize after `synchronize`: an asynchronous
+     * backend keeps a failure until it is reported here, and the next graph_compute after
+     * that starts clean (one not reported yet is returned by that graph_compute instead).
+     * Reporting must be idempotent until then. NULL: LOOM_OK (graph_compute reports every
+     * failure itself: a synchronous backend). */
+    loom_status (*get_status)(loom_backend_t backend);
 };
 
 struct loom_backend {

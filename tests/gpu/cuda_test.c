@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/backend-impl.h"
 #include "backends/cuda/cuda-nccl.h"
@@ -262,6 +263,83 @@ LOOM_TEST(cuda, no_devices_spec_says_why) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "no CUDA devices (");
     if (!built_without_toolkit()) LOOM_CHECK_STR_CONTAINS(loom_last_error(), "cudaGetDeviceCount");
     loom_registry_reset();
+
+    /* a module that cannot load: its loader's reason, not just "no CUDA devices" */
+    char dir[] = "/tmp/loom-cuda-test.XXXXXX";
+    LOOM_REQUIRE(mkdtemp(dir) != NULL);
+    char mod[64];
+    snprintf(mod, sizeof mod, "%s/libloom-cuda.so", dir);
+    FILE *f = fopen(mod, "wb");
+    LOOM_REQUIRE(f != NULL);
+    fputs("not an ELF file", f);
+    fclose(f);
+    const char *old = getenv("LOOM_BACKEND_PATH");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("LOOM_BACKEND_PATH", dir, 1);
+    (void)loom_registry_load_all();
+    if (!loom_registry_reg_by_name("CUDA")) {
+        LOOM_CHECK(loom_devices_from_spec("cuda:0", devs, 4, &got) == LOOM_ERR_NOT_FOUND);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "cannot load backend module");
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), mod);
+    }
+    if (saved) {
+        setenv("LOOM_BACKEND_PATH", saved, 1);
+        free(saved);
+    } else {
+        unsetenv("LOOM_BACKEND_PATH");
+    }
+    loom_registry_reset();
+    remove(mod);
+    rmdir(dir);
+}
+
+/* Defect 10: F32 -> F16 (and back) of NaNs, infinities, subnormals and overflow on the GPU
+ * is bit-identical to the CPU's (NaNs keep their sign and top payload bits). */
+LOOM_TEST(cuda, fp16_conversions_bit_identical_to_cpu) {
+    GPU_DEVICE_OR_SKIP(dev);
+    static const uint32_t bits[] = {
+        0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fa5a5a5u, 0xff812345u, 0x7fffffffu, /* NaNs */
+        0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x33800000u, 0x387fc000u,
+        0x477fe000u, 0x477ff000u, 0x47800000u, 0x3f800001u, 0x00000001u, 0xc7000000u};
+    enum { N = sizeof bits / sizeof bits[0] };
+    float x[N];
+    memcpy(x, bits, sizeof x);
+    uint16_t h[N] = {0x7e00, 0xfe00, 0x7c01, 0x7d2d, 0xfc09, 0x7fff, 0x7c00, 0xfc00, 0,
+                     0x8000, 0x0001, 0x03ff, 0x7bff, 0x7c00, 0x7c00, 0x3c00, 0,      0xf800};
+    loom_backend_t be = loom_dev_init(dev, NULL), cpu = loom_cpu_backend_new(1);
+    LOOM_REQUIRE(be && cpu);
+    uint16_t got_h[2][N];
+    uint32_t got_f[2][N];
+    for (int side = 0; side < 2; side++) {
+        loom_ctx_params p = {.mem_size = 8 * loom_tensor_overhead() + loom_graph_overhead(8),
+                             .no_alloc = true};
+        loom_ctx *ctx = loom_ctx_new(p);
+        loom_tensor *a = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, N);
+        loom_tensor *b = loom_new_tensor_1d(ctx, LOOM_TYPE_F16, N);
+        loom_tensor *ah = loom_cast(ctx, a, LOOM_TYPE_F16);
+        loom_tensor *bf = loom_cast(ctx, b, LOOM_TYPE_F32);
+        loom_graph *g = loom_graph_new(ctx, 8);
+        LOOM_REQUIRE(loom_graph_build_forward(g, ah) == LOOM_OK);
+        LOOM_REQUIRE(loom_graph_build_forward(g, bf) == LOOM_OK);
+        loom_buffer_t buf =
+            loom_alloc_ctx_tensors(ctx, side ? loom_dev_buffer_type(dev) : loom_cpu_buffer_type());
+        LOOM_REQUIRE(buf != NULL);
+        loom_tensor_set(a, x, 0, sizeof x);
+        loom_tensor_set(b, h, 0, sizeof h);
+        LOOM_CHECK(loom_backend_graph_compute(side ? be : cpu, g) == LOOM_OK);
+        loom_tensor_get(ah, got_h[side], 0, sizeof got_h[side]);
+        loom_tensor_get(bf, got_f[side], 0, sizeof got_f[side]);
+        loom_buffer_free(buf);
+        loom_ctx_free(ctx);
+    }
+    for (int i = 0; i < N; i++) {
+        LOOM_CHECK_MSG(got_h[1][i] == got_h[0][i], "f32 0x%08x -> f16: cuda 0x%04x, cpu 0x%04x",
+                       bits[i], got_h[1][i], got_h[0][i]);
+        LOOM_CHECK_MSG(got_f[1][i] == got_f[0][i], "f16 0x%04x -> f32: cuda 0x%08x, cpu 0x%08x",
+                       h[i], got_f[1][i], got_f[0][i]);
+    }
+    loom_backend_free(be);
+    loom_backend_free(cpu);
 }
 
 /* Defect 5: BF16 AllReduce rounds activations, so it is off unless opted in. */
