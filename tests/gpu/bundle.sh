@@ -34,10 +34,11 @@ bazel_flags=(--color=no --curses=no --show_progress_rate_limit=30)
 [ -n "${LOOM_CUDA_ARCHS:-}" ] && bazel_flags+=("--repo_env=LOOM_CUDA_ARCHS=$LOOM_CUDA_ARCHS")
 
 targets=(//tests/gpu:cuda_test //tools:loom //backends/cuda:libloom-cuda.so)
-# //:libloom is being added on another branch: bundle it when the tree has it.
-if grep -Eq 'name *= *"libloom(\.so)?"' BUILD 2>/dev/null; then
-    targets+=(//:libloom)
-fi
+# //:libloom (libloom.so.0) is being added on another branch: bundle it when the tree has
+# it (the module and loom then link it; ldd below also copies it into lib/).
+for t in $(grep -oE 'name *= *"libloom(\.so[.0-9]*)?"' BUILD 2>/dev/null | sed 's/.*"\(.*\)"/\1/'); do
+    targets+=("//:$t")
+done
 echo "bundle: building ${targets[*]}"
 bazel build "${bazel_flags[@]}" "${targets[@]}"
 bin=$(bazel info "${bazel_flags[@]}" bazel-bin 2>/dev/null)
