@@ -203,14 +203,14 @@ fi
 
 # ---------------------------------------------------------------- cuda_test, case by case
 test_bin="$here/bin/cuda_test"
-timeout 60 "$test_bin" --gtest_list_tests >"$OUT/cases/list.txt" 2>&1
+timeout 60 "$test_bin" --gtest_list_tests >"$OUT/cases/list.txt" 2>"$OUT/cases/list.err"
 mapfile -t all_cases < <(awk '
     /^[^ ]/ {suite = $1; next}
     /^  / {print suite $1}' "$OUT/cases/list.txt")
 if [ "${#all_cases[@]}" -eq 0 ]; then
     # cannot even start (a library or a glibc version the image lacks, ...): say why
-    cat "$OUT/cases/list.txt" >>"$log"
-    record FAIL cuda_test.list 0 "cuda_test cannot list its cases: $(head -c 300 "$OUT/cases/list.txt" | tr '\n' ' ')"
+    cat "$OUT/cases/list.err" >>"$log"
+    record FAIL cuda_test.list 0 "cuda_test cannot list its cases: $(head -c 300 "$OUT/cases/list.err" | tr '\n' ' ')"
 fi
 if [ -n "${GPU_FILTER:-}" ]; then
     mapfile -t all_cases < <(printf '%s\n' "${all_cases[@]}" | grep -E "$GPU_FILTER")
