@@ -28,8 +28,9 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
 
 /* F_DISTINCT: integers (s0 + 2 i) mod hi for element i (s0 random): distinct within any
  * run of up to hi consecutive elements when hi is odd (row indices that must not repeat). */
-/* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). */
-typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1 } oc_fill_kind;
+/* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). F_STEPS: floats
+ * with integer values in [lo, hi) (many ties). */
+typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1, F_STEPS } oc_fill_kind;
 
 typedef struct oc_leaf {
     loom_tensor *t;
@@ -138,6 +139,9 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
             f[i] = -INFINITY;
     }
     if (l->kind == F_NAN1 && n > t->ne[0]) f[t->ne[0]] = NAN;
+    if (l->kind == F_STEPS)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = floorf(f[i]);
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (t->type == LOOM_TYPE_F32)
         memcpy(out, f, sizeof(float) * (size_t)n);
@@ -545,6 +549,19 @@ static void build_sort(oc_case *c, int v) {
         oc_out(c, loom_top_k(c->ctx, a, (int)(n < 4 ? n : 4)));
 }
 
+/* Longer rows and ties: v 0 4096 ascending (the largest bitonic row), 1 5000 descending
+ * (the rank kernel), 2/3 ties (values 0..5, kept in index order) ascending/descending, 4
+ * top_k 8 of 5000, 5 top_k 8 over ties. */
+static void build_sort_more(oc_case *c, int v) {
+    static const int64_t lens[6] = {4096, 5000, 300, 300, 5000, 300};
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, lens[v], 2, 1, 1, L_CONTIG);
+    if (v == 2 || v == 3 || v == 5) oc_fill(c, a, F_STEPS, 0, 6);
+    if (v < 4)
+        oc_out(c, loom_argsort(c->ctx, a, v == 1 || v == 3 ? LOOM_SORT_DESC : LOOM_SORT_ASC));
+    else
+        oc_out(c, loom_top_k(c->ctx, a, 8));
+}
+
 OC_TEST(rows_and_sorting) {
     const oc_tol tol = {1e-5, 1e-6};
     for (int v = 0; v < 32; v++)
@@ -553,6 +570,8 @@ OC_TEST(rows_and_sorting) {
         oc_check(env, "argmax", build_rows, v, TOL_EXACT);
     for (int v = 0; v < 18; v++)
         oc_check(env, "argsort/top_k", build_sort, v, TOL_EXACT);
+    for (int v = 0; v < 6; v++)
+        oc_check(env, "argsort/top_k (long rows, ties)", build_sort_more, v, TOL_EXACT);
 }
 
 /* ---------------------------------------------------------------- attention */
