@@ -30,10 +30,23 @@ static loom_dev_t loom__cuda_none_get(loom_reg_t reg, size_t index) {
     return NULL;
 }
 
+const char *loom_cuda_no_devices_reason(loom_reg_t reg);
+
+/* Only the reason, so a device spec can say why there are no devices. */
+static void *loom__cuda_none_proc(loom_reg_t reg, const char *name) {
+    (void)reg;
+    if (strcmp(name, "loom_cuda_no_devices_reason") != 0) return NULL;
+    const char *(*fn)(loom_reg_t) = loom_cuda_no_devices_reason;
+    void *p;
+    memcpy(&p, &fn, sizeof p);
+    return p;
+}
+
 static const struct loom_reg_i loom__cuda_none_reg_i = {
     .get_name = loom__cuda_none_name,
     .get_device_count = loom__cuda_none_count,
     .get_device = loom__cuda_none_get,
+    .get_proc_address = loom__cuda_none_proc,
 };
 
 static struct loom_reg loom__cuda_none_reg = {
