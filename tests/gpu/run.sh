@@ -86,7 +86,12 @@ run_case() {
         note="killed after ${limit}s"
     elif [ "$rc" -ne 0 ]; then
         st=FAIL
-        note=$(grep -m1 -E 'Failure|failed|error|ERROR|FAILED' "$f" | cut -c1-160)
+        # the first failure's message (gtest: "file:line: Failure", "Failed", message)
+        local nf
+        nf=$(grep -c ': Failure$' "$f")
+        note=$(awk '/: Failure$/ {f = 1; next} f && $0 != "Failed" {print; exit}' "$f" | cut -c1-200)
+        [ -n "$note" ] || note=$(grep -m1 -E 'failed|error|ERROR|FAILED' "$f" | cut -c1-200)
+        [ "$nf" -gt 1 ] && note="($nf failures) $note"
         [ -n "$note" ] || note="exit $rc"
     elif [ "$kind" = gtest ] && grep -q '^\[  SKIPPED \]' "$f"; then
         st=SKIP
