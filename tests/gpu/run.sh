@@ -231,6 +231,12 @@ done
 for c in "${quick[@]}" "${ops[@]}" "${heavy[@]}"; do
     run_case "$c" "$CASE_TIMEOUT" gtest "$test_bin" "--gtest_filter=$c"
 done
+# a GPU that CUDA cannot use (a driver older than the CUDA 13 runtime, ...) is a failure
+# here, not a row of skips
+if [ "$have_gpu" = 1 ]; then
+    why=$(awk -F'\t' '$1 == "SKIP" && $2 == "cuda.device_properties" {print $4}' "$results")
+    [ -n "$why" ] && record FAIL env.cuda-devices 0 "nvidia-smi sees a GPU but CUDA does not: $why"
+fi
 
 # ---------------------------------------------------------------- the loom tool
 loom="$here/bin/loom"
