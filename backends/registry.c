@@ -320,6 +320,10 @@ static int loom__cmp_str(const void *a, const void *b) {
 }
 
 /* Loads every libloom-*.so of dir (sorted), skipping names already registered. */
+/* Why the CUDA module (libloom-cuda.so) last failed to load, for the "no CUDA devices"
+ * message of a device spec ("" when it did not fail). */
+static char loom__cuda_load_error[512];
+
 static size_t loom__scan_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) {
@@ -371,6 +375,9 @@ static size_t loom__scan_dir(const char *dir) {
             loom_status s = loom__load(path, NULL, &skipped);
             if (s != LOOM_OK) {
                 LOOM_LOG_WARN("registry: skipping backend module: %s", loom_last_error());
+                if (strcmp(names[i], "libloom-cuda.so") == 0)
+                    snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error, "%s",
+                             loom_last_error());
             } else if (!skipped) {
                 loaded++;
             }
@@ -536,8 +543,19 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
                                    size_t *n_out) {
     loom_reg_t reg = loom_registry_reg_by_name("CUDA");
     size_t count = reg ? loom_reg_dev_count(reg) : 0;
-    if (count == 0)
-        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices", spec);
+    if (count == 0) {
+        /* say why: the module's or the driver's own reason */
+        typedef const char *(*reason_fn)(loom_reg_t);
+        reason_fn why = NULL;
+        void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_no_devices_reason") : NULL;
+        memcpy(&why, &p, sizeof why);
+        const char *r = why ? why(reg) : "";
+        if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
+        if (!reg && !r[0])
+            r = "the CUDA backend module libloom-cuda.so was not found (set LOOM_BACKEND_PATH)";
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s%s%s", spec,
+                          r && r[0] ? " (" : "", r ? r : "", r && r[0] ? ")" : "");
+    }
     if (!list) {
         for (size_t i = 0; i < count && i < cap; i++)
             devs[i] = loom_reg_dev_get(reg, i);

@@ -16,8 +16,22 @@
  * device to host on the source stream, host to device on the destination stream, with a
  * second event keeping the staging buffer from being overwritten while still being read.
  *
+ * Async set/get from pageable host memory go through a ring of pinned staging slots
+ * (LOOM_CUDA_STAGE_SLOTS x 4 MiB, allocated on first use): a set copies the data into a
+ * free slot on the host and queues the slot's upload, so it returns before the transfer
+ * completes and overlaps compute; a get queues the download into a slot and a host
+ * function that copies the slot out once it arrived (the data is there after
+ * synchronize, as for any async get). Pinned memory (CUDA_Host buffers) is copied
+ * directly.
+ *
  * Hooks without a status (async copies, synchronize, event record/wait) keep their first
- * failure as the backend's sticky error; the next graph_compute returns it.
+ * failure as the backend's sticky error, naming the graph whose work failed (synchronize
+ * waits for it). get_status reports it (the call that waited); if nobody asked, the next
+ * graph_compute returns it instead.
+ *
+ * Synchronous buffer calls (cuda-buffer.c) first make their stream wait for every live
+ * backend of the device (loom__cuda_dev_order), so a read right after an async compute
+ * sees its results.
  */
 #define _POSIX_C_SOURCE 200809L /* pthread */
 #include <stdio.h>
@@ -92,6 +106,32 @@ static void loom__cuda_check_async(loom__cuda_backend *cb, loom_status s) {
     if (s != LOOM_OK) loom__cuda_backend_set_error(cb, s);
 }
 
+/* ---------------------------------------------------------------- ordering */
+
+loom_status loom__cuda_dev_order(loom__cuda_dev *cd, cudaStream_t stream) {
+    loom_status s = LOOM_OK;
+    pthread_mutex_lock(&cd->mu);
+    for (loom__cuda_backend *cb = cd->backends; cb && s == LOOM_OK; cb = cb->dev_next) {
+        /* a stream being captured runs nothing until its graph is launched (and an event
+         * recorded into a capture cannot be waited for outside it) */
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess) (void)cudaGetLastError();
+        if (cs != cudaStreamCaptureStatusNone) continue;
+        s = LOOM_CUDA_CHECK(cd->name, cudaEventRecord(cb->order_ev, cb->stream));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cd->name, cudaStreamWaitEvent(stream, cb->order_ev, 0));
+    }
+    pthread_mutex_unlock(&cd->mu);
+    return s;
+}
+
+loom_status loom__cuda_backend_get_status(loom_backend_t backend) {
+    loom__cuda_backend *cb = loom__cuda_backend_of(backend);
+    if (!cb || cb->async_status == LOOM_OK) return LOOM_OK;
+    cb->async_reported = true;
+    return loom_error(cb->async_status, "%s", cb->async_msg);
+}
+
 /* After the stream went idle (the record was copied to err_host in stream order): an index
  * error written by a kernel becomes the sticky error, and the record is cleared. */
 static void loom__cuda_harvest(loom__cuda_backend *cb) {
@@ -105,8 +145,9 @@ static void loom__cuda_harvest(loom__cuda_backend *cb) {
     loom_status s = loom_error(
         LOOM_ERR_INVALID_ARG,
         "%s: %s (node %lld of its graph): index %lld out of range [0, %lld); that row was "
-        "skipped",
-        cb->name, loom_op_name(op), (long long)e.node, (long long)e.value, (long long)e.limit);
+        "skipped (in %s)",
+        cb->name, loom_op_name(op), (long long)e.node, (long long)e.value, (long long)e.limit,
+        cb->last_graph[0] ? cb->last_graph : "the last graph");
     loom__cuda_backend_set_error(cb, s);
     /* later kernels on this stream see a clean record */
     loom__cuda_check_async(
@@ -145,6 +186,10 @@ static void loom__cuda_backend_destroy(loom__cuda_backend *cb) {
     if (cb->err_host) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->err_host));
     if (cb->err_dev) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->err_dev));
     if (cb->staging_free) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->staging_free));
+    if (cb->order_ev) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->order_ev));
+    for (int k = 0; k < LOOM_CUDA_STAGE_SLOTS; k++)
+        if (cb->stage_ev[k]) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(cb->stage_ev[k]));
+    if (cb->stage) (void)LOOM_CUDA_CHECK(w, cudaFreeHost(cb->stage));
     if (cb->stream) (void)LOOM_CUDA_CHECK(w, cudaStreamDestroy(cb->stream));
     if (cb->mu_ok) pthread_mutex_destroy(&cb->staging_mu);
     loom_free(cb);
@@ -153,10 +198,16 @@ static void loom__cuda_backend_destroy(loom__cuda_backend *cb) {
 static void loom__cuda_backend_free(loom_backend_t backend) {
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_dev *cd = cb->cd;
-    loom__cuda_backend_destroy(cb);
     pthread_mutex_lock(&cd->mu);
+    for (loom__cuda_backend **p = &cd->backends; *p; p = &(*p)->dev_next) {
+        if (*p == cb) {
+            *p = cb->dev_next;
+            break;
+        }
+    }
     cd->n_backends--;
     pthread_mutex_unlock(&cd->mu);
+    loom__cuda_backend_destroy(cb);
 }
 
 /* A stream reaches only its own device's memory (the scheduler guarantees it). */
@@ -165,24 +216,121 @@ static void loom__cuda_check_tensor(loom__cuda_backend *cb, const loom_tensor *t
     LOOM_ASSERT(loom__cuda_buffer_dev(t->buffer) == cb->cd);
 }
 
+/* ---------------------------------------------------------------- pinned staging */
+
+/* Whether host memory p is pageable (not pinned or managed): such copies are staged. */
+static bool loom__cuda_is_pageable(const void *p) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+}
+
+/* The staging ring, allocated on first use; false (copy directly) if it cannot be. */
+static bool loom__cuda_stage_ready(loom__cuda_backend *cb) {
+    if (cb->stage) return true;
+    if (cb->stage_failed) return false;
+    void *p = NULL;
+    loom_status s =
+        LOOM_CUDA_CHECK(cb->name, cudaHostAlloc(&p, LOOM_CUDA_STAGE_SLOTS * LOOM_CUDA_STAGE_SLOT,
+                                                cudaHostAllocPortable));
+    for (int k = 0; k < LOOM_CUDA_STAGE_SLOTS && s == LOOM_OK; k++)
+        s = LOOM_CUDA_CHECK(cb->name,
+                            cudaEventCreateWithFlags(&cb->stage_ev[k], cudaEventDisableTiming));
+    if (s != LOOM_OK) {
+        LOOM_LOG_WARN("%s: no pinned staging for async copies (%s); they run unstaged", cb->name,
+                      loom_last_error());
+        if (p) (void)cudaFreeHost(p);
+        cb->stage_failed = true;
+        return false;
+    }
+    cb->stage = p;
+    return true;
+}
+
+/* The next slot, once its previous transfer (and host copy) completed; NULL on failure
+ * (the sticky error is set). */
+static char *loom__cuda_stage_slot(loom__cuda_backend *cb, int *k) {
+    *k = cb->stage_next;
+    cb->stage_next = (cb->stage_next + 1) % LOOM_CUDA_STAGE_SLOTS;
+    loom_status s = LOOM_CUDA_CHECK(cb->name, cudaEventSynchronize(cb->stage_ev[*k]));
+    if (s != LOOM_OK) {
+        loom__cuda_backend_set_error(cb, s);
+        return NULL;
+    }
+    return cb->stage + (size_t)*k * LOOM_CUDA_STAGE_SLOT;
+}
+
+static void CUDART_CB loom__cuda_stage_out(void *p) {
+    const loom__cuda_stage_get *g = p;
+    memcpy(g->dst, g->src, g->size);
+}
+
 static void loom__cuda_set_async(loom_backend_t backend, loom_tensor *t, const void *data,
                                  size_t offset, size_t size) {
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_check_tensor(cb, t);
-    if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(
-        cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync((char *)t->data + offset, data, size,
-                                                      cudaMemcpyHostToDevice, cb->stream)));
+    if (!loom__cuda_use(cb) || size == 0) return;
+    char *dst = (char *)t->data + offset;
+    if (!loom__cuda_is_pageable(data) || !loom__cuda_stage_ready(cb)) {
+        loom__cuda_check_async(
+            cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(dst, data, size, cudaMemcpyHostToDevice,
+                                                          cb->stream)));
+        return;
+    }
+    for (size_t done = 0; done < size;) {
+        const size_t n = size - done < LOOM_CUDA_STAGE_SLOT ? size - done : LOOM_CUDA_STAGE_SLOT;
+        int k;
+        char *slot = loom__cuda_stage_slot(cb, &k);
+        if (!slot) return;
+        memcpy(slot, (const char *)data + done, n);
+        loom_status s = LOOM_CUDA_CHECK(
+            cb->name, cudaMemcpyAsync(dst + done, slot, n, cudaMemcpyHostToDevice, cb->stream));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name, cudaEventRecord(cb->stage_ev[k], cb->stream));
+        if (s != LOOM_OK) {
+            loom__cuda_backend_set_error(cb, s);
+            return;
+        }
+        cb->stats.staged_host_copies++;
+        done += n;
+    }
 }
 
 static void loom__cuda_get_async(loom_backend_t backend, const loom_tensor *t, void *data,
                                  size_t offset, size_t size) {
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_check_tensor(cb, t);
-    if (!loom__cuda_use(cb)) return;
-    loom__cuda_check_async(
-        cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(data, (const char *)t->data + offset, size,
-                                                      cudaMemcpyDeviceToHost, cb->stream)));
+    if (!loom__cuda_use(cb) || size == 0) return;
+    const char *src = (const char *)t->data + offset;
+    if (!loom__cuda_is_pageable(data) || !loom__cuda_stage_ready(cb)) {
+        loom__cuda_check_async(
+            cb, LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(data, src, size, cudaMemcpyDeviceToHost,
+                                                          cb->stream)));
+        return;
+    }
+    for (size_t done = 0; done < size;) {
+        const size_t n = size - done < LOOM_CUDA_STAGE_SLOT ? size - done : LOOM_CUDA_STAGE_SLOT;
+        int k;
+        char *slot = loom__cuda_stage_slot(cb, &k);
+        if (!slot) return;
+        cb->stage_get[k] = (loom__cuda_stage_get){(char *)data + done, slot, n};
+        loom_status s = LOOM_CUDA_CHECK(
+            cb->name, cudaMemcpyAsync(slot, src + done, n, cudaMemcpyDeviceToHost, cb->stream));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(
+                cb->name, cudaLaunchHostFunc(cb->stream, loom__cuda_stage_out, &cb->stage_get[k]));
+        if (s == LOOM_OK)
+            s = LOOM_CUDA_CHECK(cb->name, cudaEventRecord(cb->stage_ev[k], cb->stream));
+        if (s != LOOM_OK) {
+            loom__cuda_backend_set_error(cb, s);
+            return;
+        }
+        cb->stats.staged_host_copies++;
+        done += n;
+    }
 }
 
 /* A fresh event recorded on bs's stream: everything issued there so far. The caller makes
@@ -310,6 +458,13 @@ static void loom__cuda_synchronize(loom_backend_t backend) {
         LOOM_CUDA_CHECK(cb->name, cudaMemcpyAsync(cb->err_host, cb->err_dev, sizeof *cb->err_host,
                                                   cudaMemcpyDeviceToHost, cb->stream));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(cb->name, cudaStreamSynchronize(cb->stream));
+    if (s != LOOM_OK) {
+        /* an asynchronous failure: say whose work it was */
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        s = loom_error(s, "%s (in the work of %s)", msg,
+                       cb->last_graph[0] ? cb->last_graph : "the operations issued so far");
+    }
     loom__cuda_check_async(cb, s);
     if (s == LOOM_OK) loom__cuda_harvest(cb);
 }
@@ -340,6 +495,7 @@ static const struct loom_backend_i loom__cuda_backend_i = {
     .graph_compute = loom__cuda_graph_compute,
     .event_record = loom__cuda_event_record,
     .event_wait = loom__cuda_event_wait,
+    .get_status = loom__cuda_backend_get_status, /* called by synchronize once w9a lands */
 };
 
 void loom_cuda_backend_get_stats(loom_backend_t backend, loom_cuda_backend_stats *out) {
@@ -376,6 +532,9 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     cb->mu_ok = true;
     const char *g = getenv("LOOM_CUDA_GRAPHS");
     cb->graphs_enabled = !(g && strcmp(g, "0") == 0);
+    /* tests shrink it to reach the panel path with small weights */
+    cb->panel_bytes = loom__cuda_env_size("LOOM_CUDA_PANEL_BYTES", LOOM_CUDA_PANEL_BYTES);
+    if (cb->panel_bytes < 1024) cb->panel_bytes = 1024;
     /* cuBLAS recommends 32 MiB of workspace on Hopper, 4 MiB before. */
     cb->cublas_ws_size = cd->cc >= 90 ? ((size_t)32 << 20) : ((size_t)4 << 20);
 
@@ -384,6 +543,8 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
         s = LOOM_CUDA_CHECK(w, cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking));
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(w, cudaEventCreateWithFlags(&cb->staging_free, cudaEventDisableTiming));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(w, cudaEventCreateWithFlags(&cb->order_ev, cudaEventDisableTiming));
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(
             w, cudaHostAlloc((void **)&cb->err_host, sizeof *cb->err_host, cudaHostAllocDefault));
@@ -411,6 +572,8 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     }
     pthread_mutex_lock(&cd->mu);
     cd->n_backends++;
+    cb->dev_next = cd->backends;
+    cd->backends = cb;
     pthread_mutex_unlock(&cd->mu);
     return &cb->backend;
 }

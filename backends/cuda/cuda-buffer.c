@@ -4,11 +4,13 @@
  * (cudaHostAlloc, portable: page-locked for every GPU, so transfers from it are truly
  * asynchronous; host-visible like CPU memory).
  *
- * The synchronous buffer methods use the per-thread default stream of the buffer's GPU and
- * wait for it, so they never serialise against the backends' streams (the caller orders
- * them, as for every backend). Copies between device buffers go device to device on one
- * GPU, peer to peer between GPUs that allow it, and are declined otherwise (the caller then
- * stages them through host memory). A failing allocation returns NULL with
+ * The synchronous buffer methods use the per-thread default stream of the buffer's GPU,
+ * made to wait first for the work issued so far on every live backend of the device
+ * (loom__cuda_dev_order: event waits, no host blocking), and then wait for it: a
+ * synchronous read right after an async compute sees its results, and a synchronous write
+ * does not overtake work still reading the old contents. Copies between device buffers go device to
+ * device on one GPU, peer to peer between GPUs that allow it, and are declined otherwise (the
+ * caller then stages them through host memory). A failing allocation returns NULL with
  * LOOM_ERR_DEVICE_OOM naming the device and the size.
  */
 #define _POSIX_C_SOURCE 200809L /* pthread */
@@ -49,10 +51,12 @@ static loom__cuda_dev *loom__cuda_buffer_cd(loom_buffer_t buf) {
     return ((loom__cuda_buffer *)buf->context)->cd;
 }
 
-/* A synchronous copy on the per-thread stream of `gpu`. */
-static loom_status loom__cuda_copy_sync(const char *where, int gpu, void *dst, const void *src,
-                                        size_t size, enum cudaMemcpyKind kind) {
-    loom_status s = LOOM_CUDA_CHECK(where, cudaSetDevice(gpu));
+/* A synchronous copy on the per-thread stream of cd's GPU, after cd's backends' work. */
+static loom_status loom__cuda_copy_sync(loom__cuda_dev *cd, void *dst, const void *src, size_t size,
+                                        enum cudaMemcpyKind kind) {
+    const char *where = cd->name;
+    loom_status s = LOOM_CUDA_CHECK(where, cudaSetDevice(cd->cuda_id));
+    if (s == LOOM_OK) s = loom__cuda_dev_order(cd, cudaStreamPerThread);
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(where, cudaMemcpyAsync(dst, src, size, kind, cudaStreamPerThread));
     if (s == LOOM_OK) s = LOOM_CUDA_CHECK(where, cudaStreamSynchronize(cudaStreamPerThread));
@@ -63,6 +67,7 @@ static void loom__cuda_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t 
                                      size_t offset, size_t size) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
+    if (s == LOOM_OK) s = loom__cuda_dev_order(cd, cudaStreamPerThread);
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(
             cd->name, cudaMemsetAsync((char *)t->data + offset, value, size, cudaStreamPerThread));
@@ -73,15 +78,15 @@ static void loom__cuda_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t 
 static void loom__cuda_buffer_set(loom_buffer_t buf, loom_tensor *t, const void *data,
                                   size_t offset, size_t size) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
-    if (loom__cuda_copy_sync(cd->name, cd->cuda_id, (char *)t->data + offset, data, size,
-                             cudaMemcpyHostToDevice) != LOOM_OK)
+    if (loom__cuda_copy_sync(cd, (char *)t->data + offset, data, size, cudaMemcpyHostToDevice) !=
+        LOOM_OK)
         loom__cuda_buffer_fail();
 }
 
 static void loom__cuda_buffer_get(loom_buffer_t buf, const loom_tensor *t, void *data,
                                   size_t offset, size_t size) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
-    if (loom__cuda_copy_sync(cd->name, cd->cuda_id, data, (const char *)t->data + offset, size,
+    if (loom__cuda_copy_sync(cd, data, (const char *)t->data + offset, size,
                              cudaMemcpyDeviceToHost) != LOOM_OK)
         loom__cuda_buffer_fail();
 }
@@ -95,10 +100,14 @@ static bool loom__cuda_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loo
     loom_status s;
     if (sd) {
         if (sd->cuda_id == dd->cuda_id) {
-            s = loom__cuda_copy_sync(dd->name, dd->cuda_id, dst->data, src->data, n,
-                                     cudaMemcpyDeviceToDevice);
+            s = LOOM_CUDA_CHECK(dd->name, cudaSetDevice(dd->cuda_id));
+            if (s == LOOM_OK && sd != dd) s = loom__cuda_dev_order(sd, cudaStreamPerThread);
+            if (s == LOOM_OK)
+                s = loom__cuda_copy_sync(dd, dst->data, src->data, n, cudaMemcpyDeviceToDevice);
         } else if (loom__cuda_peer_ok(dd->cuda_id, sd->cuda_id)) {
             s = LOOM_CUDA_CHECK(dd->name, cudaSetDevice(dd->cuda_id));
+            if (s == LOOM_OK) s = loom__cuda_dev_order(sd, cudaStreamPerThread);
+            if (s == LOOM_OK) s = loom__cuda_dev_order(dd, cudaStreamPerThread);
             if (s == LOOM_OK)
                 s = LOOM_CUDA_CHECK(dd->name,
                                     cudaMemcpyPeerAsync(dst->data, dd->cuda_id, src->data,
@@ -109,8 +118,7 @@ static bool loom__cuda_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loo
             return false;
         }
     } else if (src->buffer && loom_buffer_is_host(src->buffer)) {
-        s = loom__cuda_copy_sync(dd->name, dd->cuda_id, dst->data, src->data, n,
-                                 cudaMemcpyHostToDevice);
+        s = loom__cuda_copy_sync(dd, dst->data, src->data, n, cudaMemcpyHostToDevice);
     } else {
         return false;
     }
@@ -121,6 +129,7 @@ static bool loom__cuda_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loo
 static void loom__cuda_buffer_clear(loom_buffer_t buf, uint8_t value) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
+    if (s == LOOM_OK) s = loom__cuda_dev_order(cd, cudaStreamPerThread);
     if (s == LOOM_OK)
         s = LOOM_CUDA_CHECK(cd->name, cudaMemsetAsync(loom__cuda_buffer_base(buf), value, buf->size,
                                                       cudaStreamPerThread));
@@ -248,8 +257,7 @@ static bool loom__cuda_host_buffer_cpy(loom_buffer_t buf, const loom_tensor *src
     const size_t n = loom_nbytes(src);
     loom__cuda_dev *sd = loom__cuda_buffer_dev(src->buffer);
     if (sd) {
-        if (loom__cuda_copy_sync(sd->name, sd->cuda_id, dst->data, src->data, n,
-                                 cudaMemcpyDeviceToHost) != LOOM_OK)
+        if (loom__cuda_copy_sync(sd, dst->data, src->data, n, cudaMemcpyDeviceToHost) != LOOM_OK)
             loom__cuda_buffer_fail();
         return true;
     }

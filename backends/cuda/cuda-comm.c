@@ -10,15 +10,23 @@
  *                every pair of GPUs has peer access: a one-shot kernel on each device reads
  *                every peer's tensor and sums them in device order (bit-identical results
  *                everywhere), into scratch, copied back once all devices have read;
- *              - large tensors (>= LOOM_CUDA_ALLREDUCE_BF16_MIN, default 1 MiB): converted to
- *                BF16 in scratch, reduced by NCCL, converted back;
- *              - others: NCCL in F32, out of place into scratch, copied back.
+ *              - others: NCCL in F32, out of place into scratch, copied back;
+ *              - only when opted in (LOOM_CUDA_ALLREDUCE_BF16=1), tensors of at least
+ *                LOOM_CUDA_ALLREDUCE_BF16_MIN bytes (default 1 MiB): converted to BF16,
+ *                reduced by NCCL in BF16, converted back. That rounds: each input to 8
+ *                significant bits and each of NCCL's partial sums again, an error of about
+ *                (N+1) * 2^-8 of the largest |value| for N devices; off by default.
  *              Anything it cannot do (bad tensors, no NCCL, an NCCL or CUDA error) returns
  *              false having changed nothing (every path writes the tensors only after its
- *              last fallible step), and logs why; after an NCCL error the communicator is
- *              marked broken and declines every later call, so the reducer's ladder takes
- *              over at run time.
- *   free       waits for the streams and destroys the communicators.
+ *              last fallible step), and logs why. Any NCCL error, returned by a call or
+ *              polled afterwards (ncclCommGetAsyncError), aborts the communicators
+ *              (ncclCommAbort, so no half-issued group can hang a stream), marks the
+ *              communicator broken (logged once) and makes every later call decline, so
+ *              the reducer's ladder takes over at run time.
+ *   free       destroys the communicators (aborts them when broken, before waiting for
+ *              the streams) and waits for the streams.
+ *
+ * NCCL itself is loaded lazily (cuda-nccl.h): without it init returns NULL, logged.
  *
  * loom__cuda_comm_init_shared builds one without NCCL whose devices may share a GPU (only
  * the one-shot path), so the one-shot kernel and the run-time decline can be tested on a
@@ -28,17 +36,22 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <stdint.h>
+#include <stdlib.h>
+
 #include <nccl.h>
 
 #include "backends/cuda/cuda-impl.h"
+#include "backends/cuda/cuda-nccl.h"
 
 typedef struct loom__cuda_comm {
     int n;
     loom__cuda_backend *b[LOOM_CU_MAX_PEERS];
-    ncclComm_t nccl[LOOM_CU_MAX_PEERS];
+    void *nccl[LOOM_CU_MAX_PEERS]; /* ncclComm_t */
+    const loom__nccl_api *api;     /* NULL: no NCCL */
     bool have_nccl;
     bool oneshot; /* every device can read every other device's memory */
-    bool broken;
+    bool broken;  /* an NCCL error happened: the communicators are aborted */
     size_t oneshot_max, bf16_min;
     void *scratch[LOOM_CU_MAX_PEERS];
     size_t scratch_size[LOOM_CU_MAX_PEERS];
@@ -46,14 +59,53 @@ typedef struct loom__cuda_comm {
     cudaEvent_t ev_read[LOOM_CU_MAX_PEERS]; /* device j has read every input */
 } loom__cuda_comm;
 
-#define LOOM_NCCL_CHECK(where, call) loom__nccl_check((call), #call, (where), __FILE__, __LINE__)
+#define LOOM_NCCL_CHECK(api, where, call)                                                          \
+    loom__nccl_check((api), (api)->call, #call, (where), __FILE__, __LINE__)
 
-static loom_status loom__nccl_check(ncclResult_t r, const char *call, const char *where,
-                                    const char *file, int line) {
+/* LOOM_CUDA_COMM_FAULT=nccl (tests only): after each NCCL AllReduce group, the poll of
+ * asynchronous errors reports one, as NCCL would after a peer or network failure (a
+ * really half-issued group could block inside ncclGroupEnd on connection setup). */
+static bool comm_fault_nccl(void) {
+    const char *f = getenv("LOOM_CUDA_COMM_FAULT");
+    return f && strcmp(f, "nccl") == 0;
+}
+
+static loom_status loom__nccl_check(const loom__nccl_api *api, int r, const char *call,
+                                    const char *where, const char *file, int line) {
     if (r == ncclSuccess) return LOOM_OK;
-    LOOM_LOG_DEBUG("%s:%d: %s: %s -> NCCL result %d", file, line, where, call, (int)r);
-    return loom_error(LOOM_ERR_DEVICE, "%s: %s failed: %s (NCCL result %d)", where, call,
-                      ncclGetErrorString(r), (int)r);
+    LOOM_LOG_DEBUG("%s:%d: %s: %s -> NCCL result %d", file, line, where, call, r);
+    return loom_error(LOOM_ERR_DEVICE, "%s: nccl%s failed: %s (NCCL result %d)", where, call,
+                      api->GetErrorString(r), r);
+}
+
+/* After any NCCL error: abort every communicator (pending NCCL kernels then exit, so the
+ * streams drain) and decline from now on. Logged once. */
+static void comm_break(loom__cuda_comm *c, const char *why) {
+    if (c->broken) return;
+    c->broken = true;
+    LOOM_LOG_WARN("CUDA comm: NCCL failed (%s); communicator aborted, loom's own AllReduce is "
+                  "used from now on",
+                  why);
+    for (int j = 0; j < c->n; j++) {
+        if (!c->nccl[j]) continue;
+        (void)LOOM_CUDA_CHECK(c->b[j]->name, cudaSetDevice(c->b[j]->cd->cuda_id));
+        (void)LOOM_NCCL_CHECK(c->api, c->b[j]->name, CommAbort(c->nccl[j]));
+        c->nccl[j] = NULL;
+    }
+}
+
+/* An asynchronous NCCL error of an earlier call (network, peer failure), or LOOM_OK. */
+static loom_status comm_poll(loom__cuda_comm *c) {
+    for (int j = 0; j < c->n; j++) {
+        if (!c->nccl[j]) continue;
+        int ae = ncclSuccess;
+        loom_status s = LOOM_NCCL_CHECK(c->api, c->b[j]->name, CommGetAsyncError(c->nccl[j], &ae));
+        if (s == LOOM_OK && ae != ncclSuccess && ae != ncclInProgress)
+            s = loom_error(LOOM_ERR_DEVICE, "%s: NCCL asynchronous error: %s (NCCL result %d)",
+                           c->b[j]->name, c->api->GetErrorString(ae), ae);
+        if (s != LOOM_OK) return s;
+    }
+    return LOOM_OK;
 }
 
 static void loom__cuda_comm_destroy(loom__cuda_comm *c) {
@@ -62,8 +114,12 @@ static void loom__cuda_comm_destroy(loom__cuda_comm *c) {
         if (!cb) continue;
         const char *w = cb->name;
         (void)LOOM_CUDA_CHECK(w, cudaSetDevice(cb->cd->cuda_id));
+        if (c->nccl[j]) {
+            /* a healthy communicator has nothing in flight that could hang: destroy it */
+            (void)LOOM_NCCL_CHECK(c->api, w, CommDestroy(c->nccl[j]));
+            c->nccl[j] = NULL;
+        }
         (void)LOOM_CUDA_CHECK(w, cudaStreamSynchronize(cb->stream));
-        if (c->nccl[j]) (void)LOOM_NCCL_CHECK(w, ncclCommDestroy(c->nccl[j]));
         if (c->scratch[j]) (void)LOOM_CUDA_CHECK(w, cudaFree(c->scratch[j]));
         if (c->ev_in[j]) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(c->ev_in[j]));
         if (c->ev_read[j]) (void)LOOM_CUDA_CHECK(w, cudaEventDestroy(c->ev_read[j]));
@@ -110,9 +166,22 @@ static loom__cuda_comm *loom__cuda_comm_alloc(loom_backend_t *backends, size_t n
         for (int j = 0; j < c->n && c->oneshot; j++)
             if (i != j && !loom__cuda_peer_ok(c->b[i]->cd->cuda_id, c->b[j]->cd->cuda_id))
                 c->oneshot = false;
-    c->oneshot_max = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_ONESHOT_MAX", (size_t)256 << 10);
-    c->bf16_min = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_BF16_MIN", (size_t)1 << 20);
+    loom__cuda_comm_thresholds(&c->oneshot_max, &c->bf16_min);
     return c;
+}
+
+void loom__cuda_comm_thresholds(size_t *oneshot_max, size_t *bf16_min) {
+    *oneshot_max = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_ONESHOT_MAX", (size_t)256 << 10);
+    *bf16_min = SIZE_MAX; /* BF16 rounds activations: opt-in only */
+    const char *on = getenv("LOOM_CUDA_ALLREDUCE_BF16");
+    if (on && on[0] && strcmp(on, "0") != 0) {
+        if (strcmp(on, "1") == 0)
+            *bf16_min = loom__cuda_env_size("LOOM_CUDA_ALLREDUCE_BF16_MIN", (size_t)1 << 20);
+        else
+            LOOM_LOG_WARN("CUDA: LOOM_CUDA_ALLREDUCE_BF16='%s' is not 0 or 1; BF16 AllReduce "
+                          "stays off",
+                          on);
+    }
 }
 
 void *loom__cuda_comm_init(loom_backend_t *backends, size_t n) {
@@ -131,7 +200,14 @@ void *loom__cuda_comm_init(loom_backend_t *backends, size_t n) {
             }
         }
     }
-    if (LOOM_NCCL_CHECK("CUDA comm", ncclCommInitAll(c->nccl, c->n, gpus)) != LOOM_OK) {
+    const char *why = NULL;
+    c->api = loom__cuda_nccl(&why);
+    if (!c->api) {
+        LOOM_LOG_INFO("CUDA comm: %s: no communicator (loom's own AllReduce is used)", why);
+        loom__cuda_comm_destroy(c);
+        return NULL;
+    }
+    if (LOOM_NCCL_CHECK(c->api, "CUDA comm", CommInitAll(c->nccl, c->n, gpus)) != LOOM_OK) {
         LOOM_LOG_WARN("%s: no communicator (loom's own AllReduce is used)", loom_last_error());
         memset(c->nccl, 0, sizeof c->nccl);
         loom__cuda_comm_destroy(c);
@@ -237,23 +313,27 @@ static loom_status comm_nccl(loom__cuda_comm *c, loom_tensor *const *t, int64_t 
                                 loom__cu_f32_to_bf16(t[j]->data, c->scratch[j], n, cb->stream));
     }
     if (s != LOOM_OK) return s;
-    s = LOOM_NCCL_CHECK("CUDA comm", ncclGroupStart());
+    const loom__nccl_api *api = c->api;
+    s = LOOM_NCCL_CHECK(api, "CUDA comm", GroupStart());
     if (s != LOOM_OK) return s;
     loom_status first = LOOM_OK;
     for (int j = 0; j < N; j++) {
         loom__cuda_backend *cb = c->b[j];
-        s = bf16 ? LOOM_NCCL_CHECK(cb->name,
-                                   ncclAllReduce(c->scratch[j], c->scratch[j], (size_t)n,
-                                                 ncclBfloat16, ncclSum, c->nccl[j], cb->stream))
-                 : LOOM_NCCL_CHECK(cb->name,
-                                   ncclAllReduce(t[j]->data, c->scratch[j], (size_t)n, ncclFloat,
-                                                 ncclSum, c->nccl[j], cb->stream));
+        const void *send = bf16 ? c->scratch[j] : t[j]->data;
+        s = LOOM_NCCL_CHECK(api, cb->name,
+                            AllReduce(send, c->scratch[j], (size_t)n,
+                                      bf16 ? ncclBfloat16 : ncclFloat, ncclSum, c->nccl[j],
+                                      cb->stream));
         if (s != LOOM_OK && first == LOOM_OK) first = s;
     }
     char msg[512] = "";
     if (first != LOOM_OK) snprintf(msg, sizeof msg, "%s", loom_last_error());
-    s = LOOM_NCCL_CHECK("CUDA comm", ncclGroupEnd());
+    s = LOOM_NCCL_CHECK(api, "CUDA comm", GroupEnd());
     if (first != LOOM_OK) return loom_error(first, "%s", msg);
+    if (s == LOOM_OK) s = comm_poll(c);
+    if (s == LOOM_OK && comm_fault_nccl())
+        s = loom__nccl_check(api, ncclInternalError, "CommGetAsyncError (injected fault)",
+                             "CUDA comm", __FILE__, __LINE__);
     if (s != LOOM_OK) return s; /* the tensors are untouched: only scratch was written */
     for (int j = 0; j < N; j++) {
         loom__cuda_backend *cb = c->b[j];
@@ -286,8 +366,12 @@ static const char *comm_check(const loom__cuda_comm *c, loom_tensor *const *t, s
 bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n) {
     loom__cuda_comm *c = comm;
     if (!c) return false;
+    if (!c->broken && c->have_nccl) {
+        loom_status ps = comm_poll(c);
+        if (ps != LOOM_OK) comm_break(c, loom_last_error());
+    }
     if (c->broken) {
-        LOOM_LOG_DEBUG("CUDA comm: broken by an earlier error; declining");
+        LOOM_LOG_DEBUG("CUDA comm: broken by an earlier NCCL error; declining");
         return false;
     }
     const char *why = comm_check(c, tensors, n);
@@ -307,16 +391,25 @@ bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n
         const bool bf16 = bytes >= c->bf16_min;
         path = bf16 ? "NCCL bf16" : "NCCL f32";
         s = comm_nccl(c, tensors, ne, bf16);
-        if (s != LOOM_OK) c->broken = true;
+        if (s != LOOM_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            comm_break(c, why);
+            loom_error(s, "%s", why);
+        }
     } else {
         LOOM_LOG_DEBUG("CUDA comm: no NCCL for %zu bytes (one-shot limit %zu); declining", bytes,
                        c->oneshot_max);
         return false;
     }
     if (s != LOOM_OK) {
-        LOOM_LOG_WARN("CUDA comm: %s AllReduce of %zu bytes failed: %s; declining (loom's own "
-                      "AllReduce takes over%s)",
-                      path, bytes, loom_last_error(), c->broken ? " from now on" : "");
+        if (c->broken) /* comm_break logged it (once) */
+            LOOM_LOG_DEBUG("CUDA comm: %s AllReduce of %zu bytes failed: %s; declining", path,
+                           bytes, loom_last_error());
+        else
+            LOOM_LOG_WARN("CUDA comm: %s AllReduce of %zu bytes failed: %s; declining (loom's "
+                          "own AllReduce takes over)",
+                          path, bytes, loom_last_error());
         return false;
     }
     return true;

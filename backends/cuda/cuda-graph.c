@@ -4,9 +4,15 @@
  * kernel launch (or a few cuBLAS calls) per node on the backend's stream.
  *
  * MUL_MAT: few columns (N <= 8), or shapes cuBLAS cannot take, go to the dot-product
- * kernel for every weight type; larger float and quantised products go to cuBLAS SGEMM in
- * F32 (weights that are not contiguous F32 are first converted, in panels of at most
- * 64 MiB, to F32 scratch; activations and results are never rounded to 16 bits).
+ * kernel for every weight type; larger float and quantised products go to cuBLAS in F32
+ * (FP32 compute, never TF32). Weights that are not contiguous F32 (F16, BF16, Q8_0, Q4_0,
+ * strided) are converted exactly to F32 once per call into the backend's reusable scratch:
+ * every batch of the weight at once when it fits the panel budget (64 MiB, or
+ * LOOM_CUDA_PANEL_BYTES), else in panels of rows. The batches then go to cuBLAS as one
+ * strided batched GEMM per i3 (cublasSgemmStridedBatched; the broadcast weight batch has
+ * stride 0), not one call per batch. Activations are never rounded to 16 bits: a
+ * cublasGemmEx with F16 inputs would round them (2^-11 relative), which the CPU oracle
+ * does not do.
  *
  * CUDA graphs: a graph is identified by a key holding, per node, the tensor and source
  * pointers, data addresses, types, shapes, strides and op params: everything a launch's
@@ -17,14 +23,14 @@
  */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backends/cuda/cuda-impl.h"
 
-#define LOOM_CUDA_MMV_MAX_N 8                    /* columns up to which the dot kernel runs */
-#define LOOM_CUDA_PANEL_BYTES ((size_t)64 << 20) /* F32 weight panel for cuBLAS */
-#define LOOM_CUDA_GCACHE_CAP 128                 /* captured graphs kept per backend */
-#define LOOM_CUDA_GRAPH_MIN_NODES 4              /* smaller graphs are not worth capturing */
+#define LOOM_CUDA_MMV_MAX_N 8       /* columns up to which the dot kernel runs */
+#define LOOM_CUDA_GCACHE_CAP 128    /* captured graphs kept per backend */
+#define LOOM_CUDA_GRAPH_MIN_NODES 4 /* smaller graphs are not worth capturing */
 
 static const char *tname(const loom_tensor *t) {
     return t->name[0] ? t->name : "(unnamed)";
@@ -86,15 +92,16 @@ static bool fits_int(int64_t v) {
 typedef struct mm_plan {
     bool blas;     /* cuBLAS; otherwise the dot kernel */
     bool a_direct; /* a is contiguous F32 rows cuBLAS reads in place */
+    bool a_all;    /* a converted whole: every batch, [K, M] each, one after another */
     bool b_direct;
     bool c_direct;
-    int64_t mc; /* weight rows per panel */
+    int64_t mc; /* weight rows per panel (M when a_direct or a_all) */
     size_t off_a, off_b, off_c, total;
 } mm_plan;
 
 /* The path of a MUL_MAT and the scratch it needs (graph_compute sizes the scratch from
  * the same function, so the two always agree). */
-static mm_plan mm_plan_of(const loom_tensor *node) {
+static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node) {
     const loom_tensor *a = node->src[0], *b = node->src[1];
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t B2 = b->ne[2], B3 = b->ne[3];
@@ -112,8 +119,12 @@ static mm_plan mm_plan_of(const loom_tensor *node) {
                  (int64_t)(node->nb[1] / sizeof(float)) >= M &&
                  fits_int((int64_t)(node->nb[1] / sizeof(float)));
     int64_t mc = M;
-    if (!p.a_direct) {
-        mc = (int64_t)(LOOM_CUDA_PANEL_BYTES / ((size_t)K * sizeof(float)));
+    const size_t whole =
+        (size_t)K * (size_t)M * (size_t)a->ne[2] * (size_t)a->ne[3] * sizeof(float);
+    if (!p.a_direct && whole <= cb->panel_bytes) {
+        p.a_all = true;
+    } else if (!p.a_direct) {
+        mc = (int64_t)(cb->panel_bytes / ((size_t)K * sizeof(float)));
         if (mc < 1) mc = 1;
         if (mc > M) mc = M;
     }
@@ -121,7 +132,7 @@ static mm_plan mm_plan_of(const loom_tensor *node) {
     size_t off = 0;
     if (!p.a_direct) {
         p.off_a = off;
-        off += align_up((size_t)K * (size_t)mc * sizeof(float));
+        off += align_up(p.a_all ? whole : (size_t)K * (size_t)mc * sizeof(float));
     }
     if (!p.b_direct) {
         p.off_b = off;
@@ -161,7 +172,7 @@ static loom_status kernel_status(loom__cuda_backend *cb, const loom_tensor *node
 
 static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int index) {
     const loom_tensor *a = node->src[0], *b = node->src[1];
-    const mm_plan p = mm_plan_of(node);
+    const mm_plan p = mm_plan_of(cb, node);
     if (!p.blas)
         return kernel_status(
             cb, node, index,
@@ -197,6 +208,48 @@ static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int 
     }
     const float one = 1.0f, zero = 0.0f;
     const int ldb = (int)(bnb1 / sizeof(float)), ldc = (int)(cnb1 / sizeof(float));
+    if (p.a_direct || p.a_all) {
+        /* every weight batch readable at once: one strided batched GEMM per i3 (or per
+         * (i3, weight batch) when both broadcast) */
+        float *conv = (float *)(scratch + p.off_a);
+        const int64_t KM = K * M;
+        for (int64_t i3a = 0; p.a_all && i3a < A3 && s == LOOM_OK; i3a++)
+            for (int64_t i2a = 0; i2a < A2 && s == LOOM_OK; i2a++)
+                s = kernel_status(cb, node, index,
+                                  loom__cu_weights_to_f32(loom__cu(a), i2a, i3a, 0, M,
+                                                          conv + (i3a * A2 + i2a) * KM,
+                                                          cb->stream));
+        const int lda = p.a_direct ? (int)(a->nb[1] / sizeof(float)) : (int)K;
+        const long long sa = p.a_direct ? (long long)(a->nb[2] / sizeof(float)) : (long long)KM;
+        const long long sb = (long long)(bnb2 / sizeof(float)),
+                        sc = (long long)(cnb2 / sizeof(float));
+        const int64_t B2 = b->ne[2], B3 = b->ne[3];
+        for (int64_t i3 = 0; i3 < B3 && s == LOOM_OK; i3++) {
+            const int64_t i3a = i3 / r3;
+            /* r2 == 1: batch i2 reads weight batch i2; A2 == 1: all read batch 0 */
+            const int64_t groups = (r2 == 1 || A2 == 1) ? 1 : A2;
+            const int64_t per = groups == 1 ? B2 : r2;
+            for (int64_t gi = 0; gi < groups && s == LOOM_OK; gi++) {
+                const float *A =
+                    p.a_direct ? (const float *)((const char *)a->data + gi * (int64_t)a->nb[2] +
+                                                 i3a * (int64_t)a->nb[3])
+                               : conv + (i3a * A2 + gi) * KM;
+                const long long stride_a = (groups == 1 && r2 == 1) ? sa : 0;
+                const float *B =
+                    (const float *)(bbase + gi * per * (int64_t)bnb2 + i3 * (int64_t)bnb3);
+                float *C = (float *)(cbase + gi * per * (int64_t)cnb2 + i3 * (int64_t)cnb3);
+                s = LOOM_CUBLAS_CHECK(cb->name, cublasSgemmStridedBatched(
+                                                    cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M,
+                                                    (int)N, (int)K, &one, A, lda, stride_a, B, ldb,
+                                                    sb, &zero, C, ldc, sc, (int)per));
+                cb->stats.cublas_calls++;
+            }
+        }
+        if (s == LOOM_OK && !p.c_direct)
+            s = kernel_status(cb, node, index, loom__cu_cpy(loom__cu(node), ctmp, cb->stream));
+        return s;
+    }
+    /* weights too large to convert whole: panels of rows, one GEMM per batch and panel */
     for (int64_t i3a = 0; i3a < A3 && s == LOOM_OK; i3a++) {
         for (int64_t i2a = 0; i2a < A2 && s == LOOM_OK; i2a++) {
             for (int64_t m0 = 0; m0 < M && s == LOOM_OK; m0 += p.mc) {
@@ -560,7 +613,7 @@ static loom_status validate(const loom__cuda_backend *cb, const loom_graph *g, s
         if (s != LOOM_OK) return s;
         (*n_work)++;
         if (t->op == LOOM_OP_MUL_MAT) {
-            mm_plan p = mm_plan_of(t);
+            mm_plan p = mm_plan_of(cb, t);
             if (p.total > *scratch) *scratch = p.total;
         }
     }
@@ -698,6 +751,12 @@ static gentry *gcache_insert(loom__cuda_gcache *gc, uint64_t hash) {
  * nothing launched and every error cleared) when the capture did not work out; the caller
  * then runs the graph eagerly. */
 static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e) {
+    const char *fault = getenv("LOOM_CUDA_FAULT"); /* tests: "capture" fails every capture */
+    if (fault && strcmp(fault, "capture") == 0) {
+        LOOM_LOG_DEBUG("%s: CUDA graph capture failed (injected fault); running eagerly", cb->name);
+        e->no_capture = true;
+        return false;
+    }
     if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(
                                       cb->stream, cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
         LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());
@@ -757,8 +816,13 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     LOOM_ASSERT(cb != NULL);
     if (cb->async_status != LOOM_OK) {
         loom_status pending = cb->async_status;
+        const bool reported = cb->async_reported;
         cb->async_status = LOOM_OK;
-        return loom_error(pending, "%s: an earlier operation failed: %s", cb->name, cb->async_msg);
+        cb->async_reported = false;
+        /* reported by get_status (the call that waited for it): start clean */
+        if (!reported)
+            return loom_error(pending, "%s: an earlier operation failed: %s", cb->name,
+                              cb->async_msg);
     }
     size_t need = 0;
     int n_work = 0;
@@ -766,6 +830,17 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     if (s != LOOM_OK) return s;
     cb->stats.graphs++;
     if (n_work == 0) return LOOM_OK;
+    cb->graph_seq++;
+    {
+        const loom_tensor *first = NULL, *last = NULL;
+        for (int i = 0; i < g->n_nodes; i++) {
+            if (loom_op_is_view(g->nodes[i]->op) || loom_nelements(g->nodes[i]) == 0) continue;
+            if (!first) first = g->nodes[i];
+            last = g->nodes[i];
+        }
+        snprintf(cb->last_graph, sizeof cb->last_graph, "graph #%llu (%d nodes, '%s' .. '%s')",
+                 (unsigned long long)cb->graph_seq, g->n_nodes, tname(first), tname(last));
+    }
     s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
     if (s == LOOM_OK) s = ensure_scratch(cb, need);
     if (s != LOOM_OK) return s;

@@ -28,9 +28,10 @@
 #define LOOM_CUDA_MAX_DEVICES 64 /* loom devices per reg */
 #define LOOM_CUDA_MAX_GPUS 16
 #define LOOM_CUDA_MAX_PER_GPU 8
-#define LOOM_CUDA_ALIGNMENT 256     /* device buffer base and tensor offsets */
-#define LOOM_CUDA_HOST_ALIGNMENT 64 /* pinned host buffers */
-#define LOOM_CUDA_MIN_CC 80         /* the kernels are built for sm_80 and sm_90 */
+#define LOOM_CUDA_ALIGNMENT 256                  /* device buffer base and tensor offsets */
+#define LOOM_CUDA_HOST_ALIGNMENT 64              /* pinned host buffers */
+#define LOOM_CUDA_MIN_CC 80                      /* the kernels are built for sm_80 and sm_90 */
+#define LOOM_CUDA_PANEL_BYTES ((size_t)64 << 20) /* default F32 weight conversion budget */
 
 typedef struct loom__cuda_reg loom__cuda_reg;
 
@@ -45,9 +46,10 @@ typedef struct loom__cuda_dev {
     size_t gpu_total_mem;
     char name[32]; /* "CUDA0", "V1-CUDA0" */
     char desc[512];
-    pthread_mutex_t mu; /* guards the counters below */
-    int n_buffers;      /* live device buffers */
-    int n_backends;     /* live backends */
+    pthread_mutex_t mu;                  /* guards the counters and the list below */
+    int n_buffers;                       /* live device buffers */
+    int n_backends;                      /* live backends */
+    struct loom__cuda_backend *backends; /* live backends (their dev_next), for ordering */
 } loom__cuda_dev;
 
 struct loom__cuda_reg {
@@ -66,15 +68,31 @@ struct loom__cuda_reg {
 
 typedef struct loom__cuda_gcache loom__cuda_gcache; /* cuda-graph.c */
 
-typedef struct loom__cuda_backend {
+#define LOOM_CUDA_STAGE_SLOTS 4                /* pinned staging of pageable async set/get */
+#define LOOM_CUDA_STAGE_SLOT ((size_t)4 << 20) /* bytes per slot */
+
+typedef struct loom__cuda_backend loom__cuda_backend;
+
+/* One chunk of an async get from pageable memory: copied out of the slot by a host
+ * function on the stream once the device-to-host copy into it is done. */
+typedef struct loom__cuda_stage_get {
+    void *dst;
+    const void *src;
+    size_t size;
+} loom__cuda_stage_get;
+
+struct loom__cuda_backend {
     struct loom_backend backend; /* backend.context = this */
     loom__cuda_dev *cd;
+    loom__cuda_backend *dev_next; /* the device's list of live backends */
+    cudaEvent_t order_ev;         /* recorded by synchronous buffer calls to wait for us */
     char name[48];
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *cublas_ws; /* cuBLAS workspace (fixed, so captured GEMMs never allocate) */
     size_t cublas_ws_size;
-    void *scratch; /* per-node temporaries of graph_compute (matmul panels) */
+    size_t panel_bytes; /* F32 weight conversion budget of one matmul (LOOM_CUDA_PANEL_BYTES) */
+    void *scratch;      /* per-node temporaries of graph_compute (matmul panels) */
     size_t scratch_size;
     loom_cu_err *err_dev;       /* device memory written by the index-checking kernels */
     loom_cu_err *err_host;      /* pinned copy, read back by synchronize */
@@ -84,11 +102,20 @@ typedef struct loom__cuda_backend {
     size_t staging_size;
     cudaEvent_t staging_free; /* recorded on this stream after the last read of staging */
     loom_status async_status; /* first failure of an asynchronous operation, until reported */
-    char async_msg[512];
+    char async_msg[640];
+    bool async_reported;  /* get_status returned it: the next graph_compute starts clean */
+    uint64_t graph_seq;   /* graph_compute calls that queued work */
+    char last_graph[160]; /* "graph #N (M nodes, 'first' .. 'last')": what synchronize waited for */
+    /* pinned staging ring for async set/get from pageable memory (lazily allocated) */
+    char *stage;
+    cudaEvent_t stage_ev[LOOM_CUDA_STAGE_SLOTS]; /* slot k is free once stage_ev[k] completes */
+    loom__cuda_stage_get stage_get[LOOM_CUDA_STAGE_SLOTS];
+    int stage_next;
+    bool stage_failed; /* could not allocate: copy directly (effectively synchronous) */
     bool graphs_enabled;
     loom__cuda_gcache *gcache;
     loom_cuda_backend_stats stats;
-} loom__cuda_backend;
+};
 
 /* ---------------------------------------------------------------- checks (cuda-reg.c) */
 
@@ -136,6 +163,13 @@ void loom__cuda_backend_set_error(loom__cuda_backend *cb, loom_status s);
 loom_event_t loom__cuda_event_new(loom_dev_t dev);
 void loom__cuda_event_free(loom_dev_t dev, loom_event_t ev);
 void loom__cuda_event_synchronize(loom_dev_t dev, loom_event_t ev);
+/* Makes `stream` (a synchronous buffer call's) wait for all work issued so far on every
+ * live backend of cd, so a synchronous set/get is ordered after async computes. */
+loom_status loom__cuda_dev_order(loom__cuda_dev *cd, cudaStream_t stream);
+/* The backend's asynchronous failure (see w9a's get_status hook): LOOM_OK when none;
+ * otherwise records its message and marks it reported, so the next graph_compute starts
+ * clean. Idempotent until then. */
+loom_status loom__cuda_backend_get_status(loom_backend_t backend);
 
 /* ---------------------------------------------------------------- cuda-graph.c */
 

@@ -82,7 +82,12 @@ bool loom__cuda_peer_ok(int from, int to) {
             if (e == cudaSuccess) e = cudaSetDevice(from);
             if (e == cudaSuccess) {
                 e = cudaDeviceEnablePeerAccess(to, 0);
-                if (e == cudaErrorPeerAccessAlreadyEnabled) e = cudaSuccess;
+                if (e == cudaErrorPeerAccessAlreadyEnabled) {
+                    /* enabled before (by another library): fine, but the error stays
+                     * pending and the next launch's cudaGetLastError would report it */
+                    (void)cudaGetLastError();
+                    e = cudaSuccess;
+                }
             }
             if (LOOM_CUDA_CHECK(where, e) != LOOM_OK) {
                 LOOM_LOG_WARN("CUDA: cannot enable peer access from GPU %d to GPU %d (%s); copies "

@@ -436,16 +436,18 @@ static __global__ void k_soft_max(float scale, float max_bias, loom_cu_t dst, lo
         char *y = cu_at(dst, 0, i1, i2, i3);
         const float slope = cu_alibi_slope(max_bias, a.ne[2], i2);
         const char *mrow = has_mask ? cu_at(mask, 0, i1, i2 % mask.ne[2], i3 % mask.ne[3]) : NULL;
+        /* a NaN logit makes max NaN, so the whole row is NaN (NaN in, NaN out) */
         float max = -INFINITY;
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
-            max = fmaxf(max, cu_sm_logit(x, a.nb[0], mrow, mask.nb[0], mask.type, scale, slope, i));
-        max = cu_block_max(max, shf);
+            max = cu_fmax_nan(
+                max, cu_sm_logit(x, a.nb[0], mrow, mask.nb[0], mask.type, scale, slope, i));
+        max = cu_block_max_nan(max, shf);
         float sink = -INFINITY;
         if (has_sinks) {
             int64_t s4[4];
             cu_unravel(sinks.ne, i2, s4);
             sink = *(const float *)cu_at(sinks, s4[0], s4[1], s4[2], s4[3]);
-            max = fmaxf(max, sink);
+            max = cu_fmax_nan(max, sink);
         }
         if (max == -INFINITY) { /* every logit masked, no sink */
             __syncthreads();
@@ -482,6 +484,63 @@ extern "C" cudaError_t loom__cu_soft_max(float scale, float max_bias, loom_cu_t 
 /* ---------------------------------------------------------------- argsort, top_k */
 
 #define CU_SORT_TILE CU_BLOCK
+#define CU_BITONIC_MAX 4096 /* rows up to this length sort in shared memory (32 KiB) */
+#define CU_BITONIC_THREADS 512
+
+/* The stable order of argsort: value (larger first when desc), ties by lower index; the
+ * padding (index >= n) after everything. A NaN compares neither way (then the result is a
+ * permutation in an unspecified order, as for the CPU's comparison sort). */
+static __device__ __forceinline__ bool cu_sort_before(int desc, float va, int ia, float vb, int ib,
+                                                      int n) {
+    if (ia >= n) return false;
+    if (ib >= n) return true;
+    if (va == vb) return ia < ib;
+    return desc ? va > vb : va < vb;
+}
+
+/* One block per row: a bitonic sorting network over the row padded to P = 2^k <=
+ * CU_BITONIC_MAX, in shared memory: O(n log^2 n) work, log^2 n barriers. */
+static __global__ void k_argsort_bitonic(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
+                                         int64_t nrows, int P) {
+    __shared__ float kv[CU_BITONIC_MAX];
+    __shared__ int ki[CU_BITONIC_MAX];
+    const int n = (int)a.ne[0];
+    CU_FOR_BLOCK(r, nrows) {
+        int64_t i1, i2, i3;
+        cu_row_index(a, r, &i1, &i2, &i3);
+        const char *x = cu_at(a, 0, i1, i2, i3);
+        __syncthreads(); /* the previous row's results are written */
+        for (int i = threadIdx.x; i < P; i += blockDim.x) {
+            kv[i] = i < n ? *(const float *)(x + i * a.nb[0]) : 0.0f;
+            ki[i] = i;
+        }
+        __syncthreads();
+        for (int k = 2; k <= P; k <<= 1) {
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                for (int i = threadIdx.x; i < P; i += blockDim.x) {
+                    const int l = i ^ j;
+                    if (l <= i) continue;
+                    /* blocks with (i & k) == 0 sort in the order, the others reversed */
+                    const bool wrong = (i & k) == 0
+                                           ? cu_sort_before(desc, kv[l], ki[l], kv[i], ki[i], n)
+                                           : cu_sort_before(desc, kv[i], ki[i], kv[l], ki[l], n);
+                    if (wrong) {
+                        const float tv = kv[i];
+                        kv[i] = kv[l];
+                        kv[l] = tv;
+                        const int ti = ki[i];
+                        ki[i] = ki[l];
+                        ki[l] = ti;
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        const int64_t m = keep < n ? keep : n;
+        for (int64_t i = threadIdx.x; i < m; i += blockDim.x)
+            *(int32_t *)cu_at(dst, i, i1, i2, i3) = ki[i];
+    }
+}
 
 /* Element i of a row goes to position rank(i) = #{j : x_j before x_i}, where "before"
  * is the stable order (descending: larger first; ties: lower index first). Positions at or
@@ -522,6 +581,15 @@ extern "C" cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, l
                                         cudaStream_t s) {
     const int64_t nrows = cu_nrows(a), n = a.ne[0];
     if (nrows == 0 || n == 0 || keep == 0) return cudaSuccess;
+    if (n <= CU_BITONIC_MAX) {
+        int P = 1;
+        while (P < n)
+            P <<= 1;
+        k_argsort_bitonic<<<cu_blocks(nrows, 1), CU_BITONIC_THREADS, 0, s>>>(desc, keep, dst, a,
+                                                                             nrows, P);
+        return cu_launched();
+    }
+    /* longer rows: each element's rank, counted against the row in shared-memory tiles */
     const int64_t nchunks = (n + CU_SORT_TILE - 1) / CU_SORT_TILE;
     k_argsort<<<cu_blocks(nrows * nchunks, 1), CU_SORT_TILE, 0, s>>>(desc, keep, dst, a, nrows);
     return cu_launched();

@@ -66,12 +66,22 @@ static __host__ __device__ __forceinline__ bool cu_is_quant(int type) {
 
 /* ---------------------------------------------------------------- conversions */
 
+/* NaNs by bits (sign and payload kept, as the CPU's loom__fp16_to_fp32): the hardware
+ * conversion may canonicalise them. */
 static __device__ __forceinline__ float cu_fp16_to_f32(uint16_t h) {
+    if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu))
+        return __uint_as_float(((uint32_t)(h & 0x8000u) << 16) | 0x7f800000u |
+                               ((uint32_t)(h & 0x3ffu) << 13));
     return __half2float(__ushort_as_half(h));
 }
 
-/* Round to nearest even, overflow to infinity: as the CPU backend's loom__fp32_to_fp16. */
+/* Round to nearest even, overflow to infinity: as the CPU backend's loom__fp32_to_fp16,
+ * NaN included (a quiet NaN with its sign and top payload bits, where __float2half_rn
+ * would give the canonical 0x7fff). */
 static __device__ __forceinline__ uint16_t cu_f32_to_fp16(float f) {
+    const uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu));
     return __half_as_ushort(__float2half_rn(f));
 }
 
@@ -220,6 +230,25 @@ static __device__ float cu_block_max(float v, float *sh /* [32] shared */) {
     __syncthreads();
     float r = lane < nw ? sh[lane] : -INFINITY;
     r = cu_warp_max(r);
+    return r;
+}
+
+/* Max that propagates NaN (softmax and attention: NaN in, NaN out). */
+static __device__ __forceinline__ float cu_fmax_nan(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+/* Max over the block that propagates NaN (every thread gets it). */
+static __device__ float cu_block_max_nan(float v, float *sh /* [32] shared */) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1)
+        v = cu_fmax_nan(v, __shfl_xor_sync(CU_FULL_MASK, v, o));
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1)
+        r = cu_fmax_nan(r, __shfl_xor_sync(CU_FULL_MASK, r, o));
     return r;
 }
 

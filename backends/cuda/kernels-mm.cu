@@ -1,9 +1,10 @@
 /*
  * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
  * weight type, Q8_0/Q4_0 dequantised in registers, any strides, batch broadcasting),
- * MUL_MAT_ID (one warp per output element, the expert read from ids on the device), the
- * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (one
- * warp per output row with an online softmax, as the CPU backend computes it).
+ * MUL_MAT_ID (one warp per weight row and expert, over the tokens routed to it), the
+ * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (tiled:
+ * blocks of queries sharing a KV head stage keys and values through shared memory, with an
+ * online softmax per query; head sizes above 256 use one warp per output row).
  *
  * The large float products go to cuBLAS from the host code (cuda-graph.c); these kernels
  * are the simple, always-correct path: the CPU oracle's sums in another order, never a
@@ -89,39 +90,101 @@ extern "C" cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_
     return cu_launched();
 }
 
-/* Work item w: output element (m, u, t) = as[:, m, ids[u, t]] . b[:, u % B1, t]. A bad
- * expert id gives 0 and is reported. */
+/* acc[c] += a_row . b column c (cols[c] points at its first element) for c < nc. */
+static __device__ __forceinline__ void cu_mm_dot_cols(const loom_cu_t &a, const char *arow,
+                                                      const loom_cu_t &b, const char *const *cols,
+                                                      int nc, float *acc) {
+    const int lane = threadIdx.x & 31;
+    const int64_t K = a.ne[0];
+    if (cu_is_quant(a.type)) {
+        const bool q8 = a.type == LOOM_CU_Q8_0;
+        for (int64_t blk = lane; blk < K / LOOM_CU_QK; blk += 32) {
+            const char *q = arow + blk * a.nb[0];
+            const float d = cu_block_d(q);
+            for (int l = 0; l < LOOM_CU_QK; l++) {
+                const float av = q8 ? cu_q8_0_val(q, d, l) : cu_q4_0_val(q, d, l);
+                const int64_t k = blk * LOOM_CU_QK + l;
+#pragma unroll
+                for (int c = 0; c < MMV_COLS; c++)
+                    if (c < nc) acc[c] += av * *(const float *)(cols[c] + k * b.nb[0]);
+            }
+        }
+        return;
+    }
+    for (int64_t k = lane; k < K; k += 32) {
+        const float av = cu_load_f_ptr(arow + k * a.nb[0], a.type);
+#pragma unroll
+        for (int c = 0; c < MMV_COLS; c++)
+            if (c < nc) acc[c] += av * *(const float *)(cols[c] + k * b.nb[0]);
+    }
+}
+
+/* out[m, u, t] for the np pairs p = u + U t in pend: one pass over weight row arow. */
+static __device__ __forceinline__ void cu_mmid_flush(const loom_cu_t &dst, const loom_cu_t &as,
+                                                     const loom_cu_t &b, const char *arow,
+                                                     int64_t m, int64_t U, const int64_t *pend,
+                                                     int np) {
+    const int lane = threadIdx.x & 31;
+    const char *cols[MMV_COLS];
+    float acc[MMV_COLS];
+#pragma unroll
+    for (int c = 0; c < MMV_COLS; c++) {
+        acc[c] = 0.0f;
+        cols[c] =
+            c < np ? cu_at(b, 0, (pend[c] % U) % b.ne[1], pend[c] / U, 0) : (const char *)NULL;
+    }
+    cu_mm_dot_cols(as, arow, b, cols, np, acc);
+#pragma unroll
+    for (int c = 0; c < MMV_COLS; c++)
+        acc[c] = cu_warp_sum(acc[c]);
+    if (lane == 0)
+        for (int c = 0; c < np; c++)
+            *(float *)cu_at(dst, m, pend[c] % U, pend[c] / U, 0) = acc[c];
+}
+
+/* Work item w = (m, e): weight row m of expert e against every (u, t) routed to e, up to
+ * MMV_COLS columns of b per pass over the row (the warp finds them in order with ballots
+ * over ids), so a weight row is read once per MMV_COLS tokens that use it instead of once
+ * per output element. out[m, u, t] = as[:, m, ids[u, t]] . b[:, u % B1, t]. The items of
+ * expert 0 also zero the outputs of out-of-range ids and report them. */
 static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
                                     int64_t n_items, loom_cu_err *err, long long node) {
     const int lane = threadIdx.x & 31;
-    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], B1 = b.ne[1];
+    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], T = dst.ne[2];
+    const int64_t n_pairs = U * T;
     const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
     for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
          w += nwarps) {
-        const int64_t m = w % M, u = (w / M) % U, t = w / (M * U);
-        const int32_t e = *(const int32_t *)cu_at(ids, u, t, 0, 0);
-        float *out = (float *)cu_at(dst, m, u, t, 0);
-        if (e < 0 || e >= E) {
-            if (lane == 0) {
-                cu_report(err, LOOM_CU_ERR_MUL_MAT_ID, node, e, E);
-                *out = 0.0f;
+        const int64_t m = w % M, e = w / M;
+        const char *arow = cu_at(as, 0, m, e, 0);
+        int64_t pend[MMV_COLS];
+        int np = 0;
+        for (int64_t p0 = 0; p0 < n_pairs; p0 += 32) {
+            const int64_t p = p0 + lane;
+            int32_t id = -1;
+            if (p < n_pairs) id = *(const int32_t *)cu_at(ids, p % U, p / U, 0, 0);
+            if (e == 0 && p < n_pairs && (id < 0 || id >= E)) {
+                cu_report(err, LOOM_CU_ERR_MUL_MAT_ID, node, id, E);
+                *(float *)cu_at(dst, m, p % U, p / U, 0) = 0.0f;
             }
-            continue;
+            unsigned mask = __ballot_sync(CU_FULL_MASK, p < n_pairs && id == (int32_t)e);
+            while (mask) { /* warp-uniform */
+                pend[np++] = p0 + (__ffs(mask) - 1);
+                mask &= mask - 1;
+                if (np == MMV_COLS) {
+                    cu_mmid_flush(dst, as, b, arow, m, U, pend, np);
+                    np = 0;
+                }
+            }
         }
-        float acc[MMV_COLS];
-#pragma unroll
-        for (int c = 0; c < MMV_COLS; c++)
-            acc[c] = 0.0f;
-        cu_mm_dot(as, cu_at(as, 0, m, e, 0), b, cu_at(b, 0, u % B1, t, 0), 1, acc);
-        const float r = cu_warp_sum(acc[0]);
-        if (lane == 0) *out = r;
+        if (np > 0) cu_mmid_flush(dst, as, b, arow, m, U, pend, np);
     }
 }
 
 extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
                                            loom_cu_err *err, long long node, cudaStream_t s) {
-    const int64_t n_items = dst.ne[0] * dst.ne[1] * dst.ne[2];
-    if (n_items == 0) return cudaSuccess;
+    const int64_t n_items = as.ne[1] * as.ne[2]; /* (weight row, expert) */
+    if (n_items == 0 || dst.ne[1] * dst.ne[2] == 0) return cudaSuccess;
     k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ids, n_items,
                                                                           err, node);
     return cu_launched();
@@ -174,6 +237,7 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
         const char *mrow =
             mask.data ? cu_at(mask, 0, j, h % mask.ne[2], s % mask.ne[3]) : (const char *)NULL;
         float M = -INFINITY, S = 0.0f;
+        bool nan = false; /* a NaN score makes the row NaN (NaN in, NaN out) */
         for (int64_t i = 0; i < Nkv; i++) {
             const float mv = mrow ? cu_load_f_ptr(mrow + i * mask.nb[0], mask.type) : 0.0f;
             if (mv == -INFINITY) continue;
@@ -185,6 +249,7 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
             z = __fmul_rn(z, scale);
             if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
             z = __fadd_rn(z, __fmul_rn(slope, mv));
+            if (z != z) nan = true;
             if (z == -INFINITY || z != z) continue;
             float vs;
             if (z > M) {
@@ -219,7 +284,127 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
         const float inv = S > 0.0f ? 1.0f / S : 0.0f;
         char *y = cu_at(dst, 0, h, j, s);
         for (int64_t d = lane; d < Dv; d += 32)
-            *(float *)(y + d * dst.nb[0]) = acc[d] * inv;
+            *(float *)(y + d * dst.nb[0]) = nan ? __int_as_float(0x7fc00000) : acc[d] * inv;
+    }
+}
+
+#define FA_TQ 8  /* query rows per block of the tiled kernel (one warp each) */
+#define FA_TK 32 /* keys per shared-memory tile (one lane each for the scores) */
+#define FA_TILED_MAX_D 256
+
+/* The tiled kernel: a block takes FA_TQ query rows that share one KV head and sequence
+ * (the heads of a GQA group and consecutive queries), stages FA_TK keys and values at a
+ * time in shared memory (read from global memory once per block instead of once per
+ * query), each lane scores one key of the tile against its warp's query, and the warp
+ * folds the tile into its online softmax (running max M, sum S, accumulator rescaled by
+ * exp(M_old - M_new)), each lane owning the output dimensions d = lane + 32 t.
+ * Shared memory: K [FA_TK][ldk] (ldk odd: no bank conflicts), V [FA_TK][Dv], the queries
+ * [FA_TQ][D] and the tile's weights [FA_TQ][FA_TK]. D, Dv <= FA_TILED_MAX_D. */
+static __global__ void k_flash_attn_tiled(float scale, float max_bias, float softcap, loom_cu_t dst,
+                                          loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
+                                          loom_cu_t sinks, int64_t n_blocks) {
+    extern __shared__ float fa_sh[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t D = q.ne[0], Nq = q.ne[1], H = q.ne[2];
+    const int64_t Nkv = k.ne[1], Hk = k.ne[2], Dv = v.ne[0];
+    const int64_t group = H / Hk, rows = group * Nq;
+    const int64_t qblocks = (rows + FA_TQ - 1) / FA_TQ;
+    const int64_t ldk = D % 2 ? D : D + 1;
+    float *Ks = fa_sh;
+    float *Vs = Ks + FA_TK * ldk;
+    float *qs = Vs + FA_TK * Dv;
+    float *ps = qs + FA_TQ * D;
+    float *myq = qs + wid * D, *myp = ps + wid * FA_TK;
+    for (int64_t bi = blockIdx.x; bi < n_blocks; bi += gridDim.x) {
+        const int64_t qb = bi % qblocks, hk = (bi / qblocks) % Hk, s = bi / (qblocks * Hk);
+        const int64_t qi = qb * FA_TQ + wid;
+        const bool active = qi < rows; /* warp-uniform */
+        const int64_t h = hk * group + (active ? qi % group : 0), j = active ? qi / group : 0;
+        const float slope = cu_alibi_slope(max_bias, H, h);
+        __syncthreads(); /* the previous rows are done with shared memory */
+        if (active) {
+            const char *qrow = cu_at(q, 0, j, h, s);
+            for (int64_t d = lane; d < D; d += 32)
+                myq[d] = *(const float *)(qrow + d * q.nb[0]);
+        }
+        const char *mrow = active && mask.data ? cu_at(mask, 0, j, h % mask.ne[2], s % mask.ne[3])
+                                               : (const char *)NULL;
+        float acc[FA_TILED_MAX_D / 32];
+#pragma unroll
+        for (int t = 0; t < FA_TILED_MAX_D / 32; t++)
+            acc[t] = 0.0f;
+        float M = -INFINITY, S = 0.0f;
+        bool nan = false;
+        for (int64_t i0 = 0; i0 < Nkv; i0 += FA_TK) {
+            const int nk = Nkv - i0 < FA_TK ? (int)(Nkv - i0) : FA_TK;
+            __syncthreads(); /* every warp is done with the previous tile */
+            for (int64_t e = threadIdx.x; e < nk * D; e += blockDim.x) {
+                const int64_t kk = e / D, d = e % D;
+                Ks[kk * ldk + d] = cu_load_f_ptr(cu_at(k, 0, i0 + kk, hk, s) + d * k.nb[0], k.type);
+            }
+            for (int64_t e = threadIdx.x; e < nk * Dv; e += blockDim.x) {
+                const int64_t kk = e / Dv, d = e % Dv;
+                Vs[kk * Dv + d] = cu_load_f_ptr(cu_at(v, 0, i0 + kk, hk, s) + d * v.nb[0], v.type);
+            }
+            __syncthreads();
+            if (!active) continue;
+            float z = -INFINITY;
+            if (lane < nk) {
+                const float mv =
+                    mrow ? cu_load_f_ptr(mrow + (i0 + lane) * mask.nb[0], mask.type) : 0.0f;
+                if (mv != -INFINITY) {
+                    float dot = 0.0f;
+                    const float *kr = Ks + lane * ldk;
+                    for (int64_t d = 0; d < D; d++)
+                        dot += myq[d] * kr[d];
+                    z = __fmul_rn(dot, scale);
+                    if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
+                    z = __fadd_rn(z, __fmul_rn(slope, mv));
+                }
+            }
+            if (__any_sync(CU_FULL_MASK, z != z)) nan = true;
+            const float Mn = fmaxf(M, cu_warp_max(z != z ? -INFINITY : z));
+            if (Mn == -INFINITY) continue; /* every key so far masked */
+            const float ms = expf(M - Mn); /* 0 on the first unmasked tile */
+            const float pz = (z == -INFINITY || z != z) ? 0.0f : expf(z - Mn);
+            myp[lane] = pz;
+            __syncwarp();
+            S = S * ms + cu_warp_sum(pz);
+#pragma unroll
+            for (int t = 0; t < FA_TILED_MAX_D / 32; t++) {
+                const int64_t d = lane + 32 * t;
+                if (d < Dv) {
+                    float a = acc[t] * ms;
+                    for (int kk = 0; kk < nk; kk++)
+                        a += myp[kk] * Vs[kk * Dv + d];
+                    acc[t] = a;
+                }
+            }
+            M = Mn;
+            __syncwarp(); /* myp is read before the next tile overwrites it */
+        }
+        if (!active) continue;
+        if (sinks.data) {
+            const float sk = *(const float *)(sinks.data + h * sinks.nb[0]);
+            if (sk > M) {
+                const float ms = expf(M - sk);
+#pragma unroll
+                for (int t = 0; t < FA_TILED_MAX_D / 32; t++)
+                    acc[t] *= ms;
+                S = S * ms + 1.0f;
+                M = sk;
+            } else {
+                S += expf(sk - M);
+            }
+        }
+        const float inv = S > 0.0f ? 1.0f / S : 0.0f;
+        char *y = cu_at(dst, 0, h, j, s);
+#pragma unroll
+        for (int t = 0; t < FA_TILED_MAX_D / 32; t++) {
+            const int64_t d = lane + 32 * t;
+            if (d < Dv)
+                *(float *)(y + d * dst.nb[0]) = nan ? __int_as_float(0x7fc00000) : acc[t] * inv;
+        }
     }
 }
 
@@ -228,6 +413,22 @@ extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float so
                                            loom_cu_t mask, loom_cu_t sinks, cudaStream_t s) {
     const int64_t nrows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     if (nrows == 0 || dst.ne[0] == 0) return cudaSuccess;
+    const int64_t D = q.ne[0], Dv = v.ne[0];
+    if (D <= FA_TILED_MAX_D && Dv <= FA_TILED_MAX_D && k.ne[1] > 0) {
+        const int64_t ldk = D % 2 ? D : D + 1;
+        const size_t smem =
+            sizeof(float) * (size_t)(FA_TK * ldk + FA_TK * Dv + FA_TQ * D + FA_TQ * FA_TK);
+        if (smem > 48 * 1024) {
+            cudaError_t e = cudaFuncSetAttribute(
+                k_flash_attn_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            if (e != cudaSuccess) return e;
+        }
+        const int64_t rows = (q.ne[2] / k.ne[2]) * q.ne[1];
+        const int64_t n_blocks = (rows + FA_TQ - 1) / FA_TQ * k.ne[2] * q.ne[3];
+        k_flash_attn_tiled<<<cu_blocks(n_blocks, 1), 32 * FA_TQ, smem, s>>>(
+            scale, max_bias, softcap, dst, q, k, v, mask, sinks, n_blocks);
+        return cu_launched();
+    }
     const size_t smem = (size_t)FA_WARPS * (size_t)(q.ne[0] + v.ne[0]) * sizeof(float);
     k_flash_attn<<<cu_blocks(nrows, FA_WARPS), 32 * FA_WARPS, smem, s>>>(
         scale, max_bias, softcap, dst, q, k, v, mask, sinks, nrows);

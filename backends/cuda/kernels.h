@@ -138,14 +138,16 @@ cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t 
  * batch broadcasting of a over b. The backend's path for few columns and for layouts
  * cuBLAS cannot take. */
 cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
-/* MUL_MAT_ID: one warp per output element (m, u, t). */
+/* MUL_MAT_ID: one warp per (weight row, expert), over up to 8 routed tokens per pass. */
 cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
                                 loom_cu_err *err, long long node, cudaStream_t s);
 /* The M-rows [m0, m0 + mc) of weight batch (i2, i3) of a, as a contiguous F32 [K, mc]
  * matrix at out (cuBLAS's A operand; any weight type and layout). */
 cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
                                     float *out, cudaStream_t s);
-/* FLASH_ATTN_EXT: one warp per output row (head, query, sequence); D, Dv <= 1024. */
+/* FLASH_ATTN_EXT: D, Dv <= 256: blocks of 8 queries sharing a KV head, keys and values
+ * staged through shared memory in tiles of 32; larger heads (<= 1024): one warp per output
+ * row. A NaN score makes its output row NaN. */
 cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
                                 loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
                                 loom_cu_t sinks, cudaStream_t s);

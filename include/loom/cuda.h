@@ -19,8 +19,14 @@
  *   LOOM_OP_OFFLOAD_MIN_BATCH=N   offload_op batch threshold (default 32; 0: never)
  *   LOOM_CUDA_ALLREDUCE_ONESHOT_MAX=BYTES  largest tensor the one-shot peer-to-peer
  *                                 AllReduce kernel takes (default 262144)
- *   LOOM_CUDA_ALLREDUCE_BF16_MIN=BYTES     smallest tensor NCCL reduces in BF16 (default
- *                                 1048576); smaller ones are reduced in F32
+ *   LOOM_CUDA_ALLREDUCE_BF16=1    reduce large tensors over NCCL in BF16 (default off: it
+ *                                 rounds activations, ~(N+1) * 2^-8 of the largest |value|
+ *                                 over N devices); any other value but 0 is logged, stays off
+ *   LOOM_CUDA_ALLREDUCE_BF16_MIN=BYTES     with BF16 on, the smallest tensor it takes
+ *                                 (default 1048576)
+ *   LOOM_CUDA_NCCL=PATH|0         the NCCL library to dlopen (default libnccl.so.2); 0: none
+ *   LOOM_CUDA_PANEL_BYTES=BYTES   F32 weight conversion budget of one matmul (default 64 MiB)
+ *   LOOM_CUDA_FAULT=capture, LOOM_CUDA_COMM_FAULT=nccl   fault injection for tests
  */
 #ifndef LOOM_CUDA_H
 #define LOOM_CUDA_H
@@ -51,12 +57,13 @@ LOOM_API void loom_cuda_reg_free(loom_reg_t reg); /* NULL and the static reg: no
 LOOM_API bool loom_dev_is_cuda(loom_dev_t dev);
 
 typedef struct loom_cuda_backend_stats {
-    uint64_t graphs;         /* graph_compute calls */
-    uint64_t graph_captures; /* CUDA graphs captured and instantiated */
-    uint64_t graph_launches; /* graph_compute calls served by replaying a captured graph */
-    uint64_t cublas_calls;   /* GEMMs issued to cuBLAS */
-    uint64_t staged_copies;  /* device copies staged through pinned host memory */
-    uint64_t peer_copies;    /* device copies between GPUs over peer-to-peer */
+    uint64_t graphs;             /* graph_compute calls */
+    uint64_t graph_captures;     /* CUDA graphs captured and instantiated */
+    uint64_t graph_launches;     /* graph_compute calls served by replaying a captured graph */
+    uint64_t cublas_calls;       /* GEMMs issued to cuBLAS */
+    uint64_t staged_copies;      /* device copies staged through pinned host memory */
+    uint64_t peer_copies;        /* device copies between GPUs over peer-to-peer */
+    uint64_t staged_host_copies; /* async set/get chunks staged through pinned memory */
 } loom_cuda_backend_stats;
 
 /* Counters of a CUDA backend (zeros for any other backend). */

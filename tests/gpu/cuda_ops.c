@@ -13,7 +13,9 @@
  * functions within a few ulps); quantised matmuls also allow for the CPU quantising the
  * activations to Q8_0 (docs/ops.md), about 1% of the output scale.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "loom/cpu.h"
@@ -26,7 +28,9 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
 
 /* F_DISTINCT: integers (s0 + 2 i) mod hi for element i (s0 random): distinct within any
  * run of up to hi consecutive elements when hi is odd (row indices that must not repeat). */
-typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT } oc_fill_kind;
+/* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). F_STEPS: floats
+ * with integer values in [lo, hi) (many ties). */
+typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1, F_STEPS } oc_fill_kind;
 
 typedef struct oc_leaf {
     loom_tensor *t;
@@ -134,6 +138,10 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
         if (l->kind == F_MASK && i % t->ne[0] != 0 && (gpu_rand_next(rng) >> 62) == 0)
             f[i] = -INFINITY;
     }
+    if (l->kind == F_NAN1 && n > t->ne[0]) f[t->ne[0]] = NAN;
+    if (l->kind == F_STEPS)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = floorf(f[i]);
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (t->type == LOOM_TYPE_F32)
         memcpy(out, f, sizeof(float) * (size_t)n);
@@ -541,6 +549,19 @@ static void build_sort(oc_case *c, int v) {
         oc_out(c, loom_top_k(c->ctx, a, (int)(n < 4 ? n : 4)));
 }
 
+/* Longer rows and ties: v 0 4096 ascending (the largest bitonic row), 1 5000 descending
+ * (the rank kernel), 2/3 ties (values 0..5, kept in index order) ascending/descending, 4
+ * top_k 8 of 5000, 5 top_k 8 over ties. */
+static void build_sort_more(oc_case *c, int v) {
+    static const int64_t lens[6] = {4096, 5000, 300, 300, 5000, 300};
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, lens[v], 2, 1, 1, L_CONTIG);
+    if (v == 2 || v == 3 || v == 5) oc_fill(c, a, F_STEPS, 0, 6);
+    if (v < 4)
+        oc_out(c, loom_argsort(c->ctx, a, v == 1 || v == 3 ? LOOM_SORT_DESC : LOOM_SORT_ASC));
+    else
+        oc_out(c, loom_top_k(c->ctx, a, 8));
+}
+
 OC_TEST(rows_and_sorting) {
     const oc_tol tol = {1e-5, 1e-6};
     for (int v = 0; v < 32; v++)
@@ -549,6 +570,8 @@ OC_TEST(rows_and_sorting) {
         oc_check(env, "argmax", build_rows, v, TOL_EXACT);
     for (int v = 0; v < 18; v++)
         oc_check(env, "argsort/top_k", build_sort, v, TOL_EXACT);
+    for (int v = 0; v < 6; v++)
+        oc_check(env, "argsort/top_k (long rows, ties)", build_sort_more, v, TOL_EXACT);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -613,6 +636,71 @@ static void build_flash(oc_case *c, int v) {
                                   v & 8 ? 4.0f : 0.0f, v & 8 ? 20.0f : 0.0f));
 }
 
+/* Larger heads than build_flash: several query blocks and key tiles (partial last ones),
+ * GQA groups of 4, decode (one query), head sizes 128 and 256 (the tiled kernel, 256 with
+ * more than 48 KiB of shared memory) and 320 (the one-warp-per-row kernel). */
+static void build_flash_big(oc_case *c, int v) {
+    static const int64_t shp[4][7] = {
+        /* D, Dv, Nkv, Nq, H, Hk, S */
+        {128, 128, 100, 9, 8, 2, 2},
+        {256, 256, 70, 3, 4, 4, 1},
+        {320, 64, 40, 4, 2, 1, 1},
+        {64, 64, 33, 1, 32, 8, 1},
+    };
+    const int64_t *p = shp[v % 4];
+    const loom_type kv = v / 4 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, p[0], p[3], p[4], p[6], L_CONTIG);
+    loom_tensor *k = oc_src(c, kv, p[0], p[2], p[5], p[6], L_CONTIG);
+    loom_tensor *vv = oc_src(c, kv, p[1], p[2], p[5], p[6], L_CONTIG);
+    loom_tensor *mask = NULL;
+    if (v / 4) {
+        mask = oc_src(c, LOOM_TYPE_F16, p[2], p[3] + 2, 1, 1, L_CONTIG);
+        oc_fill(c, mask, F_MASK, -1, 0.5);
+    }
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, mask, NULL, 1.0f / sqrtf((float)p[0]), 0.0f,
+                                  0.0f));
+}
+
+/* NaN in, NaN out (issue 9): a NaN logit makes its softmax row NaN, a NaN key makes the
+ * attention rows of every head reading it NaN; the other rows stay finite. Checked on the
+ * GPU alone (the rule, not the CPU's current behaviour). v: 0 soft_max, 1 tiled flash
+ * attention (D 64), 2 the one-warp-per-row flash attention (D 320). */
+static void build_nan(oc_case *c, int v) {
+    if (v == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 37, 3, 1, 1, L_CONTIG);
+        oc_fill(c, a, F_NAN1, -2, 2);
+        oc_out(c, loom_soft_max(c->ctx, a));
+        return;
+    }
+    const int64_t D = v == 1 ? 64 : 320, Nkv = 40, Nq = 3, H = 4, Hk = 2;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, D, Nq, H, 1, L_CONTIG);
+    loom_tensor *k = oc_src(c, LOOM_TYPE_F32, D, Nkv, Hk, 1, L_CONTIG);
+    loom_tensor *vv = oc_src(c, LOOM_TYPE_F32, 32, Nkv, Hk, 1, L_CONTIG);
+    oc_fill(c, k, F_NAN1, -1, 1); /* key 1 of KV head 0: NaN */
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, NULL, NULL, 0.125f, 0.0f, 0.0f));
+}
+
+OC_TEST(nan_propagates) {
+    for (int v = 0; v < 3; v++) {
+        oc_result got;
+        if (!oc_run_one("nan", build_nan, v, 42, env->gpu, env->gpu_buft, &got)) continue;
+        const double *y = got.v[0];
+        int64_t wrong = 0;
+        if (v == 0) { /* [37, 3]: row 1 NaN */
+            for (int64_t i = 0; i < 3 * 37; i++)
+                wrong += (i / 37 == 1) != (isnan(y[i]) != 0);
+        } else { /* [32, H=4, Nq=3]: heads 0 and 1 read KV head 0 */
+            for (int64_t i = 0; i < 32 * 4 * 3; i++)
+                wrong += ((i / 32) % 4 < 2) != (isnan(y[i]) != 0);
+        }
+        LOOM_CHECK_MSG(wrong == 0,
+                       "NaN case %d: %lld elements NaN where they should not be or "
+                       "not NaN where they should",
+                       v, (long long)wrong);
+        oc_result_free(&got);
+    }
+}
+
 OC_TEST(attention) {
     const oc_tol tol = {1e-5, 1e-6};
     for (int v = 0; v < 8; v++)
@@ -623,6 +711,8 @@ OC_TEST(attention) {
     /* online softmax over 37 keys, dot products of 40 in another order */
     for (int v = 0; v < 32; v++)
         oc_check(env, "flash_attn_ext", build_flash, v, (oc_tol){1e-4, 1e-5});
+    for (int v = 0; v < 8; v++)
+        oc_check(env, "flash_attn_ext (large heads)", build_flash_big, v, (oc_tol){1e-4, 1e-5});
 }
 
 /* ---------------------------------------------------------------- rows, concat */
@@ -710,6 +800,10 @@ static const mm_shape k_mm_shapes[] = {
     {128, 20, 40, 2, 1, 2, 1, L_PADDED, L_PERM12},
     {64, 31, 17, 1, 1, 3, 2, L_TRANSPOSED, L_TRANSPOSED},
     {4096, 6, 12, 1, 1, 1, 1, L_CONTIG, L_PADDED},
+    /* strided batched GEMMs: weight batches broadcast in groups (A2 = 2 over B2 = 6), and
+     * over both batch dimensions */
+    {64, 24, 16, 2, 1, 6, 1, L_CONTIG, L_CONTIG},
+    {48, 40, 12, 2, 2, 4, 2, L_PADDED, L_CONTIG},
 };
 #define N_MM_SHAPES ((int)(sizeof k_mm_shapes / sizeof k_mm_shapes[0]))
 
@@ -732,6 +826,28 @@ static void build_mul_mat_id(oc_case *c, int v) {
     oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
 }
 
+/* v = type * 4 + variant: the cuBLAS path with results in a padded (ldc > M) or a
+ * transposed (copied out of a temporary) layout, with weight batches broadcast. */
+static void build_mul_mat_strided(oc_case *c, int v) {
+    const loom_type t = k_mm_types[v / 4];
+    const int64_t K = 64, M = 40, N = 12, A2 = 2, B2 = 4;
+    loom_tensor *a = oc_src(c, t, K, M, A2, 1, is_quant(t) ? L_CONTIG : L_PADDED);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, N, B2, 1, v % 2 ? L_PERM12 : L_CONTIG);
+    loom_tensor *r = loom_mul_mat(c->ctx, a, b);
+    if (r && v % 4 < 2) { /* rows of M + 3 floats */
+        r->nb[1] = (M + 3) * sizeof(float);
+    } else if (r) { /* transposed: element (m, n) at (m N + n) floats */
+        r->nb[0] = (size_t)N * sizeof(float);
+        r->nb[1] = sizeof(float);
+        r->nb[2] = (size_t)(M * N) * sizeof(float);
+    }
+    if (r) {
+        r->nb[2] = r->nb[0] == sizeof(float) ? r->nb[1] * (size_t)N : r->nb[2];
+        r->nb[3] = r->nb[2] * (size_t)B2;
+    }
+    oc_out(c, r);
+}
+
 OC_TEST(matmul) {
     for (int v = 0; v < 5 * N_MM_SHAPES; v++) {
         const loom_type t = k_mm_types[v / N_MM_SHAPES];
@@ -749,4 +865,84 @@ OC_TEST(matmul) {
         snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(t));
         oc_check(env, label, build_mul_mat_id, v, tol);
     }
+    for (int v = 0; v < 5 * 4; v++) {
+        const loom_type t = k_mm_types[v / 4];
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat %s, strided result", loom_type_name(t));
+        oc_check(env, label, build_mul_mat_strided, v, tol);
+    }
+}
+
+/* Weights converted in panels of rows (m0 > 0, a last partial panel): a backend whose
+ * conversion budget (LOOM_CUDA_PANEL_BYTES) holds 16 rows of K = 64, against the CPU. */
+OC_TEST(matmul_panels) {
+    setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
+    loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
+    unsetenv("LOOM_CUDA_PANEL_BYTES");
+    LOOM_REQUIRE(small != NULL);
+    loom_backend_t keep = env->gpu;
+    env->gpu = small;
+    for (int v = 0; v < 5 * 4; v++) {
+        const loom_type t = k_mm_types[v / 4];
+        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        char label[64];
+        snprintf(label, sizeof label, "mul_mat %s in panels", loom_type_name(t));
+        oc_check(env, label, build_mul_mat_strided, v, tol);
+    }
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(small, &st);
+    /* the 16 converted (non-F32) cases: 2 weight batches x 3 panels of 16 of the 40 rows x
+     * 2 batches of b each (F32 weights are read in place, in strided batched calls) */
+    LOOM_CHECK_MSG(st.cublas_calls >= 16 * 12, "%llu cuBLAS calls",
+                   (unsigned long long)st.cublas_calls);
+    env->gpu = keep;
+    loom_backend_free(small);
+}
+
+/* ---------------------------------------------------------------- issue 13, item 9 */
+
+/* Grids beyond 65,535 blocks: an ADD of 2^25 elements and a softmax over 70,001 rows (the
+ * launchers cap the grid and the kernels loop). */
+static void build_large(oc_case *c, int v) {
+    if (v == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 4096, 8192, 1, 1, L_CONTIG);
+        loom_tensor *b = oc_src(c, LOOM_TYPE_F32, 4096, 8192, 1, 1, L_CONTIG);
+        oc_out(c, loom_add(c->ctx, a, b));
+    } else {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 8, 70001, 1, 1, L_CONTIG);
+        oc_out(c, loom_soft_max(c->ctx, a));
+    }
+}
+
+OC_TEST(large_grids) {
+    oc_check(env, "add of 2^25 elements", build_large, 0, TOL_EXACT);
+    oc_check(env, "soft_max over 70001 rows", build_large, 1, (oc_tol){1e-5, 1e-6});
+}
+
+/* Every device other than GPU 0 (a few ops of each kind against the CPU). */
+OC_TEST(other_gpus) {
+    loom_reg_t reg = loom_cuda_reg();
+    const size_t n = loom_reg_dev_count(reg);
+    int others = 0;
+    loom_backend_t keep = env->gpu;
+    loom_buft_t keep_buft = env->gpu_buft;
+    for (size_t i = 1; i < n; i++) {
+        loom_dev_t d = loom_reg_dev_get(reg, i);
+        loom_backend_t b = loom_dev_init(d, NULL);
+        LOOM_CHECK_MSG(b != NULL, "%s: %s", loom_dev_name(d), loom_last_error());
+        if (!b) continue;
+        env->gpu = b;
+        env->gpu_buft = loom_dev_buffer_type(d);
+        for (int v = 0; v < N_MM_SHAPES; v++)
+            oc_check(env, "mul_mat F32 on another GPU", build_mul_mat, v, (oc_tol){1e-5, 1e-5});
+        for (int v = 0; v < 8; v++)
+            oc_check(env, "flash_attn_ext on another GPU", build_flash, v, (oc_tol){1e-4, 1e-5});
+        oc_check(env, "cpy on another GPU", build_cpy, 4, TOL_EXACT);
+        env->gpu = keep;
+        env->gpu_buft = keep_buft;
+        loom_backend_free(b);
+        others++;
+    }
+    if (others == 0) LOOM_SKIP("one GPU: no device other than GPU 0");
 }
