@@ -75,7 +75,7 @@ void loom_kv_cache_free(loom_kv_cache *kv) {
 /* ---------------------------------------------------------------- graph */
 
 size_t loom_model_graph_ctx_size(const loom_model *m) {
-    size_t per_layer = 96 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
+    size_t per_layer = 128 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
     size_t n = 64 + per_layer * (size_t)m->hp.n_layer;
     return n * loom_tensor_overhead() + loom_graph_overhead(n * 2);
 }
@@ -109,10 +109,12 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
         q = loom_reshape_3d(ctx, q, D, H, T);
         k = loom_reshape_3d(ctx, k, D, Hk, T);
     }
-    q = loom_rope_ext(ctx, q, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
-                      hp->rope_freq_scale); /* [D, H, T] */
-    k = loom_rope_ext(ctx, k, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
-                      hp->rope_freq_scale); /* [D, Hk, T] */
+    if (L->attn_q_norm) q = loom_mul(ctx, loom_rms_norm(ctx, q, hp->rms_eps), L->attn_q_norm);
+    if (L->attn_k_norm) k = loom_mul(ctx, loom_rms_norm(ctx, k, hp->rms_eps), L->attn_k_norm);
+    q = loom_rope_ext(ctx, q, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type,
+                      hp->rope_freq_base, hp->rope_freq_scale); /* [D, H, T] */
+    k = loom_rope_ext(ctx, k, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type,
+                      hp->rope_freq_base, hp->rope_freq_scale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
     loom_format_name(q, "Qcur-%d", il);
     loom_format_name(k, "Kcur-%d", il);
@@ -155,15 +157,31 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     return o;
 }
 
+/* sigmoid(x) for x [1, T], as softmax([x, 0])[0] = e^x / (e^x + 1) (no sigmoid op) */
+static loom_tensor *sigmoid_row(loom_ctx *ctx, loom_tensor *x) {
+    loom_tensor *s = loom_soft_max(ctx, loom_concat(ctx, x, loom_fill(ctx, x, 0.0f), 0)); /* [2, T] */
+    return s ? loom_cont(ctx, loom_view_2d(ctx, s, 1, s->ne[1], s->nb[1], 0)) : NULL;
+}
+
+/* The gated FFN: down x (act_glu(gate x h, up x h) * scale), [E, T] -> [E, T]; scale
+ * (optional) [1, T] is applied before the down projection, where the FFN dim is still
+ * split, so a tensor-parallel FFN still ends in one partial sum */
+static loom_tensor *dense_ffn(const loom_model *m, loom_ctx *ctx, loom_tensor *gate,
+                              loom_tensor *up, loom_tensor *down, loom_tensor *h,
+                              loom_tensor *scale) {
+    loom_tensor *g = loom_mul_mat(ctx, gate, h); /* [F, T] */
+    loom_tensor *u = loom_mul_mat(ctx, up, h);   /* [F, T] */
+    loom_tensor *x = loom_glu_split(ctx, g, u, m->hp.ffn_glu);
+    if (scale) x = loom_mul(ctx, x, scale);
+    return loom_mul_mat(ctx, down, x); /* [E, T] */
+}
+
 /* h [E, T] -> [E, T] */
 static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor *h, int64_t T) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     if (hp->n_expert == 0) {
-        loom_tensor *g = loom_mul_mat(ctx, L->ffn_gate, h); /* [F, T] */
-        loom_tensor *u = loom_mul_mat(ctx, L->ffn_up, h);   /* [F, T] */
-        loom_tensor *x = loom_swiglu_split(ctx, g, u);
-        loom_tensor *d = loom_mul_mat(ctx, L->ffn_down, x); /* [E, T] */
+        loom_tensor *d = dense_ffn(m, ctx, L->ffn_gate, L->ffn_up, L->ffn_down, h, NULL);
         if (d) loom_format_name(d, "ffn_out-%d", il);
         return d;
     }
@@ -192,6 +210,14 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
     for (int64_t k = 1; k < U; k++)
         sum = loom_add(ctx, sum, loom_view_2d(ctx, d, E, T, d->nb[2], (size_t)k * d->nb[1]));
     if (U == 1) sum = loom_cont(ctx, sum);
+    if (L->ffn_up_shexp) {
+        loom_tensor *gate = L->ffn_gate_inp_shexp /* [E] x [E, T] -> [1, T] */
+                                ? sigmoid_row(ctx, loom_mul_mat(ctx, L->ffn_gate_inp_shexp, h))
+                                : NULL;
+        loom_tensor *sh = dense_ffn(m, ctx, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, h, gate);
+        if (sh) loom_format_name(sh, "ffn_shexp-%d", il);
+        sum = loom_add(ctx, sum, sh);
+    }
     if (sum) loom_format_name(sum, "ffn_moe_out-%d", il);
     return sum;
 }

@@ -11,22 +11,30 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/model.h"
 #include "loom/cpu.h"
+#include "loom/model.h"
+#include "model/arch-impl.h"
 
-static const struct {
-    const char *name;
-    int rope_type;
-} ARCHS[] = {
-    {"llama", LOOM_ROPE_TYPE_NORMAL},
-    {"mistral", LOOM_ROPE_TYPE_NORMAL},
-    {"mixtral", LOOM_ROPE_TYPE_NORMAL},
-    {"qwen2", LOOM_ROPE_TYPE_NEOX},
-    {"qwen2moe", LOOM_ROPE_TYPE_NEOX},
+static const loom__arch *const ARCHS[] = {
+    &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
+    &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe,
 };
 
-static loom_status key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
-                           int64_t dflt, int64_t *out) {
+/* "<arch>." keys every architecture understands: read below, or without effect on the
+ * math (context_length is only a default; original_context_length and finetuned matter
+ * to YaRN only, which is refused; tensor_data_layout names the one layout there is) */
+static const char *const COMMON_KEYS[] = {
+    "embedding_length", "block_count", "attention.head_count", "attention.head_count_kv",
+    "context_length", "expert_count", "expert_used_count", "attention.key_length",
+    "attention.value_length", "rope.dimension_count", "expert_feed_forward_length",
+    "feed_forward_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
+    "rope.scaling.factor", "rope.scale_linear", "rope.scaling.type",
+    "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
+    "expert_weights_norm", "expert_gating_func", "tensor_data_layout", NULL,
+};
+
+loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
+                          int64_t dflt, int64_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (loom_gguf_find_kv(g, key) < 0) {
@@ -40,8 +48,8 @@ static loom_status key_int(const loom_gguf *g, const char *arch, const char *suf
     return LOOM_OK;
 }
 
-static loom_status key_float(const loom_gguf *g, const char *arch, const char *suffix, double dflt,
-                             double *out) {
+loom_status loom__key_float(const loom_gguf *g, const char *arch, const char *suffix, double dflt,
+                            double *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (loom_gguf_find_kv(g, key) < 0) {
@@ -53,21 +61,88 @@ static loom_status key_float(const loom_gguf *g, const char *arch, const char *s
     return LOOM_OK;
 }
 
+#define key_int loom__key_int
+#define key_float loom__key_float
+
+static bool listed(const char *const *list, const char *suffix) {
+    for (; list && *list; list++)
+        if (strcmp(*list, suffix) == 0) return true;
+    return false;
+}
+
+/* Every "<arch>." key must be one loom reads or knows to be without effect. */
+static loom_status check_keys(const loom_gguf *g, const loom__arch *a) {
+    size_t n = strlen(a->name);
+    for (int64_t i = 0; i < loom_gguf_kv_count(g); i++) {
+        const char *key = loom_gguf_kv_key(g, i);
+        if (strncmp(key, a->name, n) != 0 || key[n] != '.') continue;
+        if (!listed(COMMON_KEYS, key + n + 1) && !listed(a->keys, key + n + 1))
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: metadata key '%s' is not understood by loom for "
+                              "architecture '%s' (it may change the model's math; refusing "
+                              "rather than ignoring it)",
+                              key, a->name);
+    }
+    return LOOM_OK;
+}
+
+/* rope.scaling.*: none, linear (factor), llama3 (factors in rope_freqs.weight). */
+static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
+    char key[128];
+    const char *type = "linear";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    loom_status st;
+    if (loom_gguf_find_kv(g, key) >= 0 && (st = loom_gguf_get_str(g, key, &type)))
+        return loom_error(st, "model: %s", loom_last_error());
+    double f;
+    if ((st = key_float(g, hp->arch, "rope.scale_linear", 1.0, &f)) ||
+        (st = key_float(g, hp->arch, "rope.scaling.factor", f, &f)))
+        return st;
+    bool has_freqs = loom_gguf_find_tensor(g, "rope_freqs.weight") >= 0;
+    if (strcmp(type, "none") == 0 || (strcmp(type, "llama3") == 0 && has_freqs)) {
+        hp->rope_freq_scale = 1.0f;
+    } else if (strcmp(type, "linear") == 0) {
+        if (!(f > 0))
+            return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor %g (must be > 0)",
+                              hp->arch, f);
+        hp->rope_freq_scale = (float)(1.0 / f);
+    } else if (strcmp(type, "llama3") == 0) {
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: '%s' = 'llama3' needs the tensor 'rope_freqs.weight' (the "
+                          "per-frequency factors), which the file lacks",
+                          key);
+    } else {
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "model: '%s' = '%s' is not supported (none, linear, llama3)", key, type);
+    }
+    return LOOM_OK;
+}
+
+static const loom__arch *find_arch(const char *name) {
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (strcmp(name, ARCHS[i]->name) == 0) return ARCHS[i];
+    return NULL;
+}
+
 loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     const char *arch;
     loom_status st = loom_gguf_get_str(g, "general.architecture", &arch);
     if (st) return loom_error(st, "model: %s", loom_last_error());
-    int ai = -1;
-    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
-        if (strcmp(arch, ARCHS[i].name) == 0) ai = (int)i;
-    if (ai < 0)
-        return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "model: unknown architecture '%s' (supported: llama, mistral, mixtral, "
-                          "qwen2, qwen2moe)",
-                          arch);
+    const loom__arch *A = find_arch(arch);
+    if (!A) {
+        char names[256] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    ARCHS[i]->name);
+        return loom_error(LOOM_ERR_UNSUPPORTED, "model: unknown architecture '%s' (supported: %s)",
+                          arch, names);
+    }
+    if ((st = check_keys(g, A))) return st;
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
-    hp->rope_type = ARCHS[ai].rope_type;
+    hp->rope_type = A->rope_type;
+    hp->ffn_glu = LOOM_GLU_SWIGLU;
     int64_t v;
     if ((st = key_int(g, arch, "embedding_length", true, 0, &hp->n_embd)) ||
         (st = key_int(g, arch, "block_count", true, 0, &hp->n_layer)) ||
@@ -87,6 +162,12 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     if ((st = key_int(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim)))
         return st;
     if ((st = key_int(g, arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot))) return st;
+    if ((st = key_int(g, arch, "attention.value_length", false, hp->head_dim, &v))) return st;
+    if (v != hp->head_dim)
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "model: %s.attention.value_length %lld differs from key_length %lld "
+                          "(not supported)",
+                          arch, (long long)v, (long long)hp->head_dim);
     if (hp->n_expert > 0) {
         if ((st = key_int(g, arch, "expert_feed_forward_length", false, -1, &v))) return st;
         if (v < 0 && (st = key_int(g, arch, "feed_forward_length", true, 0, &v))) return st;
@@ -94,7 +175,12 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         if (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert)
             return loom_error(LOOM_ERR_FORMAT, "model: expert_used_count %lld of %lld experts",
                               (long long)hp->n_expert_used, (long long)hp->n_expert);
-        hp->norm_topk = strcmp(arch, "qwen2moe") != 0;
+        hp->norm_topk = true;
+        if ((st = key_int(g, arch, "expert_gating_func", false, 1, &v))) return st;
+        if (v != 1)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: %s.expert_gating_func %lld is not supported (1 = softmax)",
+                              arch, (long long)v);
     } else if ((st = key_int(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) {
         return st;
     }
@@ -103,8 +189,7 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     hp->rms_eps = (float)f;
     if ((st = key_float(g, arch, "rope.freq_base", 10000.0, &f))) return st;
     hp->rope_freq_base = (float)f;
-    if ((st = key_float(g, arch, "rope.scaling.factor", 1.0, &f))) return st;
-    hp->rope_freq_scale = f > 0 ? (float)(1.0 / f) : 1.0f;
+    if ((st = read_rope_scaling(g, hp))) return st;
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return loom_error(LOOM_ERR_FORMAT, "model: rope dimension %lld does not fit head_dim %lld",
                           (long long)hp->n_rot, (long long)hp->head_dim);
@@ -126,6 +211,10 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         loom_gguf_tensor_ne(g, ti, ne);
         hp->n_vocab = ne[1];
     }
+    if (A->read && (st = A->read(g, hp))) return st;
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    if (loom_gguf_find_kv(g, key) >= 0 && (st = loom_gguf_get_bool(g, key, &hp->norm_topk)))
+        return loom_error(st, "model: %s", loom_last_error());
     return LOOM_OK;
 }
 
@@ -204,6 +293,12 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     W("output_norm.weight", -1, true, 1, &m->output_norm, E);
     W("output.weight", -1, false, 2, &m->output, E, V);
     if (!m->output) m->output = m->tok_embd; /* tied embeddings */
+    W("rope_freqs.weight", -1, false, 1, &m->rope_freqs, hp->n_rot / 2);
+    if (m->rope_freqs && m->rope_freqs->type != LOOM_TYPE_F32) {
+        st = loom_error(LOOM_ERR_TYPE, "model: tensor 'rope_freqs.weight' is %s (f32 expected)",
+                        loom_type_name(m->rope_freqs->type));
+        goto fail;
+    }
     char name[LOOM_MAX_NAME];
     for (int il = 0; il < hp->n_layer; il++) {
         loom_layer *L = &m->layers[il];
@@ -221,6 +316,10 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             W(N("attn_k.bias"), il, false, 1, &L->bk, Dkv);
             W(N("attn_v.bias"), il, false, 1, &L->bv, Dkv);
         }
+        if (hp->qk_norm) {
+            W(N("attn_q_norm.weight"), il, true, 1, &L->attn_q_norm, hp->head_dim);
+            W(N("attn_k_norm.weight"), il, true, 1, &L->attn_k_norm, hp->head_dim);
+        }
         W(N("attn_output.weight"), il, true, 2, &L->wo, Dq, E);
         W(N("attn_output.bias"), il, false, 1, &L->bo, E);
         W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
@@ -232,6 +331,13 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             W(N("ffn_gate_exps.bias"), il, false, 2, &L->ffn_gate_exps_b, F, X);
             W(N("ffn_up_exps.bias"), il, false, 2, &L->ffn_up_exps_b, F, X);
             W(N("ffn_down_exps.bias"), il, false, 2, &L->ffn_down_exps_b, E, X);
+            /* a shared expert (qwen2moe), scaled by sigmoid(ffn_gate_inp_shexp . x) */
+            const int64_t Fs = hp->n_ff_shexp > 0 ? hp->n_ff_shexp : F;
+            bool shexp = loom_gguf_find_tensor(g, N("ffn_up_shexp.weight")) >= 0;
+            W(N("ffn_up_shexp.weight"), il, false, 2, &L->ffn_up_shexp, E, Fs);
+            W(N("ffn_gate_shexp.weight"), il, shexp, 2, &L->ffn_gate_shexp, E, Fs);
+            W(N("ffn_down_shexp.weight"), il, shexp, 2, &L->ffn_down_shexp, Fs, E);
+            W(N("ffn_gate_inp_shexp.weight"), il, false, 1, &L->ffn_gate_inp_shexp, E);
         } else {
             W(N("ffn_gate.weight"), il, true, 2, &L->ffn_gate, E, F);
             W(N("ffn_up.weight"), il, true, 2, &L->ffn_up, E, F);
@@ -240,6 +346,20 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
 #undef N
     }
 #undef W
+    /* a tensor the graph would not use is a part of the model loom does not understand */
+    if (n_list < n_tensors) {
+        for (int64_t gi = 0; gi < n_tensors; gi++) {
+            bool used = false;
+            for (int i = 0; i < n_list && !used; i++) used = list[i].gi == gi;
+            if (!used) {
+                st = loom_error(LOOM_ERR_UNSUPPORTED,
+                                "model: tensor '%s' is not used by loom's %s graph (refusing "
+                                "rather than ignoring it)",
+                                loom_gguf_tensor_name(g, gi), hp->arch);
+                goto fail;
+            }
+        }
+    }
     /* one buffer per distinct buffer type */
     loom_buft_t bufts[64];
     int n_bufts = 0;

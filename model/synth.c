@@ -35,7 +35,10 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
     for (int d = 0; d < n_dims; d++) n *= ne[d];
     float *f = loom_malloc((size_t)n * sizeof *f);
     if (!f) return loom_error(LOOM_ERR_NOMEM, "synth: out of memory");
-    for (int64_t i = 0; i < n; i++) f[i] = ones ? 1.0f : i / ne[0] < zero_rows ? 0.0f : uniform(rng, scale);
+    /* ones with a scale: 1 +- scale (norms whose effect a test must see) */
+    for (int64_t i = 0; i < n; i++)
+        f[i] = ones ? 1.0f + (scale > 0 ? uniform(rng, scale) : 0.0f)
+                    : i / ne[0] < zero_rows ? 0.0f : uniform(rng, scale);
     const loom_type_traits *tr = loom_type_traits_get(type);
     void *data = f;
     void *conv = NULL;
@@ -56,7 +59,8 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
 
 loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out) {
     *out = NULL;
-    if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv || p->n_embd % p->n_head ||
+    if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv ||
+        (p->head_dim <= 0 && p->n_embd % p->n_head) || p->head_dim % 2 ||
         p->n_vocab < 300 || p->n_layer <= 0 || p->n_ff <= 0)
         return loom_error(LOOM_ERR_INVALID_ARG,
                           "synth: bad shape (n_vocab >= 300, n_head a multiple of n_head_kv, "
@@ -81,6 +85,12 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     if (p->n_expert > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert);
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used);
+    }
+    if (p->n_ff_shexp > 0)
+        st = st ? st : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp);
+    if (p->head_dim > 0) {
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim);
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim);
     }
 #undef KEY
     /* vocabulary */
@@ -122,7 +132,8 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
 
     /* weights */
     uint64_t rng = p->seed;
-    const int64_t E = p->n_embd, F = p->n_ff, X = p->n_expert, D = E / p->n_head;
+    const int64_t E = p->n_embd, F = p->n_ff, X = p->n_expert;
+    const int64_t D = p->head_dim > 0 ? p->head_dim : E / p->n_head, Fs = p->n_ff_shexp;
     const int64_t Dq = p->n_head * D, Dkv = p->n_head_kv * D;
     const loom_type wt = p->wtype;
     const float se = 1.0f / sqrtf((float)E), sf = 1.0f / sqrtf((float)F);
@@ -141,8 +152,15 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     /* zero logits for the control and byte tokens keep generated text readable letters */
     zero_rows = 259;
     NAME("output.weight");
-    T(2, wt, se, false, E, V);
+    if (!p->tied) T(2, wt, se, false, E, V);
     zero_rows = 0;
+    if (p->rope_freqs && !st) {
+        /* llama3-style: high frequencies kept (1), low ones divided by up to 8 */
+        float fr[512];
+        int64_t n = D / 2;
+        for (int64_t i = 0; i < n && i < 512; i++) fr[i] = 1.0f + 7.0f * (float)i / (float)(n > 1 ? n - 1 : 1);
+        st = loom_gguf_add_tensor(w, "rope_freqs.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, fr);
+    }
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);
@@ -165,6 +183,12 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
                 T(1, LOOM_TYPE_F32, 0.1f, false, Dkv);
             }
         }
+        if (p->qk_norm) {
+            NAME("blk.%d.attn_q_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, D);
+            NAME("blk.%d.attn_k_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, D);
+        }
         NAME("blk.%d.attn_output.weight", il);
         T(2, wt, 1.0f / sqrtf((float)Dq), false, Dq, E);
         NAME("blk.%d.ffn_norm.weight", il);
@@ -185,6 +209,16 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
                 T(2, LOOM_TYPE_F32, 0.1f, false, F, X);
                 NAME("blk.%d.ffn_down_exps.bias", il);
                 T(2, LOOM_TYPE_F32, 0.1f, false, E, X);
+            }
+            if (Fs > 0) {
+                NAME("blk.%d.ffn_gate_inp_shexp.weight", il);
+                T(1, LOOM_TYPE_F32, 4.0f * se, false, E);
+                NAME("blk.%d.ffn_gate_shexp.weight", il);
+                T(2, wt, se, false, E, Fs);
+                NAME("blk.%d.ffn_up_shexp.weight", il);
+                T(2, wt, se, false, E, Fs);
+                NAME("blk.%d.ffn_down_shexp.weight", il);
+                T(2, wt, 1.0f / sqrtf((float)Fs), false, Fs, E);
             }
         } else {
             NAME("blk.%d.ffn_gate.weight", il);

@@ -30,6 +30,7 @@ struct loom_rules {
     "token_embd\\.weight            mirrored\n"                                                    \
     "output_norm\\.weight           mirrored\n"                                                    \
     "output\\.weight                1\n"                                                           \
+    "rope_freqs\\.weight            mirrored\n"                                                    \
     "blk\\.\\d+\\.attn_norm\\.weight  mirrored\n"                                                  \
     "blk\\.\\d+\\.ffn_norm\\.weight   mirrored\n"                                                  \
     "# attention: query heads in groups that share a KV head, so every device keeps\n"           \
@@ -40,33 +41,64 @@ struct loom_rules {
     "blk\\.\\d+\\.attn_output\\.weight 0 qgroup\n"                                                 \
     "cache_[kv]_l\\d+               0  kvhead\n"
 
+#define ATTN_BIASES                                                                                \
+    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"                                                 \
+    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"                                                 \
+    "blk\\.\\d+\\.attn_qkv\\.bias     fused_qkv\n"                                                 \
+    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
+
+#define QK_NORM                                                                                    \
+    "# per-head norms: every head uses the same [head_dim] weight\n"                             \
+    "blk\\.\\d+\\.attn_[qk]_norm\\.weight  mirrored\n"
+
 #define DENSE_FFN                                                                                  \
     "blk\\.\\d+\\.ffn_(gate|up)\\.weight  1  ffn\n"                                                \
     "blk\\.\\d+\\.ffn_down\\.weight       0  ffn\n"
+
+#define EXPERTS                                                                                    \
+    "# experts split along their FFN dim: every device holds a slice of every expert\n"          \
+    "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"                                        \
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n"
+
+#define SHARED_EXPERT                                                                              \
+    "# the shared expert splits like a dense FFN; its sigmoid gate is mirrored\n"                \
+    "blk\\.\\d+\\.ffn_gate_inp_shexp\\.weight   mirrored\n"                                        \
+    "blk\\.\\d+\\.ffn_(gate|up)_shexp\\.weight  1  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_shexp\\.weight       0  ffn\n"
 
 static const char LLAMA_RULES[] = "# llama / mistral: tensor-parallel split table\n" COMMON_ATTN
     DENSE_FFN;
 
 static const char QWEN2_RULES[] = "# qwen2: llama's table plus attention biases\n" COMMON_ATTN
-    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
-    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
-    "blk\\.\\d+\\.attn_qkv\\.bias     fused_qkv\n"
-    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n" DENSE_FFN;
+    ATTN_BIASES DENSE_FFN;
 
-static const char MOE_RULES[] = "# mixtral-style MoE: experts split along their FFN dim\n" COMMON_ATTN
-    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
-    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
-    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
-    "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"
-    "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0  ffn\n"
-    "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n" DENSE_FFN;
+static const char MOE_RULES[] = "# mixtral-style MoE\n" COMMON_ATTN ATTN_BIASES EXPERTS DENSE_FFN;
+
+static const char QWEN2MOE_RULES[] = "# qwen2moe: MoE with biases and a gated shared expert\n" COMMON_ATTN
+    ATTN_BIASES EXPERTS SHARED_EXPERT;
+
+static const char QWEN3_RULES[] = "# qwen3: llama's table plus per-head q/k norms\n" COMMON_ATTN
+    QK_NORM DENSE_FFN;
+
+static const char QWEN3MOE_RULES[] = "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM
+    EXPERTS;
+
+static const struct {
+    const char *arch;
+    const char *text;
+} TABLES[] = {
+    {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},       {"mixtral", MOE_RULES},
+    {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},   {"qwen3", QWEN3_RULES},
+    {"qwen3moe", QWEN3MOE_RULES},
+};
 
 const char *loom_rules_builtin_text(const char *arch, bool moe) {
-    if (moe || strcmp(arch, "mixtral") == 0 || strcmp(arch, "qwen2moe") == 0) return MOE_RULES;
-    if (strcmp(arch, "llama") == 0 || strcmp(arch, "mistral") == 0) return LLAMA_RULES;
-    if (strcmp(arch, "qwen2") == 0) return QWEN2_RULES;
+    for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++)
+        if (strcmp(arch, TABLES[i].arch) == 0)
+            return moe && TABLES[i].text == LLAMA_RULES ? MOE_RULES : TABLES[i].text;
     return NULL;
 }
 
@@ -74,11 +106,11 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
     const char *text = loom_rules_builtin_text(arch, moe);
     if (!text)
         return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "rules: no split table for architecture '%s' (llama, mistral, qwen2, "
-                          "mixtral, qwen2moe)",
+                          "rules: no split table for architecture '%s' (llama, mistral, mixtral, "
+                          "qwen2, qwen2moe, qwen3, qwen3moe)",
                           arch);
     char source[64];
-    snprintf(source, sizeof source, "builtin:%s", moe ? "moe" : arch);
+    snprintf(source, sizeof source, "builtin:%s%s", arch, moe ? "+moe" : "");
     return loom_rules_parse(text, source, out);
 }
 
@@ -296,7 +328,8 @@ static int64_t lcm64(int64_t a, int64_t b) { return a / gcd64(a, b) * b; }
 /* Query groups are coarsened to whole quant blocks of attn_output's rows; KV heads follow
  * with the same multiple, so query and KV splits keep agreeing. */
 static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
-    int64_t qg = hp->head_dim * (hp->n_head / hp->n_head_kv);
+    /* one KV head (MQA): its K/V are mirrored, so the query heads split one by one */
+    int64_t qg = hp->head_dim * (hp->n_head_kv == 1 ? 1 : hp->n_head / hp->n_head_kv);
     int64_t mult = lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1) / qg;
     switch (rule->unit) {
     case LOOM_RULE_UNIT_HEAD: return hp->head_dim;
@@ -312,7 +345,10 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                                    const loom_rule **matched) {
     const loom_rule *rule = loom_rules_match(r, t->name);
     if (matched) *matched = rule;
-    if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1) {
+    /* a single KV head cannot be split: every device keeps all of it (MIRRORED) */
+    bool mqa_kv = hp->n_head_kv == 1 && (rule && (rule->unit == LOOM_RULE_UNIT_KVHEAD ||
+                                                  rule->split == LOOM_RULE_FUSED_QKV));
+    if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1 || mqa_kv) {
         loom_split_state_init(out, LOOM_SPLIT_MIRRORED, n_devices);
         return LOOM_OK;
     }
