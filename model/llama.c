@@ -17,7 +17,8 @@
 
 static const loom__arch *const ARCHS[] = {
     &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
-    &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe,
+    &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe, &loom__arch_gemma2,
+    &loom__arch_gemma3,
 };
 
 /* "<arch>." keys every architecture understands: read below, or without effect on the
@@ -322,6 +323,10 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
         W(N("attn_output.weight"), il, true, 2, &L->wo, Dq, E);
         W(N("attn_output.bias"), il, false, 1, &L->bo, E);
+        if (hp->post_norms) {
+            W(N("post_attention_norm.weight"), il, true, 1, &L->attn_post_norm, E);
+            W(N("post_ffw_norm.weight"), il, true, 1, &L->ffn_post_norm, E);
+        }
         W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
         if (X > 0) {
             W(N("ffn_gate_inp.weight"), il, true, 2, &L->ffn_gate_inp, E, X);

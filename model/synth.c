@@ -88,6 +88,8 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     }
     if (p->n_ff_shexp > 0)
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp);
+    const bool gemma = strncmp(arch, "gemma", 5) == 0;
+    if (p->n_swa > 0) st = st ? st : loom_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa);
     if (p->head_dim > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim);
         st = st ? st : loom_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim);
@@ -191,6 +193,12 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
         }
         NAME("blk.%d.attn_output.weight", il);
         T(2, wt, 1.0f / sqrtf((float)Dq), false, Dq, E);
+        if (gemma) {
+            NAME("blk.%d.post_attention_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, E);
+            NAME("blk.%d.post_ffw_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, E);
+        }
         NAME("blk.%d.ffn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);
         if (X > 0) {

@@ -86,10 +86,20 @@ static const char QWEN3_RULES[] = "# qwen3: llama's table plus per-head q/k norm
 static const char QWEN3MOE_RULES[] = "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM
     EXPERTS;
 
+#define POST_NORMS                                                                                 \
+    "blk\\.\\d+\\.post_(attention|ffw)_norm\\.weight  mirrored\n"
+
+static const char GEMMA2_RULES[] = "# gemma2: llama's table plus post-attention / post-FFN norms\n" COMMON_ATTN
+    POST_NORMS DENSE_FFN;
+
+static const char GEMMA3_RULES[] = "# gemma3: gemma2's table plus per-head q/k norms\n" COMMON_ATTN
+    QK_NORM POST_NORMS DENSE_FFN;
+
 static const struct {
     const char *arch;
     const char *text;
 } TABLES[] = {
+    {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
     {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},       {"mixtral", MOE_RULES},
     {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},   {"qwen3", QWEN3_RULES},
     {"qwen3moe", QWEN3MOE_RULES},
@@ -107,7 +117,7 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
     if (!text)
         return loom_error(LOOM_ERR_UNSUPPORTED,
                           "rules: no split table for architecture '%s' (llama, mistral, mixtral, "
-                          "qwen2, qwen2moe, qwen3, qwen3moe)",
+                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3)",
                           arch);
     char source[64];
     snprintf(source, sizeof source, "builtin:%s%s", arch, moe ? "+moe" : "");

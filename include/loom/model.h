@@ -61,7 +61,7 @@ typedef struct loom_hparams {
     int ffn_glu;           /* LOOM_GLU_SWIGLU (default) or LOOM_GLU_GEGLU (gemma) */
     bool post_norms;       /* gemma: post-attention and post-FFN norms */
     int64_t n_swa;         /* sliding window in positions, 0: none */
-    float rope_freq_base_swa; /* rope base of the sliding-window layers */
+    float rope_freq_base_swa, rope_freq_scale_swa; /* rope of the sliding-window layers */
     bool swa_layer[LOOM_MODEL_MAX_LAYERS]; /* which layers use the sliding window */
 } loom_hparams;
 

@@ -11,6 +11,11 @@
  *   except for qwen2moe), expert FFNs with their biases; qwen2moe adds the shared expert
  *   times sigmoid(w_gate_shexp . h)
  *   logits = (output or token_embd) (rms_norm(x) * output_norm)
+ * gemma2 / gemma3: x starts as token_embd[t] * sqrt(n_embd); the attention and FFN outputs
+ * pass through their post norms before the residual add; the FFN is gelu(gate) * up;
+ * sliding-window layers (gemma2: even layers, gemma3: il % 6 < 5) see positions
+ * p - j < attention.sliding_window; gemma3's sliding layers use rope base 10000 without
+ * scaling; gemma2 caps attention scores (50 tanh(s / 50)) and logits (30 tanh(l / 30)).
  */
 #include "tests/model/arch_ref.h"
 
@@ -74,6 +79,19 @@ static double silu(double x) {
     return x / (1.0 + exp(-x));
 }
 
+static double gelu(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x + 0.044715 * x * x * x)));
+}
+
+static double key_or(const loom_gguf *g, const char *arch, const char *suffix, double dflt) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    double f;
+    return loom_gguf_find_kv(g, key) >= 0 && loom_gguf_get_float(g, key, &f) == LOOM_OK ? f : dflt;
+}
+
+static bool gelu_ffn;
+
 static void rope(double *v, int64_t n_rot, bool neox, int64_t pos, double base, double scale,
                  const float *factors) {
     for (int64_t i = 0; i < n_rot / 2; i++) {
@@ -94,7 +112,7 @@ static void glu_ffn(const float *wg, const float *bg, const float *wu, const flo
     matvec(wg, bg, h, E, F, g);
     matvec(wu, bu, h, E, F, u);
     for (int64_t i = 0; i < F; i++)
-        g[i] = silu(g[i]) * u[i];
+        g[i] = (gelu_ffn ? gelu(g[i]) : silu(g[i])) * u[i];
     matvec(wd, bd, g, F, E, y);
     free(g);
     free(u);
@@ -106,7 +124,12 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     if (st) return st;
     const loom_hparams *hp = &r.hp;
     const char *arch = hp->arch;
-    const bool neox = strncmp(arch, "qwen", 4) == 0;
+    const bool gemma = strncmp(arch, "gemma", 5) == 0, gemma2 = strcmp(arch, "gemma2") == 0;
+    const bool neox = strncmp(arch, "qwen", 4) == 0 || gemma;
+    gelu_ffn = gemma;
+    const int64_t n_swa = gemma ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
+    const double attn_cap = gemma2 ? key_or(g, arch, "attention.logit_softcapping", 50.0) : 0;
+    const double final_cap = gemma2 ? key_or(g, arch, "final_logit_softcapping", 30.0) : 0;
     const bool norm_topk = strcmp(arch, "qwen2moe") != 0;
     const int64_t E = hp->n_embd, H = hp->n_head, Hk = hp->n_head_kv, D = hp->head_dim;
     const int64_t V = hp->n_vocab, F = hp->n_ff, X = hp->n_expert, U = hp->n_expert_used;
@@ -133,8 +156,13 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     double *lv = malloc((size_t)V * sizeof *lv);
     for (int t = 0; t < n && !r.st; t++) {
         for (int64_t i = 0; i < E; i++)
-            x[i] = embd[(int64_t)ids[t] * E + i];
+            x[i] = embd[(int64_t)ids[t] * E + i] * (gemma ? sqrt((double)E) : 1.0);
         for (int il = 0; il < L && !r.st; il++) {
+            const bool swa = n_swa > 0 && (gemma2 ? il % 2 == 0 : il % 6 < 5);
+            const double base = swa && !gemma2 ? 10000.0 : hp->rope_freq_base;
+            const double fscale = swa && !gemma2 ? 1.0 : freq_scale;
+            float *pan = layer_tensor(&r, il, "post_attention_norm.weight", false);
+            float *pfn = layer_tensor(&r, il, "post_ffw_norm.weight", false);
             float *an = layer_tensor(&r, il, "attn_norm.weight", true);
             float *wqkv = layer_tensor(&r, il, "attn_qkv.weight", false);
             float *bqkv = layer_tensor(&r, il, "attn_qkv.bias", false);
@@ -161,26 +189,30 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
             }
             for (int64_t hh = 0; hh < H; hh++) {
                 if (qn) rms_norm(q + hh * D, qn, D, hp->rms_eps, q + hh * D);
-                rope(q + hh * D, hp->n_rot, neox, t, hp->rope_freq_base, freq_scale, freqs);
+                rope(q + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
             }
             for (int64_t hh = 0; hh < Hk; hh++) {
                 if (kn) rms_norm(k + hh * D, kn, D, hp->rms_eps, k + hh * D);
-                rope(k + hh * D, hp->n_rot, neox, t, hp->rope_freq_base, freq_scale, freqs);
+                rope(k + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
             }
             memcpy(kc + ((int64_t)il * n + t) * Dkv, k, (size_t)Dkv * sizeof *k);
             memcpy(vc + ((int64_t)il * n + t) * Dkv, v, (size_t)Dkv * sizeof *v);
             for (int64_t hh = 0; hh < H; hh++) {
                 int64_t kh = hh / (H / Hk);
                 double mx = -INFINITY, sum = 0;
-                for (int j = 0; j <= t; j++) {
+                const int j0 = swa && t - n_swa + 1 > 0 ? (int)(t - n_swa + 1) : 0;
+                for (int j = j0; j <= t; j++) {
                     const double *kj = kc + ((int64_t)il * n + j) * Dkv + kh * D;
                     double s = 0;
                     for (int64_t d = 0; d < D; d++)
                         s += q[hh * D + d] * kj[d];
                     att[j] = s / sqrt((double)D);
+                    if (attn_cap > 0) att[j] = attn_cap * tanh(att[j] / attn_cap);
                     mx = fmax(mx, att[j]);
                 }
-                for (int j = 0; j <= t; j++)
+                for (int j = 0; j < j0; j++)
+                    att[j] = 0;
+                for (int j = j0; j <= t; j++)
                     sum += att[j] = exp(att[j] - mx);
                 for (int64_t d = 0; d < D; d++) {
                     double s = 0;
@@ -190,6 +222,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                 }
             }
             matvec(wo, bo, a, Dq, E, o);
+            if (pan) rms_norm(o, pan, E, hp->rms_eps, o);
             for (int64_t i = 0; i < E; i++)
                 x[i] += o[i];
             rms_norm(x, fn, E, hp->rms_eps, h);
@@ -198,6 +231,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                       *wu = layer_tensor(&r, il, "ffn_up.weight", true);
                 float *wd = layer_tensor(&r, il, "ffn_down.weight", true);
                 if (!r.st) glu_ffn(wg, NULL, wu, NULL, wd, NULL, h, E, F, y);
+                if (!r.st && pfn) rms_norm(y, pfn, E, hp->rms_eps, y);
                 for (int64_t i = 0; i < E && !r.st; i++)
                     x[i] += y[i];
                 free(wg);
@@ -276,6 +310,8 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                 free(sd);
             }
             free(an);
+            free(pan);
+            free(pfn);
             free(wqkv);
             free(bqkv);
             free(wq);
@@ -294,7 +330,8 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
         rms_norm(x, onorm, E, hp->rms_eps, h);
         matvec(outw ? outw : embd, NULL, h, E, V, lv);
         for (int64_t i = 0; i < V; i++)
-            out[(int64_t)t * V + i] = (float)lv[i];
+            out[(int64_t)t * V + i] =
+                (float)(final_cap > 0 ? final_cap * tanh(lv[i] / final_cap) : lv[i]);
     }
     free(embd);
     free(onorm);

@@ -229,6 +229,54 @@ LOOM_TEST(arch, qwen3moe) {
     check_arch("qwen3moe", &p, -1);
 }
 
+/* ---------------------------------------------------------------- gemma family */
+
+LOOM_TEST(arch, gemma2_softcaps_and_sliding_window) {
+    loom_synth_params p = base_params("gemma2");
+    p.tied = true;
+    p.n_swa = 3; /* shorter than the 7 tokens run, so the window masks */
+    check_arch("gemma2", &p, 2);
+}
+
+static void add_rope_factor(loom_gguf_writer *w, void *ud) {
+    loom_gguf_set_f32(w, (const char *)ud, 2.0f);
+}
+
+LOOM_TEST(arch, gemma3_interleaved_layers) {
+    loom_synth_params p = base_params("gemma3");
+    p.n_layer = 6; /* five sliding-window layers, then a global one */
+    p.tied = true;
+    p.qk_norm = true;
+    p.head_dim = 32;
+    p.n_swa = 3;
+    synth s;
+    if (!synth_open(&p, add_rope_factor, "gemma3.rope.scaling.factor", &s)) return;
+    int red = check_everywhere("gemma3", s.g, 2e-4);
+    LOOM_CHECK_EQ_INT(red, 2 * 6);
+    synth_close(&s);
+}
+
+LOOM_TEST(arch, sliding_window_changes_the_result) {
+    loom_synth_params p = base_params("gemma2");
+    p.tied = true;
+    const int64_t V = p.n_vocab;
+    float *a = calloc((size_t)(3 * V), sizeof *a), *b = calloc((size_t)(3 * V), sizeof *b);
+    synth s1, s2;
+    p.n_swa = 3;
+    bool ok = synth_open(&p, NULL, NULL, &s1);
+    p.n_swa = 4096;
+    if (ok && synth_open(&p, NULL, NULL, &s2)) {
+        LOOM_REQUIRE(run(s1.g, &CONFIGS[0], V, a, NULL));
+        LOOM_REQUIRE(run(s2.g, &CONFIGS[0], V, b, NULL));
+        /* a window of 3 hides positions the 4096 one shows (7 tokens run) */
+        LOOM_CHECK_MSG(max_diff(a, b, 3 * V) > 1e-3, "window 3 vs 4096: %g", max_diff(a, b, 3 * V));
+        synth_close(&s2);
+    }
+    synth_close(&s1);
+    free(a);
+    free(b);
+}
+
 /* ---------------------------------------------------------------- features act */
 
 static void cpu_logits(const loom_gguf *g, int64_t V, float *out) {
