@@ -186,9 +186,14 @@ static loom_tensor *softcap(loom_ctx *ctx, loom_tensor *x, float cap) {
 static loom_tensor *dense_ffn(const loom_model *m, loom_ctx *ctx, loom_tensor *gate,
                               loom_tensor *up, loom_tensor *down, loom_tensor *h,
                               loom_tensor *scale) {
-    loom_tensor *g = loom_mul_mat(ctx, gate, h); /* [F, T] */
-    loom_tensor *u = loom_mul_mat(ctx, up, h);   /* [F, T] */
-    loom_tensor *x = loom_glu_split(ctx, g, u, m->hp.ffn_glu);
+    loom_tensor *x;
+    if (!gate) { /* fused: up x h = [gate; up] [2F, T] */
+        x = loom_glu(ctx, loom_mul_mat(ctx, up, h), m->hp.ffn_glu, false);
+    } else {
+        loom_tensor *g = loom_mul_mat(ctx, gate, h); /* [F, T] */
+        loom_tensor *u = loom_mul_mat(ctx, up, h);   /* [F, T] */
+        x = loom_glu_split(ctx, g, u, m->hp.ffn_glu);
+    }
     if (scale) x = loom_mul(ctx, x, scale);
     return loom_mul_mat(ctx, down, x); /* [E, T] */
 }
@@ -260,9 +265,13 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T);
-    bool any_swa = false;
-    for (int il = 0; il < hp->n_layer; il++) any_swa |= hp->swa_layer[il];
-    loom_tensor *mask_swa = any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T) : NULL;
+    bool any_swa = false, all_swa = true;
+    for (int il = 0; il < hp->n_layer; il++) {
+        any_swa |= hp->swa_layer[il];
+        all_swa &= hp->swa_layer[il];
+    }
+    /* every layer sliding (phi3): the one mask is the windowed one */
+    loom_tensor *mask_swa = all_swa ? mask : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T) : NULL;
     if (mask_swa) {
         loom_set_name(mask_swa, "kq_mask_swa");
         loom_set_input(mask_swa);
@@ -326,7 +335,7 @@ loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tok
     }
     loom_tensor_set(bg->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
     loom_tensor_set(bg->pos, pos, 0, (size_t)T * sizeof(int32_t));
-    loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
+    if (bg->mask != bg->mask_swa) loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
     if (bg->mask_swa) { /* also within the window: query position p sees p - n_swa < j */
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < K; j++)

@@ -18,7 +18,7 @@
 static const loom__arch *const ARCHS[] = {
     &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
     &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe, &loom__arch_gemma2,
-    &loom__arch_gemma3,
+    &loom__arch_gemma3, &loom__arch_phi3,
 };
 
 /* "<arch>." keys every architecture understands: read below, or without effect on the
@@ -344,8 +344,10 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             W(N("ffn_down_shexp.weight"), il, shexp, 2, &L->ffn_down_shexp, Fs, E);
             W(N("ffn_gate_inp_shexp.weight"), il, false, 1, &L->ffn_gate_inp_shexp, E);
         } else {
-            W(N("ffn_gate.weight"), il, true, 2, &L->ffn_gate, E, F);
-            W(N("ffn_up.weight"), il, true, 2, &L->ffn_up, E, F);
+            /* no ffn_gate: gate and up fused in ffn_up (phi3), gate rows first */
+            bool fused_up = loom_gguf_find_tensor(g, N("ffn_gate.weight")) < 0;
+            W(N("ffn_gate.weight"), il, !fused_up, 2, &L->ffn_gate, E, F);
+            W(N("ffn_up.weight"), il, true, 2, &L->ffn_up, E, fused_up ? 2 * F : F);
             W(N("ffn_down.weight"), il, true, 2, &L->ffn_down, F, E);
         }
 #undef N

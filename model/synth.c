@@ -229,10 +229,12 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
                 T(2, wt, 1.0f / sqrtf((float)Fs), false, Fs, E);
             }
         } else {
-            NAME("blk.%d.ffn_gate.weight", il);
-            T(2, wt, se, false, E, F);
+            if (!p->fused_gate_up) {
+                NAME("blk.%d.ffn_gate.weight", il);
+                T(2, wt, se, false, E, F);
+            }
             NAME("blk.%d.ffn_up.weight", il);
-            T(2, wt, se, false, E, F);
+            T(2, wt, se, false, E, p->fused_gate_up ? 2 * F : F);
             NAME("blk.%d.ffn_down.weight", il);
             T(2, wt, sf, false, F, E);
         }

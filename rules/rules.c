@@ -86,6 +86,14 @@ static const char QWEN3_RULES[] = "# qwen3: llama's table plus per-head q/k norm
 static const char QWEN3MOE_RULES[] = "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM
     EXPERTS;
 
+#define FUSED_GATE_UP \
+    "# gate and up in one weight: each half split like a dense FFN's\n" \
+    "blk\\.\\d+\\.ffn_up\\.weight  fused_glu\n" \
+    "blk\\.\\d+\\.ffn_down\\.weight  0  ffn\n"
+
+static const char PHI3_RULES[] = "# phi3: fused QKV and fused gate/up, split per part\n" COMMON_ATTN
+    FUSED_GATE_UP;
+
 #define POST_NORMS                                                                                 \
     "blk\\.\\d+\\.post_(attention|ffw)_norm\\.weight  mirrored\n"
 
@@ -99,7 +107,7 @@ static const struct {
     const char *arch;
     const char *text;
 } TABLES[] = {
-    {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
+    {"phi3", PHI3_RULES}, {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
     {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},       {"mixtral", MOE_RULES},
     {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},   {"qwen3", QWEN3_RULES},
     {"qwen3moe", QWEN3MOE_RULES},
@@ -117,7 +125,7 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
     if (!text)
         return loom_error(LOOM_ERR_UNSUPPORTED,
                           "rules: no split table for architecture '%s' (llama, mistral, mixtral, "
-                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3)",
+                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3)",
                           arch);
     char source[64];
     snprintf(source, sizeof source, "builtin:%s%s", arch, moe ? "+moe" : "");
@@ -157,12 +165,13 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
     const char *sp = fields[1];
     if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;
     else if (strcmp(sp, "fused_qkv") == 0) ri.pub.split = LOOM_RULE_FUSED_QKV;
+    else if (strcmp(sp, "fused_glu") == 0) ri.pub.split = LOOM_RULE_FUSED_GLU;
     else if (sp[0] >= '0' && sp[0] <= '3' && sp[1] == 0) ri.pub.split = (loom_rule_split)(sp[0] - '0');
     else
         return loom_error(LOOM_ERR_FORMAT,
-                          "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored or fused_qkv)", source,
+                          "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored, fused_qkv or fused_glu)", source,
                           lineno, sp);
-    ri.pub.unit = LOOM_RULE_UNIT_ELEMENTS;
+    ri.pub.unit = ri.pub.split == LOOM_RULE_FUSED_GLU ? LOOM_RULE_UNIT_FFN : LOOM_RULE_UNIT_ELEMENTS;
     ri.pub.granularity = 1;
     if (nf == 3) {
         const char *g = fields[2];
@@ -378,6 +387,21 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
         if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
             (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)) ||
             (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)))
+            return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
+                              loom_last_error());
+        return LOOM_OK;
+    }
+    if (rule->split == LOOM_RULE_FUSED_GLU) {
+        int axis = loom_n_dims(t) == 1 ? 0 : 1;
+        int64_t half = t->ne[axis] / 2, g = unit_elems(rule, hp);
+        if (t->ne[axis] != 2 * hp->n_ff)
+            return loom_error(LOOM_ERR_SHAPE,
+                              "rules: '%s' (%s:%d fused_glu): ne[%d] = %lld, expected 2 x n_ff %lld",
+                              t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
+                              (long long)hp->n_ff);
+        loom_split_state_init(out, (loom_split_axis)axis, n_devices);
+        if ((st = loom_split_state_add_even(out, half, g, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, half, g, rotation, 1)))
             return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                               loom_last_error());
         return LOOM_OK;

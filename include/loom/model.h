@@ -145,7 +145,8 @@ typedef struct loom_batch_graph {
     loom_tensor *tokens;  /* I32 [T] */
     loom_tensor *pos;     /* I32 [T] */
     loom_tensor *mask;    /* F32 [K, T] */
-    loom_tensor *mask_swa; /* F32 [K, T]: causal and within the sliding window, or NULL */
+    loom_tensor *mask_swa; /* F32 [K, T]: causal and within the sliding window, or NULL;
+                           * == mask when every layer slides */
     int64_t n_swa;
     loom_tensor *logits;  /* F32 [V, T] or [V, 1] */
     int64_t n_tokens;
@@ -182,7 +183,8 @@ typedef struct loom_synth_params {
     int64_t n_ff_shexp;   /* qwen2moe shared expert (with its gate) of this FFN length */
     bool qk_norm;         /* attn_q_norm / attn_k_norm (qwen3) */
     int64_t head_dim;     /* 0: n_embd / n_head; else written as attention.key_length */
-    int64_t n_swa;        /* gemma2/3: attention.sliding_window */
+    int64_t n_swa;        /* gemma2/3, phi3: attention.sliding_window */
+    bool fused_gate_up;   /* phi3: one ffn_up [n_embd, 2 n_ff] (gate rows first), no ffn_gate */
 } loom_synth_params;
 
 LOOM_API loom_synth_params loom_synth_params_default(void);

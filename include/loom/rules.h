@@ -7,7 +7,9 @@
  * Format: one rule per line; `#` starts a comment; fields separated by blanks:
  *   PATTERN  SPLIT  [GRANULARITY]
  *   PATTERN      a PCRE2 regular expression matched against the whole tensor name
- *   SPLIT        0 | 1 | 2 | 3 (the axis) | mirrored | fused_qkv (axis 1 in three segments:
+ *   SPLIT        0 | 1 | 2 | 3 (the axis) | mirrored | fused_glu (axis 1 in two halves, gate
+ *                and up, each split by the granularity, default ffn: phi3's ffn_up) |
+ *                fused_qkv (axis 1 in three segments:
  *                q, k and v, each split by heads)
  *   GRANULARITY  the unit a device's share is a multiple of: a positive integer, or
  *                head (head_dim), kvhead (head_dim), qgroup (head_dim * n_head/n_head_kv:
@@ -40,6 +42,7 @@ typedef enum loom_rule_split {
     LOOM_RULE_AXIS_3 = 3,
     LOOM_RULE_MIRRORED = 10,
     LOOM_RULE_FUSED_QKV = 11,
+    LOOM_RULE_FUSED_GLU = 12, /* axis 1 (axis 0 of a 1-d bias) in two segments, gate and up */
 } loom_rule_split;
 
 typedef enum loom_rule_unit {

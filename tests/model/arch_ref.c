@@ -80,7 +80,8 @@ static double silu(double x) {
 }
 
 static double gelu(double x) {
-    return 0.5 * x * (1.0 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x + 0.044715 * x * x * x)));
+    return 0.5 * x *
+           (1.0 + tanh(0.7978845608028654 /* sqrt(2 / pi) */ * (x + 0.044715 * x * x * x)));
 }
 
 static double key_or(const loom_gguf *g, const char *arch, const char *suffix, double dflt) {
@@ -125,9 +126,11 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     const loom_hparams *hp = &r.hp;
     const char *arch = hp->arch;
     const bool gemma = strncmp(arch, "gemma", 5) == 0, gemma2 = strcmp(arch, "gemma2") == 0;
-    const bool neox = strncmp(arch, "qwen", 4) == 0 || gemma;
+    const bool neox = strncmp(arch, "qwen", 4) == 0 || gemma || strcmp(arch, "phi3") == 0;
     gelu_ffn = gemma;
-    const int64_t n_swa = gemma ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
+    const bool phi3 = strcmp(arch, "phi3") == 0;
+    const int64_t n_swa =
+        gemma || phi3 ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
     const double attn_cap = gemma2 ? key_or(g, arch, "attention.logit_softcapping", 50.0) : 0;
     const double final_cap = gemma2 ? key_or(g, arch, "final_logit_softcapping", 30.0) : 0;
     const bool norm_topk = strcmp(arch, "qwen2moe") != 0;
@@ -158,7 +161,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
         for (int64_t i = 0; i < E; i++)
             x[i] = embd[(int64_t)ids[t] * E + i] * (gemma ? sqrt((double)E) : 1.0);
         for (int il = 0; il < L && !r.st; il++) {
-            const bool swa = n_swa > 0 && (gemma2 ? il % 2 == 0 : il % 6 < 5);
+            const bool swa = n_swa > 0 && (gemma2 ? il % 2 == 0 : gemma ? il % 6 < 5 : true);
             const double base = swa && !gemma2 ? 10000.0 : hp->rope_freq_base;
             const double fscale = swa && !gemma2 ? 1.0 : freq_scale;
             float *pan = layer_tensor(&r, il, "post_attention_norm.weight", false);
@@ -227,10 +230,12 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                 x[i] += o[i];
             rms_norm(x, fn, E, hp->rms_eps, h);
             if (X == 0) {
-                float *wg = layer_tensor(&r, il, "ffn_gate.weight", true),
+                float *wg = layer_tensor(&r, il, "ffn_gate.weight", false),
                       *wu = layer_tensor(&r, il, "ffn_up.weight", true);
                 float *wd = layer_tensor(&r, il, "ffn_down.weight", true);
-                if (!r.st) glu_ffn(wg, NULL, wu, NULL, wd, NULL, h, E, F, y);
+                /* phi3: no ffn_gate, ffn_up holds the gate rows then the up rows */
+                if (!r.st && wg) glu_ffn(wg, NULL, wu, NULL, wd, NULL, h, E, F, y);
+                if (!r.st && !wg) glu_ffn(wu, NULL, wu + F * E, NULL, wd, NULL, h, E, F, y);
                 if (!r.st && pfn) rms_norm(y, pfn, E, hp->rms_eps, y);
                 for (int64_t i = 0; i < E && !r.st; i++)
                     x[i] += y[i];

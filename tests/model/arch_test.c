@@ -277,6 +277,17 @@ LOOM_TEST(arch, sliding_window_changes_the_result) {
     free(b);
 }
 
+/* ---------------------------------------------------------------- phi3 */
+
+LOOM_TEST(arch, phi3_fused_qkv_and_gate_up) {
+    loom_synth_params p = base_params("phi3");
+    p.fused_qkv = true;
+    p.fused_gate_up = true;
+    p.n_head_kv = 4;
+    p.n_swa = 4;
+    check_arch("phi3", &p, 2);
+}
+
 /* ---------------------------------------------------------------- features act */
 
 static void cpu_logits(const loom_gguf *g, int64_t V, float *out) {
