@@ -21,7 +21,7 @@ typedef struct loom__arch {
 extern const loom__arch loom__arch_llama, loom__arch_mistral, loom__arch_mixtral;
 extern const loom__arch loom__arch_qwen2, loom__arch_qwen2moe, loom__arch_qwen3,
     loom__arch_qwen3moe;
-extern const loom__arch loom__arch_gemma2, loom__arch_gemma3, loom__arch_phi3;
+extern const loom__arch loom__arch_gemma2, loom__arch_gemma3, loom__arch_phi3, loom__arch_gptoss;
 
 /* Key helpers for the family hooks: "<hp->arch>.<suffix>" with a default when absent. */
 loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,

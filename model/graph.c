@@ -113,7 +113,8 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     if (L->attn_k_norm) k = loom_mul(ctx, loom_rms_norm(ctx, k, hp->rms_eps), L->attn_k_norm);
     const bool swa = hp->swa_layer[il];
     const float base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
-    const float fscale = swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
+    /* YaRN's scale is inside its frequency factors */
+    const float fscale = hp->rope_yarn ? 1.0f : swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
     q = loom_rope_ext(ctx, q, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
     k = loom_rope_ext(ctx, k, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
@@ -141,7 +142,7 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)D);
     if (swa) mask = mask_swa;
     if (!m->no_flash_attn) {
-        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, NULL, scale,
+        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, L->attn_sinks, scale,
                                 0.0f, hp->attn_softcap); /* [D, H, T] */
     } else if (hp->attn_softcap > 0) {
         loom_error(LOOM_ERR_UNSUPPORTED,
@@ -151,7 +152,7 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
         /* kq [K, T, H] (K heads broadcast over their query group), softmax with the mask,
          * then V^T [K, D, Hk] x kq -> [D, T, H] -> [D, H, T] */
         loom_tensor *kq = loom_mul_mat(ctx, K, Q);
-        kq = loom_soft_max_ext(ctx, kq, mask, NULL, scale, 0.0f);
+        kq = loom_soft_max_ext(ctx, kq, mask, L->attn_sinks, scale, 0.0f);
         loom_tensor *Vt = loom_cont(ctx, loom_permute(ctx, V, 1, 2, 0, 3));
         loom_tensor *kqv = loom_mul_mat(ctx, Vt, kq);
         a = loom_cont(ctx, loom_permute(ctx, kqv, 0, 2, 1, 3));
@@ -208,11 +209,14 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
         return d;
     }
     const int64_t E = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used;
-    loom_tensor *logits = loom_mul_mat(ctx, L->ffn_gate_inp, h);       /* [X, T] */
-    loom_tensor *probs = loom_soft_max(ctx, logits);                    /* [X, T] */
+    loom_tensor *logits = add_bias(ctx, loom_mul_mat(ctx, L->ffn_gate_inp, h), L->ffn_gate_inp_b); /* [X, T] */
+    /* gpt-oss: choose by logits, then softmax over the chosen */
+    loom_tensor *probs = hp->moe_softmax_selected ? logits : loom_soft_max(ctx, logits); /* [X, T] */
     loom_tensor *sel = loom_top_k(ctx, probs, (int)U);                  /* I32 [U, T] */
     loom_tensor *w = loom_get_rows(ctx, loom_reshape_3d(ctx, probs, 1, X, T), sel); /* [1, U, T] */
-    if (hp->norm_topk) {
+    if (hp->moe_softmax_selected) {
+        w = loom_reshape_3d(ctx, loom_soft_max(ctx, loom_reshape_2d(ctx, w, U, T)), 1, U, T);
+    } else if (hp->norm_topk) {
         loom_tensor *ws = loom_sum_rows(ctx, loom_reshape_2d(ctx, w, U, T)); /* [1, T] */
         w = loom_div(ctx, loom_reshape_2d(ctx, w, U, T), ws);               /* [U, T] */
         w = loom_reshape_3d(ctx, w, 1, U, T);
@@ -222,7 +226,16 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
     if (L->ffn_gate_exps_b) g = loom_add_id(ctx, g, L->ffn_gate_exps_b, sel);
     loom_tensor *u = loom_mul_mat_id(ctx, L->ffn_up_exps, h3, sel);   /* [F, U, T] */
     if (L->ffn_up_exps_b) u = loom_add_id(ctx, u, L->ffn_up_exps_b, sel);
-    loom_tensor *x = loom_swiglu_split(ctx, g, u);                    /* [F, U, T] */
+    loom_tensor *x;
+    if (hp->swiglu_limit > 0) { /* clamped: min(g, l) sigmoid(a min(g, l)) (clamp(u, +-l) + 1) */
+        const float a = hp->swiglu_alpha, l = hp->swiglu_limit;
+        g = loom_clamp(ctx, g, -INFINITY, l);
+        u = loom_clamp(ctx, u, -l, l);
+        /* x sigmoid(a x) = silu(a x) / a */
+        x = loom_scale(ctx, loom_swiglu_split(ctx, loom_scale(ctx, g, a), loom_scale_bias(ctx, u, 1.0f, 1.0f)), 1.0f / a);
+    } else {
+        x = loom_swiglu_split(ctx, g, u); /* [F, U, T] */
+    }
     loom_tensor *d = loom_mul_mat_id(ctx, L->ffn_down_exps, x, sel);  /* [E, U, T] */
     if (L->ffn_down_exps_b) d = loom_add_id(ctx, d, L->ffn_down_exps_b, sel);
     d = loom_mul(ctx, d, w);                                          /* [E, U, T] */

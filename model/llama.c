@@ -7,6 +7,7 @@
  * type, and the bytes are copied from the mapped file with loom_tensor_set (so any buffer
  * kind works: host, a simulated device, a meta device's split buffer).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +16,12 @@
 #include "loom/model.h"
 #include "model/arch-impl.h"
 
+#define LOOM_MAX_ROT 1024
+
 static const loom__arch *const ARCHS[] = {
     &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
     &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe, &loom__arch_gemma2,
-    &loom__arch_gemma3, &loom__arch_phi3,
+    &loom__arch_gemma3, &loom__arch_phi3, &loom__arch_gptoss,
 };
 
 /* "<arch>." keys every architecture understands: read below, or without effect on the
@@ -31,7 +34,9 @@ static const char *const COMMON_KEYS[] = {
     "feed_forward_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
     "rope.scaling.factor", "rope.scale_linear", "rope.scaling.type",
     "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
-    "expert_weights_norm", "expert_gating_func", "tensor_data_layout", NULL,
+    "expert_weights_norm", "expert_gating_func", "tensor_data_layout",
+    "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow", NULL,
 };
 
 loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
@@ -87,7 +92,8 @@ static loom_status check_keys(const loom_gguf *g, const loom__arch *a) {
     return LOOM_OK;
 }
 
-/* rope.scaling.*: none, linear (factor), llama3 (factors in rope_freqs.weight). */
+/* rope.scaling.*: none, linear (factor), llama3 (factors in rope_freqs.weight), yarn
+ * (factor, original_context_length, yarn_* with the reference's defaults). */
 static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
     char key[128];
     const char *type = "linear";
@@ -107,6 +113,29 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
             return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor %g (must be > 0)",
                               hp->arch, f);
         hp->rope_freq_scale = (float)(1.0 / f);
+    } else if (strcmp(type, "yarn") == 0) {
+        if (!(f > 0))
+            return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor %g (must be > 0)",
+                              hp->arch, f);
+        if (has_freqs)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: YaRN together with 'rope_freqs.weight' is not supported");
+        hp->rope_yarn = true;
+        hp->rope_freq_scale = (float)(1.0 / f);
+        double ext, attn, fast, slow;
+        if ((st = key_int(g, hp->arch, "rope.scaling.original_context_length", true, 0, &hp->n_ctx_orig)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_ext_factor", 1.0, &ext)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_attn_factor", 1.0, &attn)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_fast", 32.0, &fast)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_slow", 1.0, &slow)))
+            return st;
+        if (hp->n_ctx_orig <= 0)
+            return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.original_context_length %lld",
+                              hp->arch, (long long)hp->n_ctx_orig);
+        hp->yarn_ext_factor = (float)ext;
+        hp->yarn_attn_factor = (float)attn;
+        hp->yarn_beta_fast = (float)fast;
+        hp->yarn_beta_slow = (float)slow;
     } else if (strcmp(type, "llama3") == 0) {
         return loom_error(LOOM_ERR_FORMAT,
                           "model: '%s' = 'llama3' needs the tensor 'rope_freqs.weight' (the "
@@ -114,7 +143,7 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
                           key);
     } else {
         return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "model: '%s' = '%s' is not supported (none, linear, llama3)", key, type);
+                          "model: '%s' = '%s' is not supported (none, linear, llama3, yarn)", key, type);
     }
     return LOOM_OK;
 }
@@ -213,6 +242,12 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         hp->n_vocab = ne[1];
     }
     if (A->read && (st = A->read(g, hp))) return st;
+    if (hp->rope_yarn) { /* cos and sin times mscale each: q.k times mscale^2 */
+        double ms = hp->yarn_attn_factor;
+        if (hp->yarn_ext_factor != 0.0f) ms *= 1.0 + 0.1 * log(1.0 / hp->rope_freq_scale);
+        double base = hp->attn_scale > 0 ? hp->attn_scale : 1.0 / sqrt((double)hp->head_dim);
+        hp->attn_scale = (float)(base * ms * ms);
+    }
     snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
     if (loom_gguf_find_kv(g, key) >= 0 && (st = loom_gguf_get_bool(g, key, &hp->norm_topk)))
         return loom_error(st, "model: %s", loom_last_error());
@@ -223,10 +258,32 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
 
 typedef struct pending {
     loom_tensor *t;
-    int64_t gi;   /* gguf tensor index */
+    int64_t gi; /* gguf tensor index, -1 for a computed tensor */
     int layer;
     loom_buft_t buft;
+    const void *data; /* a computed tensor's bytes */
 } pending;
+
+/* YaRN as ggml's rope computes it: theta_i = p base^(-2i/n) (s (1 - mix_i) + mix_i) with
+ * mix_i = ramp(i) ext_factor between the correction dims of beta_fast and beta_slow, and
+ * cos and sin times mscale = attn_factor (1 + 0.1 ln(1/s)) (when ext_factor != 0). As
+ * rope's frequency divisors: 1 / (s (1 - mix_i) + mix_i); mscale goes into the q.k scale. */
+static double yarn_corr_dim(double n_dims, double n_ctx_orig, double beta, double base) {
+    return n_dims * log(n_ctx_orig / (beta * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
+}
+
+static void yarn_factors(const loom_hparams *hp, float *ff) {
+    const double n = (double)hp->n_rot, s = hp->rope_freq_scale;
+    double lo = floor(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base));
+    double hi = ceil(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
+    lo = fmax(0.0, lo);
+    hi = fmin(n - 1.0, hi);
+    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        double y = ((double)i - lo) / fmax(0.001, hi - lo);
+        double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * hp->yarn_ext_factor;
+        ff[i] = (float)(1.0 / (s * (1.0 - mix) + mix));
+    }
+}
 
 static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_model_params *p,
                               const char *name, int layer, bool required, int n_dims,
@@ -295,6 +352,25 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     W("output.weight", -1, false, 2, &m->output, E, V);
     if (!m->output) m->output = m->tok_embd; /* tied embeddings */
     W("rope_freqs.weight", -1, false, 1, &m->rope_freqs, hp->n_rot / 2);
+    float yarn[LOOM_MAX_ROT / 2];
+    if (hp->rope_yarn) {
+        if (hp->n_rot > LOOM_MAX_ROT) {
+            st = loom_error(LOOM_ERR_UNSUPPORTED, "model: YaRN with %lld rope dims (at most %d)",
+                            (long long)hp->n_rot, LOOM_MAX_ROT);
+            goto fail;
+        }
+        yarn_factors(hp, yarn);
+        m->rope_freqs = loom_new_tensor_1d(m->ctx, LOOM_TYPE_F32, hp->n_rot / 2);
+        if (!m->rope_freqs) {
+            st = loom_error(LOOM_ERR_NOMEM, "model: %s", loom_last_error());
+            goto fail;
+        }
+        loom_set_name(m->rope_freqs, "rope_yarn_factors");
+        loom_set_param(m->rope_freqs);
+        loom_buft_t buft = p && p->placement ? p->placement("rope_yarn_factors", -1, p->placement_user_data) : NULL;
+        if (!buft) buft = p && p->default_buft ? p->default_buft : loom_cpu_buffer_type();
+        list[n_list++] = (pending){.t = m->rope_freqs, .gi = -1, .layer = -1, .buft = buft, .data = yarn};
+    }
     if (m->rope_freqs && m->rope_freqs->type != LOOM_TYPE_F32) {
         st = loom_error(LOOM_ERR_TYPE, "model: tensor 'rope_freqs.weight' is %s (f32 expected)",
                         loom_type_name(m->rope_freqs->type));
@@ -323,13 +399,21 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
         W(N("attn_output.weight"), il, true, 2, &L->wo, Dq, E);
         W(N("attn_output.bias"), il, false, 1, &L->bo, E);
+        W(N("attn_sinks.weight"), il, false, 1, &L->attn_sinks, hp->n_head);
         if (hp->post_norms) {
             W(N("post_attention_norm.weight"), il, true, 1, &L->attn_post_norm, E);
             W(N("post_ffw_norm.weight"), il, true, 1, &L->ffn_post_norm, E);
+            W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        } else if (loom_gguf_find_tensor(g, N("ffn_norm.weight")) < 0 &&
+                   loom_gguf_find_tensor(g, N("post_attention_norm.weight")) >= 0) {
+            /* gpt-oss names its pre-FFN norm post_attention_norm */
+            W(N("post_attention_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        } else {
+            W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
         }
-        W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
         if (X > 0) {
             W(N("ffn_gate_inp.weight"), il, true, 2, &L->ffn_gate_inp, E, X);
+            W(N("ffn_gate_inp.bias"), il, false, 1, &L->ffn_gate_inp_b, X);
             W(N("ffn_gate_exps.weight"), il, true, 3, &L->ffn_gate_exps, E, F, X);
             W(N("ffn_up_exps.weight"), il, true, 3, &L->ffn_up_exps, E, F, X);
             W(N("ffn_down_exps.weight"), il, true, 3, &L->ffn_down_exps, F, E, X);
@@ -354,7 +438,9 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     }
 #undef W
     /* a tensor the graph would not use is a part of the model loom does not understand */
-    if (n_list < n_tensors) {
+    int n_from_file = 0;
+    for (int i = 0; i < n_list; i++) n_from_file += list[i].gi >= 0;
+    if (n_from_file < n_tensors) {
         for (int64_t gi = 0; gi < n_tensors; gi++) {
             bool used = false;
             for (int i = 0; i < n_list && !used; i++) used = list[i].gi == gi;
@@ -409,8 +495,12 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
     }
     size_t total = 0, done = 0;
-    for (int i = 0; i < n_list; i++) total += loom_gguf_tensor_size(g, list[i].gi);
+    for (int i = 0; i < n_list; i++) total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
     for (int i = 0; i < n_list; i++) {
+        if (list[i].gi < 0) {
+            loom_tensor_set(list[i].t, list[i].data, 0, loom_nbytes(list[i].t));
+            continue;
+        }
         size_t n = loom_gguf_tensor_size(g, list[i].gi);
         loom_tensor_set(list[i].t, loom_gguf_tensor_data(g, list[i].gi), 0, n);
         done += n;

@@ -88,7 +88,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     }
     if (p->n_ff_shexp > 0)
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp);
-    const bool gemma = strncmp(arch, "gemma", 5) == 0;
+    const bool gemma = strncmp(arch, "gemma", 5) == 0, gptoss = strcmp(arch, "gpt-oss") == 0;
     if (p->n_swa > 0) st = st ? st : loom_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa);
     if (p->head_dim > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim);
@@ -193,21 +193,33 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
         }
         NAME("blk.%d.attn_output.weight", il);
         T(2, wt, 1.0f / sqrtf((float)Dq), false, Dq, E);
+        if (gptoss) { /* output bias, sinks */
+            NAME("blk.%d.attn_output.bias", il);
+            T(1, LOOM_TYPE_F32, 0.1f, false, E);
+            NAME("blk.%d.attn_sinks.weight", il);
+            T(1, LOOM_TYPE_F32, 2.0f, false, p->n_head);
+        }
         if (gemma) {
             NAME("blk.%d.post_attention_norm.weight", il);
             T(1, LOOM_TYPE_F32, 0.5f, true, E);
             NAME("blk.%d.post_ffw_norm.weight", il);
             T(1, LOOM_TYPE_F32, 0.5f, true, E);
         }
-        NAME("blk.%d.ffn_norm.weight", il);
+        NAME(gptoss ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);
         if (X > 0) {
             NAME("blk.%d.ffn_gate_inp.weight", il);
             T(2, LOOM_TYPE_F32, se, false, E, X);
+            if (gptoss) {
+                NAME("blk.%d.ffn_gate_inp.bias", il);
+                T(1, LOOM_TYPE_F32, 0.5f, false, X);
+            }
+            /* gpt-oss: large enough for its SwiGLU clamp at 7 to act */
+            const float sx = gptoss ? 10.0f * se : se;
             NAME("blk.%d.ffn_gate_exps.weight", il);
-            T(3, wt, se, false, E, F, X);
+            T(3, wt, sx, false, E, F, X);
             NAME("blk.%d.ffn_up_exps.weight", il);
-            T(3, wt, se, false, E, F, X);
+            T(3, wt, sx, false, E, F, X);
             NAME("blk.%d.ffn_down_exps.weight", il);
             T(3, wt, sf, false, F, E, X);
             if (p->biases) {

@@ -91,6 +91,12 @@ static const char QWEN3MOE_RULES[] = "# qwen3moe: qwen3's attention, MoE FFN\n" 
     "blk\\.\\d+\\.ffn_up\\.weight  fused_glu\n" \
     "blk\\.\\d+\\.ffn_down\\.weight  0  ffn\n"
 
+static const char GPTOSS_RULES[] = "# gpt-oss: biases, per-head sinks, MoE with router and expert biases\n" COMMON_ATTN
+    ATTN_BIASES
+    "blk\\.\\d+\\.attn_sinks\\.weight          0  qgroup_heads\n"
+    "blk\\.\\d+\\.post_attention_norm\\.weight mirrored\n"
+    "blk\\.\\d+\\.ffn_gate_inp\\.bias          mirrored\n" EXPERTS;
+
 static const char PHI3_RULES[] = "# phi3: fused QKV and fused gate/up, split per part\n" COMMON_ATTN
     FUSED_GATE_UP;
 
@@ -107,7 +113,7 @@ static const struct {
     const char *arch;
     const char *text;
 } TABLES[] = {
-    {"phi3", PHI3_RULES}, {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
+    {"phi3", PHI3_RULES}, {"gpt-oss", GPTOSS_RULES}, {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
     {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},       {"mixtral", MOE_RULES},
     {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},   {"qwen3", QWEN3_RULES},
     {"qwen3moe", QWEN3MOE_RULES},
@@ -125,7 +131,7 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
     if (!text)
         return loom_error(LOOM_ERR_UNSUPPORTED,
                           "rules: no split table for architecture '%s' (llama, mistral, mixtral, "
-                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3)",
+                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)",
                           arch);
     char source[64];
     snprintf(source, sizeof source, "builtin:%s%s", arch, moe ? "+moe" : "");
@@ -179,6 +185,7 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         else if (strcmp(g, "kvhead") == 0) ri.pub.unit = LOOM_RULE_UNIT_KVHEAD;
         else if (strcmp(g, "qgroup") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP;
         else if (strcmp(g, "ffn") == 0) ri.pub.unit = LOOM_RULE_UNIT_FFN;
+        else if (strcmp(g, "qgroup_heads") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP_HEADS;
         else {
             char *end;
             errno = 0;
@@ -186,7 +193,7 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
             if (*end || errno || v <= 0)
                 return loom_error(LOOM_ERR_FORMAT,
                                   "%s:%d: bad granularity '%s' (a positive integer, head, kvhead, "
-                                  "qgroup or ffn)",
+                                  "qgroup, qgroup_heads or ffn)",
                                   source, lineno, g);
             ri.pub.granularity = v;
         }
@@ -354,6 +361,7 @@ static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
     case LOOM_RULE_UNIT_HEAD: return hp->head_dim;
     case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim * mult;
     case LOOM_RULE_UNIT_QGROUP: return qg * mult;
+    case LOOM_RULE_UNIT_QGROUP_HEADS: return qg / hp->head_dim * mult;
     case LOOM_RULE_UNIT_FFN: return hp->ffn_block > 1 ? hp->ffn_block : 1;
     default: return rule->granularity;
     }

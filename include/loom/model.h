@@ -63,6 +63,15 @@ typedef struct loom_hparams {
     int64_t n_swa;         /* sliding window in positions, 0: none */
     float rope_freq_base_swa, rope_freq_scale_swa; /* rope of the sliding-window layers */
     bool swa_layer[LOOM_MODEL_MAX_LAYERS]; /* which layers use the sliding window */
+    /* YaRN rope (rope.scaling.type yarn): applied as per-frequency factors and a q.k
+     * scale of mscale^2, exactly as ggml's rope computes it */
+    bool rope_yarn;
+    int64_t n_ctx_orig;    /* rope.scaling.original_context_length */
+    float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    /* gpt-oss: routing weights = softmax over the selected experts' logits; experts'
+     * clamped SwiGLU: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1) */
+    bool moe_softmax_selected;
+    float swiglu_alpha, swiglu_limit; /* 0: plain SwiGLU */
 } loom_hparams;
 
 /* Reads hyperparameters; errors name the missing key or the unknown architecture. */
@@ -77,6 +86,8 @@ typedef struct loom_layer {
     loom_tensor *attn_q_norm, *attn_k_norm;                          /* [head_dim] (qwen3) */
     loom_tensor *ffn_gate_inp_shexp, *ffn_gate_shexp, *ffn_up_shexp, *ffn_down_shexp;
     loom_tensor *attn_post_norm, *ffn_post_norm;                     /* gemma */
+    loom_tensor *attn_sinks;      /* [n_head] one extra logit per head (gpt-oss) */
+    loom_tensor *ffn_gate_inp_b;  /* [n_expert] router bias (gpt-oss) */
 } loom_layer;
 
 /* Chooses where a weight lives: return a buffer type, or NULL for the default. `layer` is
@@ -96,7 +107,8 @@ typedef struct loom_model {
     loom_hparams hp;
     loom_ctx *ctx;                 /* weight headers (no_alloc) */
     loom_tensor *tok_embd, *output_norm, *output; /* output == tok_embd when tied */
-    loom_tensor *rope_freqs;       /* F32 [n_rot/2] rope frequency divisors (llama 3.1), or NULL */
+    loom_tensor *rope_freqs;       /* F32 [n_rot/2] rope frequency divisors (llama 3.1, or
+                                    * computed for YaRN: "rope_yarn_factors"), or NULL */
     loom_layer layers[LOOM_MODEL_MAX_LAYERS];
     loom_buffer_t *buffers;        /* one per distinct buffer type used */
     int n_buffers;

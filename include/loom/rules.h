@@ -15,7 +15,8 @@
  *                head (head_dim), kvhead (head_dim), qgroup (head_dim * n_head/n_head_kv:
  *                the query heads that share one KV head, so query and KV splits agree),
  *                ffn (the block length of ffn_down's type, so the FFN's column and row
- *                splits agree when the weights are quantised), default 1. qgroup and
+ *                splits agree when the weights are quantised), qgroup_heads (qgroup
+ *                counted in heads, for per-head values such as attention sinks), default 1. qgroup and
  *                kvhead are coarsened together to whole blocks of attn_output's type. On axis 0 the type's block length (32 for Q4_0/Q8_0) is
  *                always respected too.
  * Counts that do not divide are spread unevenly: the remainder units go to devices
@@ -51,6 +52,7 @@ typedef enum loom_rule_unit {
     LOOM_RULE_UNIT_KVHEAD,
     LOOM_RULE_UNIT_QGROUP,
     LOOM_RULE_UNIT_FFN,
+    LOOM_RULE_UNIT_QGROUP_HEADS, /* qgroup counted in heads: per-head vectors (sinks) */
 } loom_rule_unit;
 
 typedef struct loom_rule {

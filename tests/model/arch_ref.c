@@ -16,6 +16,12 @@
  * sliding-window layers (gemma2: even layers, gemma3: il % 6 < 5) see positions
  * p - j < attention.sliding_window; gemma3's sliding layers use rope base 10000 without
  * scaling; gemma2 caps attention scores (50 tanh(s / 50)) and logits (30 tanh(l / 30)).
+ * phi3: ffn_up = [gate; up] rows; every layer slides when the file gives a window.
+ * gpt-oss: attention biases; a sink logit per head joins every softmax; even layers slide;
+ * YaRN rope as ggml computes it (theta = mix of s theta and theta by the ramp between the
+ * correction dims, cos and sin times 1 + 0.1 ln(1/s)); pre-FFN norm post_attention_norm;
+ * router bias, weights = the chosen experts' probabilities renormalised (the same as a
+ * softmax over their logits); experts min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, 7) + 1).
  */
 #include "tests/model/arch_ref.h"
 
@@ -91,7 +97,29 @@ static double key_or(const loom_gguf *g, const char *arch, const char *suffix, d
     return loom_gguf_find_kv(g, key) >= 0 && loom_gguf_get_float(g, key, &f) == LOOM_OK ? f : dflt;
 }
 
-static bool gelu_ffn;
+static bool gelu_ffn, oai_swiglu;
+
+/* ggml's YaRN: corr dims from beta_fast / beta_slow, a linear ramp between them */
+static double corr_dim(double n_dims, double n_orig, double beta, double base) {
+    return n_dims * log(n_orig / (beta * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
+}
+
+static void rope_yarn(double *v, int64_t n_rot, int64_t pos, double base, double s, double n_orig,
+                      double ext) {
+    double lo = fmax(0.0, floor(corr_dim((double)n_rot, n_orig, 32.0, base)));
+    double hi = fmin((double)n_rot - 1, ceil(corr_dim((double)n_rot, n_orig, 1.0, base)));
+    double mscale = 1.0 + 0.1 * log(1.0 / s);
+    for (int64_t i = 0; i < n_rot / 2; i++) {
+        double extrap = (double)pos * pow(base, -2.0 * (double)i / (double)n_rot);
+        double y = ((double)i - lo) / fmax(0.001, hi - lo);
+        double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * ext;
+        double theta = s * extrap * (1.0 - mix) + extrap * mix;
+        int64_t a = i, b = i + n_rot / 2; /* neox */
+        double c = cos(theta) * mscale, sn = sin(theta) * mscale, x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * sn;
+        v[b] = x0 * sn + x1 * c;
+    }
+}
 
 static void rope(double *v, int64_t n_rot, bool neox, int64_t pos, double base, double scale,
                  const float *factors) {
@@ -112,8 +140,14 @@ static void glu_ffn(const float *wg, const float *bg, const float *wu, const flo
     double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
     matvec(wg, bg, h, E, F, g);
     matvec(wu, bu, h, E, F, u);
-    for (int64_t i = 0; i < F; i++)
-        g[i] = (gelu_ffn ? gelu(g[i]) : silu(g[i])) * u[i];
+    for (int64_t i = 0; i < F; i++) {
+        if (oai_swiglu) {
+            double xg = fmin(g[i], 7.0), yu = fmin(fmax(u[i], -7.0), 7.0);
+            g[i] = xg / (1.0 + exp(-1.702 * xg)) * (yu + 1.0);
+        } else {
+            g[i] = (gelu_ffn ? gelu(g[i]) : silu(g[i])) * u[i];
+        }
+    }
     matvec(wd, bd, g, F, E, y);
     free(g);
     free(u);
@@ -126,11 +160,14 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     const loom_hparams *hp = &r.hp;
     const char *arch = hp->arch;
     const bool gemma = strncmp(arch, "gemma", 5) == 0, gemma2 = strcmp(arch, "gemma2") == 0;
-    const bool neox = strncmp(arch, "qwen", 4) == 0 || gemma || strcmp(arch, "phi3") == 0;
     gelu_ffn = gemma;
-    const bool phi3 = strcmp(arch, "phi3") == 0;
+    const bool phi3 = strcmp(arch, "phi3") == 0, gptoss = strcmp(arch, "gpt-oss") == 0;
+    const bool neox = strncmp(arch, "qwen", 4) == 0 || gemma || phi3 || gptoss;
+    oai_swiglu = gptoss;
+    const double yarn_orig =
+        gptoss ? key_or(g, arch, "rope.scaling.original_context_length", 0) : 0;
     const int64_t n_swa =
-        gemma || phi3 ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
+        gemma || phi3 || gptoss ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
     const double attn_cap = gemma2 ? key_or(g, arch, "attention.logit_softcapping", 50.0) : 0;
     const double final_cap = gemma2 ? key_or(g, arch, "final_logit_softcapping", 30.0) : 0;
     const bool norm_topk = strcmp(arch, "qwen2moe") != 0;
@@ -161,10 +198,14 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
         for (int64_t i = 0; i < E; i++)
             x[i] = embd[(int64_t)ids[t] * E + i] * (gemma ? sqrt((double)E) : 1.0);
         for (int il = 0; il < L && !r.st; il++) {
-            const bool swa = n_swa > 0 && (gemma2 ? il % 2 == 0 : gemma ? il % 6 < 5 : true);
-            const double base = swa && !gemma2 ? 10000.0 : hp->rope_freq_base;
-            const double fscale = swa && !gemma2 ? 1.0 : freq_scale;
-            float *pan = layer_tensor(&r, il, "post_attention_norm.weight", false);
+            const bool swa = n_swa > 0 && (gemma2 || gptoss ? il % 2 == 0
+                                           : gemma          ? il % 6 < 5
+                                                            : true);
+            const bool gemma3_swa = swa && gemma && !gemma2;
+            const double base = gemma3_swa ? 10000.0 : hp->rope_freq_base;
+            const double fscale = gemma3_swa ? 1.0 : freq_scale;
+            float *pan = gptoss ? NULL : layer_tensor(&r, il, "post_attention_norm.weight", false);
+            float *sinks = layer_tensor(&r, il, "attn_sinks.weight", false);
             float *pfn = layer_tensor(&r, il, "post_ffw_norm.weight", false);
             float *an = layer_tensor(&r, il, "attn_norm.weight", true);
             float *wqkv = layer_tensor(&r, il, "attn_qkv.weight", false);
@@ -179,7 +220,8 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
             float *kn = layer_tensor(&r, il, "attn_k_norm.weight", false);
             float *wo = layer_tensor(&r, il, "attn_output.weight", true),
                   *bo = layer_tensor(&r, il, "attn_output.bias", false);
-            float *fn = layer_tensor(&r, il, "ffn_norm.weight", true);
+            float *fn = layer_tensor(
+                &r, il, gptoss ? "post_attention_norm.weight" : "ffn_norm.weight", true);
             if (r.st) break;
             rms_norm(x, an, E, hp->rms_eps, h);
             double *q = qkv, *k = qkv + Dq, *v = qkv + Dq + Dkv;
@@ -192,11 +234,17 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
             }
             for (int64_t hh = 0; hh < H; hh++) {
                 if (qn) rms_norm(q + hh * D, qn, D, hp->rms_eps, q + hh * D);
-                rope(q + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
+                if (yarn_orig > 0)
+                    rope_yarn(q + hh * D, hp->n_rot, t, base, fscale, yarn_orig, 1.0);
+                else
+                    rope(q + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
             }
             for (int64_t hh = 0; hh < Hk; hh++) {
                 if (kn) rms_norm(k + hh * D, kn, D, hp->rms_eps, k + hh * D);
-                rope(k + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
+                if (yarn_orig > 0)
+                    rope_yarn(k + hh * D, hp->n_rot, t, base, fscale, yarn_orig, 1.0);
+                else
+                    rope(k + hh * D, hp->n_rot, neox, t, base, fscale, freqs);
             }
             memcpy(kc + ((int64_t)il * n + t) * Dkv, k, (size_t)Dkv * sizeof *k);
             memcpy(vc + ((int64_t)il * n + t) * Dkv, v, (size_t)Dkv * sizeof *v);
@@ -215,8 +263,10 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                 }
                 for (int j = 0; j < j0; j++)
                     att[j] = 0;
+                if (sinks) mx = fmax(mx, sinks[hh]);
                 for (int j = j0; j <= t; j++)
                     sum += att[j] = exp(att[j] - mx);
+                if (sinks) sum += exp(sinks[hh] - mx); /* in the sum, no value */
                 for (int64_t d = 0; d < D; d++) {
                     double s = 0;
                     for (int j = 0; j <= t; j++)
@@ -244,6 +294,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                 free(wd);
             } else {
                 float *wr = layer_tensor(&r, il, "ffn_gate_inp.weight", true);
+                float *br = layer_tensor(&r, il, "ffn_gate_inp.bias", false);
                 float *wg = layer_tensor(&r, il, "ffn_gate_exps.weight", true),
                       *wu = layer_tensor(&r, il, "ffn_up_exps.weight", true);
                 float *wd = layer_tensor(&r, il, "ffn_down_exps.weight", true);
@@ -255,7 +306,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                       *su = layer_tensor(&r, il, "ffn_up_shexp.weight", false);
                 float *sd = layer_tensor(&r, il, "ffn_down_shexp.weight", false);
                 if (!r.st) {
-                    matvec(wr, NULL, h, E, X, lg);
+                    matvec(wr, br, h, E, X, lg);
                     double mx = -INFINITY, sum = 0;
                     for (int64_t e = 0; e < X; e++)
                         mx = fmax(mx, lg[e]);
@@ -281,7 +332,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                         glu_ffn(wg + e * F * E, bg ? bg + e * F : NULL, wu + e * F * E,
                                 bu ? bu + e * F : NULL, wd + e * E * F, bd ? bd + e * E : NULL, h,
                                 E, F, y);
-                        double wgt = norm_topk ? lg[e] / wsum : lg[e];
+                        double wgt = norm_topk || gptoss ? lg[e] / wsum : lg[e];
                         for (int64_t i = 0; i < E; i++)
                             x[i] += wgt * y[i];
                     }
@@ -303,6 +354,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
                     }
                 }
                 free(wr);
+                free(br);
                 free(wg);
                 free(wu);
                 free(wd);
@@ -316,6 +368,7 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
             }
             free(an);
             free(pan);
+            free(sinks);
             free(pfn);
             free(wqkv);
             free(bqkv);

@@ -288,6 +288,34 @@ LOOM_TEST(arch, phi3_fused_qkv_and_gate_up) {
     check_arch("phi3", &p, 2);
 }
 
+/* ---------------------------------------------------------------- gpt-oss */
+
+static void add_yarn(loom_gguf_writer *w, void *ud) {
+    (void)ud;
+    loom_gguf_set_str(w, "gpt-oss.rope.scaling.type", "yarn");
+    loom_gguf_set_f32(w, "gpt-oss.rope.scaling.factor", 4.0f);
+    loom_gguf_set_u32(w, "gpt-oss.rope.scaling.original_context_length", 256);
+}
+
+/* Sinks, alternating windows, YaRN, router and expert biases (ADD_ID), clamped SwiGLU;
+ * F32 experts here (the real files' MXFP4 comes with that type). */
+LOOM_TEST(arch, gptoss) {
+    loom_synth_params p = base_params("gpt-oss");
+    p.n_expert = 4;
+    p.n_expert_used = 2;
+    p.n_ff = 32;
+    p.biases = true;
+    p.n_swa = 3;
+    synth s;
+    if (!synth_open(&p, add_yarn, NULL, &s)) return;
+    check_everywhere("gpt-oss", s.g, 2e-4);
+    synth_close(&s);
+    p.wtype = LOOM_TYPE_F16;
+    if (!synth_open(&p, add_yarn, NULL, &s)) return;
+    check_everywhere("gpt-oss-f16", s.g, 1e-3);
+    synth_close(&s);
+}
+
 /* ---------------------------------------------------------------- features act */
 
 static void cpu_logits(const loom_gguf *g, int64_t V, float *out) {
@@ -397,8 +425,10 @@ LOOM_TEST(arch, keys_that_change_the_math_are_refused_by_name) {
                    "llama.attention.sliding_window");
     expect_refused("llama", &(kv_edit){"llama.attention.layer_norm_epsilon", NULL, 1e-5f},
                    "llama.attention.layer_norm_epsilon");
+    expect_refused("qwen2", &(kv_edit){"qwen2.rope.scaling.type", "longrope", 0},
+                   "qwen2.rope.scaling.type' = 'longrope'");
     expect_refused("qwen2", &(kv_edit){"qwen2.rope.scaling.type", "yarn", 0},
-                   "qwen2.rope.scaling.type' = 'yarn'");
+                   "qwen2.rope.scaling.original_context_length");
     expect_refused("llama", &(kv_edit){"llama.rope.scaling.type", "llama3", 0},
                    "rope_freqs.weight");
     expect_refused("llama", &(kv_edit){"llama.attention.value_length", NULL, 8.0f}, "value_length");
