@@ -85,6 +85,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     if (p->n_expert > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert);
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used);
+        st = st ? st : loom_gguf_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff);
     }
     if (p->n_ff_shexp > 0)
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp);
@@ -176,7 +177,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             T(2, wt, se, false, E, Dkv);
             NAME("blk.%d.attn_v.weight", il);
             T(2, wt, se, false, E, Dkv);
-            if (p->biases) {
+            if (p->biases || p->attn_biases) {
                 NAME("blk.%d.attn_q.bias", il);
                 T(1, LOOM_TYPE_F32, 0.1f, false, Dq);
                 NAME("blk.%d.attn_k.bias", il);

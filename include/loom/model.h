@@ -187,6 +187,7 @@ typedef struct loom_synth_params {
     int64_t n_expert, n_expert_used; /* 0: dense */
     loom_type wtype;      /* matrices: F32, F16, BF16, Q8_0, Q4_0 (norms and biases F32) */
     bool biases;          /* attention q/k/v biases, and expert biases for MoE */
+    bool attn_biases;     /* attention biases only (with `biases` off) */
     bool fused_qkv;       /* one attn_qkv weight instead of q, k, v */
     uint64_t seed;
     /* architecture features (all off by default) */

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "loom/session.h"
+#include "tests/model/arch_cases.h"
 #include "tests/model/arch_ref.h"
 #include "tests/shim/loom_test.h"
 
@@ -30,9 +31,9 @@ static const config CONFIGS[] = {
 };
 #define N_CONFIGS (int)(sizeof CONFIGS / sizeof CONFIGS[0])
 
-static const int32_t IDS[7] = {1, 15, 290, 300, 270, 99, 311};
-#define N_PROMPT 5
-#define N_EVAL 7 /* a prompt of 5, then 2 single tokens */
+#define IDS ARCH_IDS
+#define N_PROMPT ARCH_N_PROMPT
+#define N_EVAL ARCH_N_EVAL /* a prompt of 5, then 2 single tokens */
 
 /* A synthetic model held in memory. */
 typedef struct synth {
@@ -42,19 +43,7 @@ typedef struct synth {
     loom_gguf *g;
 } synth;
 
-static loom_synth_params base_params(const char *arch) {
-    loom_synth_params p = loom_synth_params_default();
-    p.arch = arch;
-    p.n_embd = 64;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.n_ff = 96;
-    p.n_layer = 2;
-    p.n_vocab = 320;
-    p.n_ctx = 64;
-    p.seed = 11;
-    return p;
-}
+#define base_params arch_base_params
 
 /* Makes the writer; `edit` (optional) may add keys or tensors before it is written. */
 static bool synth_open(const loom_synth_params *p, void (*edit)(loom_gguf_writer *w, void *ud),
@@ -166,25 +155,33 @@ static void check_arch(const char *what, const loom_synth_params *p,
     synth_close(&s);
 }
 
+/* ---------------------------------------------------------------- every architecture */
+
+/* Each case: cpu vs the naive reference, meta(1, 2, 3, 4, 8) and layer split vs cpu, and
+ * the reductions per layer per generated token on sim:4. */
+LOOM_TEST(arch, every_architecture_everywhere) {
+    for (int i = 0; i < arch_case_count(); i++) {
+        const arch_case *c = arch_case_get(i);
+        void *data = NULL;
+        size_t size = 0;
+        loom_gguf *g = NULL;
+        if (!LOOM_CHECK_MSG(arch_case_write(c, &data, &size) == LOOM_OK &&
+                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
+                            "%s: %s", c->name, loom_last_error())) {
+            loom_free(data);
+            continue;
+        }
+        int red = check_everywhere(c->name, g, 2e-4);
+        if (c->reductions_per_layer >= 0)
+            LOOM_CHECK_MSG(red == c->reductions_per_layer * (int)c->p.n_layer,
+                           "%s: %d reductions per token on sim:4, expected %d per layer x %lld",
+                           c->name, red, c->reductions_per_layer, (long long)c->p.n_layer);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+}
+
 /* ---------------------------------------------------------------- llama family */
-
-LOOM_TEST(arch, llama_gqa_everywhere) {
-    loom_synth_params p = base_params("llama");
-    check_arch("llama", &p, 2);
-}
-
-LOOM_TEST(arch, llama_single_kv_head_is_mirrored) {
-    loom_synth_params p = base_params("llama");
-    p.n_head_kv = 1;
-    check_arch("llama-mqa", &p, 2);
-}
-
-LOOM_TEST(arch, llama31_rope_freqs_and_tied_embeddings) {
-    loom_synth_params p = base_params("llama");
-    p.rope_freqs = true;
-    p.tied = true;
-    check_arch("llama3.1", &p, -1);
-}
 
 LOOM_TEST(arch, mistral_and_mixtral) {
     loom_synth_params p = base_params("mistral");
@@ -195,66 +192,7 @@ LOOM_TEST(arch, mistral_and_mixtral) {
     check_arch("mixtral", &p, -1);
 }
 
-/* ---------------------------------------------------------------- qwen family */
-
-LOOM_TEST(arch, qwen2_biases) {
-    loom_synth_params p = base_params("qwen2");
-    p.biases = true;
-    check_arch("qwen2", &p, 2);
-}
-
-LOOM_TEST(arch, qwen2moe_shared_expert) {
-    loom_synth_params p = base_params("qwen2moe");
-    p.n_expert = 4;
-    p.n_expert_used = 2;
-    p.n_ff = 32;
-    p.n_ff_shexp = 64;
-    p.biases = true;
-    check_arch("qwen2moe", &p, -1);
-}
-
-LOOM_TEST(arch, qwen3_qk_norm) {
-    loom_synth_params p = base_params("qwen3");
-    p.head_dim = 32; /* key_length != n_embd / n_head, as in the real qwen3 files */
-    p.qk_norm = true;
-    check_arch("qwen3", &p, 2);
-}
-
-LOOM_TEST(arch, qwen3moe) {
-    loom_synth_params p = base_params("qwen3moe");
-    p.qk_norm = true;
-    p.n_expert = 4;
-    p.n_expert_used = 2;
-    p.n_ff = 32;
-    check_arch("qwen3moe", &p, -1);
-}
-
 /* ---------------------------------------------------------------- gemma family */
-
-LOOM_TEST(arch, gemma2_softcaps_and_sliding_window) {
-    loom_synth_params p = base_params("gemma2");
-    p.tied = true;
-    p.n_swa = 3; /* shorter than the 7 tokens run, so the window masks */
-    check_arch("gemma2", &p, 2);
-}
-
-static void add_rope_factor(loom_gguf_writer *w, void *ud) {
-    loom_gguf_set_f32(w, (const char *)ud, 2.0f);
-}
-
-LOOM_TEST(arch, gemma3_interleaved_layers) {
-    loom_synth_params p = base_params("gemma3");
-    p.n_layer = 6; /* five sliding-window layers, then a global one */
-    p.tied = true;
-    p.qk_norm = true;
-    p.head_dim = 32;
-    p.n_swa = 3;
-    synth s;
-    if (!synth_open(&p, add_rope_factor, "gemma3.rope.scaling.factor", &s)) return;
-    int red = check_everywhere("gemma3", s.g, 2e-4);
-    LOOM_CHECK_EQ_INT(red, 2 * 6);
-    synth_close(&s);
-}
 
 LOOM_TEST(arch, sliding_window_changes_the_result) {
     loom_synth_params p = base_params("gemma2");
@@ -277,43 +215,36 @@ LOOM_TEST(arch, sliding_window_changes_the_result) {
     free(b);
 }
 
-/* ---------------------------------------------------------------- phi3 */
+/* ---------------------------------------------------------------- MoE variants */
 
-LOOM_TEST(arch, phi3_fused_qkv_and_gate_up) {
-    loom_synth_params p = base_params("phi3");
-    p.fused_qkv = true;
-    p.fused_gate_up = true;
-    p.n_head_kv = 4;
-    p.n_swa = 4;
-    check_arch("phi3", &p, 2);
-}
-
-/* ---------------------------------------------------------------- gpt-oss */
-
-static void add_yarn(loom_gguf_writer *w, void *ud) {
-    (void)ud;
-    loom_gguf_set_str(w, "gpt-oss.rope.scaling.type", "yarn");
-    loom_gguf_set_f32(w, "gpt-oss.rope.scaling.factor", 4.0f);
-    loom_gguf_set_u32(w, "gpt-oss.rope.scaling.original_context_length", 256);
-}
-
-/* Sinks, alternating windows, YaRN, router and expert biases (ADD_ID), clamped SwiGLU;
- * F32 experts here (the real files' MXFP4 comes with that type). */
-LOOM_TEST(arch, gptoss) {
-    loom_synth_params p = base_params("gpt-oss");
+LOOM_TEST(arch, moe_with_expert_biases) {
+    loom_synth_params p = base_params("mixtral");
     p.n_expert = 4;
     p.n_expert_used = 2;
     p.n_ff = 32;
     p.biases = true;
-    p.n_swa = 3;
-    synth s;
-    if (!synth_open(&p, add_yarn, NULL, &s)) return;
-    check_everywhere("gpt-oss", s.g, 2e-4);
-    synth_close(&s);
-    p.wtype = LOOM_TYPE_F16;
-    if (!synth_open(&p, add_yarn, NULL, &s)) return;
-    check_everywhere("gpt-oss-f16", s.g, 1e-3);
-    synth_close(&s);
+    check_arch("mixtral-b", &p, -1);
+}
+
+/* ---------------------------------------------------------------- gpt-oss */
+
+/* Sinks, alternating windows, YaRN, router and expert biases (ADD_ID), clamped SwiGLU;
+ * F32 experts here (the real files' MXFP4 comes with that type). */
+LOOM_TEST(arch, gptoss_f16_experts) {
+    const arch_case *c = NULL;
+    for (int i = 0; i < arch_case_count(); i++)
+        if (strcmp(arch_case_get(i)->name, "gpt-oss") == 0) c = arch_case_get(i);
+    LOOM_REQUIRE(c != NULL);
+    arch_case f16 = *c;
+    f16.p.wtype = LOOM_TYPE_F16;
+    void *data = NULL;
+    size_t size = 0;
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(arch_case_write(&f16, &data, &size) == LOOM_OK);
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    check_everywhere("gpt-oss-f16", g, 1e-3);
+    loom_gguf_free(g);
+    loom_free(data);
 }
 
 /* ---------------------------------------------------------------- features act */
