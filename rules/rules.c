@@ -134,7 +134,9 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
                           "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)",
                           arch);
     char source[64];
-    snprintf(source, sizeof source, "builtin:%s%s", arch, moe ? "+moe" : "");
+    /* "+moe": a dense architecture's file with experts (llama with experts = mixtral) */
+    snprintf(source, sizeof source, "builtin:%s%s", arch,
+             text != loom_rules_builtin_text(arch, false) ? "+moe" : "");
     return loom_rules_parse(text, source, out);
 }
 

@@ -17,6 +17,10 @@
  *     dense: x = x + w_down x swiglu(w_gate x h, w_up x h)
  *     MoE:   route = top_k(softmax(w_router x h)), experts by mul_mat_id, weighted sum
  *   logits = output x (rms_norm(x) * output_norm)                     -> [V, T or 1]
+ * The architectures (model/arch-*.c) vary this recipe through loom_hparams and the
+ * optional weights: q/k norms, rope factors (llama 3.1, YaRN), attention sinks and
+ * softcap, sliding-window layers (a second mask), post norms and GELU (gemma), fused
+ * gate/up (phi3), shared experts (qwen2moe), gpt-oss's routing and clamped SwiGLU.
  */
 #ifndef LOOM_MODEL_H
 #define LOOM_MODEL_H

@@ -67,8 +67,9 @@ typedef struct loom_rule {
 /* Parses a table. source names it in errors ("rules.txt:7: unknown split 'x'"). */
 LOOM_API loom_status loom_rules_parse(const char *text, const char *source, loom_rules **out);
 LOOM_API loom_status loom_rules_load_file(const char *path, loom_rules **out);
-/* The built-in table for an architecture (llama, mistral, qwen2, mixtral, qwen2moe; a llama
- * with experts uses the MoE table). LOOM_ERR_UNSUPPORTED naming an unknown one. */
+/* The built-in table for an architecture (llama, mistral, mixtral, qwen2, qwen2moe, qwen3,
+ * qwen3moe, gemma2, gemma3, phi3, gpt-oss; a llama or mistral with experts uses the MoE
+ * table). LOOM_ERR_UNSUPPORTED naming an unknown one. */
 LOOM_API loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out);
 LOOM_API const char *loom_rules_builtin_text(const char *arch, bool moe);
 /* Puts `user`'s rules in front of base's (user is consumed and freed). */
