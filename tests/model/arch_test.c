@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/cpu.h"
 #include "loom/session.h"
+#include "model/run-simple.h"
 #include "tests/model/arch_cases.h"
 #include "tests/model/arch_ref.h"
 #include "tests/shim/loom_test.h"
@@ -176,6 +178,52 @@ LOOM_TEST(arch, every_architecture_everywhere) {
             LOOM_CHECK_MSG(red == c->reductions_per_layer * (int)c->p.n_layer,
                            "%s: %d reductions per token on sim:4, expected %d per layer x %lld",
                            c->name, red, c->reductions_per_layer, (long long)c->p.n_layer);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+}
+
+/* The attention without flash attention (mul_mat + soft_max with mask and sinks) agrees
+ * with the naive reference too; gemma2's score softcap needs flash attention and says so. */
+LOOM_TEST(arch, every_architecture_without_flash_attention) {
+    for (int i = 0; i < arch_case_count(); i++) {
+        const arch_case *c = arch_case_get(i);
+        void *data = NULL;
+        size_t size = 0;
+        loom_gguf *g = NULL;
+        loom_model *m = NULL;
+        loom_kv_cache *kv = NULL;
+        loom_backend_t cpu = loom_cpu_backend_new(1);
+        if (!LOOM_CHECK_MSG(arch_case_write(c, &data, &size) == LOOM_OK &&
+                                loom_gguf_open_memory(data, size, &g) == LOOM_OK &&
+                                loom_model_load(g, NULL, &m) == LOOM_OK &&
+                                loom_kv_cache_new(m, 64, LOOM_TYPE_F32, NULL, &kv) == LOOM_OK,
+                            "%s: %s", c->name, loom_last_error()))
+            goto next;
+        m->no_flash_attn = true;
+        const int64_t V = m->hp.n_vocab;
+        float *got = calloc((size_t)(N_EVAL * V), sizeof *got),
+              *want = calloc((size_t)(N_EVAL * V), sizeof *want);
+        loom_status st = loom_model_eval_simple(m, kv, cpu, IDS, N_EVAL, 0, true, got);
+        if (m->hp.attn_softcap > 0) {
+            LOOM_CHECK_MSG(st != LOOM_OK, "%s: softcap without flash attention accepted", c->name);
+            LOOM_CHECK_STR_CONTAINS(loom_last_error(), "softcapping needs flash attention");
+        } else if (LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", c->name, loom_last_error()) &&
+                   LOOM_CHECK_MSG(arch_ref_logits(g, IDS, N_EVAL, want) == LOOM_OK, "%s",
+                                  loom_last_error())) {
+            double d = max_diff(got, want, N_EVAL * V);
+            fprintf(stderr, "%-10s no flash attention, cpu vs naive reference: max |diff| %.3g\n",
+                    c->name, d);
+            LOOM_CHECK_MSG(d <= 2e-4,
+                           "%s: no flash attention differs from the naive reference by %g", c->name,
+                           d);
+        }
+        free(got);
+        free(want);
+    next:
+        loom_kv_cache_free(kv);
+        loom_model_free(m);
+        loom_backend_free(cpu);
         loom_gguf_free(g);
         loom_free(data);
     }
