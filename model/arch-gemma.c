@@ -19,9 +19,12 @@ static const char *const GEMMA2_KEYS[] = {"attention.sliding_window", "attention
 static const char *const GEMMA3_KEYS[] = {"attention.sliding_window",
                                           "attention.sliding_window_pattern", NULL};
 
-static loom_status common(const loom_gguf *g, loom_hparams *hp, int64_t pattern, int64_t n_27b) {
+/* the window: gemma2's defaults to 4096 (as the reference's), gemma3's is required */
+static loom_status common(const loom_gguf *g, loom_hparams *hp, int64_t pattern, int64_t n_27b,
+                          bool window_required) {
     loom_status st;
-    if ((st = loom__key_int(g, hp->arch, "attention.sliding_window", false, 0, &hp->n_swa)))
+    if ((st = loom__key_int(g, hp->arch, "attention.sliding_window", window_required, 4096,
+                            &hp->n_swa)))
         return st;
     if (hp->n_swa < 0)
         return loom_error(LOOM_ERR_FORMAT, "model: %s.attention.sliding_window %lld", hp->arch,
@@ -46,7 +49,7 @@ static loom_status common(const loom_gguf *g, loom_hparams *hp, int64_t pattern,
 static loom_status read_gemma2(const loom_gguf *g, loom_hparams *hp) {
     loom_status st;
     double f;
-    if ((st = common(g, hp, 2, 46))) return st;
+    if ((st = common(g, hp, 2, 46, false))) return st;
     if ((st = loom__key_float(g, hp->arch, "attention.logit_softcapping", 50.0, &f))) return st;
     hp->attn_softcap = (float)f;
     if ((st = loom__key_float(g, hp->arch, "final_logit_softcapping", 30.0, &f))) return st;
@@ -58,7 +61,7 @@ static loom_status read_gemma2(const loom_gguf *g, loom_hparams *hp) {
 
 static loom_status read_gemma3(const loom_gguf *g, loom_hparams *hp) {
     loom_status st;
-    if ((st = common(g, hp, 6, 62))) return st;
+    if ((st = common(g, hp, 6, 62, true))) return st;
     hp->qk_norm = true;
     hp->rope_freq_base_swa = 10000.0f;
     hp->rope_freq_scale_swa = 1.0f;

@@ -67,6 +67,7 @@ static void init(void) {
     c->p.n_expert_used = 2;
     c->p.n_ff = 32;
     c = add("gemma2", "gemma2", 2);
+    c->p.n_layer = 26; /* the reference engines know gemma2 by its layer counts (2B) */
     c->p.tied = true;
     c->p.n_swa = 3;
     c = add("gemma3", "gemma3", 2);

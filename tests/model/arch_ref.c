@@ -167,7 +167,9 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     const double yarn_orig =
         gptoss ? key_or(g, arch, "rope.scaling.original_context_length", 0) : 0;
     const int64_t n_swa =
-        gemma || phi3 || gptoss ? (int64_t)key_or(g, arch, "attention.sliding_window", 0) : 0;
+        gemma || phi3 || gptoss
+            ? (int64_t)key_or(g, arch, "attention.sliding_window", gemma2 ? 4096 : 0)
+            : 0;
     const double attn_cap = gemma2 ? key_or(g, arch, "attention.logit_softcapping", 50.0) : 0;
     const double final_cap = gemma2 ? key_or(g, arch, "final_logit_softcapping", 30.0) : 0;
     const bool norm_topk = strcmp(arch, "qwen2moe") != 0;

@@ -411,6 +411,15 @@ LOOM_TEST(arch, keys_that_change_the_math_are_refused_by_name) {
     expect_refused("llama", &(kv_edit){"llama.rope.scaling.type", "llama3", 0},
                    "rope_freqs.weight");
     expect_refused("llama", &(kv_edit){"llama.attention.value_length", NULL, 8.0f}, "value_length");
+    /* gemma3 has no default window */
+    loom_synth_params g3 = base_params("gemma3");
+    synth s3;
+    if (synth_open(&g3, NULL, NULL, &s3)) {
+        loom_hparams hp;
+        LOOM_CHECK(loom_hparams_from_gguf(s3.g, &hp) == LOOM_ERR_FORMAT);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "gemma3.attention.sliding_window");
+        synth_close(&s3);
+    }
     /* keys without effect are accepted (no false alarms on real files) */
     loom_synth_params p = base_params("llama");
     synth s;
