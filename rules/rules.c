@@ -393,10 +393,13 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                               t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
                               (long long)Dq, (long long)Dkv);
         loom_split_state_init(out, (loom_split_axis)axis, n_devices);
-        int64_t qg = D * (hp->n_head / hp->n_head_kv);
+        /* the same units as attn_q/k/v and the cache: query groups and KV heads coarsened
+         * together to whole blocks of attn_output's type */
+        const loom_rule q_unit = {.unit = LOOM_RULE_UNIT_QGROUP}, kv_unit = {.unit = LOOM_RULE_UNIT_KVHEAD};
+        const int64_t qg = unit_elems(&q_unit, hp), kvg = unit_elems(&kv_unit, hp);
         if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)))
+            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)))
             return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                               loom_last_error());
         return LOOM_OK;

@@ -108,8 +108,12 @@ static double max_diff(const float *a, const float *b, int64_t n) {
     return worst;
 }
 
-/* The CPU against the naive reference, every configuration against the CPU. Returns the
- * reductions per generated token on sim:4 (tensor). */
+/* The CPU against the naive reference, every configuration against the CPU (within tol).
+ * The reference computes in double from the dequantised weights: for quantised weights,
+ * whose products the CPU takes with quantised activations, it is held to ref_rel times
+ * the largest |logit| instead. Returns the reductions per generated token on sim:4. */
+static double ref_rel = 0;
+
 static int check_everywhere(const char *what, const loom_gguf *g, double tol) {
     loom_hparams hp;
     if (!LOOM_CHECK_MSG(loom_hparams_from_gguf(g, &hp) == LOOM_OK, "%s: %s", what,
@@ -124,7 +128,12 @@ static int check_everywhere(const char *what, const loom_gguf *g, double tol) {
             double d = max_diff(ref, naive + (N_PROMPT - 1) * V, V);
             d = fmax(d, max_diff(ref + V, naive + N_PROMPT * V, 2 * V));
             fprintf(stderr, "%-10s cpu vs naive reference: max |diff| %.3g\n", what, d);
-            LOOM_CHECK_MSG(d <= tol, "%s: cpu differs from the naive reference by %g", what, d);
+            double scale = 1;
+            for (int64_t i = 0; i < 3 * V; i++)
+                scale = fmax(scale, fabs((double)ref[i]));
+            double lim = ref_rel > 0 ? ref_rel * scale : tol;
+            LOOM_CHECK_MSG(d <= lim, "%s: cpu differs from the naive reference by %g (limit %g)",
+                           what, d, lim);
         } else {
             loom_test_fail(__FILE__, __LINE__, "%s: naive reference: %s", what, loom_last_error());
         }
@@ -224,6 +233,35 @@ LOOM_TEST(arch, every_architecture_without_flash_attention) {
         loom_kv_cache_free(kv);
         loom_model_free(m);
         loom_backend_free(cpu);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+}
+
+/* Quantised matrices (Q8_0): the splits keep whole blocks, and meta(N) still equals one
+ * device (the naive reference dequantises the same weights). At most 6 layers: the CPU
+ * quantises activations to Q8_0 for these products, so a last-bit difference in a partial
+ * sum's order can move one activation by a quantisation step, and random-weight networks
+ * amplify that with depth (llama at 22 layers: 7e-3 on sim:3; gemma2 at 26: 0.17). */
+LOOM_TEST(arch, every_architecture_with_q8_0_weights) {
+    for (int i = 0; i < arch_case_count(); i++) {
+        arch_case c = *arch_case_get(i);
+        c.p.wtype = LOOM_TYPE_Q8_0;
+        if (c.p.n_layer > 6) c.p.n_layer = 6;
+        void *data = NULL;
+        size_t size = 0;
+        loom_gguf *g = NULL;
+        if (!LOOM_CHECK_MSG(arch_case_write(&c, &data, &size) == LOOM_OK &&
+                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
+                            "%s: %s", c.name, loom_last_error())) {
+            loom_free(data);
+            continue;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s-q8", c.name);
+        ref_rel = 3e-2; /* Q8_0 x Q8_0 products */
+        check_everywhere(what, g, 5e-4);
+        ref_rel = 0;
         loom_gguf_free(g);
         loom_free(data);
     }
