@@ -115,8 +115,12 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     const float base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
     /* YaRN's scale is inside its frequency factors */
     const float fscale = hp->rope_yarn ? 1.0f : swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
-    q = loom_rope_ext(ctx, q, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
-    k = loom_rope_ext(ctx, k, pos, m->rope_freqs, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, Hk, T] */
+    /* phi3 longrope: the long factors once the cache is longer than the trained context */
+    loom_tensor *rf = m->rope_freqs ? m->rope_freqs
+                      : m->rope_long && kv->n_ctx > hp->n_ctx_orig ? m->rope_long
+                                                                   : m->rope_short;
+    q = loom_rope_ext(ctx, q, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
+    k = loom_rope_ext(ctx, k, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
     loom_format_name(q, "Qcur-%d", il);
     loom_format_name(k, "Kcur-%d", il);

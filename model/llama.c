@@ -36,7 +36,7 @@ static const char *const COMMON_KEYS[] = {
     "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
     "expert_weights_norm", "expert_gating_func", "tensor_data_layout",
     "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
-    "rope.scaling.yarn_beta_slow", NULL,
+    "rope.scaling.yarn_beta_slow", "rope.scaling.attn_factor", NULL,
 };
 
 loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
@@ -242,9 +242,23 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         hp->n_vocab = ne[1];
     }
     if (A->read && (st = A->read(g, hp))) return st;
-    if (hp->rope_yarn) { /* cos and sin times mscale each: q.k times mscale^2 */
-        double ms = hp->yarn_attn_factor;
+    if ((st = key_float(g, arch, "rope.scaling.attn_factor", 1.0, &f))) return st;
+    hp->rope_attn_factor = (float)f;
+    if (!hp->rope_yarn &&
+        (st = key_int(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train, &hp->n_ctx_orig)))
+        return st;
+    /* rope multiplies cos and sin by mscale: q.k by mscale^2 (when every dim rotates) */
+    double ms = hp->rope_attn_factor;
+    if (hp->rope_yarn) {
+        ms *= hp->yarn_attn_factor;
         if (hp->yarn_ext_factor != 0.0f) ms *= 1.0 + 0.1 * log(1.0 / hp->rope_freq_scale);
+    }
+    if (ms != 1.0) {
+        if (hp->n_rot != hp->head_dim)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: a rope magnitude scale (%g) with partial rotary dims (%lld "
+                              "of %lld) is not supported",
+                              ms, (long long)hp->n_rot, (long long)hp->head_dim);
         double base = hp->attn_scale > 0 ? hp->attn_scale : 1.0 / sqrt((double)hp->head_dim);
         hp->attn_scale = (float)(base * ms * ms);
     }
@@ -352,6 +366,21 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     W("output.weight", -1, false, 2, &m->output, E, V);
     if (!m->output) m->output = m->tok_embd; /* tied embeddings */
     W("rope_freqs.weight", -1, false, 1, &m->rope_freqs, hp->n_rot / 2);
+    W("rope_factors_long.weight", -1, false, 1, &m->rope_long, hp->n_rot / 2);
+    W("rope_factors_short.weight", -1, m->rope_long != NULL, 1, &m->rope_short, hp->n_rot / 2);
+    for (int i = 0; i < 3; i++) {
+        const loom_tensor *t = i == 0 ? m->rope_freqs : i == 1 ? m->rope_long : m->rope_short;
+        if (t && t->type != LOOM_TYPE_F32) {
+            st = loom_error(LOOM_ERR_TYPE, "model: tensor '%s' is %s (f32 expected)", t->name,
+                            loom_type_name(t->type));
+            goto fail;
+        }
+    }
+    if (m->rope_freqs && (m->rope_long || m->rope_short)) {
+        st = loom_error(LOOM_ERR_UNSUPPORTED,
+                        "model: 'rope_freqs.weight' together with rope_factors_long/short");
+        goto fail;
+    }
     float yarn[LOOM_MAX_ROT / 2];
     if (hp->rope_yarn) {
         if (hp->n_rot > LOOM_MAX_ROT) {
@@ -371,11 +400,7 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         if (!buft) buft = p && p->default_buft ? p->default_buft : loom_cpu_buffer_type();
         list[n_list++] = (pending){.t = m->rope_freqs, .gi = -1, .layer = -1, .buft = buft, .data = yarn};
     }
-    if (m->rope_freqs && m->rope_freqs->type != LOOM_TYPE_F32) {
-        st = loom_error(LOOM_ERR_TYPE, "model: tensor 'rope_freqs.weight' is %s (f32 expected)",
-                        loom_type_name(m->rope_freqs->type));
-        goto fail;
-    }
+    
     char name[LOOM_MAX_NAME];
     for (int il = 0; il < hp->n_layer; il++) {
         loom_layer *L = &m->layers[il];

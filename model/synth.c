@@ -164,6 +164,17 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
         for (int64_t i = 0; i < n && i < 512; i++) fr[i] = 1.0f + 7.0f * (float)i / (float)(n > 1 ? n - 1 : 1);
         st = loom_gguf_add_tensor(w, "rope_freqs.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, fr);
     }
+    if (p->longrope && !st) { /* phi3-style: long factors up to 6, short ones up to 1.5 */
+        float lf[512], sf[512];
+        int64_t n = D / 2;
+        for (int64_t i = 0; i < n && i < 512; i++) {
+            float t = (float)i / (float)(n > 1 ? n - 1 : 1);
+            lf[i] = 1.0f + 5.0f * t;
+            sf[i] = 1.0f + 0.5f * t;
+        }
+        st = loom_gguf_add_tensor(w, "rope_factors_long.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, lf);
+        if (!st) st = loom_gguf_add_tensor(w, "rope_factors_short.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, sf);
+    }
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);

@@ -30,7 +30,7 @@ struct loom_rules {
     "token_embd\\.weight            mirrored\n"                                                    \
     "output_norm\\.weight           mirrored\n"                                                    \
     "output\\.weight                1\n"                                                           \
-    "rope_freqs\\.weight            mirrored\n"                                                    \
+    "rope_(freqs|factors_long|factors_short)\\.weight  mirrored\n"                                \
     "blk\\.\\d+\\.attn_norm\\.weight  mirrored\n"                                                  \
     "blk\\.\\d+\\.ffn_norm\\.weight   mirrored\n"                                                  \
     "# attention: query heads in groups that share a KV head, so every device keeps\n"           \

@@ -70,7 +70,8 @@ typedef struct loom_hparams {
     /* YaRN rope (rope.scaling.type yarn): applied as per-frequency factors and a q.k
      * scale of mscale^2, exactly as ggml's rope computes it */
     bool rope_yarn;
-    int64_t n_ctx_orig;    /* rope.scaling.original_context_length */
+    int64_t n_ctx_orig;    /* rope.scaling.original_context_length, default context_length */
+    float rope_attn_factor; /* rope.scaling.attn_factor (phi3 longrope): cos, sin times it */
     float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
     /* gpt-oss: routing weights = softmax over the selected experts' logits; experts'
      * clamped SwiGLU: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1) */
@@ -113,6 +114,8 @@ typedef struct loom_model {
     loom_tensor *tok_embd, *output_norm, *output; /* output == tok_embd when tied */
     loom_tensor *rope_freqs;       /* F32 [n_rot/2] rope frequency divisors (llama 3.1, or
                                     * computed for YaRN: "rope_yarn_factors"), or NULL */
+    loom_tensor *rope_long, *rope_short; /* phi3 longrope: rope_factors_long / _short (the
+                                          * long ones when the cache exceeds n_ctx_orig) */
     loom_layer layers[LOOM_MODEL_MAX_LAYERS];
     loom_buffer_t *buffers;        /* one per distinct buffer type used */
     int n_buffers;
@@ -202,6 +205,7 @@ typedef struct loom_synth_params {
     int64_t head_dim;     /* 0: n_embd / n_head; else written as attention.key_length */
     int64_t n_swa;        /* gemma2/3, phi3: attention.sliding_window */
     bool fused_gate_up;   /* phi3: one ffn_up [n_embd, 2 n_ff] (gate rows first), no ffn_gate */
+    bool longrope;        /* phi3: rope_factors_long / rope_factors_short */
 } loom_synth_params;
 
 LOOM_API loom_synth_params loom_synth_params_default(void);

@@ -23,6 +23,13 @@ static void gemma3_rope(loom_gguf_writer *w) {
     loom_gguf_set_f32(w, "gemma3.rope.scaling.factor", 2.0f);
 }
 
+/* phi3 128k-style: trained on 32 positions, so the test's 64-position cache takes the long
+ * factors */
+static void phi3_longrope(loom_gguf_writer *w) {
+    loom_gguf_set_f32(w, "phi3.rope.scaling.attn_factor", 1.19f);
+    loom_gguf_set_u32(w, "phi3.rope.scaling.original_context_length", 32);
+}
+
 static void gptoss_yarn(loom_gguf_writer *w) {
     loom_gguf_set_str(w, "gpt-oss.rope.scaling.type", "yarn");
     loom_gguf_set_f32(w, "gpt-oss.rope.scaling.factor", 4.0f);
@@ -82,6 +89,13 @@ static void init(void) {
     c->p.fused_gate_up = true;
     c->p.n_head_kv = 4;
     c->p.n_swa = 4;
+    c = add("phi3-longrope", "phi3", 2);
+    c->p.fused_qkv = true;
+    c->p.fused_gate_up = true;
+    c->p.n_head_kv = 4;
+    c->p.n_swa = 4;
+    c->p.longrope = true;
+    c->edit = phi3_longrope;
     c = add("gpt-oss", "gpt-oss", 2);
     c->p.n_expert = 4;
     c->p.n_expert_used = 2;

@@ -5,7 +5,7 @@
     tests/model/arch_oracle.py DUMP DIR "ORACLE NAME AND COMMIT" > tests/model/arch_expected.h
 
 DUMP is a logits dump built from the oracle's public sources outside this repository
-(nothing of it is committed): `DUMP MODEL.gguf --all ID...` evaluates the ids in one batch
+(nothing of it is committed): `DUMP MODEL.gguf --all --ctx 64 ID...` evaluates the ids in one batch
 and prints one line per position, "pos <i>: v0 v1 ...". DIR holds the cases' GGUFs and
 prompt.txt (the ids). The header keeps the logits of the last three positions (the
 prompt's last, then the two single tokens arch_test evaluates), for every case the
@@ -44,7 +44,9 @@ def main():
     refused = []
     for name in names:
         path = os.path.join(folder, name + ".gguf")
-        r = subprocess.run([dump, path, "--all"] + ids, capture_output=True, text=True)
+        # a 64-position context, as arch_oracle_test's sessions (phi3 picks its rope
+        # factors by it)
+        r = subprocess.run([dump, path, "--all", "--ctx", "64"] + ids, capture_output=True, text=True)
         rows = [l for l in r.stdout.splitlines() if l.startswith("pos ")]
         if r.returncode != 0 or len(rows) != len(ids):
             why = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]

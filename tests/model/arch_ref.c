@@ -121,13 +121,15 @@ static void rope_yarn(double *v, int64_t n_rot, int64_t pos, double base, double
     }
 }
 
+static double rope_mscale = 1.0;
+
 static void rope(double *v, int64_t n_rot, bool neox, int64_t pos, double base, double scale,
                  const float *factors) {
     for (int64_t i = 0; i < n_rot / 2; i++) {
         double theta = (double)pos * scale * pow(base, -2.0 * (double)i / (double)n_rot);
         if (factors) theta /= factors[i];
         int64_t a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
-        double c = cos(theta), s = sin(theta), x0 = v[a], x1 = v[b];
+        double c = cos(theta) * rope_mscale, s = sin(theta) * rope_mscale, x0 = v[a], x1 = v[b];
         v[a] = x0 * c - x1 * s;
         v[b] = x0 * s + x1 * c;
     }
@@ -188,6 +190,14 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     float *onorm = tensor(&r, "output_norm.weight", true);
     float *outw = tensor(&r, "output.weight", false);
     float *freqs = tensor(&r, "rope_freqs.weight", false);
+    /* phi3 longrope: long factors when the cache (ARCH_REF_N_CTX) exceeds the trained
+     * context, and cos, sin times rope.scaling.attn_factor */
+    float *rlong = tensor(&r, "rope_factors_long.weight", false);
+    float *rshort = tensor(&r, "rope_factors_short.weight", false);
+    const double orig =
+        key_or(g, arch, "rope.scaling.original_context_length", (double)hp->n_ctx_train);
+    rope_mscale = key_or(g, arch, "rope.scaling.attn_factor", 1.0);
+    if (rlong) freqs = ARCH_REF_N_CTX > orig ? rlong : rshort;
     double *kc = calloc((size_t)(L * n * Dkv), sizeof *kc),
            *vc = calloc((size_t)(L * n * Dkv), sizeof *vc);
     double *x = malloc((size_t)E * sizeof *x), *h = malloc((size_t)E * sizeof *h);
@@ -396,7 +406,9 @@ loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float
     free(embd);
     free(onorm);
     free(outw);
-    free(freqs);
+    if (freqs != rlong && freqs != rshort) free(freqs);
+    free(rlong);
+    free(rshort);
     free(kc);
     free(vc);
     free(x);

@@ -8,6 +8,9 @@
 
 #include "loom/model.h"
 
+/* The cache length the tests use (it picks phi3's long or short rope factors). */
+#define ARCH_REF_N_CTX 64
+
 /* Logits of every position: out [n][n_vocab]. Weights of any type with a to_float. */
 loom_status arch_ref_logits(const loom_gguf *g, const int32_t *ids, int n, float *out);
 
