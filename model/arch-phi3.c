@@ -3,8 +3,9 @@
  * fused ffn_up weight [n_embd, 2 n_ff] (gate rows first: silu(gate) * up), neox rope, and
  * a sliding window on every layer when the file gives attention.sliding_window. (Current
  * llama.cpp ignores phi3's window; the older engines and the model's own code use it.)
- * The 128k variants' rope_factors_long/short tensors are not supported: the loader
- * refuses them by name.
+ * The 128k variants (phi3 "longrope", Phi-3.5) carry rope_factors_long / rope_factors_short
+ * (the long ones once the cache exceeds rope.scaling.original_context_length) and
+ * rope.scaling.attn_factor; llama.c and graph.c handle both for every architecture.
  */
 #include "model/arch-impl.h"
 
