@@ -116,11 +116,12 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     /* YaRN's scale is inside its frequency factors */
     const float fscale = hp->rope_yarn ? 1.0f : swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
     /* phi3 longrope: the long factors once the cache is longer than the trained context */
-    loom_tensor *rf = m->rope_freqs ? m->rope_freqs
+    loom_tensor *rf = m->rope_freqs                                ? m->rope_freqs
                       : m->rope_long && kv->n_ctx > hp->n_ctx_orig ? m->rope_long
                                                                    : m->rope_short;
     q = loom_rope_ext(ctx, q, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
-    k = loom_rope_ext(ctx, k, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, Hk, T] */
+    k = loom_rope_ext(ctx, k, pos, rf, (int)hp->n_rot, hp->rope_type, base,
+                      fscale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
     loom_format_name(q, "Qcur-%d", il);
     loom_format_name(k, "Kcur-%d", il);
@@ -146,8 +147,8 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)D);
     if (swa) mask = mask_swa;
     if (!m->no_flash_attn) {
-        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, L->attn_sinks, scale,
-                                0.0f, hp->attn_softcap); /* [D, H, T] */
+        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, L->attn_sinks,
+                                scale, 0.0f, hp->attn_softcap); /* [D, H, T] */
     } else if (hp->attn_softcap > 0) {
         loom_error(LOOM_ERR_UNSUPPORTED,
                    "model: %s's attention logit softcapping needs flash attention", hp->arch);
@@ -171,7 +172,8 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
 
 /* sigmoid(x) for x [1, T], as softmax([x, 0])[0] = e^x / (e^x + 1) (no sigmoid op) */
 static loom_tensor *sigmoid_row(loom_ctx *ctx, loom_tensor *x) {
-    loom_tensor *s = loom_soft_max(ctx, loom_concat(ctx, x, loom_fill(ctx, x, 0.0f), 0)); /* [2, T] */
+    loom_tensor *s =
+        loom_soft_max(ctx, loom_concat(ctx, x, loom_fill(ctx, x, 0.0f), 0)); /* [2, T] */
     return s ? loom_cont(ctx, loom_view_2d(ctx, s, 1, s->ne[1], s->nb[1], 0)) : NULL;
 }
 
@@ -179,7 +181,8 @@ static loom_tensor *sigmoid_row(loom_ctx *ctx, loom_tensor *x) {
  * above, on x as [1, V, T] pairs */
 static loom_tensor *softcap(loom_ctx *ctx, loom_tensor *x, float cap) {
     loom_tensor *y = loom_reshape_3d(ctx, loom_scale(ctx, x, 2.0f / cap), 1, x->ne[0], x->ne[1]);
-    loom_tensor *s = loom_soft_max(ctx, loom_concat(ctx, y, loom_fill(ctx, y, 0.0f), 0)); /* [2, V, T] */
+    loom_tensor *s =
+        loom_soft_max(ctx, loom_concat(ctx, y, loom_fill(ctx, y, 0.0f), 0)); /* [2, V, T] */
     if (!s) return NULL;
     s = loom_cont(ctx, loom_view_3d(ctx, s, 1, s->ne[1], s->ne[2], s->nb[1], s->nb[2], 0));
     return loom_reshape_2d(ctx, loom_scale_bias(ctx, s, 2.0f * cap, -cap), x->ne[0], x->ne[1]);
@@ -213,9 +216,11 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
         return d;
     }
     const int64_t E = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used;
-    loom_tensor *logits = add_bias(ctx, loom_mul_mat(ctx, L->ffn_gate_inp, h), L->ffn_gate_inp_b); /* [X, T] */
+    loom_tensor *logits =
+        add_bias(ctx, loom_mul_mat(ctx, L->ffn_gate_inp, h), L->ffn_gate_inp_b); /* [X, T] */
     /* gpt-oss: choose by logits, then softmax over the chosen */
-    loom_tensor *probs = hp->moe_softmax_selected ? logits : loom_soft_max(ctx, logits); /* [X, T] */
+    loom_tensor *probs =
+        hp->moe_softmax_selected ? logits : loom_soft_max(ctx, logits); /* [X, T] */
     loom_tensor *sel = loom_top_k(ctx, probs, (int)U);                  /* I32 [U, T] */
     loom_tensor *w = loom_get_rows(ctx, loom_reshape_3d(ctx, probs, 1, X, T), sel); /* [1, U, T] */
     if (hp->moe_softmax_selected) {
@@ -236,7 +241,9 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
         g = loom_clamp(ctx, g, -INFINITY, l);
         u = loom_clamp(ctx, u, -l, l);
         /* x sigmoid(a x) = silu(a x) / a */
-        x = loom_scale(ctx, loom_swiglu_split(ctx, loom_scale(ctx, g, a), loom_scale_bias(ctx, u, 1.0f, 1.0f)), 1.0f / a);
+        x = loom_scale(
+            ctx, loom_swiglu_split(ctx, loom_scale(ctx, g, a), loom_scale_bias(ctx, u, 1.0f, 1.0f)),
+            1.0f / a);
     } else {
         x = loom_swiglu_split(ctx, g, u); /* [F, U, T] */
     }
@@ -253,7 +260,8 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
         loom_tensor *gate = L->ffn_gate_inp_shexp /* [E] x [E, T] -> [1, T] */
                                 ? sigmoid_row(ctx, loom_mul_mat(ctx, L->ffn_gate_inp_shexp, h))
                                 : NULL;
-        loom_tensor *sh = dense_ffn(m, ctx, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, h, gate);
+        loom_tensor *sh =
+            dense_ffn(m, ctx, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, h, gate);
         if (sh) loom_format_name(sh, "ffn_shexp-%d", il);
         sum = loom_add(ctx, sum, sh);
     }
@@ -288,7 +296,9 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
         all_swa &= hp->swa_layer[il];
     }
     /* every layer sliding (phi3): the one mask is the windowed one */
-    loom_tensor *mask_swa = all_swa ? mask : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T) : NULL;
+    loom_tensor *mask_swa = all_swa   ? mask
+                            : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T)
+                                      : NULL;
     if (mask_swa) {
         loom_set_name(mask_swa, "kq_mask_swa");
         loom_set_input(mask_swa);
@@ -310,13 +320,15 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
         loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->attn_norm);
         if (h) loom_format_name(h, "attn_norm-%d", il);
         loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, T, n_kv) : NULL;
-        if (a && L->attn_post_norm) a = loom_mul(ctx, loom_rms_norm(ctx, a, hp->rms_eps), L->attn_post_norm);
+        if (a && L->attn_post_norm)
+            a = loom_mul(ctx, loom_rms_norm(ctx, a, hp->rms_eps), L->attn_post_norm);
         x = loom_add(ctx, x, a);
         if (x) loom_format_name(x, "ffn_inp-%d", il);
         h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->ffn_norm);
         if (h) loom_format_name(h, "ffn_norm-%d", il);
         loom_tensor *f = h ? ffn(m, ctx, il, h, T) : NULL;
-        if (f && L->ffn_post_norm) f = loom_mul(ctx, loom_rms_norm(ctx, f, hp->rms_eps), L->ffn_post_norm);
+        if (f && L->ffn_post_norm)
+            f = loom_mul(ctx, loom_rms_norm(ctx, f, hp->rms_eps), L->ffn_post_norm);
         x = loom_add(ctx, x, f);
         if (x) loom_format_name(x, "l_out-%d", il);
     }
@@ -331,9 +343,16 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_set_output(logits);
     loom_status st = loom_graph_build_forward(gf, logits);
     if (st) return loom_error(st, "model: %s", loom_last_error());
-    *out = (loom_batch_graph){.graph = gf, .tokens = tokens, .pos = pos, .mask = mask,
-                              .mask_swa = mask_swa, .n_swa = hp->n_swa,
-                              .logits = logits, .n_tokens = T, .n_past = n_past, .n_kv = n_kv};
+    *out = (loom_batch_graph){.graph = gf,
+                              .tokens = tokens,
+                              .pos = pos,
+                              .mask = mask,
+                              .mask_swa = mask_swa,
+                              .n_swa = hp->n_swa,
+                              .logits = logits,
+                              .n_tokens = T,
+                              .n_past = n_past,
+                              .n_kv = n_kv};
     return LOOM_OK;
 }
 
@@ -352,7 +371,8 @@ loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tok
     }
     loom_tensor_set(bg->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
     loom_tensor_set(bg->pos, pos, 0, (size_t)T * sizeof(int32_t));
-    if (bg->mask != bg->mask_swa) loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
+    if (bg->mask != bg->mask_swa)
+        loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
     if (bg->mask_swa) { /* also within the window: query position p sees p - n_swa < j */
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < K; j++)

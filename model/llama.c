@@ -21,22 +21,42 @@
 static const loom__arch *const ARCHS[] = {
     &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
     &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe, &loom__arch_gemma2,
-    &loom__arch_gemma3, &loom__arch_phi3, &loom__arch_gptoss,
+    &loom__arch_gemma3,   &loom__arch_phi3,    &loom__arch_gptoss,
 };
 
 /* "<arch>." keys every architecture understands: read below, or without effect on the
  * math (context_length is only a default; original_context_length and finetuned matter
  * to YaRN only, which is refused; tensor_data_layout names the one layout there is) */
 static const char *const COMMON_KEYS[] = {
-    "embedding_length", "block_count", "attention.head_count", "attention.head_count_kv",
-    "context_length", "expert_count", "expert_used_count", "attention.key_length",
-    "attention.value_length", "rope.dimension_count", "expert_feed_forward_length",
-    "feed_forward_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
-    "rope.scaling.factor", "rope.scale_linear", "rope.scaling.type",
-    "rope.scaling.original_context_length", "rope.scaling.finetuned", "vocab_size",
-    "expert_weights_norm", "expert_gating_func", "tensor_data_layout",
-    "rope.scaling.yarn_ext_factor", "rope.scaling.yarn_attn_factor", "rope.scaling.yarn_beta_fast",
-    "rope.scaling.yarn_beta_slow", "rope.scaling.attn_factor", NULL,
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "context_length",
+    "expert_count",
+    "expert_used_count",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "expert_feed_forward_length",
+    "feed_forward_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.type",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+    "vocab_size",
+    "expert_weights_norm",
+    "expert_gating_func",
+    "tensor_data_layout",
+    "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.attn_factor",
+    NULL,
 };
 
 loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
@@ -123,15 +143,17 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
         hp->rope_yarn = true;
         hp->rope_freq_scale = (float)(1.0 / f);
         double ext, attn, fast, slow;
-        if ((st = key_int(g, hp->arch, "rope.scaling.original_context_length", true, 0, &hp->n_ctx_orig)) ||
+        if ((st = key_int(g, hp->arch, "rope.scaling.original_context_length", true, 0,
+                          &hp->n_ctx_orig)) ||
             (st = key_float(g, hp->arch, "rope.scaling.yarn_ext_factor", 1.0, &ext)) ||
             (st = key_float(g, hp->arch, "rope.scaling.yarn_attn_factor", 1.0, &attn)) ||
             (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_fast", 32.0, &fast)) ||
             (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_slow", 1.0, &slow)))
             return st;
         if (hp->n_ctx_orig <= 0)
-            return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.original_context_length %lld",
-                              hp->arch, (long long)hp->n_ctx_orig);
+            return loom_error(LOOM_ERR_FORMAT,
+                              "model: %s.rope.scaling.original_context_length %lld", hp->arch,
+                              (long long)hp->n_ctx_orig);
         hp->yarn_ext_factor = (float)ext;
         hp->yarn_attn_factor = (float)attn;
         hp->yarn_beta_fast = (float)fast;
@@ -143,7 +165,8 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
                           key);
     } else {
         return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "model: '%s' = '%s' is not supported (none, linear, llama3, yarn)", key, type);
+                          "model: '%s' = '%s' is not supported (none, linear, llama3, yarn)", key,
+                          type);
     }
     return LOOM_OK;
 }
@@ -244,8 +267,8 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     if (A->read && (st = A->read(g, hp))) return st;
     if ((st = key_float(g, arch, "rope.scaling.attn_factor", 1.0, &f))) return st;
     hp->rope_attn_factor = (float)f;
-    if (!hp->rope_yarn &&
-        (st = key_int(g, arch, "rope.scaling.original_context_length", false, hp->n_ctx_train, &hp->n_ctx_orig)))
+    if (!hp->rope_yarn && (st = key_int(g, arch, "rope.scaling.original_context_length", false,
+                                        hp->n_ctx_train, &hp->n_ctx_orig)))
         return st;
     /* rope multiplies cos and sin by mscale: q.k by mscale^2 (when every dim rotates) */
     double ms = hp->rope_attn_factor;
@@ -288,8 +311,10 @@ static double yarn_corr_dim(double n_dims, double n_ctx_orig, double beta, doubl
 
 static void yarn_factors(const loom_hparams *hp, float *ff) {
     const double n = (double)hp->n_rot, s = hp->rope_freq_scale;
-    double lo = floor(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base));
-    double hi = ceil(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
+    double lo =
+        floor(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base));
+    double hi =
+        ceil(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
     lo = fmax(0.0, lo);
     hi = fmin(n - 1.0, hi);
     for (int64_t i = 0; i < hp->n_rot / 2; i++) {
@@ -396,11 +421,14 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
         loom_set_name(m->rope_freqs, "rope_yarn_factors");
         loom_set_param(m->rope_freqs);
-        loom_buft_t buft = p && p->placement ? p->placement("rope_yarn_factors", -1, p->placement_user_data) : NULL;
+        loom_buft_t buft = p && p->placement
+                               ? p->placement("rope_yarn_factors", -1, p->placement_user_data)
+                               : NULL;
         if (!buft) buft = p && p->default_buft ? p->default_buft : loom_cpu_buffer_type();
-        list[n_list++] = (pending){.t = m->rope_freqs, .gi = -1, .layer = -1, .buft = buft, .data = yarn};
+        list[n_list++] =
+            (pending){.t = m->rope_freqs, .gi = -1, .layer = -1, .buft = buft, .data = yarn};
     }
-    
+
     char name[LOOM_MAX_NAME];
     for (int il = 0; il < hp->n_layer; il++) {
         loom_layer *L = &m->layers[il];
@@ -464,11 +492,13 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
 #undef W
     /* a tensor the graph would not use is a part of the model loom does not understand */
     int n_from_file = 0;
-    for (int i = 0; i < n_list; i++) n_from_file += list[i].gi >= 0;
+    for (int i = 0; i < n_list; i++)
+        n_from_file += list[i].gi >= 0;
     if (n_from_file < n_tensors) {
         for (int64_t gi = 0; gi < n_tensors; gi++) {
             bool used = false;
-            for (int i = 0; i < n_list && !used; i++) used = list[i].gi == gi;
+            for (int i = 0; i < n_list && !used; i++)
+                used = list[i].gi == gi;
             if (!used) {
                 st = loom_error(LOOM_ERR_UNSUPPORTED,
                                 "model: tensor '%s' is not used by loom's %s graph (refusing "
@@ -520,7 +550,8 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
     }
     size_t total = 0, done = 0;
-    for (int i = 0; i < n_list; i++) total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
+    for (int i = 0; i < n_list; i++)
+        total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
     for (int i = 0; i < n_list; i++) {
         if (list[i].gi < 0) {
             loom_tensor_set(list[i].t, list[i].data, 0, loom_nbytes(list[i].t));

@@ -37,8 +37,9 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
     if (!f) return loom_error(LOOM_ERR_NOMEM, "synth: out of memory");
     /* ones with a scale: 1 +- scale (norms whose effect a test must see) */
     for (int64_t i = 0; i < n; i++)
-        f[i] = ones ? 1.0f + (scale > 0 ? uniform(rng, scale) : 0.0f)
-                    : i / ne[0] < zero_rows ? 0.0f : uniform(rng, scale);
+        f[i] = ones                    ? 1.0f + (scale > 0 ? uniform(rng, scale) : 0.0f)
+               : i / ne[0] < zero_rows ? 0.0f
+                                       : uniform(rng, scale);
     const loom_type_traits *tr = loom_type_traits_get(type);
     void *data = f;
     void *conv = NULL;
@@ -60,8 +61,8 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
 loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out) {
     *out = NULL;
     if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv ||
-        (p->head_dim <= 0 && p->n_embd % p->n_head) || p->head_dim % 2 ||
-        p->n_vocab < 300 || p->n_layer <= 0 || p->n_ff <= 0)
+        (p->head_dim <= 0 && p->n_embd % p->n_head) || p->head_dim % 2 || p->n_vocab < 300 ||
+        p->n_layer <= 0 || p->n_ff <= 0)
         return loom_error(LOOM_ERR_INVALID_ARG,
                           "synth: bad shape (n_vocab >= 300, n_head a multiple of n_head_kv, "
                           "n_embd a multiple of n_head)");
@@ -88,9 +89,12 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff);
     }
     if (p->n_ff_shexp > 0)
-        st = st ? st : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"), (uint32_t)p->n_ff_shexp);
+        st = st ? st
+                : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                    (uint32_t)p->n_ff_shexp);
     const bool gemma = strncmp(arch, "gemma", 5) == 0, gptoss = strcmp(arch, "gpt-oss") == 0;
-    if (p->n_swa > 0) st = st ? st : loom_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa);
+    if (p->n_swa > 0)
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa);
     if (p->head_dim > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim);
         st = st ? st : loom_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim);
@@ -161,7 +165,8 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
         /* llama3-style: high frequencies kept (1), low ones divided by up to 8 */
         float fr[512];
         int64_t n = D / 2;
-        for (int64_t i = 0; i < n && i < 512; i++) fr[i] = 1.0f + 7.0f * (float)i / (float)(n > 1 ? n - 1 : 1);
+        for (int64_t i = 0; i < n && i < 512; i++)
+            fr[i] = 1.0f + 7.0f * (float)i / (float)(n > 1 ? n - 1 : 1);
         st = loom_gguf_add_tensor(w, "rope_freqs.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, fr);
     }
     if (p->longrope && !st) { /* phi3-style: long factors up to 6, short ones up to 1.5 */
@@ -172,8 +177,11 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             lf[i] = 1.0f + 5.0f * t;
             sf[i] = 1.0f + 0.5f * t;
         }
-        st = loom_gguf_add_tensor(w, "rope_factors_long.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, lf);
-        if (!st) st = loom_gguf_add_tensor(w, "rope_factors_short.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, sf);
+        st = loom_gguf_add_tensor(w, "rope_factors_long.weight", LOOM_TYPE_F32, 1, (int64_t[]){n},
+                                  lf);
+        if (!st)
+            st = loom_gguf_add_tensor(w, "rope_factors_short.weight", LOOM_TYPE_F32, 1,
+                                      (int64_t[]){n}, sf);
     }
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);

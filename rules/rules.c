@@ -30,11 +30,11 @@ struct loom_rules {
     "token_embd\\.weight            mirrored\n"                                                    \
     "output_norm\\.weight           mirrored\n"                                                    \
     "output\\.weight                1\n"                                                           \
-    "rope_(freqs|factors_long|factors_short)\\.weight  mirrored\n"                                \
+    "rope_(freqs|factors_long|factors_short)\\.weight  mirrored\n"                                 \
     "blk\\.\\d+\\.attn_norm\\.weight  mirrored\n"                                                  \
     "blk\\.\\d+\\.ffn_norm\\.weight   mirrored\n"                                                  \
-    "# attention: query heads in groups that share a KV head, so every device keeps\n"           \
-    "# whole groups (fewer KV heads than devices leaves some devices empty)\n"                   \
+    "# attention: query heads in groups that share a KV head, so every device keeps\n"             \
+    "# whole groups (fewer KV heads than devices leaves some devices empty)\n"                     \
     "blk\\.\\d+\\.attn_q\\.weight     1  qgroup\n"                                                 \
     "blk\\.\\d+\\.attn_[kv]\\.weight  1  kvhead\n"                                                 \
     "blk\\.\\d+\\.attn_qkv\\.weight   fused_qkv\n"                                                 \
@@ -48,7 +48,7 @@ struct loom_rules {
     "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
 
 #define QK_NORM                                                                                    \
-    "# per-head norms: every head uses the same [head_dim] weight\n"                             \
+    "# per-head norms: every head uses the same [head_dim] weight\n"                               \
     "blk\\.\\d+\\.attn_[qk]_norm\\.weight  mirrored\n"
 
 #define DENSE_FFN                                                                                  \
@@ -56,7 +56,7 @@ struct loom_rules {
     "blk\\.\\d+\\.ffn_down\\.weight       0  ffn\n"
 
 #define EXPERTS                                                                                    \
-    "# experts split along their FFN dim: every device holds a slice of every expert\n"          \
+    "# experts split along their FFN dim: every device holds a slice of every expert\n"            \
     "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"                                        \
     "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"                                          \
     "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"                                          \
@@ -64,7 +64,7 @@ struct loom_rules {
     "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n"
 
 #define SHARED_EXPERT                                                                              \
-    "# the shared expert splits like a dense FFN; its sigmoid gate is mirrored\n"                \
+    "# the shared expert splits like a dense FFN; its sigmoid gate is mirrored\n"                  \
     "blk\\.\\d+\\.ffn_gate_inp_shexp\\.weight   mirrored\n"                                        \
     "blk\\.\\d+\\.ffn_(gate|up)_shexp\\.weight  1  ffn\n"                                          \
     "blk\\.\\d+\\.ffn_down_shexp\\.weight       0  ffn\n"
@@ -72,51 +72,52 @@ struct loom_rules {
 static const char LLAMA_RULES[] = "# llama / mistral: tensor-parallel split table\n" COMMON_ATTN
     DENSE_FFN;
 
-static const char QWEN2_RULES[] = "# qwen2: llama's table plus attention biases\n" COMMON_ATTN
-    ATTN_BIASES DENSE_FFN;
+static const char QWEN2_RULES[] =
+    "# qwen2: llama's table plus attention biases\n" COMMON_ATTN ATTN_BIASES DENSE_FFN;
 
 static const char MOE_RULES[] = "# mixtral-style MoE\n" COMMON_ATTN ATTN_BIASES EXPERTS DENSE_FFN;
 
-static const char QWEN2MOE_RULES[] = "# qwen2moe: MoE with biases and a gated shared expert\n" COMMON_ATTN
-    ATTN_BIASES EXPERTS SHARED_EXPERT;
+static const char QWEN2MOE_RULES[] =
+    "# qwen2moe: MoE with biases and a gated shared expert\n" COMMON_ATTN ATTN_BIASES EXPERTS
+        SHARED_EXPERT;
 
-static const char QWEN3_RULES[] = "# qwen3: llama's table plus per-head q/k norms\n" COMMON_ATTN
-    QK_NORM DENSE_FFN;
+static const char QWEN3_RULES[] =
+    "# qwen3: llama's table plus per-head q/k norms\n" COMMON_ATTN QK_NORM DENSE_FFN;
 
-static const char QWEN3MOE_RULES[] = "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM
-    EXPERTS;
+static const char QWEN3MOE_RULES[] =
+    "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM EXPERTS;
 
-#define FUSED_GATE_UP \
-    "# gate and up in one weight: each half split like a dense FFN's\n" \
-    "blk\\.\\d+\\.ffn_up\\.weight  fused_glu\n" \
+#define FUSED_GATE_UP                                                                              \
+    "# gate and up in one weight: each half split like a dense FFN's\n"                            \
+    "blk\\.\\d+\\.ffn_up\\.weight  fused_glu\n"                                                    \
     "blk\\.\\d+\\.ffn_down\\.weight  0  ffn\n"
 
-static const char GPTOSS_RULES[] = "# gpt-oss: biases, per-head sinks, MoE with router and expert biases\n" COMMON_ATTN
-    ATTN_BIASES
+static const char GPTOSS_RULES[] =
+    "# gpt-oss: biases, per-head sinks, MoE with router and expert biases\n" COMMON_ATTN ATTN_BIASES
     "blk\\.\\d+\\.attn_sinks\\.weight          0  qgroup_heads\n"
     "blk\\.\\d+\\.post_attention_norm\\.weight mirrored\n"
     "blk\\.\\d+\\.ffn_gate_inp\\.bias          mirrored\n" EXPERTS;
 
-static const char PHI3_RULES[] = "# phi3: fused QKV and fused gate/up, split per part\n" COMMON_ATTN
-    FUSED_GATE_UP;
+static const char PHI3_RULES[] =
+    "# phi3: fused QKV and fused gate/up, split per part\n" COMMON_ATTN FUSED_GATE_UP;
 
-#define POST_NORMS                                                                                 \
-    "blk\\.\\d+\\.post_(attention|ffw)_norm\\.weight  mirrored\n"
+#define POST_NORMS "blk\\.\\d+\\.post_(attention|ffw)_norm\\.weight  mirrored\n"
 
-static const char GEMMA2_RULES[] = "# gemma2: llama's table plus post-attention / post-FFN norms\n" COMMON_ATTN
-    POST_NORMS DENSE_FFN;
+static const char GEMMA2_RULES[] =
+    "# gemma2: llama's table plus post-attention / post-FFN norms\n" COMMON_ATTN POST_NORMS
+        DENSE_FFN;
 
-static const char GEMMA3_RULES[] = "# gemma3: gemma2's table plus per-head q/k norms\n" COMMON_ATTN
-    QK_NORM POST_NORMS DENSE_FFN;
+static const char GEMMA3_RULES[] =
+    "# gemma3: gemma2's table plus per-head q/k norms\n" COMMON_ATTN QK_NORM POST_NORMS DENSE_FFN;
 
 static const struct {
     const char *arch;
     const char *text;
 } TABLES[] = {
-    {"phi3", PHI3_RULES}, {"gpt-oss", GPTOSS_RULES}, {"gemma2", GEMMA2_RULES},     {"gemma3", GEMMA3_RULES},
-    {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},       {"mixtral", MOE_RULES},
-    {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},   {"qwen3", QWEN3_RULES},
-    {"qwen3moe", QWEN3MOE_RULES},
+    {"phi3", PHI3_RULES},     {"gpt-oss", GPTOSS_RULES},    {"gemma2", GEMMA2_RULES},
+    {"gemma3", GEMMA3_RULES}, {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},
+    {"mixtral", MOE_RULES},   {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},
+    {"qwen3", QWEN3_RULES},   {"qwen3moe", QWEN3MOE_RULES},
 };
 
 const char *loom_rules_builtin_text(const char *arch, bool moe) {
@@ -173,13 +174,16 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
     const char *sp = fields[1];
     if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;
     else if (strcmp(sp, "fused_qkv") == 0) ri.pub.split = LOOM_RULE_FUSED_QKV;
-    else if (strcmp(sp, "fused_glu") == 0) ri.pub.split = LOOM_RULE_FUSED_GLU;
+    else if (strcmp(sp, "fused_glu") == 0)
+        ri.pub.split = LOOM_RULE_FUSED_GLU;
     else if (sp[0] >= '0' && sp[0] <= '3' && sp[1] == 0) ri.pub.split = (loom_rule_split)(sp[0] - '0');
     else
-        return loom_error(LOOM_ERR_FORMAT,
-                          "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored, fused_qkv or fused_glu)", source,
-                          lineno, sp);
-    ri.pub.unit = ri.pub.split == LOOM_RULE_FUSED_GLU ? LOOM_RULE_UNIT_FFN : LOOM_RULE_UNIT_ELEMENTS;
+        return loom_error(
+            LOOM_ERR_FORMAT,
+            "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored, fused_qkv or fused_glu)", source,
+            lineno, sp);
+    ri.pub.unit =
+        ri.pub.split == LOOM_RULE_FUSED_GLU ? LOOM_RULE_UNIT_FFN : LOOM_RULE_UNIT_ELEMENTS;
     ri.pub.granularity = 1;
     if (nf == 3) {
         const char *g = fields[2];
@@ -187,7 +191,8 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         else if (strcmp(g, "kvhead") == 0) ri.pub.unit = LOOM_RULE_UNIT_KVHEAD;
         else if (strcmp(g, "qgroup") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP;
         else if (strcmp(g, "ffn") == 0) ri.pub.unit = LOOM_RULE_UNIT_FFN;
-        else if (strcmp(g, "qgroup_heads") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP_HEADS;
+        else if (strcmp(g, "qgroup_heads") == 0)
+            ri.pub.unit = LOOM_RULE_UNIT_QGROUP_HEADS;
         else {
             char *end;
             errno = 0;
@@ -363,7 +368,8 @@ static int64_t unit_elems(const loom_rule *rule, const loom_hparams *hp) {
     case LOOM_RULE_UNIT_HEAD: return hp->head_dim;
     case LOOM_RULE_UNIT_KVHEAD: return hp->head_dim * mult;
     case LOOM_RULE_UNIT_QGROUP: return qg * mult;
-    case LOOM_RULE_UNIT_QGROUP_HEADS: return qg / hp->head_dim * mult;
+    case LOOM_RULE_UNIT_QGROUP_HEADS:
+        return qg / hp->head_dim * mult;
     case LOOM_RULE_UNIT_FFN: return hp->ffn_block > 1 ? hp->ffn_block : 1;
     default: return rule->granularity;
     }
@@ -375,8 +381,9 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
     const loom_rule *rule = loom_rules_match(r, t->name);
     if (matched) *matched = rule;
     /* a single KV head cannot be split: every device keeps all of it (MIRRORED) */
-    bool mqa_kv = hp->n_head_kv == 1 && (rule && (rule->unit == LOOM_RULE_UNIT_KVHEAD ||
-                                                  rule->split == LOOM_RULE_FUSED_QKV));
+    bool mqa_kv =
+        hp->n_head_kv == 1 &&
+        (rule && (rule->unit == LOOM_RULE_UNIT_KVHEAD || rule->split == LOOM_RULE_FUSED_QKV));
     if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1 || mqa_kv) {
         loom_split_state_init(out, LOOM_SPLIT_MIRRORED, n_devices);
         return LOOM_OK;
@@ -395,7 +402,8 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
         loom_split_state_init(out, (loom_split_axis)axis, n_devices);
         /* the same units as attn_q/k/v and the cache: query groups and KV heads coarsened
          * together to whole blocks of attn_output's type */
-        const loom_rule q_unit = {.unit = LOOM_RULE_UNIT_QGROUP}, kv_unit = {.unit = LOOM_RULE_UNIT_KVHEAD};
+        const loom_rule q_unit = {.unit = LOOM_RULE_UNIT_QGROUP},
+                        kv_unit = {.unit = LOOM_RULE_UNIT_KVHEAD};
         const int64_t qg = unit_elems(&q_unit, hp), kvg = unit_elems(&kv_unit, hp);
         if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
             (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)) ||
@@ -408,10 +416,10 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
         int axis = loom_n_dims(t) == 1 ? 0 : 1;
         int64_t half = t->ne[axis] / 2, g = unit_elems(rule, hp);
         if (t->ne[axis] != 2 * hp->n_ff)
-            return loom_error(LOOM_ERR_SHAPE,
-                              "rules: '%s' (%s:%d fused_glu): ne[%d] = %lld, expected 2 x n_ff %lld",
-                              t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
-                              (long long)hp->n_ff);
+            return loom_error(
+                LOOM_ERR_SHAPE,
+                "rules: '%s' (%s:%d fused_glu): ne[%d] = %lld, expected 2 x n_ff %lld", t->name,
+                rule->source, rule->line, axis, (long long)t->ne[axis], (long long)hp->n_ff);
         loom_split_state_init(out, (loom_split_axis)axis, n_devices);
         if ((st = loom_split_state_add_even(out, half, g, rotation, 1)) ||
             (st = loom_split_state_add_even(out, half, g, rotation, 1)))

@@ -16,12 +16,11 @@
  *                the query heads that share one KV head, so query and KV splits agree),
  *                ffn (the block length of ffn_down's type, so the FFN's column and row
  *                splits agree when the weights are quantised), qgroup_heads (qgroup
- *                counted in heads, for per-head values such as attention sinks), default 1. qgroup and
- *                kvhead are coarsened together to whole blocks of attn_output's type. On axis 0 the type's block length (32 for Q4_0/Q8_0) is
- *                always respected too.
- * Counts that do not divide are spread unevenly: the remainder units go to devices
- * (layer + k) mod N, so no device is always short. A line that does not parse is an error
- * naming the file and line.
+ *                counted in heads, for per-head values such as attention sinks), default 1. qgroup
+ * and kvhead are coarsened together to whole blocks of attn_output's type. On axis 0 the type's
+ * block length (32 for Q4_0/Q8_0) is always respected too. Counts that do not divide are spread
+ * unevenly: the remainder units go to devices (layer + k) mod N, so no device is always short. A
+ * line that does not parse is an error naming the file and line.
  */
 #ifndef LOOM_RULES_H
 #define LOOM_RULES_H
