@@ -25,8 +25,8 @@ static const loom__arch *const ARCHS[] = {
 };
 
 /* "<arch>." keys every architecture understands: read below, or without effect on the
- * math (context_length is only a default; original_context_length and finetuned matter
- * to YaRN only, which is refused; tensor_data_layout names the one layout there is) */
+ * math (context_length is only a default; rope.scaling.finetuned is informational;
+ * tensor_data_layout names the one layout there is). A family adds its own (arch-*.c). */
 static const char *const COMMON_KEYS[] = {
     "embedding_length",
     "block_count",
