@@ -280,6 +280,14 @@ LOOM_TEST(arch, mistral_and_mixtral) {
 
 /* ---------------------------------------------------------------- gemma family */
 
+/* With an output.weight the logits are split over the devices by vocabulary, and the final
+ * softcap runs on the split logits. */
+LOOM_TEST(arch, gemma2_softcap_on_split_logits) {
+    loom_synth_params p = base_params("gemma2");
+    p.n_swa = 3;
+    check_arch("gemma2-out", &p, 2);
+}
+
 LOOM_TEST(arch, sliding_window_changes_the_result) {
     loom_synth_params p = base_params("gemma2");
     p.tied = true;
