@@ -1,23 +1,28 @@
 /*
  * Writes the architecture cases' GGUF files (tests/model/arch_cases.c) into a folder, and
  * the prompt's token ids, so that an external engine can be run on them as an oracle:
- *   arch_gguf_gen DIR   ->  DIR/<case>.gguf ..., DIR/prompt.txt (ids, one line)
+ *   arch_gguf_gen DIR [q8_0]  ->  DIR/<case>.gguf ..., DIR/prompt.txt (ids, one line)
+ * With q8_0 the matrices are Q8_0 and the files DIR/<case>-q8_0.gguf.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "tests/model/arch_cases.h"
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: arch_gguf_gen DIR\n");
+    const bool q8 = argc == 3 && strcmp(argv[2], "q8_0") == 0;
+    if (argc != 2 && !q8) {
+        fprintf(stderr, "usage: arch_gguf_gen DIR [q8_0]\n");
         return 2;
     }
     for (int i = 0; i < arch_case_count(); i++) {
-        const arch_case *c = arch_case_get(i);
+        arch_case c0 = *arch_case_get(i);
+        const arch_case *c = &c0;
+        if (q8) c0.p.wtype = LOOM_TYPE_Q8_0;
         void *data = NULL;
         size_t size = 0;
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s.gguf", argv[1], c->name);
+        snprintf(path, sizeof path, "%s/%s%s.gguf", argv[1], c->name, q8 ? "-q8_0" : "");
         FILE *f = NULL;
         if (arch_case_write(c, &data, &size) != LOOM_OK || !(f = fopen(path, "wb")) ||
             fwrite(data, 1, size, f) != size) {
