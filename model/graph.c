@@ -75,7 +75,7 @@ void loom_kv_cache_free(loom_kv_cache *kv) {
 /* ---------------------------------------------------------------- graph */
 
 size_t loom_model_graph_ctx_size(const loom_model *m) {
-    size_t per_layer = 96 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
+    size_t per_layer = 128 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
     size_t n = 64 + per_layer * (size_t)m->hp.n_layer;
     return n * loom_tensor_overhead() + loom_graph_overhead(n * 2);
 }
@@ -87,7 +87,7 @@ static loom_tensor *add_bias(loom_ctx *ctx, loom_tensor *x, loom_tensor *b) {
 /* x [E, T] -> [E, T], attention with the KV cache of layer il. */
 static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
                               loom_graph *gf, int il, loom_tensor *h, loom_tensor *pos,
-                              loom_tensor *mask, int64_t T, int64_t n_kv) {
+                              loom_tensor *mask, loom_tensor *mask_swa, int64_t T, int64_t n_kv) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     const int64_t D = hp->head_dim, H = hp->n_head, Hk = hp->n_head_kv;
@@ -109,10 +109,19 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
         q = loom_reshape_3d(ctx, q, D, H, T);
         k = loom_reshape_3d(ctx, k, D, Hk, T);
     }
-    q = loom_rope_ext(ctx, q, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
-                      hp->rope_freq_scale); /* [D, H, T] */
-    k = loom_rope_ext(ctx, k, pos, NULL, (int)hp->n_rot, hp->rope_type, hp->rope_freq_base,
-                      hp->rope_freq_scale); /* [D, Hk, T] */
+    if (L->attn_q_norm) q = loom_mul(ctx, loom_rms_norm(ctx, q, hp->rms_eps), L->attn_q_norm);
+    if (L->attn_k_norm) k = loom_mul(ctx, loom_rms_norm(ctx, k, hp->rms_eps), L->attn_k_norm);
+    const bool swa = hp->swa_layer[il];
+    const float base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
+    /* YaRN's scale is inside its frequency factors */
+    const float fscale = hp->rope_yarn ? 1.0f : swa ? hp->rope_freq_scale_swa : hp->rope_freq_scale;
+    /* phi3 longrope: the long factors once the cache is longer than the trained context */
+    loom_tensor *rf = m->rope_freqs                                ? m->rope_freqs
+                      : m->rope_long && kv->n_ctx > hp->n_ctx_orig ? m->rope_long
+                                                                   : m->rope_short;
+    q = loom_rope_ext(ctx, q, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
+    k = loom_rope_ext(ctx, k, pos, rf, (int)hp->n_rot, hp->rope_type, base,
+                      fscale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
     loom_format_name(q, "Qcur-%d", il);
     loom_format_name(k, "Kcur-%d", il);
@@ -135,14 +144,20 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     K = loom_permute(ctx, K, 0, 2, 1, 3);
     loom_tensor *Q = loom_permute(ctx, q, 0, 2, 1, 3); /* [D, T, H] */
     loom_tensor *a;
+    const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)D);
+    if (swa) mask = mask_swa;
     if (!m->no_flash_attn) {
-        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, NULL,
-                                1.0f / sqrtf((float)D), 0.0f, 0.0f); /* [D, H, T] */
+        a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, L->attn_sinks,
+                                scale, 0.0f, hp->attn_softcap); /* [D, H, T] */
+    } else if (hp->attn_softcap > 0) {
+        loom_error(LOOM_ERR_UNSUPPORTED,
+                   "model: %s's attention logit softcapping needs flash attention", hp->arch);
+        return NULL;
     } else {
         /* kq [K, T, H] (K heads broadcast over their query group), softmax with the mask,
          * then V^T [K, D, Hk] x kq -> [D, T, H] -> [D, H, T] */
         loom_tensor *kq = loom_mul_mat(ctx, K, Q);
-        kq = loom_soft_max_ext(ctx, kq, mask, NULL, 1.0f / sqrtf((float)D), 0.0f);
+        kq = loom_soft_max_ext(ctx, kq, mask, L->attn_sinks, scale, 0.0f);
         loom_tensor *Vt = loom_cont(ctx, loom_permute(ctx, V, 1, 2, 0, 3));
         loom_tensor *kqv = loom_mul_mat(ctx, Vt, kq);
         a = loom_cont(ctx, loom_permute(ctx, kqv, 0, 2, 1, 3));
@@ -155,24 +170,62 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     return o;
 }
 
+/* sigmoid(x) for x [1, T], as softmax([x, 0])[0] = e^x / (e^x + 1) (no sigmoid op) */
+static loom_tensor *sigmoid_row(loom_ctx *ctx, loom_tensor *x) {
+    loom_tensor *s =
+        loom_soft_max(ctx, loom_concat(ctx, x, loom_fill(ctx, x, 0.0f), 0)); /* [2, T] */
+    return s ? loom_cont(ctx, loom_view_2d(ctx, s, 1, s->ne[1], s->nb[1], 0)) : NULL;
+}
+
+/* cap * tanh(x / cap) for x [V, T], with tanh(y) = 2 sigmoid(2y) - 1 and the sigmoid as
+ * above, on x as [1, V, T] pairs */
+static loom_tensor *softcap(loom_ctx *ctx, loom_tensor *x, float cap) {
+    loom_tensor *y = loom_reshape_3d(ctx, loom_scale(ctx, x, 2.0f / cap), 1, x->ne[0], x->ne[1]);
+    loom_tensor *s =
+        loom_soft_max(ctx, loom_concat(ctx, y, loom_fill(ctx, y, 0.0f), 0)); /* [2, V, T] */
+    if (!s) return NULL;
+    s = loom_cont(ctx, loom_view_3d(ctx, s, 1, s->ne[1], s->ne[2], s->nb[1], s->nb[2], 0));
+    return loom_reshape_2d(ctx, loom_scale_bias(ctx, s, 2.0f * cap, -cap), x->ne[0], x->ne[1]);
+}
+
+/* The gated FFN: down x (act_glu(gate x h, up x h) * scale), [E, T] -> [E, T]; scale
+ * (optional) [1, T] is applied before the down projection, where the FFN dim is still
+ * split, so a tensor-parallel FFN still ends in one partial sum */
+static loom_tensor *dense_ffn(const loom_model *m, loom_ctx *ctx, loom_tensor *gate,
+                              loom_tensor *up, loom_tensor *down, loom_tensor *h,
+                              loom_tensor *scale) {
+    loom_tensor *x;
+    if (!gate) { /* fused: up x h = [gate; up] [2F, T] */
+        x = loom_glu(ctx, loom_mul_mat(ctx, up, h), m->hp.ffn_glu, false);
+    } else {
+        loom_tensor *g = loom_mul_mat(ctx, gate, h); /* [F, T] */
+        loom_tensor *u = loom_mul_mat(ctx, up, h);   /* [F, T] */
+        x = loom_glu_split(ctx, g, u, m->hp.ffn_glu);
+    }
+    if (scale) x = loom_mul(ctx, x, scale);
+    return loom_mul_mat(ctx, down, x); /* [E, T] */
+}
+
 /* h [E, T] -> [E, T] */
 static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor *h, int64_t T) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     if (hp->n_expert == 0) {
-        loom_tensor *g = loom_mul_mat(ctx, L->ffn_gate, h); /* [F, T] */
-        loom_tensor *u = loom_mul_mat(ctx, L->ffn_up, h);   /* [F, T] */
-        loom_tensor *x = loom_swiglu_split(ctx, g, u);
-        loom_tensor *d = loom_mul_mat(ctx, L->ffn_down, x); /* [E, T] */
+        loom_tensor *d = dense_ffn(m, ctx, L->ffn_gate, L->ffn_up, L->ffn_down, h, NULL);
         if (d) loom_format_name(d, "ffn_out-%d", il);
         return d;
     }
     const int64_t E = hp->n_embd, X = hp->n_expert, U = hp->n_expert_used;
-    loom_tensor *logits = loom_mul_mat(ctx, L->ffn_gate_inp, h);       /* [X, T] */
-    loom_tensor *probs = loom_soft_max(ctx, logits);                    /* [X, T] */
+    loom_tensor *logits =
+        add_bias(ctx, loom_mul_mat(ctx, L->ffn_gate_inp, h), L->ffn_gate_inp_b); /* [X, T] */
+    /* gpt-oss: choose by logits, then softmax over the chosen */
+    loom_tensor *probs =
+        hp->moe_softmax_selected ? logits : loom_soft_max(ctx, logits); /* [X, T] */
     loom_tensor *sel = loom_top_k(ctx, probs, (int)U);                  /* I32 [U, T] */
     loom_tensor *w = loom_get_rows(ctx, loom_reshape_3d(ctx, probs, 1, X, T), sel); /* [1, U, T] */
-    if (hp->norm_topk) {
+    if (hp->moe_softmax_selected) {
+        w = loom_reshape_3d(ctx, loom_soft_max(ctx, loom_reshape_2d(ctx, w, U, T)), 1, U, T);
+    } else if (hp->norm_topk) {
         loom_tensor *ws = loom_sum_rows(ctx, loom_reshape_2d(ctx, w, U, T)); /* [1, T] */
         w = loom_div(ctx, loom_reshape_2d(ctx, w, U, T), ws);               /* [U, T] */
         w = loom_reshape_3d(ctx, w, 1, U, T);
@@ -182,7 +235,18 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
     if (L->ffn_gate_exps_b) g = loom_add_id(ctx, g, L->ffn_gate_exps_b, sel);
     loom_tensor *u = loom_mul_mat_id(ctx, L->ffn_up_exps, h3, sel);   /* [F, U, T] */
     if (L->ffn_up_exps_b) u = loom_add_id(ctx, u, L->ffn_up_exps_b, sel);
-    loom_tensor *x = loom_swiglu_split(ctx, g, u);                    /* [F, U, T] */
+    loom_tensor *x;
+    if (hp->swiglu_limit > 0) { /* clamped: min(g, l) sigmoid(a min(g, l)) (clamp(u, +-l) + 1) */
+        const float a = hp->swiglu_alpha, l = hp->swiglu_limit;
+        g = loom_clamp(ctx, g, -INFINITY, l);
+        u = loom_clamp(ctx, u, -l, l);
+        /* x sigmoid(a x) = silu(a x) / a */
+        x = loom_scale(
+            ctx, loom_swiglu_split(ctx, loom_scale(ctx, g, a), loom_scale_bias(ctx, u, 1.0f, 1.0f)),
+            1.0f / a);
+    } else {
+        x = loom_swiglu_split(ctx, g, u); /* [F, U, T] */
+    }
     loom_tensor *d = loom_mul_mat_id(ctx, L->ffn_down_exps, x, sel);  /* [E, U, T] */
     if (L->ffn_down_exps_b) d = loom_add_id(ctx, d, L->ffn_down_exps_b, sel);
     d = loom_mul(ctx, d, w);                                          /* [E, U, T] */
@@ -192,6 +256,15 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
     for (int64_t k = 1; k < U; k++)
         sum = loom_add(ctx, sum, loom_view_2d(ctx, d, E, T, d->nb[2], (size_t)k * d->nb[1]));
     if (U == 1) sum = loom_cont(ctx, sum);
+    if (L->ffn_up_shexp) {
+        loom_tensor *gate = L->ffn_gate_inp_shexp /* [E] x [E, T] -> [1, T] */
+                                ? sigmoid_row(ctx, loom_mul_mat(ctx, L->ffn_gate_inp_shexp, h))
+                                : NULL;
+        loom_tensor *sh =
+            dense_ffn(m, ctx, L->ffn_gate_shexp, L->ffn_up_shexp, L->ffn_down_shexp, h, gate);
+        if (sh) loom_format_name(sh, "ffn_shexp-%d", il);
+        sum = loom_add(ctx, sum, sh);
+    }
     if (sum) loom_format_name(sum, "ffn_moe_out-%d", il);
     return sum;
 }
@@ -217,7 +290,20 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T);
-    if (!gf || !tokens || !pos || !mask)
+    bool any_swa = false, all_swa = true;
+    for (int il = 0; il < hp->n_layer; il++) {
+        any_swa |= hp->swa_layer[il];
+        all_swa &= hp->swa_layer[il];
+    }
+    /* every layer sliding (phi3): the one mask is the windowed one */
+    loom_tensor *mask_swa = all_swa   ? mask
+                            : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T)
+                                      : NULL;
+    if (mask_swa) {
+        loom_set_name(mask_swa, "kq_mask_swa");
+        loom_set_input(mask_swa);
+    }
+    if (!gf || !tokens || !pos || !mask || (any_swa && !mask_swa))
         return loom_error(LOOM_ERR_NOMEM, "model: graph context too small: %s", loom_last_error());
     loom_set_name(tokens, "inp_tokens");
     loom_set_name(pos, "inp_pos");
@@ -227,16 +313,22 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_set_input(mask);
 
     loom_tensor *x = loom_get_rows(ctx, m->tok_embd, tokens); /* [E, T] */
+    if (x && hp->embd_scale > 0) x = loom_scale(ctx, x, hp->embd_scale);
     if (x) loom_set_name(x, "inp_embd");
     for (int il = 0; il < hp->n_layer && x; il++) {
-        loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].attn_norm);
+        const loom_layer *L = &m->layers[il];
+        loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->attn_norm);
         if (h) loom_format_name(h, "attn_norm-%d", il);
-        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, T, n_kv) : NULL;
+        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, T, n_kv) : NULL;
+        if (a && L->attn_post_norm)
+            a = loom_mul(ctx, loom_rms_norm(ctx, a, hp->rms_eps), L->attn_post_norm);
         x = loom_add(ctx, x, a);
         if (x) loom_format_name(x, "ffn_inp-%d", il);
-        h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->layers[il].ffn_norm);
+        h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->ffn_norm);
         if (h) loom_format_name(h, "ffn_norm-%d", il);
         loom_tensor *f = h ? ffn(m, ctx, il, h, T) : NULL;
+        if (f && L->ffn_post_norm)
+            f = loom_mul(ctx, loom_rms_norm(ctx, f, hp->rms_eps), L->ffn_post_norm);
         x = loom_add(ctx, x, f);
         if (x) loom_format_name(x, "l_out-%d", il);
     }
@@ -244,14 +336,23 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     x = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->output_norm);
     if (x) loom_set_name(x, "result_norm");
     loom_tensor *logits = loom_mul_mat(ctx, m->output, x); /* [V, T or 1] */
+    if (logits && hp->final_softcap > 0) logits = softcap(ctx, logits, hp->final_softcap);
     if (!logits) return loom_error(loom_last_status() ? loom_last_status() : LOOM_ERR_INTERNAL,
                                    "model: building the graph failed: %s", loom_last_error());
     loom_set_name(logits, "result_output");
     loom_set_output(logits);
     loom_status st = loom_graph_build_forward(gf, logits);
     if (st) return loom_error(st, "model: %s", loom_last_error());
-    *out = (loom_batch_graph){.graph = gf, .tokens = tokens, .pos = pos, .mask = mask,
-                              .logits = logits, .n_tokens = T, .n_past = n_past, .n_kv = n_kv};
+    *out = (loom_batch_graph){.graph = gf,
+                              .tokens = tokens,
+                              .pos = pos,
+                              .mask = mask,
+                              .mask_swa = mask_swa,
+                              .n_swa = hp->n_swa,
+                              .logits = logits,
+                              .n_tokens = T,
+                              .n_past = n_past,
+                              .n_kv = n_kv};
     return LOOM_OK;
 }
 
@@ -270,7 +371,14 @@ loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tok
     }
     loom_tensor_set(bg->tokens, tokens, 0, (size_t)T * sizeof(int32_t));
     loom_tensor_set(bg->pos, pos, 0, (size_t)T * sizeof(int32_t));
-    loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
+    if (bg->mask != bg->mask_swa)
+        loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
+    if (bg->mask_swa) { /* also within the window: query position p sees p - n_swa < j */
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < K; j++)
+                if (bg->n_past + t - j >= bg->n_swa) mask[t * K + j] = -INFINITY;
+        loom_tensor_set(bg->mask_swa, mask, 0, (size_t)(T * K) * sizeof(float));
+    }
     loom_free(pos);
     loom_free(mask);
     return LOOM_OK;

@@ -7,26 +7,60 @@
  * type, and the bytes are copied from the mapped file with loom_tensor_set (so any buffer
  * kind works: host, a simulated device, a meta device's split buffer).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "loom/model.h"
 #include "loom/cpu.h"
+#include "loom/model.h"
+#include "model/arch-impl.h"
 
-static const struct {
-    const char *name;
-    int rope_type;
-} ARCHS[] = {
-    {"llama", LOOM_ROPE_TYPE_NORMAL},
-    {"mistral", LOOM_ROPE_TYPE_NORMAL},
-    {"mixtral", LOOM_ROPE_TYPE_NORMAL},
-    {"qwen2", LOOM_ROPE_TYPE_NEOX},
-    {"qwen2moe", LOOM_ROPE_TYPE_NEOX},
+#define LOOM_MAX_ROT 1024
+
+static const loom__arch *const ARCHS[] = {
+    &loom__arch_llama,    &loom__arch_mistral, &loom__arch_mixtral,  &loom__arch_qwen2,
+    &loom__arch_qwen2moe, &loom__arch_qwen3,   &loom__arch_qwen3moe, &loom__arch_gemma2,
+    &loom__arch_gemma3,   &loom__arch_phi3,    &loom__arch_gptoss,
 };
 
-static loom_status key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
-                           int64_t dflt, int64_t *out) {
+/* "<arch>." keys every architecture understands: read below, or without effect on the
+ * math (context_length is only a default; rope.scaling.finetuned is informational;
+ * tensor_data_layout names the one layout there is). A family adds its own (arch-*.c). */
+static const char *const COMMON_KEYS[] = {
+    "embedding_length",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "context_length",
+    "expert_count",
+    "expert_used_count",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "expert_feed_forward_length",
+    "feed_forward_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.type",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+    "vocab_size",
+    "expert_weights_norm",
+    "expert_gating_func",
+    "tensor_data_layout",
+    "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.attn_factor",
+    NULL,
+};
+
+loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suffix, bool required,
+                          int64_t dflt, int64_t *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (loom_gguf_find_kv(g, key) < 0) {
@@ -40,8 +74,8 @@ static loom_status key_int(const loom_gguf *g, const char *arch, const char *suf
     return LOOM_OK;
 }
 
-static loom_status key_float(const loom_gguf *g, const char *arch, const char *suffix, double dflt,
-                             double *out) {
+loom_status loom__key_float(const loom_gguf *g, const char *arch, const char *suffix, double dflt,
+                            double *out) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (loom_gguf_find_kv(g, key) < 0) {
@@ -73,21 +107,117 @@ static loom_status check_sizes(const loom_hparams *hp) {
     return LOOM_OK;
 }
 
+#define key_int loom__key_int
+#define key_float loom__key_float
+
+static bool listed(const char *const *list, const char *suffix) {
+    for (; list && *list; list++)
+        if (strcmp(*list, suffix) == 0) return true;
+    return false;
+}
+
+/* Every "<arch>." key must be one loom reads or knows to be without effect. */
+static loom_status check_keys(const loom_gguf *g, const loom__arch *a) {
+    size_t n = strlen(a->name);
+    for (int64_t i = 0; i < loom_gguf_kv_count(g); i++) {
+        const char *key = loom_gguf_kv_key(g, i);
+        if (strncmp(key, a->name, n) != 0 || key[n] != '.') continue;
+        if (!listed(COMMON_KEYS, key + n + 1) && !listed(a->keys, key + n + 1))
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: metadata key '%s' is not understood by loom for "
+                              "architecture '%s' (it may change the model's math; refusing "
+                              "rather than ignoring it)",
+                              key, a->name);
+    }
+    return LOOM_OK;
+}
+
+/* rope.scaling.*: none, linear (factor), llama3 (factors in rope_freqs.weight), yarn
+ * (factor, original_context_length, yarn_* with the reference's defaults). */
+static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
+    char key[128];
+    const char *type = "linear";
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    loom_status st;
+    if (loom_gguf_find_kv(g, key) >= 0 && (st = loom_gguf_get_str(g, key, &type)))
+        return loom_error(st, "model: %s", loom_last_error());
+    double f;
+    if ((st = key_float(g, hp->arch, "rope.scale_linear", 1.0, &f)) ||
+        (st = key_float(g, hp->arch, "rope.scaling.factor", f, &f)))
+        return st;
+    bool has_freqs = loom_gguf_find_tensor(g, "rope_freqs.weight") >= 0;
+    /* finite and in range (NaN compares false); 0 means no scaling, as llama.cpp reads it */
+    if (!(f >= 0 && f <= 1e6))
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)",
+                          hp->arch, f);
+    if (strcmp(type, "none") == 0 || (strcmp(type, "llama3") == 0 && has_freqs)) {
+        hp->rope_freq_scale = 1.0f;
+    } else if (strcmp(type, "linear") == 0) {
+        hp->rope_freq_scale = f > 0 ? (float)(1.0 / f) : 1.0f;
+    } else if (strcmp(type, "yarn") == 0) {
+        if (!(f > 0))
+            return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.scaling.factor %g (must be > 0)",
+                              hp->arch, f);
+        if (has_freqs)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: YaRN together with 'rope_freqs.weight' is not supported");
+        hp->rope_yarn = true;
+        hp->rope_freq_scale = (float)(1.0 / f);
+        double ext, attn, fast, slow;
+        if ((st = key_int(g, hp->arch, "rope.scaling.original_context_length", true, 0,
+                          &hp->n_ctx_orig)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_ext_factor", 1.0, &ext)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_attn_factor", 1.0, &attn)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_fast", 32.0, &fast)) ||
+            (st = key_float(g, hp->arch, "rope.scaling.yarn_beta_slow", 1.0, &slow)))
+            return st;
+        if (hp->n_ctx_orig <= 0)
+            return loom_error(LOOM_ERR_FORMAT,
+                              "model: %s.rope.scaling.original_context_length %lld", hp->arch,
+                              (long long)hp->n_ctx_orig);
+        hp->yarn_ext_factor = (float)ext;
+        hp->yarn_attn_factor = (float)attn;
+        hp->yarn_beta_fast = (float)fast;
+        hp->yarn_beta_slow = (float)slow;
+    } else if (strcmp(type, "llama3") == 0) {
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: '%s' = 'llama3' needs the tensor 'rope_freqs.weight' (the "
+                          "per-frequency factors), which the file lacks",
+                          key);
+    } else {
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "model: '%s' = '%s' is not supported (none, linear, llama3, yarn)", key,
+                          type);
+    }
+    return LOOM_OK;
+}
+
+static const loom__arch *find_arch(const char *name) {
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (strcmp(name, ARCHS[i]->name) == 0) return ARCHS[i];
+    return NULL;
+}
+
 loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     memset(hp, 0, sizeof *hp);
     const char *arch;
     loom_status st = loom_gguf_get_str(g, "general.architecture", &arch);
     if (st) return loom_error(st, "model: %s", loom_last_error());
-    int ai = -1;
-    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
-        if (strcmp(arch, ARCHS[i].name) == 0) ai = (int)i;
-    if (ai < 0)
-        return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "model: unknown architecture '%s' (supported: llama, mistral, mixtral, "
-                          "qwen2, qwen2moe)",
-                          arch);
+    const loom__arch *A = find_arch(arch);
+    if (!A) {
+        char names[256] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "",
+                                    ARCHS[i]->name);
+        return loom_error(LOOM_ERR_UNSUPPORTED, "model: unknown architecture '%s' (supported: %s)",
+                          arch, names);
+    }
+    if ((st = check_keys(g, A))) return st;
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
-    hp->rope_type = ARCHS[ai].rope_type;
+    hp->rope_type = A->rope_type;
+    hp->ffn_glu = LOOM_GLU_SWIGLU;
     int64_t v;
     if ((st = key_int(g, arch, "embedding_length", true, 0, &hp->n_embd)) ||
         (st = key_int(g, arch, "block_count", true, 0, &hp->n_layer)) ||
@@ -108,6 +238,12 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         return st;
     if ((st = check_sizes(hp))) return st;
     if ((st = key_int(g, arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot))) return st;
+    if ((st = key_int(g, arch, "attention.value_length", false, hp->head_dim, &v))) return st;
+    if (v != hp->head_dim)
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "model: %s.attention.value_length %lld differs from key_length %lld "
+                          "(not supported)",
+                          arch, (long long)v, (long long)hp->head_dim);
     if (hp->n_expert > 0) {
         if ((st = key_int(g, arch, "expert_feed_forward_length", false, -1, &v))) return st;
         if (v < 0 && (st = key_int(g, arch, "feed_forward_length", true, 0, &v))) return st;
@@ -115,7 +251,12 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         if (hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert)
             return loom_error(LOOM_ERR_FORMAT, "model: expert_used_count %lld of %lld experts",
                               (long long)hp->n_expert_used, (long long)hp->n_expert);
-        hp->norm_topk = strcmp(arch, "qwen2moe") != 0;
+        hp->norm_topk = true;
+        if ((st = key_int(g, arch, "expert_gating_func", false, 1, &v))) return st;
+        if (v != 1)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: %s.expert_gating_func %lld is not supported (1 = softmax)",
+                              arch, (long long)v);
     } else if ((st = key_int(g, arch, "feed_forward_length", true, 0, &hp->n_ff))) {
         return st;
     } else {
@@ -138,15 +279,7 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
         return loom_error(LOOM_ERR_FORMAT, "model: %s.rope.freq_base = %g (must be finite and > 0)",
                           arch, f);
     hp->rope_freq_base = (float)f;
-    if ((st = key_float(g, arch, "rope.scaling.factor", 1.0, &f))) return st;
-    if (!(f >= 0 && f <= 1e6)) /* 0: no scaling, as llama.cpp reads it */
-        return loom_error(LOOM_ERR_FORMAT,
-                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)", arch, f);
-    hp->rope_freq_scale = f > 0 ? (float)(1.0 / f) : 1.0f;
-    if (!(hp->rope_freq_scale > 0))
-        return loom_error(LOOM_ERR_FORMAT,
-                          "model: %s.rope.scaling.factor = %g gives a zero frequency scale", arch,
-                          f);
+    if ((st = read_rope_scaling(g, hp))) return st;
     if (hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return loom_error(LOOM_ERR_FORMAT, "model: rope dimension %lld does not fit head_dim %lld",
                           (long long)hp->n_rot, (long long)hp->head_dim);
@@ -177,6 +310,30 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
     if (hp->n_vocab <= 0 || hp->n_vocab > INT32_MAX)
         return loom_error(LOOM_ERR_FORMAT, "model: vocabulary of %lld tokens (must be 1..%d)",
                           (long long)hp->n_vocab, INT32_MAX);
+    if (A->read && (st = A->read(g, hp))) return st;
+    if ((st = key_float(g, arch, "rope.scaling.attn_factor", 1.0, &f))) return st;
+    hp->rope_attn_factor = (float)f;
+    if (!hp->rope_yarn && (st = key_int(g, arch, "rope.scaling.original_context_length", false,
+                                        hp->n_ctx_train, &hp->n_ctx_orig)))
+        return st;
+    /* rope multiplies cos and sin by mscale: q.k by mscale^2 (when every dim rotates) */
+    double ms = hp->rope_attn_factor;
+    if (hp->rope_yarn) {
+        ms *= hp->yarn_attn_factor;
+        if (hp->yarn_ext_factor != 0.0f) ms *= 1.0 + 0.1 * log(1.0 / hp->rope_freq_scale);
+    }
+    if (ms != 1.0) {
+        if (hp->n_rot != hp->head_dim)
+            return loom_error(LOOM_ERR_UNSUPPORTED,
+                              "model: a rope magnitude scale (%g) with partial rotary dims (%lld "
+                              "of %lld) is not supported",
+                              ms, (long long)hp->n_rot, (long long)hp->head_dim);
+        double base = hp->attn_scale > 0 ? hp->attn_scale : 1.0 / sqrt((double)hp->head_dim);
+        hp->attn_scale = (float)(base * ms * ms);
+    }
+    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+    if (loom_gguf_find_kv(g, key) >= 0 && (st = loom_gguf_get_bool(g, key, &hp->norm_topk)))
+        return loom_error(st, "model: %s", loom_last_error());
     return LOOM_OK;
 }
 
@@ -184,10 +341,34 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
 
 typedef struct pending {
     loom_tensor *t;
-    int64_t gi;   /* gguf tensor index */
+    int64_t gi; /* gguf tensor index, -1 for a computed tensor */
     int layer;
     loom_buft_t buft;
+    const void *data; /* a computed tensor's bytes */
 } pending;
+
+/* YaRN as ggml's rope computes it: theta_i = p base^(-2i/n) (s (1 - mix_i) + mix_i) with
+ * mix_i = ramp(i) ext_factor between the correction dims of beta_fast and beta_slow, and
+ * cos and sin times mscale = attn_factor (1 + 0.1 ln(1/s)) (when ext_factor != 0). As
+ * rope's frequency divisors: 1 / (s (1 - mix_i) + mix_i); mscale goes into the q.k scale. */
+static double yarn_corr_dim(double n_dims, double n_ctx_orig, double beta, double base) {
+    return n_dims * log(n_ctx_orig / (beta * 2.0 * 3.14159265358979323846)) / (2.0 * log(base));
+}
+
+static void yarn_factors(const loom_hparams *hp, float *ff) {
+    const double n = (double)hp->n_rot, s = hp->rope_freq_scale;
+    double lo =
+        floor(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_fast, hp->rope_freq_base));
+    double hi =
+        ceil(yarn_corr_dim(n, (double)hp->n_ctx_orig, hp->yarn_beta_slow, hp->rope_freq_base));
+    lo = fmax(0.0, lo);
+    hi = fmin(n - 1.0, hi);
+    for (int64_t i = 0; i < hp->n_rot / 2; i++) {
+        double y = ((double)i - lo) / fmax(0.001, hi - lo);
+        double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * hp->yarn_ext_factor;
+        ff[i] = (float)(1.0 / (s * (1.0 - mix) + mix));
+    }
+}
 
 static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_model_params *p,
                               const char *name, int layer, bool required, int n_dims,
@@ -257,6 +438,45 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     W("output_norm.weight", -1, true, 1, &m->output_norm, E);
     W("output.weight", -1, false, 2, &m->output, E, V);
     if (!m->output) m->output = m->tok_embd; /* tied embeddings */
+    W("rope_freqs.weight", -1, false, 1, &m->rope_freqs, hp->n_rot / 2);
+    W("rope_factors_long.weight", -1, false, 1, &m->rope_long, hp->n_rot / 2);
+    W("rope_factors_short.weight", -1, m->rope_long != NULL, 1, &m->rope_short, hp->n_rot / 2);
+    for (int i = 0; i < 3; i++) {
+        const loom_tensor *t = i == 0 ? m->rope_freqs : i == 1 ? m->rope_long : m->rope_short;
+        if (t && t->type != LOOM_TYPE_F32) {
+            st = loom_error(LOOM_ERR_TYPE, "model: tensor '%s' is %s (f32 expected)", t->name,
+                            loom_type_name(t->type));
+            goto fail;
+        }
+    }
+    if (m->rope_freqs && (m->rope_long || m->rope_short)) {
+        st = loom_error(LOOM_ERR_UNSUPPORTED,
+                        "model: 'rope_freqs.weight' together with rope_factors_long/short");
+        goto fail;
+    }
+    float yarn[LOOM_MAX_ROT / 2];
+    if (hp->rope_yarn) {
+        if (hp->n_rot > LOOM_MAX_ROT) {
+            st = loom_error(LOOM_ERR_UNSUPPORTED, "model: YaRN with %lld rope dims (at most %d)",
+                            (long long)hp->n_rot, LOOM_MAX_ROT);
+            goto fail;
+        }
+        yarn_factors(hp, yarn);
+        m->rope_freqs = loom_new_tensor_1d(m->ctx, LOOM_TYPE_F32, hp->n_rot / 2);
+        if (!m->rope_freqs) {
+            st = loom_error(LOOM_ERR_NOMEM, "model: %s", loom_last_error());
+            goto fail;
+        }
+        loom_set_name(m->rope_freqs, "rope_yarn_factors");
+        loom_set_param(m->rope_freqs);
+        loom_buft_t buft = p && p->placement
+                               ? p->placement("rope_yarn_factors", -1, p->placement_user_data)
+                               : NULL;
+        if (!buft) buft = p && p->default_buft ? p->default_buft : loom_cpu_buffer_type();
+        list[n_list++] =
+            (pending){.t = m->rope_freqs, .gi = -1, .layer = -1, .buft = buft, .data = yarn};
+    }
+
     char name[LOOM_MAX_NAME];
     for (int il = 0; il < hp->n_layer; il++) {
         loom_layer *L = &m->layers[il];
@@ -274,25 +494,68 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             W(N("attn_k.bias"), il, false, 1, &L->bk, Dkv);
             W(N("attn_v.bias"), il, false, 1, &L->bv, Dkv);
         }
+        if (hp->qk_norm) {
+            W(N("attn_q_norm.weight"), il, true, 1, &L->attn_q_norm, hp->head_dim);
+            W(N("attn_k_norm.weight"), il, true, 1, &L->attn_k_norm, hp->head_dim);
+        }
         W(N("attn_output.weight"), il, true, 2, &L->wo, Dq, E);
         W(N("attn_output.bias"), il, false, 1, &L->bo, E);
-        W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        W(N("attn_sinks.weight"), il, false, 1, &L->attn_sinks, hp->n_head);
+        if (hp->post_norms) {
+            W(N("post_attention_norm.weight"), il, true, 1, &L->attn_post_norm, E);
+            W(N("post_ffw_norm.weight"), il, true, 1, &L->ffn_post_norm, E);
+            W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        } else if (loom_gguf_find_tensor(g, N("ffn_norm.weight")) < 0 &&
+                   loom_gguf_find_tensor(g, N("post_attention_norm.weight")) >= 0) {
+            /* gpt-oss names its pre-FFN norm post_attention_norm */
+            W(N("post_attention_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        } else {
+            W(N("ffn_norm.weight"), il, true, 1, &L->ffn_norm, E);
+        }
         if (X > 0) {
             W(N("ffn_gate_inp.weight"), il, true, 2, &L->ffn_gate_inp, E, X);
+            W(N("ffn_gate_inp.bias"), il, false, 1, &L->ffn_gate_inp_b, X);
             W(N("ffn_gate_exps.weight"), il, true, 3, &L->ffn_gate_exps, E, F, X);
             W(N("ffn_up_exps.weight"), il, true, 3, &L->ffn_up_exps, E, F, X);
             W(N("ffn_down_exps.weight"), il, true, 3, &L->ffn_down_exps, F, E, X);
             W(N("ffn_gate_exps.bias"), il, false, 2, &L->ffn_gate_exps_b, F, X);
             W(N("ffn_up_exps.bias"), il, false, 2, &L->ffn_up_exps_b, F, X);
             W(N("ffn_down_exps.bias"), il, false, 2, &L->ffn_down_exps_b, E, X);
+            /* a shared expert (qwen2moe), scaled by sigmoid(ffn_gate_inp_shexp . x) */
+            const int64_t Fs = hp->n_ff_shexp > 0 ? hp->n_ff_shexp : F;
+            bool shexp = loom_gguf_find_tensor(g, N("ffn_up_shexp.weight")) >= 0;
+            W(N("ffn_up_shexp.weight"), il, false, 2, &L->ffn_up_shexp, E, Fs);
+            W(N("ffn_gate_shexp.weight"), il, shexp, 2, &L->ffn_gate_shexp, E, Fs);
+            W(N("ffn_down_shexp.weight"), il, shexp, 2, &L->ffn_down_shexp, Fs, E);
+            W(N("ffn_gate_inp_shexp.weight"), il, false, 1, &L->ffn_gate_inp_shexp, E);
         } else {
-            W(N("ffn_gate.weight"), il, true, 2, &L->ffn_gate, E, F);
-            W(N("ffn_up.weight"), il, true, 2, &L->ffn_up, E, F);
+            /* no ffn_gate: gate and up fused in ffn_up (phi3), gate rows first */
+            bool fused_up = loom_gguf_find_tensor(g, N("ffn_gate.weight")) < 0;
+            W(N("ffn_gate.weight"), il, !fused_up, 2, &L->ffn_gate, E, F);
+            W(N("ffn_up.weight"), il, true, 2, &L->ffn_up, E, fused_up ? 2 * F : F);
             W(N("ffn_down.weight"), il, true, 2, &L->ffn_down, F, E);
         }
 #undef N
     }
 #undef W
+    /* a tensor the graph would not use is a part of the model loom does not understand */
+    int n_from_file = 0;
+    for (int i = 0; i < n_list; i++)
+        n_from_file += list[i].gi >= 0;
+    if (n_from_file < n_tensors) {
+        for (int64_t gi = 0; gi < n_tensors; gi++) {
+            bool used = false;
+            for (int i = 0; i < n_list && !used; i++)
+                used = list[i].gi == gi;
+            if (!used) {
+                st = loom_error(LOOM_ERR_UNSUPPORTED,
+                                "model: tensor '%s' is not used by loom's %s graph (refusing "
+                                "rather than ignoring it)",
+                                loom_gguf_tensor_name(g, gi), hp->arch);
+                goto fail;
+            }
+        }
+    }
     /* one buffer per distinct buffer type */
     loom_buft_t bufts[64];
     int n_bufts = 0;
@@ -335,8 +598,13 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         }
     }
     size_t total = 0, done = 0;
-    for (int i = 0; i < n_list; i++) total += loom_gguf_tensor_size(g, list[i].gi);
+    for (int i = 0; i < n_list; i++)
+        total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
     for (int i = 0; i < n_list; i++) {
+        if (list[i].gi < 0) {
+            loom_tensor_set(list[i].t, list[i].data, 0, loom_nbytes(list[i].t));
+            continue;
+        }
         size_t n = loom_gguf_tensor_size(g, list[i].gi);
         loom_tensor_set(list[i].t, loom_gguf_tensor_data(g, list[i].gi), 0, n);
         done += n;

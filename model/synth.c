@@ -35,7 +35,11 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
     for (int d = 0; d < n_dims; d++) n *= ne[d];
     float *f = loom_malloc((size_t)n * sizeof *f);
     if (!f) return loom_error(LOOM_ERR_NOMEM, "synth: out of memory");
-    for (int64_t i = 0; i < n; i++) f[i] = ones ? 1.0f : i / ne[0] < zero_rows ? 0.0f : uniform(rng, scale);
+    /* ones with a scale: 1 +- scale (norms whose effect a test must see) */
+    for (int64_t i = 0; i < n; i++)
+        f[i] = ones                    ? 1.0f + (scale > 0 ? uniform(rng, scale) : 0.0f)
+               : i / ne[0] < zero_rows ? 0.0f
+                                       : uniform(rng, scale);
     const loom_type_traits *tr = loom_type_traits_get(type);
     void *data = f;
     void *conv = NULL;
@@ -56,8 +60,9 @@ static loom_status add(loom_gguf_writer *w, const char *name, loom_type type, in
 
 loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out) {
     *out = NULL;
-    if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv || p->n_embd % p->n_head ||
-        p->n_vocab < 300 || p->n_layer <= 0 || p->n_ff <= 0)
+    if (p->n_head <= 0 || p->n_head_kv <= 0 || p->n_head % p->n_head_kv ||
+        (p->head_dim <= 0 && p->n_embd % p->n_head) || p->head_dim % 2 || p->n_vocab < 300 ||
+        p->n_layer <= 0 || p->n_ff <= 0)
         return loom_error(LOOM_ERR_INVALID_ARG,
                           "synth: bad shape (n_vocab >= 300, n_head a multiple of n_head_kv, "
                           "n_embd a multiple of n_head)");
@@ -81,6 +86,18 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     if (p->n_expert > 0) {
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert);
         st = st ? st : loom_gguf_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used);
+        st = st ? st : loom_gguf_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)p->n_ff);
+    }
+    if (p->n_ff_shexp > 0)
+        st = st ? st
+                : loom_gguf_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                    (uint32_t)p->n_ff_shexp);
+    const bool gemma = strncmp(arch, "gemma", 5) == 0, gptoss = strcmp(arch, "gpt-oss") == 0;
+    if (p->n_swa > 0)
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->n_swa);
+    if (p->head_dim > 0) {
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.key_length"), (uint32_t)p->head_dim);
+        st = st ? st : loom_gguf_set_u32(w, KEY("attention.value_length"), (uint32_t)p->head_dim);
     }
 #undef KEY
     /* vocabulary */
@@ -122,7 +139,8 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
 
     /* weights */
     uint64_t rng = p->seed;
-    const int64_t E = p->n_embd, F = p->n_ff, X = p->n_expert, D = E / p->n_head;
+    const int64_t E = p->n_embd, F = p->n_ff, X = p->n_expert;
+    const int64_t D = p->head_dim > 0 ? p->head_dim : E / p->n_head, Fs = p->n_ff_shexp;
     const int64_t Dq = p->n_head * D, Dkv = p->n_head_kv * D;
     const loom_type wt = p->wtype;
     const loom_type wt_hi = p->wtype_hi != LOOM_TYPE_F32 ? p->wtype_hi : wt;
@@ -142,8 +160,30 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
     /* zero logits for the control and byte tokens keep generated text readable letters */
     zero_rows = 259;
     NAME("output.weight");
-    T(2, wt_hi, se, false, E, V);
+    if (!p->tied) T(2, wt_hi, se, false, E, V);
     zero_rows = 0;
+    if (p->rope_freqs && !st) {
+        /* llama3-style: high frequencies kept (1), low ones divided by up to 8 */
+        float fr[512];
+        int64_t n = D / 2;
+        for (int64_t i = 0; i < n && i < 512; i++)
+            fr[i] = 1.0f + 7.0f * (float)i / (float)(n > 1 ? n - 1 : 1);
+        st = loom_gguf_add_tensor(w, "rope_freqs.weight", LOOM_TYPE_F32, 1, (int64_t[]){n}, fr);
+    }
+    if (p->longrope && !st) { /* phi3-style: long factors up to 6, short ones up to 1.5 */
+        float lf[512], sf[512];
+        int64_t n = D / 2;
+        for (int64_t i = 0; i < n && i < 512; i++) {
+            float t = (float)i / (float)(n > 1 ? n - 1 : 1);
+            lf[i] = 1.0f + 5.0f * t;
+            sf[i] = 1.0f + 0.5f * t;
+        }
+        st = loom_gguf_add_tensor(w, "rope_factors_long.weight", LOOM_TYPE_F32, 1, (int64_t[]){n},
+                                  lf);
+        if (!st)
+            st = loom_gguf_add_tensor(w, "rope_factors_short.weight", LOOM_TYPE_F32, 1,
+                                      (int64_t[]){n}, sf);
+    }
     for (int il = 0; il < p->n_layer; il++) {
         NAME("blk.%d.attn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);
@@ -157,7 +197,7 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             T(2, wt, se, false, E, Dkv);
             NAME("blk.%d.attn_v.weight", il);
             T(2, wt_hi, se, false, E, Dkv);
-            if (p->biases) {
+            if (p->biases || p->attn_biases) {
                 NAME("blk.%d.attn_q.bias", il);
                 T(1, LOOM_TYPE_F32, 0.1f, false, Dq);
                 NAME("blk.%d.attn_k.bias", il);
@@ -166,17 +206,41 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
                 T(1, LOOM_TYPE_F32, 0.1f, false, Dkv);
             }
         }
+        if (p->qk_norm) {
+            NAME("blk.%d.attn_q_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, D);
+            NAME("blk.%d.attn_k_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, D);
+        }
         NAME("blk.%d.attn_output.weight", il);
         T(2, wt, 1.0f / sqrtf((float)Dq), false, Dq, E);
-        NAME("blk.%d.ffn_norm.weight", il);
+        if (gptoss) { /* output bias, sinks */
+            NAME("blk.%d.attn_output.bias", il);
+            T(1, LOOM_TYPE_F32, 0.1f, false, E);
+            NAME("blk.%d.attn_sinks.weight", il);
+            T(1, LOOM_TYPE_F32, 2.0f, false, p->n_head);
+        }
+        if (gemma) {
+            NAME("blk.%d.post_attention_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, E);
+            NAME("blk.%d.post_ffw_norm.weight", il);
+            T(1, LOOM_TYPE_F32, 0.5f, true, E);
+        }
+        NAME(gptoss ? "blk.%d.post_attention_norm.weight" : "blk.%d.ffn_norm.weight", il);
         T(1, LOOM_TYPE_F32, 0, true, E);
         if (X > 0) {
             NAME("blk.%d.ffn_gate_inp.weight", il);
             T(2, LOOM_TYPE_F32, se, false, E, X);
+            if (gptoss) {
+                NAME("blk.%d.ffn_gate_inp.bias", il);
+                T(1, LOOM_TYPE_F32, 0.5f, false, X);
+            }
+            /* gpt-oss: large enough for its SwiGLU clamp at 7 to act */
+            const float sx = gptoss ? 10.0f * se : se;
             NAME("blk.%d.ffn_gate_exps.weight", il);
-            T(3, wt, se, false, E, F, X);
+            T(3, wt, sx, false, E, F, X);
             NAME("blk.%d.ffn_up_exps.weight", il);
-            T(3, wt, se, false, E, F, X);
+            T(3, wt, sx, false, E, F, X);
             NAME("blk.%d.ffn_down_exps.weight", il);
             T(3, wt_hi, sf, false, F, E, X);
             if (p->biases) {
@@ -187,11 +251,23 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
                 NAME("blk.%d.ffn_down_exps.bias", il);
                 T(2, LOOM_TYPE_F32, 0.1f, false, E, X);
             }
+            if (Fs > 0) {
+                NAME("blk.%d.ffn_gate_inp_shexp.weight", il);
+                T(1, LOOM_TYPE_F32, 4.0f * se, false, E);
+                NAME("blk.%d.ffn_gate_shexp.weight", il);
+                T(2, wt, se, false, E, Fs);
+                NAME("blk.%d.ffn_up_shexp.weight", il);
+                T(2, wt, se, false, E, Fs);
+                NAME("blk.%d.ffn_down_shexp.weight", il);
+                T(2, wt, 1.0f / sqrtf((float)Fs), false, Fs, E);
+            }
         } else {
-            NAME("blk.%d.ffn_gate.weight", il);
-            T(2, wt, se, false, E, F);
+            if (!p->fused_gate_up) {
+                NAME("blk.%d.ffn_gate.weight", il);
+                T(2, wt, se, false, E, F);
+            }
             NAME("blk.%d.ffn_up.weight", il);
-            T(2, wt, se, false, E, F);
+            T(2, wt, se, false, E, p->fused_gate_up ? 2 * F : F);
             NAME("blk.%d.ffn_down.weight", il);
             T(2, wt_hi, sf, false, F, E);
         }

@@ -33,43 +33,100 @@ struct loom_rules {
     "token_embd\\.weight            mirrored\n"                                                    \
     "output_norm\\.weight           mirrored\n"                                                    \
     "output\\.weight                1\n"                                                           \
+    "rope_(freqs|factors_long|factors_short)\\.weight  mirrored\n"                                 \
     "blk\\.\\d+\\.attn_norm\\.weight  mirrored\n"                                                  \
     "blk\\.\\d+\\.ffn_norm\\.weight   mirrored\n"                                                  \
-    "# attention: query heads in groups that share a KV head, so every device keeps\n"           \
-    "# whole groups (fewer KV heads than devices leaves some devices empty)\n"                   \
+    "# attention: query heads in groups that share a KV head, so every device keeps\n"             \
+    "# whole groups (fewer KV heads than devices leaves some devices empty)\n"                     \
     "blk\\.\\d+\\.attn_q\\.weight     1  qgroup\n"                                                 \
     "blk\\.\\d+\\.attn_[kv]\\.weight  1  kvhead\n"                                                 \
     "blk\\.\\d+\\.attn_qkv\\.weight   fused_qkv\n"                                                 \
     "blk\\.\\d+\\.attn_output\\.weight 0 qgroup\n"                                                 \
     "cache_[kv]_l\\d+               0  kvhead\n"
 
+#define ATTN_BIASES                                                                                \
+    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"                                                 \
+    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"                                                 \
+    "blk\\.\\d+\\.attn_qkv\\.bias     fused_qkv\n"                                                 \
+    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
+
+#define QK_NORM                                                                                    \
+    "# per-head norms: every head uses the same [head_dim] weight\n"                               \
+    "blk\\.\\d+\\.attn_[qk]_norm\\.weight  mirrored\n"
+
 #define DENSE_FFN                                                                                  \
     "blk\\.\\d+\\.ffn_(gate|up)\\.weight  1  ffn\n"                                                \
     "blk\\.\\d+\\.ffn_down\\.weight       0  ffn\n"
 
+#define EXPERTS                                                                                    \
+    "# experts split along their FFN dim: every device holds a slice of every expert\n"            \
+    "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"                                        \
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n"
+
+#define SHARED_EXPERT                                                                              \
+    "# the shared expert splits like a dense FFN; its sigmoid gate is mirrored\n"                  \
+    "blk\\.\\d+\\.ffn_gate_inp_shexp\\.weight   mirrored\n"                                        \
+    "blk\\.\\d+\\.ffn_(gate|up)_shexp\\.weight  1  ffn\n"                                          \
+    "blk\\.\\d+\\.ffn_down_shexp\\.weight       0  ffn\n"
+
 static const char LLAMA_RULES[] = "# llama / mistral: tensor-parallel split table\n" COMMON_ATTN
     DENSE_FFN;
 
-static const char QWEN2_RULES[] = "# qwen2: llama's table plus attention biases\n" COMMON_ATTN
-    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
-    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
-    "blk\\.\\d+\\.attn_qkv\\.bias     fused_qkv\n"
-    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n" DENSE_FFN;
+static const char QWEN2_RULES[] =
+    "# qwen2: llama's table plus attention biases\n" COMMON_ATTN ATTN_BIASES DENSE_FFN;
 
-static const char MOE_RULES[] = "# mixtral-style MoE: experts split along their FFN dim\n" COMMON_ATTN
-    "blk\\.\\d+\\.attn_q\\.bias       0  qgroup\n"
-    "blk\\.\\d+\\.attn_[kv]\\.bias    0  kvhead\n"
-    "blk\\.\\d+\\.attn_output\\.bias  mirrored\n"
-    "blk\\.\\d+\\.ffn_gate_inp\\.weight         mirrored\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.weight   1  ffn\n"
-    "blk\\.\\d+\\.ffn_down_exps\\.weight        0  ffn\n"
-    "blk\\.\\d+\\.ffn_(gate|up)_exps\\.bias     0  ffn\n"
-    "blk\\.\\d+\\.ffn_down_exps\\.bias          mirrored\n" DENSE_FFN;
+static const char MOE_RULES[] = "# mixtral-style MoE\n" COMMON_ATTN ATTN_BIASES EXPERTS DENSE_FFN;
+
+static const char QWEN2MOE_RULES[] =
+    "# qwen2moe: MoE with biases and a gated shared expert\n" COMMON_ATTN ATTN_BIASES EXPERTS
+        SHARED_EXPERT;
+
+static const char QWEN3_RULES[] =
+    "# qwen3: llama's table plus per-head q/k norms\n" COMMON_ATTN QK_NORM DENSE_FFN;
+
+static const char QWEN3MOE_RULES[] =
+    "# qwen3moe: qwen3's attention, MoE FFN\n" COMMON_ATTN QK_NORM EXPERTS;
+
+#define FUSED_GATE_UP                                                                              \
+    "# gate and up in one weight: each half split like a dense FFN's\n"                            \
+    "blk\\.\\d+\\.ffn_up\\.weight  fused_glu\n"                                                    \
+    "blk\\.\\d+\\.ffn_down\\.weight  0  ffn\n"
+
+static const char GPTOSS_RULES[] =
+    "# gpt-oss: biases, per-head sinks, MoE with router and expert biases\n" COMMON_ATTN ATTN_BIASES
+    "blk\\.\\d+\\.attn_sinks\\.weight          0  qgroup_heads\n"
+    "blk\\.\\d+\\.post_attention_norm\\.weight mirrored\n"
+    "blk\\.\\d+\\.ffn_gate_inp\\.bias          mirrored\n" EXPERTS;
+
+static const char PHI3_RULES[] =
+    "# phi3: fused QKV and fused gate/up, split per part\n" COMMON_ATTN FUSED_GATE_UP;
+
+#define POST_NORMS "blk\\.\\d+\\.post_(attention|ffw)_norm\\.weight  mirrored\n"
+
+static const char GEMMA2_RULES[] =
+    "# gemma2: llama's table plus post-attention / post-FFN norms\n" COMMON_ATTN POST_NORMS
+        DENSE_FFN;
+
+static const char GEMMA3_RULES[] =
+    "# gemma3: gemma2's table plus per-head q/k norms\n" COMMON_ATTN QK_NORM POST_NORMS DENSE_FFN;
+
+static const struct {
+    const char *arch;
+    const char *text;
+} TABLES[] = {
+    {"phi3", PHI3_RULES},     {"gpt-oss", GPTOSS_RULES},    {"gemma2", GEMMA2_RULES},
+    {"gemma3", GEMMA3_RULES}, {"llama", LLAMA_RULES},       {"mistral", LLAMA_RULES},
+    {"mixtral", MOE_RULES},   {"qwen2", QWEN2_RULES},       {"qwen2moe", QWEN2MOE_RULES},
+    {"qwen3", QWEN3_RULES},   {"qwen3moe", QWEN3MOE_RULES},
+};
 
 const char *loom_rules_builtin_text(const char *arch, bool moe) {
-    if (moe || strcmp(arch, "mixtral") == 0 || strcmp(arch, "qwen2moe") == 0) return MOE_RULES;
-    if (strcmp(arch, "llama") == 0 || strcmp(arch, "mistral") == 0) return LLAMA_RULES;
-    if (strcmp(arch, "qwen2") == 0) return QWEN2_RULES;
+    for (size_t i = 0; i < sizeof TABLES / sizeof TABLES[0]; i++)
+        if (strcmp(arch, TABLES[i].arch) == 0)
+            return moe && TABLES[i].text == LLAMA_RULES ? MOE_RULES : TABLES[i].text;
     return NULL;
 }
 
@@ -77,11 +134,13 @@ loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out) {
     const char *text = loom_rules_builtin_text(arch, moe);
     if (!text)
         return loom_error(LOOM_ERR_UNSUPPORTED,
-                          "rules: no split table for architecture '%s' (llama, mistral, qwen2, "
-                          "mixtral, qwen2moe)",
+                          "rules: no split table for architecture '%s' (llama, mistral, mixtral, "
+                          "qwen2, qwen2moe, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss)",
                           arch);
     char source[64];
-    snprintf(source, sizeof source, "builtin:%s", moe ? "moe" : arch);
+    /* "+moe": a dense architecture's file with experts (llama with experts = mixtral) */
+    snprintf(source, sizeof source, "builtin:%s%s", arch,
+             text != loom_rules_builtin_text(arch, false) ? "+moe" : "");
     return loom_rules_parse(text, source, out);
 }
 
@@ -121,12 +180,16 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
     const char *sp = fields[1];
     if (strcmp(sp, "mirrored") == 0) ri.pub.split = LOOM_RULE_MIRRORED;
     else if (strcmp(sp, "fused_qkv") == 0) ri.pub.split = LOOM_RULE_FUSED_QKV;
+    else if (strcmp(sp, "fused_glu") == 0)
+        ri.pub.split = LOOM_RULE_FUSED_GLU;
     else if (sp[0] >= '0' && sp[0] <= '3' && sp[1] == 0) ri.pub.split = (loom_rule_split)(sp[0] - '0');
     else
-        return loom_error(LOOM_ERR_FORMAT,
-                          "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored or fused_qkv)", source,
-                          lineno, sp);
-    ri.pub.unit = LOOM_RULE_UNIT_ELEMENTS;
+        return loom_error(
+            LOOM_ERR_FORMAT,
+            "%s:%d: unknown split '%s' (0, 1, 2, 3, mirrored, fused_qkv or fused_glu)", source,
+            lineno, sp);
+    ri.pub.unit =
+        ri.pub.split == LOOM_RULE_FUSED_GLU ? LOOM_RULE_UNIT_FFN : LOOM_RULE_UNIT_ELEMENTS;
     ri.pub.granularity = 1;
     if (nf == 3) {
         const char *g = fields[2];
@@ -134,6 +197,8 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
         else if (strcmp(g, "kvhead") == 0) ri.pub.unit = LOOM_RULE_UNIT_KVHEAD;
         else if (strcmp(g, "qgroup") == 0) ri.pub.unit = LOOM_RULE_UNIT_QGROUP;
         else if (strcmp(g, "ffn") == 0) ri.pub.unit = LOOM_RULE_UNIT_FFN;
+        else if (strcmp(g, "qgroup_heads") == 0)
+            ri.pub.unit = LOOM_RULE_UNIT_QGROUP_HEADS;
         else {
             char *end;
             errno = 0;
@@ -143,7 +208,7 @@ static loom_status parse_line(loom_rules *r, char *line, const char *source, int
             if ((*end && !blocks) || errno || v <= 0 || v > LOOM_RULES_MAX_GRANULARITY)
                 return loom_error(LOOM_ERR_FORMAT,
                                   "%s:%d: bad granularity '%s' (a positive integer of elements up "
-                                  "to %lld, Nblocks, head, kvhead, qgroup or ffn)",
+                                  "to %lld, Nblocks, head, kvhead, qgroup, qgroup_heads or ffn)",
                                   source, lineno, g, (long long)LOOM_RULES_MAX_GRANULARITY);
             ri.pub.granularity = v;
             if (blocks) ri.pub.unit = LOOM_RULE_UNIT_BLOCKS;
@@ -362,7 +427,9 @@ static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t bl
                        int64_t *out) {
     if (hp->head_dim <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0) return false;
     int64_t qg, l;
-    if (loom_mul_overflow_i64(hp->head_dim, hp->n_head / hp->n_head_kv, &qg) || qg <= 0 ||
+    /* one KV head (MQA): its K/V are mirrored, so the query heads split one by one */
+    const int64_t heads_per_group = hp->n_head_kv == 1 ? 1 : hp->n_head / hp->n_head_kv;
+    if (loom_mul_overflow_i64(hp->head_dim, heads_per_group, &qg) || qg <= 0 ||
         !lcm64(qg, hp->attn_block > 1 ? hp->attn_block : 1, &l))
         return false;
     switch (rule->unit) {
@@ -373,6 +440,9 @@ static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t bl
         return !loom_mul_overflow_i64(hp->head_dim, l / qg, out);
     case LOOM_RULE_UNIT_QGROUP:
         *out = l;
+        return true;
+    case LOOM_RULE_UNIT_QGROUP_HEADS: /* the same groups counted in heads */
+        *out = l / hp->head_dim;
         return true;
     case LOOM_RULE_UNIT_FFN:
         *out = hp->ffn_block > 1 ? hp->ffn_block : 1;
@@ -390,7 +460,11 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                                    const loom_rule **matched) {
     const loom_rule *rule = loom_rules_match(r, t->name);
     if (matched) *matched = rule;
-    if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1) {
+    /* a single KV head cannot be split: every device keeps all of it (MIRRORED) */
+    bool mqa_kv =
+        hp->n_head_kv == 1 &&
+        (rule && (rule->unit == LOOM_RULE_UNIT_KVHEAD || rule->split == LOOM_RULE_FUSED_QKV));
+    if (!rule || rule->split == LOOM_RULE_MIRRORED || n_devices == 1 || mqa_kv) {
         loom_split_state_init(out, LOOM_SPLIT_MIRRORED, n_devices);
         return LOOM_OK;
     }
@@ -418,10 +492,37 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                               t->name, rule->source, rule->line, axis, (long long)t->ne[axis],
                               (long long)Dq, (long long)Dkv);
         loom_split_state_init(out, (loom_split_axis)axis, n_devices);
-        int64_t qg = D * (hp->n_head / hp->n_head_kv);
+        /* the same units as attn_q/k/v and the cache: query groups and KV heads coarsened
+         * together to whole blocks of attn_output's type */
+        const loom_rule q_unit = {.unit = LOOM_RULE_UNIT_QGROUP},
+                        kv_unit = {.unit = LOOM_RULE_UNIT_KVHEAD};
+        int64_t qg, kvg;
+        if (!unit_elems(&q_unit, hp, blck, &qg) || !unit_elems(&kv_unit, hp, blck, &kvg))
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "rules: '%s' (%s:%d fused_qkv): the split unit overflows", t->name,
+                              rule->source, rule->line);
         if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, D, rotation, 1)))
+            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)))
+            return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
+                              loom_last_error());
+        return LOOM_OK;
+    }
+    if (rule->split == LOOM_RULE_FUSED_GLU) {
+        int axis = loom_n_dims(t) == 1 ? 0 : 1;
+        int64_t half = t->ne[axis] / 2, g;
+        if (!unit_elems(rule, hp, blck, &g))
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "rules: '%s' (%s:%d fused_glu): the split unit overflows", t->name,
+                              rule->source, rule->line);
+        if (t->ne[axis] != 2 * hp->n_ff)
+            return loom_error(
+                LOOM_ERR_SHAPE,
+                "rules: '%s' (%s:%d fused_glu): ne[%d] = %lld, expected 2 x n_ff %lld", t->name,
+                rule->source, rule->line, axis, (long long)t->ne[axis], (long long)hp->n_ff);
+        loom_split_state_init(out, (loom_split_axis)axis, n_devices);
+        if ((st = loom_split_state_add_even(out, half, g, rotation, 1)) ||
+            (st = loom_split_state_add_even(out, half, g, rotation, 1)))
             return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                               loom_last_error());
         return LOOM_OK;

@@ -780,6 +780,23 @@ static loom_status rule_flash_attn(rule *r) {
     case LOOM_SPLIT_AXIS_0:
         return fail(r, "cannot split q along axis 0 (the head dimension of the dot products)");
     case LOOM_SPLIT_AXIS_2: { /* heads */
+        if (IS_M(k) && IS_M(v) && tk->ne[2] == 1) {
+            /* one KV head (MQA), kept whole on every device: any query head reads it */
+            if (mask && !IS_M(mask)) return fail(r, "the mask %s must be MIRRORED", DSC1(3));
+            if (sinks) {
+                loom_split_state x = *q;
+                x.axis = LOOM_SPLIT_AXIS_0;
+                if (!same(sinks, &x))
+                    return fail(r, "the sinks %s must be split along axis 0 like the heads of q %s",
+                                DSC1(4), DSC2(0));
+            }
+            if (loom_get_op_params_f32(r->t, 1) != 0.0f)
+                return fail(r,
+                            "ALiBi (max_bias %g) slopes depend on the global head index, so the "
+                            "heads cannot be split",
+                            (double)loom_get_op_params_f32(r->t, 1));
+            return set_axis(r, q, 1);
+        }
         if (!IS_DIM(k) || k->axis != LOOM_SPLIT_AXIS_2)
             return fail(r,
                         "q %s is split on heads (axis 2), so k %s must be split on its heads "

@@ -17,6 +17,10 @@
  *     dense: x = x + w_down x swiglu(w_gate x h, w_up x h)
  *     MoE:   route = top_k(softmax(w_router x h)), experts by mul_mat_id, weighted sum
  *   logits = output x (rms_norm(x) * output_norm)                     -> [V, T or 1]
+ * The architectures (model/arch-*.c) vary this recipe through loom_hparams and the
+ * optional weights: q/k norms, rope factors (llama 3.1, YaRN), attention sinks and
+ * softcap, sliding-window layers (a second mask), post norms and GELU (gemma), fused
+ * gate/up (phi3), shared experts (qwen2moe), gpt-oss's routing and clamped SwiGLU.
  */
 #ifndef LOOM_MODEL_H
 #define LOOM_MODEL_H
@@ -53,6 +57,28 @@ typedef struct loom_hparams {
     /* block lengths of the quantised types whose rows a tensor split must respect:
      * attn_output's (its rows are the query heads) and ffn_down's (its rows are n_ff) */
     int64_t attn_block, ffn_block;
+    /* architecture extras (defaults: off) */
+    int64_t n_ff_shexp;  /* shared-expert FFN length (qwen2moe), 0: none */
+    bool qk_norm;        /* per-head RMS norm of q and k before rope (qwen3) */
+    float attn_scale;    /* scale of q.k; 0: 1/sqrt(head_dim) */
+    float embd_scale;    /* input embeddings multiplied by this; 0: not scaled */
+    float attn_softcap;  /* attention logits softcap (gemma2), 0: off */
+    float final_softcap; /* output logits: cap * tanh(logits / cap) (gemma2), 0: off */
+    int ffn_glu;         /* LOOM_GLU_SWIGLU (default) or LOOM_GLU_GEGLU (gemma) */
+    bool post_norms;     /* gemma: post-attention and post-FFN norms */
+    int64_t n_swa;       /* sliding window in positions, 0: none */
+    float rope_freq_base_swa, rope_freq_scale_swa; /* rope of the sliding-window layers */
+    bool swa_layer[LOOM_MODEL_MAX_LAYERS];         /* which layers use the sliding window */
+    /* YaRN rope (rope.scaling.type yarn): applied as per-frequency factors and a q.k
+     * scale of mscale^2, exactly as ggml's rope computes it */
+    bool rope_yarn;
+    int64_t n_ctx_orig;     /* rope.scaling.original_context_length, default context_length */
+    float rope_attn_factor; /* rope.scaling.attn_factor (phi3 longrope): cos, sin times it */
+    float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    /* gpt-oss: routing weights = softmax over the selected experts' logits; experts'
+     * clamped SwiGLU: min(g, limit) sigmoid(alpha min(g, limit)) (clamp(u, +-limit) + 1) */
+    bool moe_softmax_selected;
+    float swiglu_alpha, swiglu_limit; /* 0: plain SwiGLU */
 } loom_hparams;
 
 /* Reads hyperparameters; errors name the missing key or the unknown architecture. */
@@ -64,6 +90,11 @@ typedef struct loom_layer {
     loom_tensor *ffn_norm, *ffn_gate, *ffn_up, *ffn_down;
     loom_tensor *ffn_gate_inp, *ffn_gate_exps, *ffn_up_exps, *ffn_down_exps;
     loom_tensor *ffn_gate_exps_b, *ffn_up_exps_b, *ffn_down_exps_b; /* expert biases */
+    loom_tensor *attn_q_norm, *attn_k_norm;                         /* [head_dim] (qwen3) */
+    loom_tensor *ffn_gate_inp_shexp, *ffn_gate_shexp, *ffn_up_shexp, *ffn_down_shexp;
+    loom_tensor *attn_post_norm, *ffn_post_norm; /* gemma */
+    loom_tensor *attn_sinks;                     /* [n_head] one extra logit per head (gpt-oss) */
+    loom_tensor *ffn_gate_inp_b;                 /* [n_expert] router bias (gpt-oss) */
 } loom_layer;
 
 /* Chooses where a weight lives: return a buffer type, or NULL for the default. `layer` is
@@ -83,6 +114,10 @@ typedef struct loom_model {
     loom_hparams hp;
     loom_ctx *ctx;                 /* weight headers (no_alloc) */
     loom_tensor *tok_embd, *output_norm, *output; /* output == tok_embd when tied */
+    loom_tensor *rope_freqs;             /* F32 [n_rot/2] rope frequency divisors (llama 3.1, or
+                                          * computed for YaRN: "rope_yarn_factors"), or NULL */
+    loom_tensor *rope_long, *rope_short; /* phi3 longrope: rope_factors_long / _short (the
+                                          * long ones when the cache exceeds n_ctx_orig) */
     loom_layer layers[LOOM_MODEL_MAX_LAYERS];
     loom_buffer_t *buffers;        /* one per distinct buffer type used */
     int n_buffers;
@@ -131,6 +166,9 @@ typedef struct loom_batch_graph {
     loom_tensor *tokens;  /* I32 [T] */
     loom_tensor *pos;     /* I32 [T] */
     loom_tensor *mask;    /* F32 [K, T] */
+    loom_tensor *mask_swa; /* F32 [K, T]: causal and within the sliding window, or NULL;
+                            * == mask when every layer slides */
+    int64_t n_swa;
     loom_tensor *logits;  /* F32 [V, T] or [V, 1] */
     int64_t n_tokens;
     int64_t n_past;
@@ -163,8 +201,18 @@ typedef struct loom_synth_params {
     loom_type wtype_hi;
     loom_type embd_type;
     bool biases;          /* attention q/k/v biases, and expert biases for MoE */
+    bool attn_biases;     /* attention biases only (with `biases` off) */
     bool fused_qkv;       /* one attn_qkv weight instead of q, k, v */
     uint64_t seed;
+    /* architecture features (all off by default) */
+    bool tied;          /* no output.weight: the output reuses token_embd */
+    bool rope_freqs;    /* a rope_freqs.weight of llama3-style factors */
+    int64_t n_ff_shexp; /* qwen2moe shared expert (with its gate) of this FFN length */
+    bool qk_norm;       /* attn_q_norm / attn_k_norm (qwen3) */
+    int64_t head_dim;   /* 0: n_embd / n_head; else written as attention.key_length */
+    int64_t n_swa;      /* gemma2/3, phi3: attention.sliding_window */
+    bool fused_gate_up; /* phi3: one ffn_up [n_embd, 2 n_ff] (gate rows first), no ffn_gate */
+    bool longrope;      /* phi3: rope_factors_long / rope_factors_short */
 } loom_synth_params;
 
 LOOM_API loom_synth_params loom_synth_params_default(void);

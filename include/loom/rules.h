@@ -7,18 +7,20 @@
  * Format: one rule per line; `#` starts a comment; fields separated by blanks:
  *   PATTERN  SPLIT  [GRANULARITY]
  *   PATTERN      a PCRE2 regular expression matched against the whole tensor name
- *   SPLIT        0 | 1 | 2 | 3 (the axis) | mirrored | fused_qkv (axis 1 in three segments:
+ *   SPLIT        0 | 1 | 2 | 3 (the axis) | mirrored | fused_glu (axis 1 in two halves, gate
+ *                and up, each split by the granularity, default ffn: phi3's ffn_up) |
+ *                fused_qkv (axis 1 in three segments:
  *                q, k and v, each split by heads)
  *   GRANULARITY  the unit a device's share is a multiple of: a positive integer, or
  *                head (head_dim), kvhead (head_dim), qgroup (head_dim * n_head/n_head_kv:
  *                the query heads that share one KV head, so query and KV splits agree),
  *                ffn (the block length of ffn_down's type, so the FFN's column and row
- *                splits agree when the weights are quantised), default 1. qgroup and
- *                kvhead are coarsened together to whole blocks of attn_output's type. On axis 0 the type's block length (32 for Q4_0/Q8_0) is
- *                always respected too.
- * Counts that do not divide are spread unevenly: the remainder units go to devices
- * (layer + k) mod N, so no device is always short. A line that does not parse is an error
- * naming the file and line.
+ *                splits agree when the weights are quantised), qgroup_heads (qgroup
+ *                counted in heads, for per-head values such as attention sinks), default 1. qgroup
+ * and kvhead are coarsened together to whole blocks of attn_output's type. On axis 0 the type's
+ * block length (32 for Q4_0/Q8_0) is always respected too. Counts that do not divide are spread
+ * unevenly: the remainder units go to devices (layer + k) mod N, so no device is always short. A
+ * line that does not parse is an error naming the file and line.
  */
 #ifndef LOOM_RULES_H
 #define LOOM_RULES_H
@@ -40,6 +42,7 @@ typedef enum loom_rule_split {
     LOOM_RULE_AXIS_3 = 3,
     LOOM_RULE_MIRRORED = 10,
     LOOM_RULE_FUSED_QKV = 11,
+    LOOM_RULE_FUSED_GLU = 12, /* axis 1 (axis 0 of a 1-d bias) in two segments, gate and up */
 } loom_rule_split;
 
 typedef enum loom_rule_unit {
@@ -49,6 +52,7 @@ typedef enum loom_rule_unit {
     LOOM_RULE_UNIT_QGROUP,
     LOOM_RULE_UNIT_FFN,
     LOOM_RULE_UNIT_BLOCKS, /* `granularity` quant blocks of the tensor's own type ("2blocks") */
+    LOOM_RULE_UNIT_QGROUP_HEADS, /* qgroup counted in heads: per-head vectors (sinks) */
 } loom_rule_unit;
 
 typedef struct loom_rule {
@@ -70,8 +74,9 @@ LOOM_API loom_status loom_rules_load_file(const char *path, loom_rules **out);
 #define LOOM_RULES_MAX_RULES 4096
 /* The largest integer GRANULARITY a table may give. */
 #define LOOM_RULES_MAX_GRANULARITY ((int64_t)1 << 40)
-/* The built-in table for an architecture (llama, mistral, qwen2, mixtral, qwen2moe; a llama
- * with experts uses the MoE table). LOOM_ERR_UNSUPPORTED naming an unknown one. */
+/* The built-in table for an architecture (llama, mistral, mixtral, qwen2, qwen2moe, qwen3,
+ * qwen3moe, gemma2, gemma3, phi3, gpt-oss; a llama or mistral with experts uses the MoE
+ * table). LOOM_ERR_UNSUPPORTED naming an unknown one. */
 LOOM_API loom_status loom_rules_builtin(const char *arch, bool moe, loom_rules **out);
 LOOM_API const char *loom_rules_builtin_text(const char *arch, bool moe);
 /* Puts `user`'s rules in front of base's (user is consumed and freed, also on failure).
