@@ -42,6 +42,7 @@ struct loom_gguf {
     loom__gguf_kv *kv;
     int64_t n_tensors;
     loom__gguf_tensor *tensors;
+    bool header_only; /* loom_gguf_open_header: tensor data may lie past the end */
 };
 
 /* Bytes of one scalar of type t (0 for STRING, ARRAY and unknown types). */

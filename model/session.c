@@ -162,7 +162,8 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
 
     /* weights, cache, tokenizer */
     loom_model_params mp = {.placement = place, .placement_user_data = s,
-                            .progress = s->p.progress, .progress_user_data = s->p.progress_user_data};
+                            .progress = s->p.progress, .progress_user_data = s->p.progress_user_data,
+                            .no_data = s->p.no_weight_data};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
     int64_t n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
     if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);

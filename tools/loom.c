@@ -18,6 +18,7 @@ static const loom_cli_cmd commands[] = {
     {"bench", loom_cli_bench, "prompt and generation speed per device spec and split mode"},
     {"explain", loom_cli_explain, "where every node runs and why; splits, subgraphs, reductions"},
     {"gguf", loom_cli_gguf, "a GGUF file's metadata, tensors and split plan"},
+    {"plan", loom_cli_plan, "will it fit, and how fast: bytes per device and projected t/s"},
     {"demo", loom_cli_demo,
      "a llama-style block on the CPU and split over devices; checks agreement"},
     {"devices", loom_cli_devices, "list registries, devices, memory and caps"},

@@ -37,11 +37,12 @@ typedef struct loom__sim_dev {
 struct loom__sim_reg {
     struct loom_reg reg; /* reg.context = this */
     loom_sim_config cfg;
-    const loom_sim_profile *profile; /* cfg.profile resolved, or NULL */
-    char name[16];                   /* "SIM", "B-SIM", ... */
-    char prefix[8];                  /* "", "B-", ... */
-    int slot;                        /* naming slot, released by loom_sim_reg_free */
-    bool is_static;                  /* the default reg: never freed */
+    char name[16];  /* "SIM", "B-SIM", ... */
+    char prefix[8]; /* "", "B-", ... */
+    int slot;       /* naming slot, released by loom_sim_reg_free */
+    bool is_static; /* the default reg: never freed */
+    /* cfg.profile resolved, or NULL */
+    const loom_sim_profile *profile;
     loom__sim_dev devs[LOOM_SIM_MAX_DEVICES];
 };
 
