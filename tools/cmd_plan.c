@@ -48,18 +48,19 @@ void loom_plan_session_bytes(loom_session *s, double *weights, double *kv, doubl
     }
 }
 
-/* Virtual time of the work issued since the last reset: each device's ops plus its link
- * time. Tensor parallelism runs the devices at once (the slowest decides); a layer split
- * runs them one after another for one sequence (their ops add up; links counted once). */
+/* Virtual time of the work issued since the last reset: each device's ops plus the link
+ * time it waits for (full duplex: copies into it, and its host transfers). Tensor parallelism runs
+ * the devices at once (the slowest decides); a layer split runs them one after another for one
+ * sequence (their ops add up; links counted once). */
 static double plan_time_us(loom_session *s) {
     double max_t = 0, sum_ops = 0, max_link = 0;
     for (int j = 0; j < loom_session_n_devices(s); j++) {
         loom_sim_stats st;
         loom_sim_dev_stats(loom_session_device(s, j), &st);
-        double t = st.compute_time_us + st.link_time_us;
+        double t = st.compute_time_us + st.link_wait_us;
         if (t > max_t) max_t = t;
         sum_ops += st.compute_time_us;
-        if (st.link_time_us > max_link) max_link = st.link_time_us;
+        if (st.link_wait_us > max_link) max_link = st.link_wait_us;
         loom_sim_dev_reset_stats(loom_session_device(s, j));
     }
     return loom_session_split_mode(s) == LOOM_SPLIT_MODE_LAYER ? sum_ops + max_link : max_t;

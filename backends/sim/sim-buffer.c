@@ -41,6 +41,8 @@ void loom__sim_account(loom__sim_dev *from, loom__sim_dev *to, size_t bytes) {
         }
         sd->stats.copies++;
         sd->stats.link_time_us += t;
+        /* full duplex: a device-to-device copy keeps only its receiver waiting */
+        if (i == 1 || !to) sd->stats.link_wait_us += t;
         pthread_mutex_unlock(&sd->mu);
     }
 }

@@ -130,6 +130,9 @@ typedef struct loom_sim_stats {
     double compute_time_us; /* virtual time of the ops run, under the profile's timing
                              * model (0 without profile=) */
     uint64_t ops;           /* non-view nodes timed */
+    double link_wait_us;    /* link time this device waits for with full-duplex links: its
+                             * host transfers, and device-to-device copies into it (a
+                             * sender's DMA runs while it works) */
 } loom_sim_stats;
 
 LOOM_API void loom_sim_dev_stats(loom_dev_t dev, loom_sim_stats *out);

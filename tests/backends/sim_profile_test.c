@@ -147,6 +147,7 @@ LOOM_TEST(sim_profile, virtual_memory_accounts_without_moving) {
     LOOM_CHECK_EQ_INT((int)st.copies, 2);
     double one = 2.0 + (double)sizeof host / 450e9 * 1e6;
     LOOM_CHECK_NEAR(st.link_time_us, 2 * one, 1e-9);
+    LOOM_CHECK_NEAR(st.link_wait_us, 2 * one, 1e-9); /* host transfers: the device waits */
     loom_ctx_free(ctx);
     loom_buffer_free(big);
     loom_sim_reg_free(reg);
@@ -159,4 +160,36 @@ LOOM_TEST(sim_profile, allreduce_ring_steps) {
     LOOM_CHECK_NEAR(loom_sim_allreduce_time_us(&l, true, 4, 32768), 6 * step, 1e-9);
     LOOM_CHECK_NEAR(loom_sim_allreduce_time_us(&l, false, 4, 32768), 12 * step, 1e-9);
     LOOM_CHECK_NEAR(loom_sim_allreduce_time_us(&l, true, 1, 32768), 0.0, 0);
+}
+
+/* Full duplex: a device-to-device copy is waited for by its receiver only (link_wait_us),
+ * while link_time_us keeps charging both ends. */
+LOOM_TEST(sim_profile, device_copies_are_waited_for_by_the_receiver) {
+    loom_reg_t reg = NULL;
+    LOOM_REQUIRE(loom_sim_reg_new_from_spec("sim:2,profile=l40s,link=pcie4", &reg) == LOOM_OK);
+    loom_dev_t d[2] = {loom_reg_dev_get(reg, 0), loom_reg_dev_get(reg, 1)};
+    loom_ctx *ctx =
+        loom_ctx_new((loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+    loom_tensor *t[2];
+    loom_buffer_t b[2];
+    for (int i = 0; i < 2; i++) {
+        t[i] = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 4096);
+        b[i] = loom_buft_alloc_buffer(loom_dev_buffer_type(d[i]), loom_nbytes(t[i]));
+        LOOM_REQUIRE(b[i] != NULL);
+        LOOM_REQUIRE(loom_buffer_alloc_tensor(b[i], t[i], 0) == LOOM_OK);
+        loom_sim_dev_reset_stats(d[i]);
+    }
+    LOOM_REQUIRE(loom_tensor_copy(t[0], t[1]) == LOOM_OK);
+    loom_sim_stats s0, s1;
+    loom_sim_dev_stats(d[0], &s0);
+    loom_sim_dev_stats(d[1], &s1);
+    double one = 8.0 + 16384.0 / 25e9 * 1e6;
+    LOOM_CHECK_NEAR(s0.link_time_us, one, 1e-9);
+    LOOM_CHECK_NEAR(s1.link_time_us, one, 1e-9);
+    LOOM_CHECK_NEAR(s0.link_wait_us, 0.0, 0);
+    LOOM_CHECK_NEAR(s1.link_wait_us, one, 1e-9);
+    for (int i = 0; i < 2; i++)
+        loom_buffer_free(b[i]);
+    loom_ctx_free(ctx);
+    loom_sim_reg_free(reg);
 }
