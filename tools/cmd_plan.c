@@ -52,17 +52,21 @@ void loom_plan_session_bytes(loom_session *s, double *weights, double *kv, doubl
  * time it waits for (full duplex: copies into it, and its host transfers). Tensor parallelism runs
  * the devices at once (the slowest decides); a layer split runs them one after another for one
  * sequence (their ops add up; links counted once). */
-static double plan_time_us(loom_session *s) {
+double loom_plan_session_time_us(loom_session *s) {
     double max_t = 0, sum_ops = 0, max_link = 0;
+    uint64_t ops = 0; /* none: no profile, no projection (link time alone is not one) */
     for (int j = 0; j < loom_session_n_devices(s); j++) {
+        if (!loom_dev_is_sim(loom_session_device(s, j))) continue;
         loom_sim_stats st;
         loom_sim_dev_stats(loom_session_device(s, j), &st);
         double t = st.compute_time_us + st.link_wait_us;
         if (t > max_t) max_t = t;
         sum_ops += st.compute_time_us;
+        ops += st.ops;
         if (st.link_wait_us > max_link) max_link = st.link_wait_us;
         loom_sim_dev_reset_stats(loom_session_device(s, j));
     }
+    if (ops == 0) return 0;
     return loom_session_split_mode(s) == LOOM_SPLIT_MODE_LAYER ? sum_ops + max_link : max_t;
 }
 
@@ -99,12 +103,12 @@ void loom_plan_candidate_eval(const loom_gguf *g, const loom_plan_opts *o, loom_
     }
     for (int64_t i = 0; i < n_prompt; i++)
         ids[i] = (int32_t)(V > 1 ? 1 : 0);
-    plan_time_us(s); /* resets the counters after the load */
+    loom_plan_session_time_us(s); /* resets the counters after the load */
     if (loom_session_eval(s, ids, n_prompt, false, logits)) goto fail;
-    out->pp_us = plan_time_us(s);
+    out->pp_us = loom_plan_session_time_us(s);
     if (loom_session_n_past(s) < loom_session_n_ctx(s)) {
         if (loom_session_eval(s, ids, 1, false, logits)) goto fail;
-        out->tg_us = plan_time_us(s);
+        out->tg_us = loom_plan_session_time_us(s);
     }
     out->pp_tps = out->pp_us > 0 ? (double)n_prompt / (out->pp_us * 1e-6) : 0;
     out->tg_tps = out->tg_us > 0 ? 1.0 / (out->tg_us * 1e-6) : 0;

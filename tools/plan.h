@@ -48,4 +48,10 @@ void loom_plan_candidate_eval(const loom_gguf *g, const loom_plan_opts *o, loom_
 void loom_plan_session_bytes(loom_session *s, double *weights, double *kv, double *compute,
                              double *host, double *dev_total, int cap);
 
+/* The projected time (us) of the work the session's sim devices did since the last call
+ * (then resets their counters): tensor parallelism, the slowest device's op time plus the
+ * link time it waited for; a layer split, the devices' op times added plus the longest
+ * wait. 0 when the devices have no profile (or are not sim devices). */
+double loom_plan_session_time_us(loom_session *s);
+
 #endif

@@ -230,3 +230,35 @@ LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
     free(out);
     free(err);
 }
+
+/* loom bench on profiled sim devices: the projected t/s in its own column/field; without a
+ * profile the column is empty ("-" / null), never a copy of the measured figure. */
+LOOM_TEST(plan, bench_reports_projection_beside_measured) {
+    char *out, *err;
+    char *a[] = {
+        "bench", "--devices", "sim:2,profile=rtx-4090", "-p", "8", "-n", "2", "-r", "2", "-o",
+        "json",  NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, a, &out, &err), 0);
+    const char *p = strstr(out, "\"proj_avg_ts\": ");
+    LOOM_REQUIRE(p != NULL);
+    double proj = atof(p + strlen("\"proj_avg_ts\": "));
+    LOOM_CHECK(proj > 0);
+    const char *m = strstr(out, "\"avg_ts\": ");
+    LOOM_REQUIRE(m != NULL);
+    LOOM_CHECK(atof(m + strlen("\"avg_ts\": ")) != proj);
+    free(out);
+    free(err);
+    char *b[] = {"bench", "--devices", "sim:2", "-p", "8", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| projected t/s |");
+    LOOM_CHECK_STR_CONTAINS(out, "| - |\n");
+    free(out);
+    free(err);
+    char *c[] = {
+        "bench", "--devices", "sim:2,profile=h100-sxm,link=nvlink4", "-p", "8", "-n", "0", "-r",
+        "1",     NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    LOOM_CHECK(strstr(out, "| - |\n") == NULL);
+    free(out);
+    free(err);
+}
