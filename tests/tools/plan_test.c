@@ -262,3 +262,33 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     free(out);
     free(err);
 }
+
+/* Refusals: one clear line each, usage errors exit 2, a file that cannot be planned 1. */
+LOOM_TEST(plan, refusals_name_the_problem) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s/ggml-vocab-llama-spm.gguf", loom_test_models_dir());
+    char *out, *err;
+    char *a[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, a, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "has no profile=");
+    free(out);
+    free(err);
+    char *b[] = {"plan", "-m", (char *)stories(), "--devices", "cuda:0,1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, b, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "plans are made on sim device profiles");
+    free(out);
+    free(err);
+    char *c[] = {"plan", "-m", vocab, "--devices", "sim:2,profile=l40s", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, c, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "no configuration could be planned");
+    LOOM_CHECK_STR_CONTAINS(err, "token_embd.weight");
+    free(out);
+    free(err);
+    char *d[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2,profile=l40s", "-o",
+                 "xml",  NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, d, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "table or json");
+    free(out);
+    free(err);
+}
