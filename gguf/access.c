@@ -303,5 +303,8 @@ size_t loom_gguf_tensor_size(const loom_gguf *g, int64_t i) { return tensor_at(g
 const void *loom_gguf_tensor_data(const loom_gguf *g, int64_t i) {
     const loom__gguf_tensor *t = tensor_at(g, i);
     if (t->size == 0) return NULL;
+    if (g->header_only && (g->data_offset > g->size || t->offset > g->size - g->data_offset ||
+                           t->size > g->size - g->data_offset - t->offset))
+        return NULL; /* absent from a header-only file */
     return g->data + g->data_offset + t->offset;
 }

@@ -48,6 +48,7 @@ struct loom_gguf {
     size_t kv_cap;
     int64_t *tensor_index;
     size_t tensor_cap;
+    bool header_only; /* loom_gguf_open_header: tensor data may lie past the end */
 };
 
 /* The index of `name` in a table built by the reader, or -1. */

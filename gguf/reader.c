@@ -336,7 +336,7 @@ static loom_status parse(loom_gguf *g) {
                               "gguf: tensor '%s' offset %llu is not a multiple of the alignment "
                               "%zu",
                               t->name, (unsigned long long)t->offset, g->alignment);
-        if (t->size == 0) continue;
+        if (t->size == 0 || g->header_only) continue;
         if (g->data_offset > g->size || t->offset > g->size - g->data_offset ||
             t->size > g->size - g->data_offset - t->offset)
             return loom_error(LOOM_ERR_FORMAT,
@@ -373,7 +373,17 @@ loom_status loom_gguf_open_memory(const void *data, size_t size, loom_gguf **out
     return finish_open(g, out);
 }
 
+static loom_status open_file(const char *path, bool header_only, loom_gguf **out);
+
 loom_status loom_gguf_open(const char *path, loom_gguf **out) {
+    return open_file(path, false, out);
+}
+
+loom_status loom_gguf_open_header(const char *path, loom_gguf **out) {
+    return open_file(path, true, out);
+}
+
+static loom_status open_file(const char *path, bool header_only, loom_gguf **out) {
     if (!path || !out) return loom_error(LOOM_ERR_INVALID_ARG, "gguf: NULL argument");
     *out = NULL;
     /* a FIFO or a device would block open() or read without end: refuse it before opening,
@@ -396,6 +406,7 @@ loom_status loom_gguf_open(const char *path, loom_gguf **out) {
     }
     g->fd = fd;
     g->size = (size_t)sb.st_size;
+    g->header_only = header_only;
     if (g->size > 0) {
         void *p = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {

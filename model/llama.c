@@ -600,13 +600,21 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     size_t total = 0, done = 0;
     for (int i = 0; i < n_list; i++)
         total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
-    for (int i = 0; i < n_list; i++) {
+    for (int i = 0; i < n_list && !(p && p->no_data); i++) {
         if (list[i].gi < 0) {
             loom_tensor_set(list[i].t, list[i].data, 0, loom_nbytes(list[i].t));
             continue;
         }
         size_t n = loom_gguf_tensor_size(g, list[i].gi);
-        loom_tensor_set(list[i].t, loom_gguf_tensor_data(g, list[i].gi), 0, n);
+        const void *src = loom_gguf_tensor_data(g, list[i].gi);
+        if (!src && n) {
+            st = loom_error(LOOM_ERR_FORMAT,
+                            "model: tensor '%s' has no data in the file (a header-only file "
+                            "can only be planned)",
+                            list[i].t->name);
+            goto fail;
+        }
+        loom_tensor_set(list[i].t, src, 0, n);
         done += n;
         if (p && p->progress) p->progress(done, total, p->progress_user_data);
     }

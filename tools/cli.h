@@ -23,6 +23,8 @@ int loom_cli_explain(int argc, char **argv);
 int loom_cli_gguf(int argc, char **argv);
 /* `loom tokenize`: a text's tokens under a GGUF vocabulary (cmd_tokenize.c). */
 int loom_cli_tokenize(int argc, char **argv);
+/* `loom plan`: bytes per device and projected speed per candidate (cmd_plan.c). */
+int loom_cli_plan(int argc, char **argv);
 
 /* Shared helpers. */
 /* Parses a positive int option value; prints the error and returns false if it is not. */

@@ -11,7 +11,10 @@
  *
  * loom's own figures per generated token (tg rows): allreduces, bytes reduced, and for sim
  * devices the projected communication time under the NVLink and PCIe 4 link presets (each
- * reduction costed as a ring: 2(N-1) steps of latency plus 2(N-1)/N of the bytes).
+ * reduction costed as a ring: 2(N-1) steps of latency plus 2(N-1)/N of the bytes). On sim
+ * devices with a profile (sim:N,profile=NAME), "projected t/s" (proj_avg_ts) is the same
+ * test's tokens over the virtual time of sim's timing model (tools/plan.h), in its own
+ * column, never mixed with the measured host time.
  */
 #include <errno.h>
 #include <math.h>
@@ -24,6 +27,7 @@
 #include "loom/sim.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
+#include "tools/plan.h"
 
 #define MAX_LIST 32
 
@@ -133,6 +137,8 @@ typedef struct result {
     double samples_ns[64], samples_ts[64];
     int n_samples;
     double red_per_tok, bytes_per_tok, proj_nvlink_us, proj_pcie_us;
+    double proj_ts; /* profiled sim devices: (prompt + generated) / projected time, mean over
+                     * the repetitions; 0 without a profile */
 } result;
 
 typedef struct config {
@@ -212,10 +218,13 @@ static void run_test(loom_session *s, const test *t, int reps, result *r) {
         loom_session_clear(s);
         if ((st = eval_prompt(s, t->n_depth, V, logits, &seed, ids))) break;
         red = bytes = 0;
+        loom_plan_session_time_us(s); /* the projection counts the timed part only */
         int64_t t0 = loom_time_us();
         st = eval_prompt(s, t->n_prompt, V, logits, &seed, ids);
         if (!st) st = eval_gen(s, t->n_gen, V, logits, &seed, &red, &bytes);
         int64_t dt = loom_time_us() - t0;
+        double proj_us = loom_plan_session_time_us(s);
+        if (proj_us > 0) r->proj_ts += (double)(t->n_prompt + t->n_gen) * 1e6 / proj_us / reps;
         if (dt < 1) dt = 1;
         r->samples_ns[k] = (double)dt * 1000.0;
         r->samples_ts[k] = (double)(t->n_prompt + t->n_gen) * 1e6 / (double)dt;
@@ -327,13 +336,13 @@ static const char *const FIELDS[N_FIELDS] = {"model_filename",
 static void header(printer *p) {
     if (!strcmp(p->fmt, "md")) {
         printf("| model | size | params | backend | devices | threads | ngl | sm | test | t/s | "
-               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok |\n");
+               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s |\n");
         printf("| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | "
-               "---: | ---: |\n");
+               "---: | ---: | ---: |\n");
     } else if (!strcmp(p->fmt, "csv")) {
         for (int i = 0; i < N_FIELDS; i++)
             printf("%s,", FIELDS[i]);
-        printf("proj_pcie4_us_per_token\n");
+        printf("proj_pcie4_us_per_token,proj_avg_ts\n");
     } else if (!strcmp(p->fmt, "json")) {
         printf("[\n");
     } else if (!strcmp(p->fmt, "sql")) {
@@ -345,7 +354,7 @@ static void header(printer *p) {
                                  : (i >= 21 ? "REAL" : "INTEGER");
             printf("  %s %s,\n", FIELDS[i], ty);
         }
-        printf("  proj_pcie4_us_per_token REAL\n);\n");
+        printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL\n);\n");
     }
     fflush(stdout);
 }
@@ -366,11 +375,13 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         char size[32], params[32];
         fmt_size(size, sizeof size, c->size);
         fmt_params(params, sizeof params, c->params);
+        char proj[32] = "-";
+        if (r->proj_ts > 0) snprintf(proj, sizeof proj, "%.2f", r->proj_ts);
         printf("| %s | %s | %s | %s | %s | %s | %d | %s | %s | %.2f ± %.2f | %.2f | %.0f | %.1f | "
-               "%.1f |\n",
+               "%.1f | %s |\n",
                c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, t->name,
                r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
-               r->proj_pcie_us);
+               r->proj_pcie_us, proj);
     } else {
         bool json = !strcmp(p->fmt, "json") || !strcmp(p->fmt, "jsonl");
         bool sql = !strcmp(p->fmt, "sql");
@@ -383,7 +394,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
             printf("INSERT INTO test (");
             for (int i = 0; i < N_FIELDS; i++)
                 printf("%s, ", FIELDS[i]);
-            printf("proj_pcie4_us_per_token) VALUES (");
+            printf("proj_pcie4_us_per_token, proj_avg_ts) VALUES (");
         }
         const char *sep = json ? ", " : (sql ? ", " : ",");
 #define KEY(i)                                                                                     \
@@ -420,7 +431,12 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(27), printf("%.3f", r->proj_nvlink_us);
 #undef KEY
         if (json) {
-            printf(", \"proj_pcie4_us_per_token\": %.3f, \"samples_ns\": [", r->proj_pcie_us);
+            printf(", \"proj_pcie4_us_per_token\": %.3f", r->proj_pcie_us);
+            if (r->proj_ts > 0)
+                printf(", \"proj_avg_ts\": %.6f", r->proj_ts);
+            else
+                printf(", \"proj_avg_ts\": null");
+            printf(", \"samples_ns\": [");
             for (int k = 0; k < r->n_samples; k++)
                 printf("%s%.0f", k ? ", " : "", r->samples_ns[k]);
             printf("], \"samples_ts\": [");
@@ -428,9 +444,15 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                 printf("%s%.6f", k ? ", " : "", r->samples_ts[k]);
             printf("]}%s", !strcmp(p->fmt, "jsonl") ? "\n" : "");
         } else if (sql) {
-            printf(", %.3f);\n", r->proj_pcie_us);
+            printf(", %.3f, ", r->proj_pcie_us);
+            if (r->proj_ts > 0)
+                printf("%.6f);\n", r->proj_ts);
+            else
+                printf("NULL);\n");
         } else {
-            printf(",%.3f\n", r->proj_pcie_us);
+            printf(",%.3f,", r->proj_pcie_us);
+            if (r->proj_ts > 0) printf("%.6f", r->proj_ts);
+            printf("\n");
         }
     }
     p->n_rows++;

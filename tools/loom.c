@@ -19,6 +19,7 @@ static const loom_cli_cmd commands[] = {
     {"explain", loom_cli_explain, "where every node runs and why; splits, subgraphs, reductions"},
     {"gguf", loom_cli_gguf, "a GGUF file's metadata, tensors and split plan"},
     {"tokenize", loom_cli_tokenize, "the tokens of a text under a GGUF file's vocabulary"},
+    {"plan", loom_cli_plan, "will it fit, and how fast: bytes per device and projected t/s"},
     {"demo", loom_cli_demo,
      "a llama-style block on the CPU and split over devices; checks agreement"},
     {"devices", loom_cli_devices, "list registries, devices, memory and caps"},

@@ -205,27 +205,40 @@ static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
     loom__sim_dev *sd = sb->sd;
     switch (c->kind) {
     case LOOM__SIM_SET:
-        memcpy((char *)c->dst->data + c->offset, c->in, c->size);
+        if (!sd->sreg->cfg.virtual_memory) memcpy((char *)c->dst->data + c->offset, c->in, c->size);
         loom__sim_account(NULL, loom__sim_buffer_dev(c->dst->buffer), c->size);
         break;
     case LOOM__SIM_GET:
-        memcpy(c->out, (const char *)c->src->data + c->offset, c->size);
+        if (!sd->sreg->cfg.virtual_memory)
+            memcpy(c->out, (const char *)c->src->data + c->offset, c->size);
         loom__sim_account(loom__sim_buffer_dev(c->src->buffer), NULL, c->size);
         break;
     case LOOM__SIM_COPY: {
         if (c->ev) loom__sim_event_block(c->ev, c->n);
         size_t n = loom_nbytes(c->src);
-        memmove(c->dst->data, c->src->data, n);
+        if (!sd->sreg->cfg.virtual_memory) memmove(c->dst->data, c->src->data, n);
         loom__sim_dev *from = loom__sim_buffer_dev(c->src->buffer);
         loom__sim_dev *to = loom__sim_buffer_dev(c->dst->buffer);
         if (from != to) loom__sim_account(from, to, n);
         break;
     }
     case LOOM__SIM_COMPUTE: {
-        loom_status s = loom_cpu_graph_compute(c->graph, sb->tp);
+        /* virtual=1 computes nothing; a profile accounts each op's time either way */
+        loom_status s =
+            sd->sreg->cfg.virtual_memory ? LOOM_OK : loom_cpu_graph_compute(c->graph, sb->tp);
+        double t = 0;
+        uint64_t ops = 0;
+        for (int i = 0; sd->sreg->profile && i < c->graph->n_nodes; i++) {
+            const loom_tensor *node = c->graph->nodes[i];
+            if (node->op == LOOM_OP_NONE || loom_op_is_view(node->op)) continue;
+            t += loom_sim_op_time_us(sd->sreg->profile, node);
+            ops++;
+        }
         pthread_mutex_lock(&sd->mu);
         sd->stats.graphs++;
         sd->stats.nodes += (uint64_t)c->graph->n_nodes;
+        sd->stats.compute_time_us += t;
+        sd->stats.ops += ops;
         pthread_mutex_unlock(&sd->mu);
         if (s != LOOM_OK) {
             LOOM_LOG_ERROR("%s: graph compute failed: %s", sb->name, loom_last_error());

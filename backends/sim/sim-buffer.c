@@ -6,16 +6,26 @@
  * charged against the device's memory cap (LOOM_ERR_DEVICE_OOM beyond it), and every
  * transfer in or out (host<->device, device<->device) is charged to the link model:
  * bytes, copies, and latency + bytes / bandwidth of virtual time on each device involved.
+ *
+ * virtual=1: a buffer is address space only (an anonymous MAP_NORESERVE mapping, so a
+ * 40 GB model costs no memory), and set/get/memset/copy/clear move nothing: they only
+ * account. Reads of such memory see zeros or whatever was never written.
  */
-#define _POSIX_C_SOURCE 200809L /* strtok_r, pthread */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backends/sim/sim-impl.h"
 
 typedef struct loom__sim_buffer {
     loom__sim_dev *sd;
     void *data;
+    size_t mapped; /* virtual=1: the mapping's length (else 0) */
 } loom__sim_buffer;
+
+static bool loom__sim_virtual(const loom__sim_dev *sd) {
+    return sd->sreg->cfg.virtual_memory;
+}
 
 void loom__sim_account(loom__sim_dev *from, loom__sim_dev *to, size_t bytes) {
     loom__sim_dev *ends[2] = {from, to};
@@ -31,6 +41,8 @@ void loom__sim_account(loom__sim_dev *from, loom__sim_dev *to, size_t bytes) {
         }
         sd->stats.copies++;
         sd->stats.link_time_us += t;
+        /* full duplex: a device-to-device copy keeps only its receiver waiting */
+        if (i == 1 || !to) sd->stats.link_wait_us += t;
         pthread_mutex_unlock(&sd->mu);
     }
 }
@@ -40,7 +52,10 @@ void loom__sim_account(loom__sim_dev *from, loom__sim_dev *to, size_t bytes) {
 static void loom__sim_buffer_free(loom_buffer_t buf) {
     loom__sim_buffer *sb = buf->context;
     loom__sim_dev *sd = sb->sd;
-    loom_aligned_free(sb->data);
+    if (sb->mapped)
+        munmap(sb->data, sb->mapped);
+    else
+        loom_aligned_free(sb->data);
     pthread_mutex_lock(&sd->mu);
     sd->mem_used -= buf->size;
     sd->n_buffers--;
@@ -54,19 +69,21 @@ static void *loom__sim_buffer_base(loom_buffer_t buf) {
 
 static void loom__sim_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t offset,
                                     size_t size) {
-    (void)buf;
+    if (loom__sim_virtual(((loom__sim_buffer *)buf->context)->sd)) return;
     memset((char *)t->data + offset, value, size); /* on the device: no link traffic */
 }
 
 static void loom__sim_buffer_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t offset,
                                  size_t size) {
-    memcpy((char *)t->data + offset, data, size);
+    if (!loom__sim_virtual(((loom__sim_buffer *)buf->context)->sd))
+        memcpy((char *)t->data + offset, data, size);
     loom__sim_account(NULL, ((loom__sim_buffer *)buf->context)->sd, size);
 }
 
 static void loom__sim_buffer_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t offset,
                                  size_t size) {
-    memcpy(data, (const char *)t->data + offset, size);
+    if (!loom__sim_virtual(((loom__sim_buffer *)buf->context)->sd))
+        memcpy(data, (const char *)t->data + offset, size);
     loom__sim_account(((loom__sim_buffer *)buf->context)->sd, NULL, size);
 }
 
@@ -77,12 +94,12 @@ static bool loom__sim_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loom
     loom__sim_dev *sdev = loom__sim_buffer_dev(src->buffer);
     if (sdev) {
         if (sdev->sreg != dd->sreg || (sdev != dd && !dd->sreg->cfg.p2p)) return false;
-        memmove(dst->data, src->data, n);
+        if (!loom__sim_virtual(dd)) memmove(dst->data, src->data, n);
         if (sdev != dd) loom__sim_account(sdev, dd, n);
         return true;
     }
     if (loom_buffer_is_host(src->buffer)) {
-        memmove(dst->data, src->data, n);
+        if (!loom__sim_virtual(dd)) memmove(dst->data, src->data, n);
         loom__sim_account(NULL, dd, n);
         return true;
     }
@@ -90,6 +107,7 @@ static bool loom__sim_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loom
 }
 
 static void loom__sim_buffer_clear(loom_buffer_t buf, uint8_t value) {
+    if (loom__sim_virtual(((loom__sim_buffer *)buf->context)->sd)) return;
     memset(((loom__sim_buffer *)buf->context)->data, value, buf->size);
 }
 
@@ -136,10 +154,22 @@ static loom_buffer_t loom__sim_buft_alloc(loom_buft_t buft, size_t size) {
         return NULL;
     }
     loom__sim_buffer *sb = loom_malloc(sizeof *sb);
-    void *data = sb ? loom_aligned_alloc(LOOM_SIM_ALIGNMENT, size) : NULL;
+    void *data = NULL;
+    size_t mapped = 0;
+    if (sb && loom__sim_virtual(sd)) {
+        mapped = size ? size : 1;
+        data = mmap(NULL, mapped, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (data == MAP_FAILED) data = NULL;
+    } else if (sb) {
+        data = loom_aligned_alloc(LOOM_SIM_ALIGNMENT, size);
+    }
     loom_buffer_t buf = data ? loom_buffer_init(buft, &loom__sim_buffer_i, sb, size) : NULL;
     if (!buf) {
-        loom_aligned_free(data);
+        if (data && mapped)
+            munmap(data, mapped);
+        else
+            loom_aligned_free(data);
         loom_free(sb);
         pthread_mutex_lock(&sd->mu);
         sd->mem_used -= size;
@@ -153,6 +183,7 @@ static loom_buffer_t loom__sim_buft_alloc(loom_buft_t buft, size_t size) {
     }
     sb->sd = sd;
     sb->data = data;
+    sb->mapped = mapped;
     return buf;
 }
 

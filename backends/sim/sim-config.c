@@ -20,32 +20,16 @@
 #define LOOM__SIM_DEFAULT_OFFLOAD 32
 #define LOOM__SIM_MAX_THREADS 256
 
-typedef struct {
-    const char *name;
-    double bandwidth_gbps;
-    double latency_us;
-} loom__sim_preset;
-
-static const loom__sim_preset loom__sim_presets[] = {
-    {"nvlink", 150.0, 2.0},
-    {"pcie4", 25.0, 8.0},
-    {"pcie5", 50.0, 6.0},
-    {"none", 0.0, 0.0},
-};
-
+/* The presets live in sim-profiles.c's one table of hardware figures. */
 loom_status loom_sim_link_preset(const char *name, loom_sim_link *out) {
-    for (size_t i = 0; name && i < sizeof loom__sim_presets / sizeof loom__sim_presets[0]; i++) {
-        if (strcasecmp(name, loom__sim_presets[i].name) == 0) {
-            if (out) {
-                out->bandwidth_gbps = loom__sim_presets[i].bandwidth_gbps;
-                out->latency_us = loom__sim_presets[i].latency_us;
-            }
-            return LOOM_OK;
-        }
+    const loom_sim_link_preset_info *info = NULL;
+    loom_status s = loom_sim_link_preset_find(name, &info);
+    if (s != LOOM_OK) return s;
+    if (out) {
+        out->bandwidth_gbps = info->bandwidth_gbps;
+        out->latency_us = info->latency_us;
     }
-    return loom_error(LOOM_ERR_NOT_FOUND,
-                      "unknown link preset '%s' (expected nvlink, pcie4, pcie5 or none)",
-                      name ? name : "(null)");
+    return LOOM_OK;
 }
 
 double loom_sim_link_time_us(const loom_sim_link *link, uint64_t bytes) {
@@ -270,7 +254,8 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
     loom_sim_config cfg;
     loom_sim_config_default(&cfg, (int)n);
 
-    bool have_bw = false, have_lat = false;
+    bool have_bw = false, have_lat = false, have_mem = false, have_p2p = false;
+    const loom_sim_link_preset_info *preset = NULL;
     double bw = 0, lat = 0;
     char why[512];
     char *save = NULL;
@@ -290,11 +275,15 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
             }
             if (bytes == 0) return loom__sim_fail(spec, "mem: '%s' is not a positive size", val);
             cfg.mem_bytes = bytes;
+            have_mem = true;
         } else if (strcasecmp(key, "link") == 0) {
-            if (loom_sim_link_preset(val, &cfg.link) != LOOM_OK) {
-                return loom__sim_fail(
-                    spec, "unknown link preset '%s' (expected nvlink, pcie4, pcie5 or none)", val);
+            if (loom_sim_link_preset_find(val, &preset) != LOOM_OK) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", loom_last_error());
+                return loom__sim_fail(spec, "%s", msg);
             }
+            cfg.link.bandwidth_gbps = preset->bandwidth_gbps;
+            cfg.link.latency_us = preset->latency_us;
             snprintf(cfg.link_name, sizeof cfg.link_name, "%s", val);
             for (char *c = cfg.link_name; *c; c++)
                 *c = (char)tolower((unsigned char)*c);
@@ -338,13 +327,34 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
             if (!loom__sim_parse_bool(val, &cfg.p2p)) {
                 return loom__sim_fail(spec, "p2p: '%s' is not 0 or 1", val);
             }
+            have_p2p = true;
+        } else if (strcasecmp(key, "profile") == 0) {
+            const loom_sim_profile *prof = NULL;
+            if (loom_sim_profile_find(val, &prof) != LOOM_OK) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", loom_last_error());
+                return loom__sim_fail(spec, "%s", msg);
+            }
+            snprintf(cfg.profile, sizeof cfg.profile, "%s", prof->name);
+        } else if (strcasecmp(key, "virtual") == 0) {
+            if (!loom__sim_parse_bool(val, &cfg.virtual_memory)) {
+                return loom__sim_fail(spec, "virtual: '%s' is not 0 or 1", val);
+            }
         } else {
             return loom__sim_fail(spec,
                                   "unknown option '%s' (expected mem, link, bw, lat, refuse, "
-                                  "offload, threads, hostmem or p2p)",
+                                  "offload, threads, hostmem, p2p, profile or virtual)",
                                   key);
         }
     }
+    /* the profile's memory and the preset's p2p apply unless given explicitly, whatever
+     * the order of the options */
+    const loom_sim_profile *prof = NULL;
+    if (cfg.profile[0] && !have_mem && loom_sim_profile_find(cfg.profile, &prof) == LOOM_OK)
+        cfg.mem_bytes = prof->mem_bytes;
+    if (preset && !have_p2p) cfg.p2p = preset->p2p;
+    if (cfg.virtual_memory && cfg.host_memory)
+        return loom__sim_fail(spec, "virtual=1 and hostmem=1 exclude each other");
     if (have_bw) cfg.link.bandwidth_gbps = bw;
     if (have_lat) cfg.link.latency_us = lat;
     if (have_bw || have_lat) snprintf(cfg.link_name, sizeof cfg.link_name, "custom");

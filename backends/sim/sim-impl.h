@@ -41,6 +41,8 @@ struct loom__sim_reg {
     char prefix[8]; /* "", "B-", ... */
     int slot;       /* naming slot, released by loom_sim_reg_free */
     bool is_static; /* the default reg: never freed */
+    /* cfg.profile resolved, or NULL */
+    const loom_sim_profile *profile;
     loom__sim_dev devs[LOOM_SIM_MAX_DEVICES];
 };
 

@@ -234,6 +234,9 @@ static loom_status loom__sim_check_config(const loom_sim_config *cfg) {
         return loom_error(LOOM_ERR_INVALID_ARG, "sim: offload threshold %lld is negative",
                           (long long)cfg->offload_min_batch);
     }
+    if (cfg->profile[0] && loom_sim_profile_find(cfg->profile, NULL) != LOOM_OK) {
+        return loom_last_status();
+    }
     return LOOM_OK;
 }
 
@@ -248,6 +251,9 @@ static loom_status loom__sim_reg_init(loom__sim_reg *sr, const loom_sim_config *
     }
     sr->cfg = *cfg;
     sr->cfg.link_name[sizeof sr->cfg.link_name - 1] = '\0';
+    sr->cfg.profile[sizeof sr->cfg.profile - 1] = '\0';
+    sr->profile = NULL;
+    if (sr->cfg.profile[0]) loom_sim_profile_find(sr->cfg.profile, &sr->profile);
     sr->slot = slot;
     sr->is_static = is_static;
     if (slot == 0) {
@@ -278,8 +284,10 @@ static loom_status loom__sim_reg_init(loom__sim_reg *sr, const loom_sim_config *
         sd->index = i;
         snprintf(sd->name, sizeof sd->name, "%sSIM%d", sr->prefix, i);
         snprintf(sd->desc, sizeof sd->desc,
-                 "simulated GPU %d of %d (%s%s, link %s: %.0f GB/s, %.1f us)", i, cfg->n_devices,
-                 mem, cfg->host_memory ? " cap, host memory" : "", sr->cfg.link_name,
+                 "simulated GPU %d of %d (%s%s%s%s%s, link %s: %.0f GB/s, %.1f us)", i,
+                 cfg->n_devices, sr->profile ? sr->profile->name : "", sr->profile ? ", " : "", mem,
+                 cfg->host_memory ? " cap, host memory" : "",
+                 cfg->virtual_memory ? ", virtual" : "", sr->cfg.link_name,
                  cfg->link.bandwidth_gbps, cfg->link.latency_us);
     }
     if (i < cfg->n_devices) {

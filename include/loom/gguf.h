@@ -41,6 +41,10 @@ typedef struct loom_gguf loom_gguf;
 
 /* Opens and validates a file (mmap, read-only). */
 LOOM_API loom_status loom_gguf_open(const char *path, loom_gguf **out);
+/* Opens the metadata and tensor table only: tensor data may be absent (a file truncated
+ * after its header, or a header copied from a 40 GB model); loom_gguf_tensor_data returns
+ * NULL for a tensor whose bytes are not in the file. For planning (`loom plan`). */
+LOOM_API loom_status loom_gguf_open_header(const char *path, loom_gguf **out);
 /* Parses a memory image (borrowed: it must outlive the result). For tests and fuzzing. */
 LOOM_API loom_status loom_gguf_open_memory(const void *data, size_t size, loom_gguf **out);
 LOOM_API void loom_gguf_free(loom_gguf *g); /* NULL is a no-op */

@@ -108,6 +108,9 @@ typedef struct loom_model_params {
     /* called with bytes loaded so far and in total (for progress display), optional */
     void (*progress)(size_t done, size_t total, void *user_data);
     void *progress_user_data;
+    /* allocate and place the weights but copy no bytes (planning from a header-only
+     * file, loom_gguf_open_header, on sim virtual=1 devices): the weights are garbage */
+    bool no_data;
 } loom_model_params;
 
 typedef struct loom_model {

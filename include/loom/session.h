@@ -54,6 +54,8 @@ typedef struct loom_session_params {
     const char *split_rules;    /* a rules file that overrides/extends the built-in table */
     void (*progress)(size_t done, size_t total, void *user_data);
     void *progress_user_data;
+    bool no_weight_data;        /* place the weights without copying them (planning only:
+                                 * loom_model_params.no_data) */
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);

@@ -20,6 +20,15 @@
  *   hostmem=1       the devices use the host (CPU) buffer type instead of private memory
  *                   (an "accelerator" that computes on host memory)
  *   p2p=0           devices cannot copy to each other directly (copies stage via host)
+ *   profile=NAME    a GPU profile (h200, h100-sxm, h100-pcie, a100-80g, l40s, rtx-5090,
+ *                   rtx-4090, rtx-3090): the devices report its memory (unless mem= is
+ *                   given) and every op they run accounts virtual time under the timing
+ *                   model (loom_sim_op_time_us); see loom_sim_profile_get for the figures
+ *   link=PRESET     also nvlink3/nvlink4/nvlink5/nvswitch, pcie4-nop2p, pcie5-nop2p and
+ *                   host-staged (these set p2p=0 unless p2p= is given)
+ *   virtual=1       memory is reserved address space only and nothing is copied or
+ *                   computed: transfers and ops only account bytes and virtual time (for
+ *                   planning a model from its header alone; results are meaningless)
  * Bad specs get LOOM_ERR_FORMAT naming the offending part.
  */
 #ifndef LOOM_SIM_H
@@ -37,18 +46,60 @@ typedef struct loom_sim_link {
 } loom_sim_link;
 
 typedef struct loom_sim_config {
-    int n_devices;            /* 1..64 */
-    size_t mem_bytes;         /* cap per device */
+    int n_devices;    /* 1..64 */
+    size_t mem_bytes; /* cap per device */
     loom_sim_link link;
-    char link_name[16];       /* "nvlink", "pcie4", ... or "custom" */
+    char link_name[16]; /* "nvlink", "pcie4", ... or "custom" */
     bool refuse[LOOM_OP_COUNT];
     int64_t offload_min_batch; /* 0: never offload */
     int threads;
     bool host_memory;
     bool p2p;
+    char profile[24];    /* "" or a profile name (loom_sim_profile_find) */
+    bool virtual_memory; /* virtual=1 */
 } loom_sim_config;
 
-/* Link presets by name (nvlink, pcie4, pcie5, none); LOOM_ERR_NOT_FOUND otherwise. */
+/* A GPU's figures for the timing model (one table in backends/sim/sim-profiles.c). */
+typedef struct loom_sim_profile {
+    const char *name;   /* "rtx-3090" */
+    size_t mem_bytes;   /* device memory */
+    double hbm_gbps;    /* memory bandwidth, GB/s (1e9 B/s) */
+    double fp16_tflops; /* dense FP16/BF16 tensor throughput, TFLOP/s */
+    double int8_tops;   /* dense INT8 tensor throughput, TOP/s */
+    double launch_us;   /* per kernel */
+    double efficiency;  /* achieved fraction of the peaks (0, 1] */
+    const char *source; /* where the figures come from */
+} loom_sim_profile;
+
+typedef struct loom_sim_link_preset_info {
+    const char *name;
+    double bandwidth_gbps; /* per direction */
+    double latency_us;     /* per transfer */
+    bool p2p;              /* direct device-to-device copies */
+    const char *source;
+} loom_sim_link_preset_info;
+
+LOOM_API int loom_sim_profile_count(void);
+LOOM_API const loom_sim_profile *loom_sim_profile_get(int i); /* NULL out of range */
+/* LOOM_ERR_NOT_FOUND naming the known profiles otherwise. */
+LOOM_API loom_status loom_sim_profile_find(const char *name, const loom_sim_profile **out);
+LOOM_API int loom_sim_link_preset_count(void);
+LOOM_API const loom_sim_link_preset_info *loom_sim_link_preset_get(int i);
+LOOM_API loom_status loom_sim_link_preset_find(const char *name,
+                                               const loom_sim_link_preset_info **out);
+/* The timing model of one op on a device of profile p (0 for views and NONE), in us:
+ * max(bytes / bandwidth, flops / throughput) / efficiency + launch. Quantised matmuls use
+ * the INT8 throughput, everything else FP16. */
+LOOM_API double loom_sim_op_time_us(const loom_sim_profile *p, const loom_tensor *op);
+LOOM_API double loom_sim_op_bytes(const loom_tensor *op);
+LOOM_API double loom_sim_op_flops(const loom_tensor *op);
+/* A ring AllReduce of `bytes` over n devices: 2 (n - 1) steps of bytes / n over the link
+ * (twice as many transfers without p2p: each staged through host). */
+LOOM_API double loom_sim_allreduce_time_us(const loom_sim_link *link, bool p2p, int n_devices,
+                                           uint64_t bytes);
+
+/* Link presets by name (nvlink, pcie4, pcie5, none, and the others of
+ * loom_sim_link_preset_get); LOOM_ERR_NOT_FOUND otherwise. */
 LOOM_API loom_status loom_sim_link_preset(const char *name, loom_sim_link *out);
 /* Parses "sim:4,mem=2GiB,link=pcie4" (the "sim" prefix optional, "sim" alone = 1). */
 LOOM_API loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out);
@@ -68,14 +119,20 @@ LOOM_API loom_reg_t loom_sim_reg_default(void);
 LOOM_API bool loom_dev_is_sim(loom_dev_t dev);
 
 typedef struct loom_sim_stats {
-    uint64_t bytes_in;        /* bytes copied into this device (host->dev, dev->dev) */
-    uint64_t bytes_out;       /* bytes copied out of it */
-    uint64_t copies;          /* transfers touching this device */
-    uint64_t graphs;          /* graph_compute calls executed */
-    uint64_t nodes;           /* graph nodes executed */
-    double link_time_us;      /* virtual time spent on its links under the link model */
-    size_t mem_used;          /* bytes allocated now */
-    size_t mem_peak;          /* most bytes allocated at once */
+    uint64_t bytes_in;      /* bytes copied into this device (host->dev, dev->dev) */
+    uint64_t bytes_out;     /* bytes copied out of it */
+    uint64_t copies;        /* transfers touching this device */
+    uint64_t graphs;        /* graph_compute calls executed */
+    uint64_t nodes;         /* graph nodes executed */
+    double link_time_us;    /* virtual time spent on its links under the link model */
+    size_t mem_used;        /* bytes allocated now */
+    size_t mem_peak;        /* most bytes allocated at once */
+    double compute_time_us; /* virtual time of the ops run, under the profile's timing
+                             * model (0 without profile=) */
+    uint64_t ops;           /* non-view nodes timed */
+    double link_wait_us;    /* link time this device waits for with full-duplex links: its
+                             * host transfers, and device-to-device copies into it (a
+                             * sender's DMA runs while it works) */
 } loom_sim_stats;
 
 LOOM_API void loom_sim_dev_stats(loom_dev_t dev, loom_sim_stats *out);

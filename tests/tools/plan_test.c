@@ -1,0 +1,294 @@
+/*
+ * `loom plan`: planned from a copy of stories260K truncated after its header (no tensor
+ * data at all), the bytes per device equal what a real run allocates on sim devices with
+ * real memory and the real weights (each device's own allocation counter, within 1%), for
+ * tensor and layer splits; the JSON has the documented fields; when nothing fits it names
+ * the largest context that does, and that context really fits while the next step does
+ * not; a header-only file cannot be run; unknown profiles are refused by name.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom/sim.h"
+#include "tests/shim/loom_test.h"
+#include "tools/cli.h"
+#include "tools/model_cli.h"
+#include "tools/plan.h"
+
+static const char *stories(void) {
+    static char path[4096];
+    if (!loom_test_models_dir()) return NULL;
+    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
+    return path;
+}
+
+/* A copy of the model cut right after its header: every tensor's data is absent. */
+static const char *header_only_copy(void) {
+    static char out[4096];
+    loom_gguf *g = NULL;
+    if (loom_gguf_open(stories(), &g)) return NULL;
+    size_t n = loom_gguf_data_offset(g);
+    const char *dir = getenv("TEST_TMPDIR");
+    snprintf(out, sizeof out, "%s/stories-header.gguf", dir ? dir : "/tmp");
+    FILE *in = fopen(stories(), "rb"), *f = fopen(out, "wb");
+    char *buf = malloc(n);
+    bool ok = in && f && buf && fread(buf, 1, n, in) == n && fwrite(buf, 1, n, f) == n;
+    if (in) fclose(in);
+    if (f) fclose(f);
+    free(buf);
+    loom_gguf_free(g);
+    return ok ? out : NULL;
+}
+
+typedef int (*cmd_fn)(int, char **);
+
+static int capture(cmd_fn fn, char **argv, char **out, char **err) {
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    fflush(stdout);
+    fflush(stderr);
+    FILE *fo = tmpfile(), *fe = tmpfile();
+    int so = dup(1), se = dup(2);
+    dup2(fileno(fo), 1);
+    dup2(fileno(fe), 2);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    FILE *fs[2] = {fo, fe};
+    char **dst[2] = {out, err};
+    for (int k = 0; k < 2; k++) {
+        long n = ftell(fs[k]);
+        rewind(fs[k]);
+        *dst[k] = calloc((size_t)n + 1, 1);
+        if (n > 0 && fread(*dst[k], 1, (size_t)n, fs[k]) != (size_t)n) (*dst[k])[0] = 0;
+        fclose(fs[k]);
+    }
+    return rc;
+}
+
+/* The real run: the full file on sim devices with real memory, the same prompt of n_batch
+ * tokens then one token; returns each device's allocated bytes (the device's counter). */
+static int real_run(loom_split_mode mode, int n_dev, int64_t n_ctx, int64_t n_batch,
+                    double *dev_bytes) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "sim:%d,profile=rtx-3090,link=pcie4", n_dev);
+    loom_session_params sp = loom_session_params_default();
+    sp.devices = spec;
+    sp.split_mode = mode;
+    sp.threads = 1;
+    sp.n_ctx = n_ctx;
+    sp.n_batch = n_batch;
+    loom_session *s = NULL;
+    if (loom_session_new(stories(), NULL, &sp, &s)) return -1;
+    int64_t V = loom_session_model(s)->hp.n_vocab;
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int32_t *ids = malloc((size_t)n_batch * sizeof *ids);
+    for (int64_t i = 0; i < n_batch; i++)
+        ids[i] = 1;
+    int rc = loom_session_eval(s, ids, n_batch, false, logits) == LOOM_OK &&
+                     loom_session_eval(s, ids, 1, false, logits) == LOOM_OK
+                 ? loom_session_n_devices(s)
+                 : -1;
+    for (int j = 0; rc > 0 && j < rc; j++) {
+        loom_sim_stats st;
+        loom_sim_dev_stats(loom_session_device(s, j), &st);
+        dev_bytes[j] = (double)st.mem_used;
+    }
+    free(ids);
+    free(logits);
+    loom_session_free(s);
+    return rc;
+}
+
+static void check_plan_matches_run(loom_split_mode mode, int n_dev) {
+    const char *hdr = header_only_copy();
+    LOOM_REQUIRE(hdr != NULL);
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
+    loom_plan_opts o = {.spec_opts = "profile=rtx-3090,link=pcie4",
+                        .dev_mem = (size_t)24 << 30,
+                        .n_batch = 64,
+                        .kv_type = LOOM_TYPE_F32};
+    loom_plan_candidate c;
+    loom_plan_candidate_eval(g, &o, mode, n_dev, 256, &c);
+    LOOM_REQUIRE(c.ok);
+    LOOM_CHECK(c.fits);
+    LOOM_CHECK(c.weights > 0 && c.kv > 0 && c.compute > 0);
+    LOOM_CHECK(c.pp_tps > 0 && c.tg_tps > 0);
+    double real[16] = {0};
+    LOOM_REQUIRE(real_run(mode, n_dev, 256, 64, real) == n_dev);
+    for (int j = 0; j < n_dev; j++) {
+        LOOM_CHECK_MSG(fabs(c.dev_total[j] - real[j]) <= 0.01 * real[j],
+                       "%s over %d, device %d: planned %.0f bytes, the run allocated %.0f",
+                       loom_split_mode_name(mode), n_dev, j, c.dev_total[j], real[j]);
+    }
+    loom_gguf_free(g);
+}
+
+LOOM_TEST(plan, tensor_bytes_equal_a_real_run) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    check_plan_matches_run(LOOM_SPLIT_MODE_TENSOR, 2);
+    check_plan_matches_run(LOOM_SPLIT_MODE_TENSOR, 4);
+}
+
+LOOM_TEST(plan, layer_bytes_equal_a_real_run) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    check_plan_matches_run(LOOM_SPLIT_MODE_LAYER, 2);
+    check_plan_matches_run(LOOM_SPLIT_MODE_NONE, 1);
+}
+
+LOOM_TEST(plan, header_only_file_cannot_run) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = header_only_copy();
+    LOOM_REQUIRE(hdr != NULL);
+    loom_gguf *g = NULL;
+    LOOM_CHECK_EQ_INT(loom_gguf_open(hdr, &g), LOOM_ERR_FORMAT); /* the strict open refuses */
+    LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
+    LOOM_CHECK(loom_gguf_tensor_data(g, 0) == NULL);
+    loom_session_params sp = loom_session_params_default();
+    sp.devices = "sim:2";
+    loom_session *s = NULL;
+    LOOM_CHECK_EQ_INT(loom_session_new(NULL, g, &sp, &s), LOOM_ERR_FORMAT);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "has no data in the file");
+    loom_gguf_free(g);
+}
+
+LOOM_TEST(plan, json_fields_and_best) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = header_only_copy();
+    LOOM_REQUIRE(hdr != NULL);
+    char *out, *err;
+    char *argv[] = {"plan", "-m",  (char *)hdr, "--devices", "sim:4,profile=rtx-3090,link=pcie4",
+                    "-c",   "256", "-b",        "32",        "-o",
+                    "json", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    LOOM_CHECK(out[0] == '[');
+    static const char *const fields[] = {"\"split_mode\": \"tensor\"",
+                                         "\"n_devices\": 4",
+                                         "\"split_mode\": \"layer\"",
+                                         "\"fits\": true",
+                                         "\"bytes_per_device\": {\"weights\": ",
+                                         "\"kv\": ",
+                                         "\"compute\": ",
+                                         "\"pp_tps\": ",
+                                         "\"tg_tps\": ",
+                                         "\"best\": true"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        LOOM_CHECK_STR_CONTAINS(out, fields[i]);
+    free(out);
+    free(err);
+
+    char *argv2[] = {"plan", "-m", (char *)hdr, "--devices", "sim:2,profile=rtx-9090", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv2, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "unknown device profile 'rtx-9090'");
+    LOOM_CHECK_STR_CONTAINS(err, "rtx-4090");
+    free(out);
+    free(err);
+}
+
+/* With 1.5 MiB per device nothing fits at 4096 positions (the KV cache alone is 2.5 MiB per
+ * device over 2); the plan names a context, which fits, while 256 more does not. */
+LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = header_only_copy();
+    LOOM_REQUIRE(hdr != NULL);
+    char *out, *err;
+    char *argv[] = {"plan", "-m",   (char *)hdr, "--devices", "sim:2,profile=rtx-3090,mem=1.5MiB",
+                    "-c",   "4096", "-b",        "32",        NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    const char *p = strstr(out, "the largest context that fits: ");
+    LOOM_REQUIRE(p != NULL);
+    long long ctx = atoll(p + strlen("the largest context that fits: "));
+    LOOM_CHECK(ctx >= 256 && ctx < 4096);
+    const char *q = strstr(p, "(");
+    LOOM_REQUIRE(q != NULL);
+    loom_split_mode mode = strncmp(q + 1, "tensor", 6) == 0  ? LOOM_SPLIT_MODE_TENSOR
+                           : strncmp(q + 1, "layer", 5) == 0 ? LOOM_SPLIT_MODE_LAYER
+                                                             : LOOM_SPLIT_MODE_NONE;
+    int n_dev = atoi(strstr(q, "over ") + 5);
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
+    loom_plan_opts o = {.spec_opts = "profile=rtx-3090,mem=1.5MiB",
+                        .dev_mem = (size_t)3 << 19,
+                        .n_batch = 32,
+                        .kv_type = LOOM_TYPE_F32};
+    loom_plan_candidate c;
+    loom_plan_candidate_eval(g, &o, mode, n_dev, ctx, &c);
+    LOOM_CHECK(c.ok && c.fits);
+    loom_plan_candidate_eval(g, &o, mode, n_dev, ctx + 256, &c);
+    LOOM_CHECK(c.ok && !c.fits);
+    loom_gguf_free(g);
+    free(out);
+    free(err);
+}
+
+/* loom bench on profiled sim devices: the projected t/s in its own column/field; without a
+ * profile the column is empty ("-" / null), never a copy of the measured figure. */
+LOOM_TEST(plan, bench_reports_projection_beside_measured) {
+    char *out, *err;
+    char *a[] = {
+        "bench", "--devices", "sim:2,profile=rtx-4090", "-p", "8", "-n", "2", "-r", "2", "-o",
+        "json",  NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, a, &out, &err), 0);
+    const char *p = strstr(out, "\"proj_avg_ts\": ");
+    LOOM_REQUIRE(p != NULL);
+    double proj = atof(p + strlen("\"proj_avg_ts\": "));
+    LOOM_CHECK(proj > 0);
+    const char *m = strstr(out, "\"avg_ts\": ");
+    LOOM_REQUIRE(m != NULL);
+    LOOM_CHECK(atof(m + strlen("\"avg_ts\": ")) != proj);
+    free(out);
+    free(err);
+    char *b[] = {"bench", "--devices", "sim:2", "-p", "8", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| projected t/s |");
+    LOOM_CHECK_STR_CONTAINS(out, "| - |\n");
+    free(out);
+    free(err);
+    char *c[] = {
+        "bench", "--devices", "sim:2,profile=h100-sxm,link=nvlink4", "-p", "8", "-n", "0", "-r",
+        "1",     NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    LOOM_CHECK(strstr(out, "| - |\n") == NULL);
+    free(out);
+    free(err);
+}
+
+/* Refusals: one clear line each, usage errors exit 2, a file that cannot be planned 1. */
+LOOM_TEST(plan, refusals_name_the_problem) {
+    if (!stories()) LOOM_SKIP("shared models not found");
+    char vocab[4096];
+    snprintf(vocab, sizeof vocab, "%s/ggml-vocab-llama-spm.gguf", loom_test_models_dir());
+    char *out, *err;
+    char *a[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, a, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "has no profile=");
+    free(out);
+    free(err);
+    char *b[] = {"plan", "-m", (char *)stories(), "--devices", "cuda:0,1", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, b, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "plans are made on sim device profiles");
+    free(out);
+    free(err);
+    char *c[] = {"plan", "-m", vocab, "--devices", "sim:2,profile=l40s", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, c, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "no configuration could be planned");
+    LOOM_CHECK_STR_CONTAINS(err, "token_embd.weight");
+    free(out);
+    free(err);
+    char *d[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2,profile=l40s", "-o",
+                 "xml",  NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, d, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "table or json");
+    free(out);
+    free(err);
+}
