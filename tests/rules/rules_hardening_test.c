@@ -141,8 +141,8 @@ LOOM_TEST(rules_hardening, huge_granularity_and_overflowing_unit) {
     /* head_dim * (n_head / n_head_kv) past int64 (hyperparameters from a file) */
     LOOM_REQUIRE(loom_rules_parse("w 1 qgroup\n", "q.rules", &r) == LOOM_OK);
     loom_hparams hp = {0};
-    hp.n_head = 8;
-    hp.n_head_kv = 1;
+    hp.n_head = 16; /* 8 query heads per KV head (one KV head would split heads one by one) */
+    hp.n_head_kv = 2;
     hp.head_dim = INT64_MAX / 4;
     hp.attn_block = hp.ffn_block = 1;
     loom_ctx *ctx =
