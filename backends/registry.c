@@ -28,6 +28,7 @@ extern loom_reg_t loom_sim_reg_default(void) __attribute__((weak));
 extern loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out)
     __attribute__((weak));
 extern void loom_sim_reg_free(loom_reg_t reg) __attribute__((weak));
+extern loom_reg_t loom_cpu_numa_reg(void) __attribute__((weak));
 
 typedef loom_status (*loom__sim_new_fn)(const char *spec, loom_reg_t *out);
 typedef void (*loom__sim_free_fn)(loom_reg_t reg);
@@ -450,12 +451,35 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
     return LOOM_OK;
 }
 
+static loom_status loom__spec_indexed(const char *spec, const char *list, loom_reg_t reg,
+                                      const char *what, loom_dev_t *devs, size_t cap,
+                                      size_t *n_out);
+
 static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
                                    size_t *n_out) {
-    loom_reg_t reg = loom_registry_reg_by_name("CUDA");
+    return loom__spec_indexed(spec, list, loom_registry_reg_by_name("CUDA"), "CUDA", devs, cap,
+                              n_out);
+}
+
+/* "numa" (every NUMA node, in ring order) or "numa:I,J" (those nodes, in that order). */
+static loom_status loom__spec_numa(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
+                                   size_t *n_out) {
+    loom_reg_t reg = loom_cpu_numa_reg ? loom_cpu_numa_reg() : NULL;
+    if (!reg) {
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no NUMA devices (%s)", spec,
+                          loom_cpu_numa_reg ? loom_last_error() : "the CPU backend is not linked");
+    }
+    loom_status s = loom_registry_add(reg);
+    if (s != LOOM_OK) return s;
+    return loom__spec_indexed(spec, list, reg, "NUMA", devs, cap, n_out);
+}
+
+static loom_status loom__spec_indexed(const char *spec, const char *list, loom_reg_t reg,
+                                      const char *what, loom_dev_t *devs, size_t cap,
+                                      size_t *n_out) {
     size_t count = reg ? loom_reg_dev_count(reg) : 0;
     if (count == 0)
-        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices", spec);
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no %s devices", spec, what);
     if (!list) {
         for (size_t i = 0; i < count && i < cap; i++)
             devs[i] = loom_reg_dev_get(reg, i);
@@ -483,8 +507,8 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
         }
         if (idx >= count) {
             return loom_error(LOOM_ERR_NOT_FOUND,
-                              "device spec '%s': CUDA device %lu does not exist (%zu device%s)",
-                              spec, idx, count, count == 1 ? "" : "s");
+                              "device spec '%s': %s device %lu does not exist (%zu device%s)",
+                              spec, what, idx, count, count == 1 ? "" : "s");
         }
         if (n < cap) devs[n] = loom_reg_dev_get(reg, idx);
         n++;
@@ -523,6 +547,10 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
         if (spec[4] == '\0') return loom__spec_cuda(spec, NULL, devs, cap, n_out);
         if (spec[4] == ':') return loom__spec_cuda(spec, spec + 5, devs, cap, n_out);
     }
+    if (kind_len == 4 && strncasecmp(spec, "numa", 4) == 0) {
+        if (spec[4] == '\0') return loom__spec_numa(spec, NULL, devs, cap, n_out);
+        if (spec[4] == ':') return loom__spec_numa(spec, spec + 5, devs, cap, n_out);
+    }
     /* A registered device by name ("SIM1", "CPU"). */
     loom_dev_t d = loom_registry_dev_by_name(spec);
     if (d) {
@@ -532,6 +560,6 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
     }
     return loom_error(LOOM_ERR_FORMAT,
                       "device spec '%s': unknown device kind '%.*s' (expected cpu, sim:N[,...], "
-                      "cuda[:I,...] or a device name)",
+                      "cuda[:I,...], numa[:I,...] or a device name)",
                       spec, (int)kind_len, spec);
 }

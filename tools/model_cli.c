@@ -12,6 +12,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "loom/cpu.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
@@ -31,6 +32,8 @@ void loom_model_opts_free(loom_model_opts *o) {
     o->synth_data = NULL;
     if (o->verbose) loom_log_set_level((loom_log_level)o->prev_log_level);
     o->verbose = false;
+    if (o->set_affinity) loom_cpu_set_affinity(LOOM_AFFINITY_DEFAULT);
+    o->set_affinity = false;
 }
 
 const char *const loom_model_opts_names[] = {"-m",
@@ -64,6 +67,7 @@ const char *const loom_model_opts_names[] = {"-m",
                                              "--no-kv-offload",
                                              "--no-op-offload",
                                              "--split-rules",
+                                             "--cpu-affinity",
                                              "-v",
                                              "--verbose",
                                              NULL};
@@ -81,6 +85,8 @@ const char *loom_model_opts_help(void) {
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
            "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
+           "  --cpu-affinity P          none | compact | spread | numa: how CPU and NUMA\n"
+           "                            device threads are pinned (default per topology)\n"
            "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
@@ -169,6 +175,16 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
         if (!parse_long(cmd, a, v, -1, 100000, &x)) return -1;
         o->sp.n_gpu_layers = (int)x;
+        TAKE();
+    } else if (is(a, "--cpu-affinity", NULL, NULL)) {
+        if (!v) goto missing;
+        loom_affinity aff;
+        if (loom_affinity_parse(v, &aff)) {
+            fprintf(stderr, "loom %s: --cpu-affinity: %s\n", cmd, loom_last_error());
+            return -1;
+        }
+        loom_cpu_set_affinity(aff);
+        o->set_affinity = true;
         TAKE();
     } else if (is(a, "--threads", "-t", NULL)) {
         if (!parse_long(cmd, a, v, 1, 1024, &x)) return -1;
@@ -355,6 +371,12 @@ bool loom_model_opts_open(loom_model_opts *o, const char *cmd) {
 
 loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
     loom_session *s = NULL;
+    char why[256];
+    loom_affinity aff = loom_cpu_affinity(why, sizeof why);
+    bool numa = o->sp.devices && strstr(o->sp.devices, "numa") != NULL;
+    if (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa)
+        fprintf(stderr, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
+                numa && loom_cpu_affinity_is_default() ? "; NUMA devices: numa" : "");
     if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
