@@ -84,16 +84,10 @@ static void print_topology(loom_dev_t *chosen, size_t n_chosen) {
     char why[256];
     loom_affinity a = loom_cpu_affinity(why, sizeof why);
     printf("cpu affinity: %s (%s)\n", loom_affinity_name(a), why);
-    /* the ring order of the chosen NUMA nodes */
-    int places[64], order[64], m = 0;
-    for (size_t k = 0; k < n_chosen && m < 64; k++) {
-        int nn, pp;
-        device_place(t, chosen[k], &nn, &pp);
-        if (nn >= 0) places[m++] = nn;
-    }
-    if (m > 1 &&
-        loom_topo_ring_order(t, LOOM_TOPO_NUMA, places, m, order, why, sizeof why) == LOOM_OK)
-        printf("NUMA devices: %s\n", why);
+    (void)chosen;
+    (void)n_chosen;
+    const char *order = loom_devices_last_order(); /* of "cuda" / "numa" */
+    if (order[0]) printf("device order: %s\n", order);
 }
 
 int loom_cli_devices(int argc, char **argv) {

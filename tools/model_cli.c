@@ -381,6 +381,9 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
     }
+    const char *sp = o->sp.devices ? o->sp.devices : "";
+    if ((!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) && loom_devices_last_order()[0])
+        fprintf(stderr, "loom %s: device order %s\n", cmd, loom_devices_last_order());
     /* -fa off: the graph is rebuilt on every eval, so the model's switch applies from the
      * next one (the same switch the meta model tests use) */
     ((loom_model *)loom_session_model(s))->no_flash_attn = o->flash_attn == 0;
