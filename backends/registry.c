@@ -501,17 +501,17 @@ static void loom__ring_order(const char *spec, loom_reg_t reg, bool numa, loom_d
     char why[512] = "";
     enum { MAXD = 64 };
     int place[MAXD], order[MAXD];
-    loom_topo *t = loom_topo_get && loom_topo_ring_order ? loom_topo_get() : NULL;
     const char *(*bus_id)(loom_dev_t) = NULL;
     void *fn = loom_reg_get_proc_address(reg, "loom_dev_pci_bus_id");
     memcpy(&bus_id, &fn, sizeof bus_id);
+    loom_topo *t = NULL;
     if (n < 2 || n > MAXD) {
         snprintf(why, sizeof why, "%zu device%s: enumeration order", n, n == 1 ? "" : "s");
-    } else if (!t) {
-        snprintf(why, sizeof why, "no topology: enumeration order");
     } else if (!numa && (!bus_id || !loom_topo_pci_find)) {
         snprintf(why, sizeof why, "backend '%s' reports no PCI bus ids: enumeration order",
                  loom_reg_name(reg));
+    } else if (!loom_topo_get || !loom_topo_ring_order || !(t = loom_topo_get())) {
+        snprintf(why, sizeof why, "no topology: enumeration order");
     } else {
         for (size_t i = 0; i < n && why[0] == 0; i++) {
             if (numa) {

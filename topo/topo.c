@@ -552,7 +552,7 @@ size_t loom_topo_format(const loom_topo *t, char *buf, size_t size, int n_labels
         for (int m = 0; m < nn; m++) {
             loom_topo_numa_info ni;
             if (loom_topo_numa(t, m, &ni) != LOOM_OK) continue;
-            if (ni.package != p && !(p == -1 && ni.package >= np)) continue;
+            if (ni.package != p) continue;
             if (!header) {
                 if (p >= 0) len = appendf(buf, size, len, "  package %d\n", p);
                 header = true;

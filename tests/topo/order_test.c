@@ -76,7 +76,8 @@ static const char *fake_bus_id(loom_dev_t d) {
     return BUS[((fake_gpu *)d->context)->i];
 }
 static const char *reg_name(loom_reg_t r) {
-    return r->context ? "CUDA" : "NOBUS";
+    (void)r;
+    return "CUDA";
 }
 static size_t reg_count(loom_reg_t r) {
     (void)r;
@@ -100,8 +101,11 @@ static const struct loom_reg_i fake_reg_i = {
 static int with_bus = 1;
 static struct loom_reg fake_reg = {
     .api_version = LOOM_BACKEND_API_VERSION, .iface = &fake_reg_i, .context = &with_bus};
+/* the same GPUs from a backend that reports no bus ids */
+static struct loom_reg nobus_reg = {
+    .api_version = LOOM_BACKEND_API_VERSION, .iface = &fake_reg_i, .context = NULL};
 
-static void setup(void) {
+static void setup_reg(loom_reg_t reg) {
     char path[4096];
     const char *root = loom_test_source_root();
     snprintf(path, sizeof path, "%s/tests/data/gpu8.xml", root ? root : ".");
@@ -112,7 +116,12 @@ static void setup(void) {
         gpus[i].dev =
             (struct loom_dev){.iface = &fake_dev_i, .reg = &fake_reg, .context = &gpus[i]};
     }
-    loom_registry_add(&fake_reg);
+    loom_registry_reset();
+    loom_registry_add(reg);
+}
+
+static void setup(void) {
+    setup_reg(&fake_reg);
 }
 
 /* The bus id of the k-th device returned. */
@@ -153,4 +162,17 @@ LOOM_TEST(order, numa_all_in_topology_order) {
     LOOM_CHECK(strcmp(loom_dev_name(devs[0]), "NUMA0") == 0);
     LOOM_CHECK(strcmp(loom_dev_name(devs[1]), "NUMA1") == 0);
     LOOM_CHECK_STR_CONTAINS(loom_devices_last_order(), "numa: ring order 0 || 1");
+}
+
+LOOM_TEST(order, gpus_without_bus_ids_keep_enumeration_order) {
+    setup_reg(&nobus_reg);
+    loom_dev_t devs[16];
+    size_t n = 0;
+    LOOM_REQUIRE(loom_devices_from_spec("cuda", devs, 16, &n) == LOOM_OK);
+    LOOM_REQUIRE(n == 8);
+    for (int k = 0; k < 8; k++)
+        LOOM_CHECK(devs[k] == &gpus[k].dev);
+    LOOM_CHECK_STR_CONTAINS(loom_devices_last_order(),
+                            "cuda: backend 'CUDA' reports no PCI bus ids: enumeration order");
+    loom_registry_reset();
 }
