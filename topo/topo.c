@@ -42,6 +42,9 @@ loom_status loom_topo_load(const char *source, loom_topo **out) {
     if (!source) {
         snprintf(t->source, sizeof t->source, "this machine");
         hwloc_topology_set_io_types_filter(t->h, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+        /* PCI devices from Linux sysfs, not the libpciaccess plugin (which leaks at
+         * unload; sysfs finds the same devices) */
+        hwloc_topology_set_components(t->h, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "pci");
     } else if (strncmp(source, "synthetic:", 10) == 0) {
         snprintf(t->source, sizeof t->source, "%s", source);
         rc = hwloc_topology_set_synthetic(t->h, source + 10);
@@ -95,6 +98,14 @@ loom_topo *loom_topo_get(void) {
     loom_topo *t = loom__topo_global;
     pthread_mutex_unlock(&loom__topo_mu);
     return t;
+}
+
+/* At exit, or when a module holding this code (libloom-cpu.so) is unloaded. */
+__attribute__((destructor)) static void loom__topo_global_free(void) {
+    pthread_mutex_lock(&loom__topo_mu);
+    loom_topo_free(loom__topo_global);
+    loom__topo_global = NULL;
+    pthread_mutex_unlock(&loom__topo_mu);
 }
 
 bool loom_topo_is_this_system(const loom_topo *t) {
