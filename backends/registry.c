@@ -534,7 +534,7 @@ static void loom__ring_order(const char *spec, loom_reg_t reg, bool numa, loom_d
     }
     LOOM_LOG_INFO("device spec '%s': %s", spec, why);
     pthread_mutex_lock(&loom__reg_mutex);
-    snprintf(loom__order_why, sizeof loom__order_why, "%s: %s", spec, why);
+    snprintf(loom__order_why, sizeof loom__order_why, "%.100s: %.400s", spec, why);
     pthread_mutex_unlock(&loom__reg_mutex);
 }
 

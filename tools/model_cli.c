@@ -392,8 +392,14 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
 
 /* ---------------------------------------------------------------- memory report */
 
+static bool is_numa(loom_dev_t dev) {
+    loom_reg_t reg = dev ? loom_dev_reg(dev) : NULL;
+    return reg && strcmp(loom_reg_name(reg), "NUMA") == 0;
+}
+
 static int mem_row(loom_cli_mem_row *rows, int *n, int cap, loom_dev_t dev) {
-    if (dev && loom_dev_get_type(dev) == LOOM_DEV_TYPE_CPU) dev = NULL; /* host memory */
+    /* host memory, except NUMA devices: each node's memory is its own row */
+    if (dev && loom_dev_get_type(dev) == LOOM_DEV_TYPE_CPU && !is_numa(dev)) dev = NULL;
     for (int i = 0; i < *n; i++)
         if (rows[i].dev == dev) return i;
     if (*n >= cap) return -1;
@@ -424,7 +430,7 @@ static void add_buffer(loom_cli_mem_row *rows, int *n, int cap, loom_buffer_t bu
             add_buffer(rows, n, cap, loom_meta_buffer_member(buf, j), field);
         return;
     }
-    int i = mem_row(rows, n, cap, loom_buffer_is_host(buf) ? NULL : dev);
+    int i = mem_row(rows, n, cap, loom_buffer_is_host(buf) && !is_numa(dev) ? NULL : dev);
     if (i < 0) return;
     double b = (double)loom_buffer_size(buf);
     if (field == 0)

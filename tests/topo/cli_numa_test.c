@@ -2,7 +2,7 @@
  * cli_numa_test.c: the acceptance run of the issue through the `loom` commands, under a
  * two-node synthetic topology: `loom run --devices numa --split-mode tensor` (and layer)
  * prints stories260K's greedy text exactly as `loom run` on the CPU does, says the
- * affinity policy and the device order; `loom bench --devices "cpu;numa"` has a row per
+ * affinity policy, the device order and a memory row per node; `loom bench --devices "cpu;numa"` has a row per
  * spec; `loom devices --devices numa` attaches each NUMA device to its node; a bad
  * --cpu-affinity is refused by name.
  */
@@ -83,6 +83,9 @@ LOOM_TEST(cli_numa, run_tensor_and_layer_print_the_cpu_text) {
         LOOM_CHECK_MSG(strcmp(text, ref) == 0, "numa %s: '%s' vs '%s'", modes[m], text, ref);
         LOOM_CHECK_STR_CONTAINS(err, "cpu affinity numa (2 NUMA nodes");
         LOOM_CHECK_STR_CONTAINS(err, "device order numa: ring order 0 || 1");
+        /* the memory report has a row per node (each holds its own slices or layers) */
+        LOOM_CHECK_STR_CONTAINS(err, "\n  NUMA0  ");
+        LOOM_CHECK_STR_CONTAINS(err, "\n  NUMA1  ");
         free(text);
         free(err);
     }
