@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "loom/backend-impl.h"
+#include "loom/topo.h"
 
 /* Statically linked backends, when present (weak: NULL when not linked). */
 extern loom_reg_t loom_cpu_reg(void) __attribute__((weak));
@@ -30,6 +31,14 @@ extern loom_reg_t loom_sim_reg_default(void) __attribute__((weak));
 extern loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out)
     __attribute__((weak));
 extern void loom_sim_reg_free(loom_reg_t reg) __attribute__((weak));
+extern loom_reg_t loom_cpu_numa_reg(void) __attribute__((weak));
+/* The topology, when linked (topo/, through the CPU backend): orders "all devices" specs. */
+extern loom_topo *loom_topo_get(void) __attribute__((weak));
+extern int loom_topo_pci_find(const loom_topo *t, loom_topo_kind kind, const char *busid)
+    __attribute__((weak));
+extern loom_status loom_topo_ring_order(const loom_topo *t, loom_topo_kind kind, const int *place,
+                                        int n, int *order, char *why, size_t why_size)
+    __attribute__((weak));
 
 typedef loom_status (*loom__sim_new_fn)(const char *spec, loom_reg_t *out);
 typedef void (*loom__sim_free_fn)(loom_reg_t reg);
@@ -539,10 +548,91 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
     return LOOM_OK;
 }
 
+static loom_status loom__spec_indexed(const char *spec, const char *list, loom_reg_t reg,
+                                      const char *what, loom_dev_t *devs, size_t cap,
+                                      size_t *n_out);
+
 static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
                                    size_t *n_out) {
-    loom_reg_t reg = loom_registry_reg_by_name("CUDA");
+    return loom__spec_indexed(spec, list, loom_registry_reg_by_name("CUDA"), "CUDA", devs, cap,
+                              n_out);
+}
+
+/* "numa" (every NUMA node, in ring order) or "numa:I,J" (those nodes, in that order). */
+static loom_status loom__spec_numa(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
+                                   size_t *n_out) {
+    loom_reg_t reg = loom_cpu_numa_reg ? loom_cpu_numa_reg() : NULL;
+    if (!reg) {
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no NUMA devices (%s)", spec,
+                          loom_cpu_numa_reg ? loom_last_error() : "the CPU backend is not linked");
+    }
+    loom_status s = loom_registry_add(reg);
+    if (s != LOOM_OK) return s;
+    return loom__spec_indexed(spec, list, reg, "NUMA", devs, cap, n_out);
+}
+
+/* The why of the last "all devices" spec's order (under the registry mutex). */
+static char loom__order_why[512];
+
+const char *loom_devices_last_order(void) {
+    static _Thread_local char copy[512];
+    pthread_mutex_lock(&loom__reg_mutex);
+    snprintf(copy, sizeof copy, "%s", loom__order_why);
+    pthread_mutex_unlock(&loom__reg_mutex);
+    return copy;
+}
+
+/* Puts the n devices of an "all" spec in ring order: NUMA devices by node, GPUs by where
+ * their PCI bus id (the reg's "loom_dev_pci_bus_id" extra) sits in the topology. Leaves the
+ * enumeration order, saying why, when the topology cannot place every device. */
+static void loom__ring_order(const char *spec, loom_reg_t reg, bool numa, loom_dev_t *devs,
+                             size_t n) {
+    char why[512] = "";
+    enum { MAXD = 64 };
+    int place[MAXD], order[MAXD];
+    const char *(*bus_id)(loom_dev_t) = NULL;
+    void *fn = loom_reg_get_proc_address(reg, "loom_dev_pci_bus_id");
+    memcpy(&bus_id, &fn, sizeof bus_id);
+    loom_topo *t = NULL;
+    if (n < 2 || n > MAXD) {
+        snprintf(why, sizeof why, "%zu device%s: enumeration order", n, n == 1 ? "" : "s");
+    } else if (!numa && (!bus_id || !loom_topo_pci_find)) {
+        snprintf(why, sizeof why, "backend '%s' reports no PCI bus ids: enumeration order",
+                 loom_reg_name(reg));
+    } else if (!loom_topo_get || !loom_topo_ring_order || !(t = loom_topo_get())) {
+        snprintf(why, sizeof why, "no topology: enumeration order");
+    } else {
+        for (size_t i = 0; i < n && why[0] == 0; i++) {
+            if (numa) {
+                place[i] = (int)i;
+                continue;
+            }
+            const char *id = bus_id(devs[i]);
+            place[i] = id ? loom_topo_pci_find(t, LOOM_TOPO_GPU, id) : -1;
+            if (place[i] < 0)
+                snprintf(why, sizeof why, "%s (PCI %s) is not in the topology: enumeration order",
+                         loom_dev_name(devs[i]), id ? id : "unknown");
+        }
+        if (!why[0] && loom_topo_ring_order(t, numa ? LOOM_TOPO_NUMA : LOOM_TOPO_GPU, place, (int)n,
+                                            order, why, sizeof why) == LOOM_OK) {
+            loom_dev_t tmp[MAXD];
+            for (size_t k = 0; k < n; k++)
+                tmp[k] = devs[order[k]];
+            memcpy(devs, tmp, n * sizeof *devs);
+        }
+    }
+    LOOM_LOG_INFO("device spec '%s': %s", spec, why);
+    pthread_mutex_lock(&loom__reg_mutex);
+    snprintf(loom__order_why, sizeof loom__order_why, "%.100s: %.400s", spec, why);
+    pthread_mutex_unlock(&loom__reg_mutex);
+}
+
+static loom_status loom__spec_indexed(const char *spec, const char *list, loom_reg_t reg,
+                                      const char *what, loom_dev_t *devs, size_t cap,
+                                      size_t *n_out) {
     size_t count = reg ? loom_reg_dev_count(reg) : 0;
+    if (count == 0 && strcmp(what, "CUDA") != 0)
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no %s devices", spec, what);
     if (count == 0) {
         /* say why: the module's or the driver's own reason */
         typedef const char *(*reason_fn)(loom_reg_t);
@@ -559,6 +649,7 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
     if (!list) {
         for (size_t i = 0; i < count && i < cap; i++)
             devs[i] = loom_reg_dev_get(reg, i);
+        if (count <= cap) loom__ring_order(spec, reg, strcmp(what, "NUMA") == 0, devs, count);
         *n_out = count;
         return LOOM_OK;
     }
@@ -583,8 +674,8 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
         }
         if (idx >= count) {
             return loom_error(LOOM_ERR_NOT_FOUND,
-                              "device spec '%s': CUDA device %lu does not exist (%zu device%s)",
-                              spec, idx, count, count == 1 ? "" : "s");
+                              "device spec '%s': %s device %lu does not exist (%zu device%s)", spec,
+                              what, idx, count, count == 1 ? "" : "s");
         }
         if (n < cap) devs[n] = loom_reg_dev_get(reg, idx);
         n++;
@@ -623,6 +714,10 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
         if (spec[4] == '\0') return loom__spec_cuda(spec, NULL, devs, cap, n_out);
         if (spec[4] == ':') return loom__spec_cuda(spec, spec + 5, devs, cap, n_out);
     }
+    if (kind_len == 4 && strncasecmp(spec, "numa", 4) == 0) {
+        if (spec[4] == '\0') return loom__spec_numa(spec, NULL, devs, cap, n_out);
+        if (spec[4] == ':') return loom__spec_numa(spec, spec + 5, devs, cap, n_out);
+    }
     /* A registered device by name ("SIM1", "CPU"). */
     loom_dev_t d = loom_registry_dev_by_name(spec);
     if (d) {
@@ -632,6 +727,6 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
     }
     return loom_error(LOOM_ERR_FORMAT,
                       "device spec '%s': unknown device kind '%.*s' (expected cpu, sim:N[,...], "
-                      "cuda[:I,...] or a device name)",
+                      "cuda[:I,...], numa[:I,...] or a device name)",
                       spec, (int)kind_len, spec);
 }

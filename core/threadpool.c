@@ -22,9 +22,12 @@ struct loom__worker {
 
 struct loom_threadpool {
     int n_threads;
-    pthread_t *threads;           /* [n_threads - 1]: workers 1..n-1 */
-    struct loom__worker *workers; /* [n_threads - 1] */
+    int n_workers;                /* n_threads - 1, or n_threads when the caller only waits */
+    pthread_t *threads;           /* [n_workers]: threads n_threads-n_workers..n_threads-1 */
+    struct loom__worker *workers; /* [n_workers] */
     int n_started;
+    loom_thread_start_fn start; /* called by each worker once, before its first task */
+    void *start_data;
 
     pthread_mutex_t mu;
     pthread_cond_t cv_start;
@@ -52,6 +55,7 @@ static void *loom__worker_main(void *arg) {
     struct loom__worker *w = arg;
     loom_threadpool *tp = w->tp;
     uint64_t seen = 0;
+    if (tp->start) tp->start(w->ith, tp->n_threads, tp->start_data);
     for (;;) {
         pthread_mutex_lock(&tp->mu);
         while (tp->generation == seen && !tp->stop)
@@ -68,7 +72,7 @@ static void *loom__worker_main(void *arg) {
         fn(w->ith, tp->n_threads, ud);
 
         pthread_mutex_lock(&tp->mu);
-        if (++tp->n_done == tp->n_threads - 1) pthread_cond_signal(&tp->cv_done);
+        if (++tp->n_done == tp->n_workers) pthread_cond_signal(&tp->cv_done);
         pthread_mutex_unlock(&tp->mu);
     }
 }
@@ -93,6 +97,11 @@ static void loom__threadpool_destroy(loom_threadpool *tp) {
 }
 
 loom_threadpool *loom_threadpool_new(int n_threads) {
+    return loom_threadpool_new_ex(n_threads, NULL, NULL, true);
+}
+
+loom_threadpool *loom_threadpool_new_ex(int n_threads, loom_thread_start_fn start, void *start_data,
+                                        bool caller_works) {
     if (n_threads < 1 || n_threads > LOOM__MAX_THREADS) {
         loom_error(LOOM_ERR_INVALID_ARG, "threadpool_new: n_threads %d is not in [1, %d]",
                    n_threads, LOOM__MAX_THREADS);
@@ -105,13 +114,16 @@ loom_threadpool *loom_threadpool_new(int n_threads) {
         return NULL;
     }
     tp->n_threads = n_threads;
+    tp->n_workers = caller_works ? n_threads - 1 : n_threads;
+    tp->start = start;
+    tp->start_data = start_data;
     pthread_mutex_init(&tp->mu, NULL);
     pthread_cond_init(&tp->cv_start, NULL);
     pthread_cond_init(&tp->cv_done, NULL);
     atomic_init(&tp->running, false);
     atomic_init(&tp->barrier_count, 0);
     atomic_init(&tp->barrier_phase, 0u);
-    int nw = n_threads - 1;
+    int nw = tp->n_workers, first = n_threads - nw;
     if (nw > 0) {
         tp->threads = loom_calloc((size_t)nw, sizeof *tp->threads);
         tp->workers = loom_calloc((size_t)nw, sizeof *tp->workers);
@@ -123,13 +135,13 @@ loom_threadpool *loom_threadpool_new(int n_threads) {
         }
     }
     for (int i = 0; i < nw; i++) {
-        tp->workers[i] = (struct loom__worker){.tp = tp, .ith = i + 1};
+        tp->workers[i] = (struct loom__worker){.tp = tp, .ith = first + i};
         int rc = pthread_create(&tp->threads[i], NULL, loom__worker_main, &tp->workers[i]);
         if (rc != 0) {
             loom__threadpool_stop(tp);
             loom__threadpool_destroy(tp);
             loom_error(rc == EAGAIN ? LOOM_ERR_NOMEM : LOOM_ERR_INTERNAL,
-                       "threadpool_new: pthread_create failed for thread %d of %d: %s", i + 1,
+                       "threadpool_new: pthread_create failed for thread %d of %d: %s", first + i,
                        n_threads, strerror(rc));
             return NULL;
         }
@@ -153,7 +165,7 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
     LOOM_ASSERT(tp && fn);
     bool was_running = atomic_exchange(&tp->running, true);
     LOOM_ASSERT(!was_running && "threadpool_run is not reentrant");
-    if (tp->n_threads == 1) {
+    if (tp->n_workers == 0) {
         fn(0, 1, user_data);
         atomic_store(&tp->running, false);
         return;
@@ -167,10 +179,10 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
     pthread_cond_broadcast(&tp->cv_start);
     pthread_mutex_unlock(&tp->mu);
 
-    fn(0, tp->n_threads, user_data);
+    if (tp->n_workers < tp->n_threads) fn(0, tp->n_threads, user_data);
 
     pthread_mutex_lock(&tp->mu);
-    while (tp->n_done < tp->n_threads - 1)
+    while (tp->n_done < tp->n_workers)
         pthread_cond_wait(&tp->cv_done, &tp->mu);
     pthread_mutex_unlock(&tp->mu);
     atomic_store(&tp->running, false);

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "loom/cpu.h"
+#include "loom/topo.h"
 #include "tools/cli.h"
 
 static void devices_usage(FILE *f) {
@@ -18,7 +20,11 @@ static void devices_usage(FILE *f) {
                "options:\n"
                "  --devices SPEC   also resolve SPEC first (e.g. sim:4,mem=2GiB), creating the\n"
                "                   devices it names, and mark them in the list\n"
-               "  -h, --help       this text\n");
+               "  -h, --help       this text\n"
+               "\n"
+               "Then the machine's topology (hwloc; LOOM_TOPOLOGY=file.xml or synthetic:DESC\n"
+               "loads another) as a short tree with each device where it sits: NUMA devices\n"
+               "at their node, GPUs at their PCI bus id when their backend reports it.\n");
 }
 
 static const char *yes_no(bool b) {
@@ -32,6 +38,56 @@ static void print_buft(const char *label, loom_buft_t buft) {
     }
     printf("      %-12s %s (alignment %zu, %s)\n", label, loom_buft_name(buft),
            loom_buft_alignment(buft), loom_buft_is_host(buft) ? "host memory" : "device memory");
+}
+
+/* Where a device sits: its NUMA node (NUMA devices) or its GPU index in the topology (a
+ * backend exporting "loom_dev_pci_bus_id", const char *(loom_dev_t)). */
+static void device_place(const loom_topo *t, loom_dev_t dev, int *numa, int *pci) {
+    *numa = -1;
+    *pci = -1;
+    const char *name = loom_dev_name(dev);
+    int node;
+    char extra;
+    if (sscanf(name, "NUMA%d%c", &node, &extra) == 1) *numa = node;
+    loom_reg_t reg = loom_dev_reg(dev);
+    void *fn = reg ? loom_reg_get_proc_address(reg, "loom_dev_pci_bus_id") : NULL;
+    if (fn) {
+        const char *(*bus_id)(loom_dev_t) = NULL;
+        memcpy(&bus_id, &fn, sizeof bus_id);
+        const char *id = bus_id(dev);
+        if (id) *pci = loom_topo_pci_find(t, LOOM_TOPO_GPU, id);
+    }
+}
+
+static void print_topology(loom_dev_t *chosen, size_t n_chosen) {
+    loom_topo *t = loom_topo_get();
+    if (!t) {
+        printf("\ntopology: unavailable (%s)\n", loom_last_error());
+        return;
+    }
+    enum { MAXL = 128 };
+    const char *labels[MAXL];
+    int numa[MAXL], pci[MAXL], n = 0;
+    size_t nd = loom_registry_dev_count();
+    for (size_t i = 0; i < nd && n < MAXL; i++) {
+        loom_dev_t dev = loom_registry_dev_get(i);
+        device_place(t, dev, &numa[n], &pci[n]);
+        if (numa[n] < 0 && pci[n] < 0) continue;
+        labels[n++] = loom_dev_name(dev);
+    }
+    size_t need = loom_topo_format(t, NULL, 0, n, labels, numa, pci) + 1;
+    char *buf = loom_malloc(need);
+    if (!buf) return;
+    loom_topo_format(t, buf, need, n, labels, numa, pci);
+    printf("\n%s", buf);
+    loom_free(buf);
+    char why[256];
+    loom_affinity a = loom_cpu_affinity(why, sizeof why);
+    printf("cpu affinity: %s (%s)\n", loom_affinity_name(a), why);
+    (void)chosen;
+    (void)n_chosen;
+    const char *order = loom_devices_last_order(); /* of "cuda" / "numa" */
+    if (order[0]) printf("device order: %s\n", order);
 }
 
 int loom_cli_devices(int argc, char **argv) {
@@ -87,5 +143,6 @@ int loom_cli_devices(int argc, char **argv) {
             if (p.caps.host_buffer) print_buft("host buffer", loom_dev_host_buffer_type(dev));
         }
     }
+    print_topology(chosen, n_chosen);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "loom/cpu.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
@@ -31,6 +32,8 @@ void loom_model_opts_free(loom_model_opts *o) {
     o->synth_data = NULL;
     if (o->verbose) loom_log_set_level((loom_log_level)o->prev_log_level);
     o->verbose = false;
+    if (o->set_affinity) loom_cpu_set_affinity(LOOM_AFFINITY_DEFAULT);
+    o->set_affinity = false;
 }
 
 const char *const loom_model_opts_names[] = {"-m",
@@ -64,6 +67,7 @@ const char *const loom_model_opts_names[] = {"-m",
                                              "--no-kv-offload",
                                              "--no-op-offload",
                                              "--split-rules",
+                                             "--cpu-affinity",
                                              "-v",
                                              "--verbose",
                                              NULL};
@@ -81,6 +85,8 @@ const char *loom_model_opts_help(void) {
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
            "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
+           "  --cpu-affinity P          none | compact | spread | numa: how CPU and NUMA\n"
+           "                            device threads are pinned (default per topology)\n"
            "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
@@ -169,6 +175,16 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
         if (!parse_long(cmd, a, v, -1, 100000, &x)) return -1;
         o->sp.n_gpu_layers = (int)x;
+        TAKE();
+    } else if (is(a, "--cpu-affinity", NULL, NULL)) {
+        if (!v) goto missing;
+        loom_affinity aff;
+        if (loom_affinity_parse(v, &aff)) {
+            fprintf(stderr, "loom %s: --cpu-affinity: %s\n", cmd, loom_last_error());
+            return -1;
+        }
+        loom_cpu_set_affinity(aff);
+        o->set_affinity = true;
         TAKE();
     } else if (is(a, "--threads", "-t", NULL)) {
         if (!parse_long(cmd, a, v, 1, 1024, &x)) return -1;
@@ -355,10 +371,19 @@ bool loom_model_opts_open(loom_model_opts *o, const char *cmd) {
 
 loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
     loom_session *s = NULL;
+    char why[256];
+    loom_affinity aff = loom_cpu_affinity(why, sizeof why);
+    bool numa = o->sp.devices && strstr(o->sp.devices, "numa") != NULL;
+    if (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa)
+        fprintf(stderr, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
+                numa && loom_cpu_affinity_is_default() ? "; NUMA devices: numa" : "");
     if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
     }
+    const char *sp = o->sp.devices ? o->sp.devices : "";
+    if ((!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) && loom_devices_last_order()[0])
+        fprintf(stderr, "loom %s: device order %s\n", cmd, loom_devices_last_order());
     /* -fa off: the graph is rebuilt on every eval, so the model's switch applies from the
      * next one (the same switch the meta model tests use) */
     ((loom_model *)loom_session_model(s))->no_flash_attn = o->flash_attn == 0;
@@ -367,8 +392,14 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
 
 /* ---------------------------------------------------------------- memory report */
 
+static bool is_numa(loom_dev_t dev) {
+    loom_reg_t reg = dev ? loom_dev_reg(dev) : NULL;
+    return reg && strcmp(loom_reg_name(reg), "NUMA") == 0;
+}
+
 static int mem_row(loom_cli_mem_row *rows, int *n, int cap, loom_dev_t dev) {
-    if (dev && loom_dev_get_type(dev) == LOOM_DEV_TYPE_CPU) dev = NULL; /* host memory */
+    /* host memory, except NUMA devices: each node's memory is its own row */
+    if (dev && loom_dev_get_type(dev) == LOOM_DEV_TYPE_CPU && !is_numa(dev)) dev = NULL;
     for (int i = 0; i < *n; i++)
         if (rows[i].dev == dev) return i;
     if (*n >= cap) return -1;
@@ -399,7 +430,7 @@ static void add_buffer(loom_cli_mem_row *rows, int *n, int cap, loom_buffer_t bu
             add_buffer(rows, n, cap, loom_meta_buffer_member(buf, j), field);
         return;
     }
-    int i = mem_row(rows, n, cap, loom_buffer_is_host(buf) ? NULL : dev);
+    int i = mem_row(rows, n, cap, loom_buffer_is_host(buf) && !is_numa(dev) ? NULL : dev);
     if (i < 0) return;
     double b = (double)loom_buffer_size(buf);
     if (field == 0)

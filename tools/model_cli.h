@@ -21,6 +21,7 @@ typedef struct loom_model_opts {
     const char *tensor_split;  /* -ts as given */
     int main_gpu;              /* -mg */
     bool verbose;
+    bool set_affinity;  /* --cpu-affinity given: reset to the default by _free */
     int prev_log_level; /* restored by loom_model_opts_free */
     char model_buf[4096], rules_buf[4096], dev_buf[256];
     /* the built-in model, when used (owned) */

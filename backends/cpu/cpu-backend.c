@@ -7,12 +7,13 @@
  * designated initializers naming only the hooks implemented (see backend-impl.h for the
  * defaults of the others).
  */
-#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/cpu-numa.h"
 
 #define CPU_NAME "CPU"
 #define CPU_ALIGNMENT 64
@@ -156,7 +157,43 @@ typedef struct cpu_backend_ctx {
     loom_threadpool *tp; /* NULL until first needed, and when n_threads == 1 */
     void *work;          /* scratch cache, grown as graphs need */
     size_t work_size;
+    int node;             /* NUMA node the threads are placed in, -1: the whole machine */
+    loom_affinity policy; /* how the workers are pinned (resolved, never DEFAULT) */
+    bool all_bound;       /* the caller only waits: every working thread is pinned */
 } cpu_backend_ctx;
+
+/* ---------------------------------------------------------------- affinity */
+
+static _Atomic int cpu_affinity_policy = LOOM_AFFINITY_DEFAULT;
+
+void loom_cpu_set_affinity(loom_affinity policy) {
+    atomic_store(&cpu_affinity_policy, (int)policy);
+}
+
+bool loom_cpu_affinity_is_default(void) {
+    return atomic_load(&cpu_affinity_policy) == LOOM_AFFINITY_DEFAULT;
+}
+
+loom_affinity loom_cpu_affinity(char *why, size_t why_size) {
+    loom_affinity a = (loom_affinity)atomic_load(&cpu_affinity_policy);
+    if (a != LOOM_AFFINITY_DEFAULT) {
+        if (why && why_size) snprintf(why, why_size, "set by the caller");
+        return a;
+    }
+    loom_topo *t = loom_topo_get();
+    if (!t) {
+        if (why && why_size) snprintf(why, why_size, "no topology (%s)", loom_last_error());
+        return LOOM_AFFINITY_NONE;
+    }
+    return loom_topo_affinity_default(t, why, why_size);
+}
+
+/* Each worker pins itself once, as the backend's policy says. */
+static void cpu_thread_start(int ith, int n_threads, void *data) {
+    cpu_backend_ctx *ctx = data;
+    loom_topo *t = loom_topo_get();
+    if (t) loom_topo_bind_thread(t, ctx->policy, ctx->node, ith, n_threads);
+}
 
 static void cpu_backend_free(loom_backend_t backend) {
     cpu_backend_ctx *ctx = backend->context;
@@ -168,8 +205,10 @@ static void cpu_backend_free(loom_backend_t backend) {
 
 static loom_status cpu_backend_graph_compute(loom_backend_t backend, loom_graph *g) {
     cpu_backend_ctx *ctx = backend->context;
-    if (ctx->n_threads > 1 && !ctx->tp) {
-        ctx->tp = loom_threadpool_new(ctx->n_threads);
+    if ((ctx->n_threads > 1 || (ctx->all_bound && ctx->policy != LOOM_AFFINITY_NONE)) && !ctx->tp) {
+        bool pin = ctx->policy != LOOM_AFFINITY_NONE;
+        ctx->tp = loom_threadpool_new_ex(ctx->n_threads, pin ? cpu_thread_start : NULL, ctx,
+                                         !(pin && ctx->all_bound));
         if (!ctx->tp)
             return loom_error(LOOM_ERR_NOMEM, "CPU backend: cannot start a pool of %d threads",
                               ctx->n_threads);
@@ -187,6 +226,11 @@ static int resolve_threads(int n) {
 }
 
 loom_backend_t loom_cpu_backend_new(int n_threads) {
+    return loom__cpu_backend_new_on(&cpu_device, n_threads, -1, loom_cpu_affinity(NULL, 0), false);
+}
+
+loom_backend_t loom__cpu_backend_new_on(loom_dev_t dev, int n_threads, int node,
+                                        loom_affinity policy, bool all_threads_bound) {
     cpu_backend_ctx *ctx = loom_calloc(1, sizeof *ctx);
     loom_backend_t backend = loom_calloc(1, sizeof *backend);
     if (!ctx || !backend) {
@@ -196,8 +240,11 @@ loom_backend_t loom_cpu_backend_new(int n_threads) {
         return NULL;
     }
     ctx->n_threads = resolve_threads(n_threads);
+    ctx->node = node;
+    ctx->policy = policy == LOOM_AFFINITY_DEFAULT ? LOOM_AFFINITY_NONE : policy;
+    ctx->all_bound = all_threads_bound;
     backend->iface = &cpu_backend_i;
-    backend->device = &cpu_device;
+    backend->device = dev;
     backend->context = ctx;
     return backend;
 }
@@ -298,8 +345,7 @@ static void cpu_dev_get_props(loom_dev_t dev, loom_dev_props *props) {
 }
 
 /* params: "threads=N" (comma-separated key=value; unknown keys are an error). */
-static loom_backend_t cpu_dev_init_backend(loom_dev_t dev, const char *params) {
-    (void)dev;
+bool loom__cpu_parse_params(const char *params, int *threads_out) {
     int threads = 0;
     const char *s = params ? params : "";
     while (*s) {
@@ -307,7 +353,7 @@ static loom_backend_t cpu_dev_init_backend(loom_dev_t dev, const char *params) {
         char item[64];
         if (len >= sizeof item) {
             loom_error(LOOM_ERR_FORMAT, "CPU backend params: item '%.*s...' is too long", 32, s);
-            return NULL;
+            return false;
         }
         memcpy(item, s, len);
         item[len] = 0;
@@ -319,18 +365,26 @@ static loom_backend_t cpu_dev_init_backend(loom_dev_t dev, const char *params) {
                     loom_error(LOOM_ERR_FORMAT,
                                "CPU backend params: '%s': threads must be an integer in [0, 4096]",
                                item);
-                    return NULL;
+                    return false;
                 }
                 threads = (int)v;
             } else {
                 loom_error(LOOM_ERR_FORMAT,
                            "CPU backend params: unknown key in '%s' (known: threads)", item);
-                return NULL;
+                return false;
             }
         }
         s += len;
         if (*s == ',') s++;
     }
+    *threads_out = threads;
+    return true;
+}
+
+static loom_backend_t cpu_dev_init_backend(loom_dev_t dev, const char *params) {
+    (void)dev;
+    int threads = 0;
+    if (!loom__cpu_parse_params(params, &threads)) return NULL;
     return loom_cpu_backend_new(threads);
 }
 

@@ -201,10 +201,16 @@ LOOM_API void loom_registry_reset(void);
 LOOM_API bool loom_registry_release(loom_reg_t reg);
 
 /* Resolves a device SPEC into devices: "cpu", "sim:N[,options]" (see loom/sim.h),
- * "cuda:0,1", "cuda". Writes up to cap devices; *n_out is the number found. Errors name
+ * "cuda:0,1", "cuda", "numa" (one CPU device per NUMA node, see loom/cpu.h), "numa:1,0".
+ * Writes up to cap devices; *n_out is the number found. Errors name
  * the bad part of the spec. */
 LOOM_API loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap,
                                             size_t *n_out);
+/* "cuda" and "numa" (all devices) come in ring order, neighbours close (same PCIe switch,
+ * then NUMA node; GPUs placed through their reg's "loom_dev_pci_bus_id" extra, a
+ * `const char *(loom_dev_t)`); explicit lists keep their order. This says the order of the
+ * last such spec and why ("" before any). */
+LOOM_API const char *loom_devices_last_order(void);
 
 #ifdef __cplusplus
 }

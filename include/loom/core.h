@@ -659,6 +659,13 @@ typedef struct loom_threadpool loom_threadpool;
 typedef void (*loom_task_fn)(int ith, int nth, void *user_data);
 
 LOOM_API loom_threadpool *loom_threadpool_new(int n_threads); /* NULL on failure */
+/* The same, and each worker thread calls start(ith, n_threads, start_data) once before its
+ * first task (to pin itself; NULL: nothing). caller_works false: n_threads workers do all
+ * the work and the thread calling loom_threadpool_run only waits, so every working thread
+ * went through start. */
+typedef void (*loom_thread_start_fn)(int ith, int n_threads, void *start_data);
+LOOM_API loom_threadpool *loom_threadpool_new_ex(int n_threads, loom_thread_start_fn start,
+                                                 void *start_data, bool caller_works);
 LOOM_API void loom_threadpool_free(loom_threadpool *tp);
 LOOM_API int loom_threadpool_size(const loom_threadpool *tp);
 LOOM_API void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data);
