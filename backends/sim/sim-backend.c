@@ -263,6 +263,14 @@ static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
 
 static void *loom__sim_worker(void *arg) {
     loom__sim_backend *sb = arg;
+    /* the device's host thread, placed by the process's CPU affinity policy (a GPU's driving
+     * thread would sit on the cores nearest its GPU): device k of N as thread k of N. Not
+     * bound under `none` (the default on one NUMA node); a binding that cannot be done is
+     * logged once and skipped by loom_topo_bind_thread. */
+    loom_affinity pol = loom_cpu_affinity(NULL, 0);
+    if (pol != LOOM_AFFINITY_NONE)
+        loom_topo_bind_thread(loom_topo_get(), pol, -1, sb->sd->index,
+                              sb->sd->sreg->cfg.n_devices);
     for (;;) {
         pthread_mutex_lock(&sb->mu);
         while ((!sb->head || sb->held) && !sb->stop)
