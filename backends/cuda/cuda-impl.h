@@ -44,6 +44,7 @@ typedef struct loom__cuda_dev {
     int n_shared; /* loom devices of this reg on that GPU (1: the GPU is its own) */
     int cc;       /* compute capability, 10 * major + minor */
     size_t gpu_total_mem;
+    char pci_bus_id[32]; /* "0000:65:00.0" (cudaDeviceGetPCIBusId), "" if unknown */
     char name[32]; /* "CUDA0", "V1-CUDA0" */
     char desc[512];
     pthread_mutex_t mu;                  /* guards the counters and the list below */

@@ -238,6 +238,13 @@ bool loom_dev_is_cuda(loom_dev_t dev) {
     return loom__cuda_dev_of(dev) != NULL;
 }
 
+/* The "loom_dev_pci_bus_id" extra: where the GPU sits, for topo/'s tree and ring order
+ * (NULL when unknown). */
+static const char *loom__cuda_dev_pci_bus_id(loom_dev_t dev) {
+    loom__cuda_dev *cd = loom__cuda_dev_of(dev);
+    return cd && cd->pci_bus_id[0] ? cd->pci_bus_id : NULL;
+}
+
 /* ---------------------------------------------------------------- reg methods */
 
 static loom__cuda_reg *loom__cuda_reg_ctx(loom_reg_t reg) {
@@ -272,6 +279,7 @@ static const struct {
     {"loom_cuda_no_devices_reason", (loom__cuda_any_fn)loom_cuda_no_devices_reason},
     {"loom_cuda_backend_get_stats", (loom__cuda_any_fn)loom_cuda_backend_get_stats},
     {"loom_dev_is_cuda", (loom__cuda_any_fn)loom_dev_is_cuda},
+    {"loom_dev_pci_bus_id", (loom__cuda_any_fn)loom__cuda_dev_pci_bus_id},
     /* this module's own core: callers with another copy import its errors */
     {"loom_last_error", (loom__cuda_any_fn)loom_last_error},
     {"loom_last_status", (loom__cuda_any_fn)loom_last_status},
@@ -395,6 +403,8 @@ static void loom__cuda_reg_init(loom__cuda_reg *cr, int per_gpu, int slot, bool 
             cd->n_shared = per_gpu;
             cd->cc = cc;
             cd->gpu_total_mem = p.totalGlobalMem;
+            if (cudaDeviceGetPCIBusId(cd->pci_bus_id, (int)sizeof cd->pci_bus_id, g) != cudaSuccess)
+                cd->pci_bus_id[0] = 0;
             snprintf(cd->name, sizeof cd->name, "%sCUDA%d", cr->prefix, cd->index);
             if (per_gpu == 1)
                 snprintf(cd->desc, sizeof cd->desc, "%.256s (GPU %d, sm_%d, %s)", p.name, g, cc,
