@@ -49,6 +49,10 @@ typedef struct loom_session_params {
     const char *split_rules;    /* a rules file that overrides/extends the built-in table */
     void (*progress)(size_t done, size_t total, void *user_data);
     void *progress_user_data;
+    /* Explicit devices (borrowed; they outlive the session), used instead of `devices` when
+     * n_devs > 0: e.g. the dist devices of include/loom/dist.h, one per MPI rank. */
+    loom_dev_t *devs;
+    int n_devs;
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
