@@ -190,12 +190,66 @@ static void dbe_synchronize(loom_backend_t be) {
     if (b->inner) (void)loom_backend_synchronize(b->inner);
 }
 
+/* The tensors of a graph whose buffer is a local dist buffer, pointed at its inner buffer
+ * for the inner backend (a sim device reads only its own buffers) and restored after: the
+ * meta device reads them through the dist buffer again (the broadcast). */
+typedef struct swap_list {
+    loom_tensor **t;
+    loom_buffer_t *was;
+    int n, cap;
+} swap_list;
+
+static bool swap_one(swap_list *l, loom_tensor *t) {
+    if (!t || !t->buffer || t->buffer->iface != &dist_buffer_i) return true;
+    dist_buffer *db = t->buffer->context;
+    if (!db->inner) return true;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 256;
+        loom_tensor **nt = loom_realloc(l->t, (size_t)cap * sizeof *nt);
+        if (nt) l->t = nt;
+        loom_buffer_t *nw = nt ? loom_realloc(l->was, (size_t)cap * sizeof *nw) : NULL;
+        if (!nw) return false;
+        l->was = nw;
+        l->cap = cap;
+    }
+    l->t[l->n] = t;
+    l->was[l->n++] = t->buffer;
+    t->buffer = db->inner;
+    return true;
+}
+
+static bool swap_in(swap_list *l, loom_graph *g) {
+    bool ok = true;
+    for (int i = 0; i < g->n_leafs && ok; i++)
+        ok = swap_one(l, g->leafs[i]);
+    for (int i = 0; i < g->n_nodes && ok; i++) {
+        loom_tensor *t = g->nodes[i];
+        ok = swap_one(l, t) && swap_one(l, t->view_src);
+        for (int k = 0; k < LOOM_MAX_SRC && ok && t->src[k]; k++)
+            ok = swap_one(l, t->src[k]) && swap_one(l, t->src[k]->view_src);
+    }
+    return ok;
+}
+
+static void swap_out(swap_list *l) {
+    for (int i = l->n - 1; i >= 0; i--)
+        l->t[i]->buffer = l->was[i];
+    loom_free(l->t);
+    loom_free(l->was);
+}
+
 static loom_status dbe_compute(loom_backend_t be, loom_graph *g) {
     dist_backend *b = be->context;
     if (!b->inner) return LOOM_OK; /* another rank computes it */
-    loom_status st = loom_backend_graph_compute(b->inner, g);
-    if (st) return loom_error(st, "%s: %s", b->name, loom_last_error());
-    return LOOM_OK;
+    swap_list l = {0};
+    loom_status st =
+        swap_in(&l, g) ? LOOM_OK : loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", b->name);
+    if (st == LOOM_OK) { /* synchronous: the headers are restored only after the work */
+        st = loom_backend_graph_compute(b->inner, g);
+        if (st) loom_error(st, "%s: %s", b->name, loom_last_error());
+    }
+    swap_out(&l);
+    return st;
 }
 
 static void dbe_optimize(loom_backend_t be, loom_graph *g) {

@@ -324,7 +324,7 @@ int loom_cli_run(int argc, char **argv) {
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
     /* from here on every rank runs the same graphs in step (collectives inside): a failure
      * on one rank cannot reach the others cleanly, so it ends them all */
-    logits = malloc(sizeof(float) * (size_t)V * (lf ? n_prompt : 1));
+    logits = malloc(sizeof(float) * (size_t)V * (logits_out ? n_prompt : 1));
     work = malloc(sizeof(float) * (size_t)V);
     smp = loom_sampler_new(&sp);
     if (!logits || !work || !smp) {
@@ -340,13 +340,13 @@ int loom_cli_run(int argc, char **argv) {
         fflush(stdout);
     }
     int64_t t0 = loom_time_us();
-    if (loom_session_eval(s, ids, (int64_t)n_prompt, lf != NULL, logits)) {
+    if (loom_session_eval(s, ids, (int64_t)n_prompt, logits_out != NULL, logits)) {
         fprintf(stderr, "\nloom run: %s\n", loom_last_error());
         if (cd.d) loom_dist_abort(cd.d, 1);
         goto out;
     }
     int64_t t_prompt = loom_time_us() - t0;
-    const float *last = lf ? logits + (n_prompt - 1) * V : logits;
+    const float *last = logits_out ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict; n_gen++) {
