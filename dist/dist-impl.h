@@ -32,6 +32,9 @@ struct loom_dist {
     int n_devs; /* 0 until loom_dist_devices */
 };
 
+/* Point-to-point: rank `from` sends bytes to rank `to` (the others do nothing; from == to
+ * does nothing). */
+loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int from, int to);
 /* Collective: sums n floats in place over every rank. */
 loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n);
 

@@ -82,6 +82,19 @@ loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root) {
     return LOOM_OK;
 }
 
+loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int from, int to) {
+    if (from == to || (d->rank != from && d->rank != to)) return LOOM_OK;
+    for (size_t o = 0; o < bytes;) {
+        size_t k = bytes - o < (size_t)INT_MAX ? bytes - o : (size_t)INT_MAX;
+        int rc = d->rank == from ? MPI_Send((char *)data + o, (int)k, MPI_BYTE, to, 17, comm_of(d))
+                                 : MPI_Recv((char *)data + o, (int)k, MPI_BYTE, from, 17,
+                                            comm_of(d), MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, d->rank == from ? "MPI_Send" : "MPI_Recv");
+        o += k;
+    }
+    return LOOM_OK;
+}
+
 loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     for (size_t o = 0; o < n;) {
         size_t k = n - o < (size_t)INT_MAX ? n - o : (size_t)INT_MAX;

@@ -24,6 +24,11 @@ loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root) {
     return loom_error(LOOM_ERR_UNSUPPORTED, "dist: built without MPI");
 }
 
+loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int from, int to) {
+    (void)d, (void)data, (void)bytes, (void)from, (void)to;
+    return loom_error(LOOM_ERR_UNSUPPORTED, "dist: built without MPI");
+}
+
 loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     (void)d, (void)data, (void)n;
     return loom_error(LOOM_ERR_UNSUPPORTED, "dist: built without MPI");

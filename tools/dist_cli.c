@@ -16,11 +16,11 @@ bool loom_cli_dist_parse(const char *cmd, const char *v) {
 bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd) {
     memset(cd, 0, sizeof *cd);
     cd->size = 1;
-    if (o->sp.split_mode != LOOM_SPLIT_MODE_DEFAULT && o->sp.split_mode != LOOM_SPLIT_MODE_TENSOR) {
+    if (o->sp.split_mode == LOOM_SPLIT_MODE_NONE) {
         fprintf(stderr,
-                "loom %s: --dist mpi runs split mode tensor across ranks (-sm %s across "
-                "ranks is not implemented)\n",
-                cmd, loom_split_mode_name(o->sp.split_mode));
+                "loom %s: --dist mpi splits the model across ranks: -sm tensor or layer, "
+                "not none\n",
+                cmd);
         return false;
     }
     if (loom_dist_init(&cd->d)) {
@@ -47,7 +47,8 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
     }
     o->sp.devs = cd->devs;
     o->sp.n_devs = cd->n_devs;
-    if (cd->n_devs > 1) o->sp.split_mode = LOOM_SPLIT_MODE_TENSOR;
+    if (cd->n_devs > 1 && o->sp.split_mode == LOOM_SPLIT_MODE_DEFAULT)
+        o->sp.split_mode = LOOM_SPLIT_MODE_TENSOR;
     return true;
 }
 

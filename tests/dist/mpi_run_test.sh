@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `loom run --dist mpi` over local MPI ranks on loopback (Open MPI's mpirun, --oversubscribe):
 #   - stories260K's greedy text and rank 0's logits of every position equal a single-process
-#     CPU run (logits to 5e-4: they are printed with 6 digits and MPI sums the slices in its own order) for N = 2, 3, 4 ranks,
-#     and for 2 ranks whose device is sim:1 (the communicator's staged path);
+#     CPU run (logits to 5e-4: they are printed with 6 digits and MPI sums the slices in its
+#     own order) for N = 2, 3, 4 ranks in tensor mode and in layer mode (pipeline stages,
+#     activations sent point-to-point), and with sim:1 as each rank's device;
 #   - each rank holds 1/N of the split weights (rank lines on stderr);
 #   - failure injection: one rank given a bad model path ends every rank with the error,
 #     within the timeout (no hang);
@@ -86,16 +87,20 @@ weight_mib() { # rank 0's weight share from its rank line
     sed -n 's/^rank 0\/[0-9]*: MPI0 holds weights \([0-9.]*\) MiB.*/\1/p' "$1"
 }
 
-check_run() { # N device label
-    local n=$1 dev=$2 tag=$3
+check_run() { # N device label split-mode
+    local n=$1 dev=$2 tag=$3 sm=$4
     local out="$tmp/$tag.out" err="$tmp/$tag.err"
     local t0=$SECONDS
-    mpi -np "$n" "$loom" "${run_args[@]}" --devices "$dev" --dist mpi --logits-out "$tmp/$tag.logits" \
+    mpi -np "$n" "$loom" "${run_args[@]}" --devices "$dev" -sm "$sm" --dist mpi --logits-out "$tmp/$tag.logits" \
         >"$out" 2>"$err" || fail "$tag: mpirun exit $?: $(tail -5 "$err")"
     text "$out" | cmp -s - "$tmp/ref.txt" ||
         fail "$tag: text differs: '$(text "$out")' vs '$(cat "$tmp/ref.txt")'"
-    grep -q "split mode tensor, $n MPI ranks" "$out" || fail "$tag: no '$n MPI ranks' in the summary"
-    grep -q "^tensor parallel: .* allreduces" "$out" || fail "$tag: no tensor-parallel line"
+    grep -q "split mode $sm, $n MPI ranks" "$out" || fail "$tag: no 'split mode $sm, $n MPI ranks' in the summary"
+    if [ "$sm" = tensor ]; then
+        grep -q "^tensor parallel: .* allreduces" "$out" || fail "$tag: no tensor-parallel line"
+    else
+        grep -q "^token graph: .*graph splits = $((n + 1))" "$out" || fail "$tag: not $n stages + CPU"
+    fi
     local d
     d=$(maxdiff "$tmp/ref.logits" "$tmp/$tag.logits")
     [ "$d" != bad ] || fail "$tag: logits files differ in shape"
@@ -104,13 +109,17 @@ check_run() { # N device label
     for ((k = 0; k < n; k++)); do
         grep -q "^rank $k/$n: MPI$k holds weights" "$err" || fail "$tag: no memory line of rank $k"
     done
-    echo "ok: $tag ($n ranks, --devices $dev): text equal, logits max diff $d, rank 0 weights $(weight_mib "$err") MiB, $((SECONDS - t0)) s"
+    echo "ok: $tag ($n ranks, -sm $sm, --devices $dev): text equal, logits max diff $d, rank 0 weights $(weight_mib "$err") MiB, $((SECONDS - t0)) s"
 }
 
-check_run 2 cpu np2
-check_run 3 cpu np3
-check_run 4 cpu np4
-check_run 2 sim:1 np2sim
+check_run 2 cpu np2 tensor
+check_run 3 cpu np3 tensor
+check_run 4 cpu np4 tensor
+check_run 2 sim:1 np2sim tensor
+check_run 2 cpu np2layer layer
+check_run 3 cpu np3layer layer
+check_run 4 cpu np4layer layer
+check_run 3 sim:1 np3simlayer layer
 
 # the weight share shrinks with N: 4 ranks hold about half of what 2 ranks hold each
 w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
