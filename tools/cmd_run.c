@@ -46,8 +46,9 @@ static void usage(FILE *f) {
             "across processes:\n"
             "  --dist mpi                under mpirun: one rank per process, tensor parallelism\n"
             "                            across ranks (each holds and computes its slices; the\n"
-            "                            AllReduce is MPI's); --devices is each rank's device\n"
-            "                            (cpu or sim:1); rank 0 tokenizes, samples and prints\n"
+            "                            AllReduce is MPI's), or with -sm layer one pipeline\n"
+            "                            stage per rank; --devices is each rank's device (cpu\n"
+            "                            or sim:1); rank 0 tokenizes, samples and prints\n"
             "%s",
             loom_model_opts_help());
 }

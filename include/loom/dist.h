@@ -8,6 +8,9 @@
  * dropped (its own rank writes them), and a read of it is a broadcast from its rank. The
  * meta device's AllReduce finds the dist reg's communicator (get_proc_address
  * comm_init/comm_allreduce_tensor/comm_free): MPI_Allreduce over the local slice.
+ * Pipeline parallelism across ranks is the session's layer mode over the same devices: a
+ * copy between two dist buffers is MPI point-to-point (the source's rank sends, the
+ * destination's rank receives, the others skip it).
  *
  * Every rank must make the same calls in the same order (reads of split tensors and the
  * reductions are collectives). Setup (open, load) does no communication, so a rank that
