@@ -7,7 +7,8 @@
 #   - each rank holds 1/N of the split weights (rank lines on stderr);
 #   - failure injection: one rank given a bad model path ends every rank with the error,
 #     within the timeout (no hang);
-#   - --dist mpi outside a launcher, and --dist with another value, are refused clearly.
+#   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
+#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size.
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
 set -euo pipefail
 loom=$(readlink -f "$1")
@@ -125,6 +126,15 @@ check_run 3 sim:1 np3simlayer layer
 w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
 awk -v a="$w2" -v b="$w4" 'BEGIN { exit !(b > 0 && b < 0.6 * a) }' ||
     fail "rank 0 weights: $w2 MiB with 2 ranks, $w4 MiB with 4"
+
+# loom bench --dist mpi: one row per test from rank 0 only (the others print nothing), the
+# world size in the rows
+mpi -np 2 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 -sm tensor,layer --dist mpi -o csv \
+    >"$tmp/bench.csv" 2>"$tmp/bench.err" || fail "bench: $(tail -5 "$tmp/bench.err")"
+rows=$(grep -c '"cpu x 2 MPI ranks"' "$tmp/bench.csv" || true)
+[ "$rows" -eq 4 ] || fail "bench: $rows rows with 'cpu x 2 MPI ranks', want 4: $(cat "$tmp/bench.csv")"
+[ "$(grep -c '^model_filename' "$tmp/bench.csv")" -eq 1 ] || fail "bench: the header is printed more than once"
+echo "ok: loom bench --dist mpi: 4 rows (pp16, tg8 x tensor, layer) from rank 0"
 
 # failure injection: rank 1 (of 2, then of 3) gets a bad path; every rank must end, non-zero
 inject() { # label ranks-before-bad ranks-after-bad
