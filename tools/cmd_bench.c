@@ -723,7 +723,8 @@ int loom_cli_bench(int argc, char **argv) {
                         struct tm tmv;
                         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
                         bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
-                        if (!made || !loom_cli_dist_agree(&cd, made, "bench")) {
+                        if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                            !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
                             fprintf(stderr, "loom bench: FAILED %s | %s | %s: %s\n",
                                     c.model ? c.model : "built-in", c.devices,
                                     loom_split_mode_name(c.mode), loom_last_error());

@@ -266,6 +266,7 @@ int loom_cli_run(int argc, char **argv) {
     /* every rank opens the model and places its share; a failure anywhere ends every rank */
     ok = ok && loom_model_opts_open(&o, "run") && (s = loom_model_opts_session(&o, "run"));
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
+    if (!loom_cli_dist_same_session(&cd, s, &o, "run")) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
     size_t plen = strlen(prompt), cap = plen + 8, n_prompt = 0;
@@ -287,14 +288,17 @@ int loom_cli_run(int argc, char **argv) {
     }
     if (!ok) loom_error(LOOM_ERR_INVALID_ARG, "the prompt was refused");
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
-    if (cd.d) { /* the prompt's tokens, from rank 0 */
-        uint64_t np = n_prompt;
-        if (loom_dist_bcast(cd.d, &np, sizeof np, 0) ||
-            loom_dist_bcast(cd.d, ids, (size_t)np * sizeof *ids, 0)) {
+    bool all_logits = logits_out != NULL; /* the graphs every rank builds depend on it */
+    if (cd.d) { /* rank 0 leads: its prompt tokens, -n and --logits-out are everyone's */
+        int64_t ctl[3] = {(int64_t)n_prompt, n_predict, all_logits};
+        if (loom_dist_bcast(cd.d, ctl, sizeof ctl, 0) ||
+            loom_dist_bcast(cd.d, ids, (size_t)ctl[0] * sizeof *ids, 0)) {
             fprintf(stderr, "loom run: rank %d: %s\n", cd.rank, loom_last_error());
             loom_dist_abort(cd.d, 1);
         }
-        n_prompt = (size_t)np;
+        n_prompt = (size_t)ctl[0];
+        n_predict = (long)ctl[1];
+        all_logits = ctl[2] != 0;
     }
     if (n_predict < 0 || (int64_t)n_prompt + n_predict > n_ctx) {
         if (n_predict >= 0 && lead)
@@ -325,7 +329,7 @@ int loom_cli_run(int argc, char **argv) {
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
     /* from here on every rank runs the same graphs in step (collectives inside): a failure
      * on one rank cannot reach the others cleanly, so it ends them all */
-    logits = malloc(sizeof(float) * (size_t)V * (logits_out ? n_prompt : 1));
+    logits = malloc(sizeof(float) * (size_t)V * (all_logits ? n_prompt : 1));
     work = malloc(sizeof(float) * (size_t)V);
     smp = loom_sampler_new(&sp);
     if (!logits || !work || !smp) {
@@ -341,13 +345,13 @@ int loom_cli_run(int argc, char **argv) {
         fflush(stdout);
     }
     int64_t t0 = loom_time_us();
-    if (loom_session_eval(s, ids, (int64_t)n_prompt, logits_out != NULL, logits)) {
+    if (loom_session_eval(s, ids, (int64_t)n_prompt, all_logits, logits)) {
         fprintf(stderr, "\nloom run: %s\n", loom_last_error());
         if (cd.d) loom_dist_abort(cd.d, 1);
         goto out;
     }
     int64_t t_prompt = loom_time_us() - t0;
-    const float *last = logits_out ? logits + (n_prompt - 1) * V : logits;
+    const float *last = all_logits ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict; n_gen++) {

@@ -61,6 +61,37 @@ bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd) {
     return false;
 }
 
+bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
+                                const char *cmd) {
+    if (!cd->d) return true;
+    const loom_hparams *hp = &loom_session_model(s)->hp;
+    int64_t mine[12] = {hp->n_vocab,
+                        hp->n_embd,
+                        hp->n_layer,
+                        hp->n_head,
+                        hp->n_head_kv,
+                        hp->n_expert,
+                        loom_session_n_ctx(s),
+                        loom_session_split_mode(s),
+                        o->sp.n_batch,
+                        o->sp.kv_type,
+                        o->sp.n_gpu_layers * 2 + o->sp.no_kv_offload,
+                        o->flash_attn},
+            lead[12];
+    memcpy(lead, mine, sizeof lead);
+    loom_status st = loom_dist_bcast(cd->d, lead, sizeof lead, 0);
+    if (st == LOOM_OK && memcmp(lead, mine, sizeof lead) != 0)
+        st = loom_error(LOOM_ERR_INVALID_ARG,
+                        "its model or options differ from rank 0's (vocab %lld, n_embd %lld, "
+                        "%lld layers, context %lld here; %lld, %lld, %lld, %lld on rank 0): "
+                        "every rank must run the same model with the same options",
+                        (long long)mine[0], (long long)mine[1], (long long)mine[2],
+                        (long long)mine[6], (long long)lead[0], (long long)lead[1],
+                        (long long)lead[2], (long long)lead[6]);
+    if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
+    return loom_cli_dist_agree(cd, st == LOOM_OK, cmd);
+}
+
 /* kB fields of /proc/self/status */
 static long status_kb(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");

@@ -27,6 +27,11 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
 /* Every rank: whether every rank's `ok` was true; a rank that was fine prints the failing
  * rank's message (which that rank printed itself). Without dist, returns ok. */
 bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd);
+/* Every rank: whether every rank's session has rank 0's shape (model hyperparameters,
+ * context, batch, split mode, KV type and placement), so all build the same graphs in step;
+ * a rank that differs is named. Without dist, true. */
+bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
+                                const char *cmd);
 /* One line on f: this rank's resident memory (anonymous and file-backed, now and peak) and
  * its device's weight/KV/compute bytes. */
 void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, FILE *f);

@@ -8,7 +8,8 @@
 #   - failure injection: one rank given a bad model path ends every rank with the error,
 #     within the timeout (no hang);
 #   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
-#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size.
+#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
+#   - ranks given other options: rank 0's -n leads; another context stops every rank.
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
 set -euo pipefail
 loom=$(readlink -f "$1")
@@ -160,5 +161,21 @@ inject() { # label ranks-before-bad ranks-after-bad
 }
 inject bad_of_2 1 0
 inject bad_of_3 1 1
+
+# ranks that disagree: rank 0 leads the control flow (-n, --logits-out), and a rank whose
+# model or context differs from rank 0's stops every rank with a message naming it
+mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" run -m "$model" -n 4 -t 1 --dist mpi \
+    >"$tmp/lead.out" 2>"$tmp/lead.err" || fail "mixed -n: mpirun exit $?: $(tail -5 "$tmp/lead.err")"
+text "$tmp/lead.out" | cmp -s - "$tmp/ref.txt" || fail "mixed -n: rank 0's text differs"
+echo "ok: rank 1 with another -n follows rank 0"
+set +e
+mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" "${run_args[@]}" -c 64 --dist mpi \
+    >"$tmp/ctx.out" 2>"$tmp/ctx.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mixed -c: mpirun exit $rc"
+grep -q "rank 0 stops: rank 1: its model or options differ from rank 0's" "$tmp/ctx.err" ||
+    fail "mixed -c: $(cat "$tmp/ctx.err")"
+echo "ok: rank 1 with another context stops every rank (mpirun exit $rc)"
 
 echo "PASS"
