@@ -12,10 +12,12 @@
  * The reg exports the communicator contract (LOOM_PROC_COMM_*), so the meta device's
  * reducer sums the local slices with MPI_Allreduce.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dist/dist-impl.h"
 #include "loom/cpu.h"
@@ -44,21 +46,24 @@ static loom__dist_dev *dev_of(loom_dev_t dev) {
 typedef struct dist_buffer {
     loom__dist_dev *dd;
     loom_buffer_t inner; /* local only */
+    /* remote only: an address range reserved with no access (PROT_NONE, no memory behind
+     * it), so its tensors' addresses are unique and a stray access faults */
+    void *reserve, *base;
+    size_t reserve_size;
 } dist_buffer;
 
 static void db_free(loom_buffer_t buf) {
     dist_buffer *b = buf->context;
+    if (b->reserve) munmap(b->reserve, b->reserve_size);
     loom_buffer_free(b->inner);
     loom_free(b);
 }
 
-/* A remote buffer has no memory: its base is an aligned address no one dereferences (its
- * tensors' data pointers are only offsets for the meta device's bookkeeping). */
+/* A remote buffer has no memory: its base is the start of its reserved range (its tensors'
+ * data pointers serve the meta device's bookkeeping only). */
 static void *db_base(loom_buffer_t buf) {
     dist_buffer *b = buf->context;
-    if (b->inner) return loom_buffer_base(b->inner);
-    return (void *)(uintptr_t)loom_buft_alignment(
-        b->dd->inner->iface->get_buffer_type(b->dd->inner));
+    return b->inner ? loom_buffer_base(b->inner) : b->base;
 }
 
 static loom_status db_init_tensor(loom_buffer_t buf, loom_tensor *t) {
@@ -150,7 +155,22 @@ static loom_buffer_t dbt_alloc(loom_buft_t buft, size_t size) {
         return NULL;
     }
     b->dd = dd;
-    if (!dd->remote) {
+    if (dd->remote) {
+        size_t align = loom_buft_alignment(inner_buft(dd));
+        b->reserve_size = (size ? size : 1) + align;
+        b->reserve = mmap(NULL, b->reserve_size, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b->reserve == MAP_FAILED) {
+            loom_error(LOOM_ERR_NOMEM,
+                       "%s: cannot reserve %zu bytes of address space for "
+                       "another rank's buffer",
+                       dd->name, b->reserve_size);
+            loom_free(b);
+            return NULL;
+        }
+        uintptr_t p = (uintptr_t)b->reserve;
+        b->base = (void *)((p + align - 1) / align * align);
+    } else {
         b->inner = loom_buft_alloc_buffer(inner_buft(dd), size);
         if (!b->inner) {
             loom_error(loom_last_status(), "%s: %s", dd->name, loom_last_error());
@@ -160,6 +180,7 @@ static loom_buffer_t dbt_alloc(loom_buft_t buft, size_t size) {
     }
     loom_buffer_t buf = loom_buffer_init(buft, &dist_buffer_i, b, size);
     if (!buf) {
+        if (b->reserve) munmap(b->reserve, b->reserve_size);
         loom_buffer_free(b->inner);
         loom_free(b);
         loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", dd->name);
