@@ -16,17 +16,21 @@
  *   allreduce_bench [--small] [--max-bytes N] [--min-bytes N] [--devices 2,4,8]
  *                   [--algos ring,butterfly,host,auto] [--iters N] [--reps N]
  *                   [--mem-budget N]
+ *   mpirun -np N allreduce_bench --dist mpi [--small] [--max-bytes N] ...
  * --small: up to 1 MiB, fewer iterations, one repetition (CI). Sizes accept K/M/G
  * suffixes (binary). --reps: timed repetitions per point, the best reported (default 3:
  * the machine this runs on is shared, and the minimum is the least disturbed figure).
  * --mem-budget: host memory a configuration may use (tensors + scratch); configurations
  * above it are skipped with a note (default 6G, so the bench cannot drive a shared
  * machine into swapping).
+ * --dist mpi: the AllReduce across MPI ranks (one CPU each) through the dist communicator
+ * that `loom run --dist mpi` uses (allreduce_mpi.c), nccl-tests columns, from rank 0.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/allreduce_mpi.h"
 #include "loom/reduce.h"
 #include "loom/sim.h"
 
@@ -283,7 +287,7 @@ static int run_devices(const bench_opts *o, int n, const loom_sim_link *nvl,
 static void usage(void) {
     fprintf(stderr, "usage: allreduce_bench [--small] [--max-bytes N] [--min-bytes N] "
                     "[--devices 2,4,8] [--algos ring,butterfly,host,auto] [--iters N] [--reps N] "
-                    "[--mem-budget N]\n");
+                    "[--mem-budget N] [--dist mpi]\n");
 }
 
 int main(int argc, char **argv) {
@@ -294,7 +298,7 @@ int main(int argc, char **argv) {
     o.n_algos = 4;
     o.algos[0] = LOOM_ALLREDUCE_RING, o.algos[1] = LOOM_ALLREDUCE_BUTTERFLY;
     o.algos[2] = LOOM_ALLREDUCE_HOST, o.algos[3] = LOOM_ALLREDUCE_AUTO;
-    bool max_given = false;
+    bool max_given = false, dist = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -312,6 +316,8 @@ int main(int argc, char **argv) {
             o.iters = atoi(v), i++;
         } else if (strcmp(a, "--devices") == 0 && v) {
             o.n_devices = parse_int_list(v, o.devices, MAX_LIST), i++;
+        } else if (strcmp(a, "--dist") == 0 && v && strcmp(v, "mpi") == 0) {
+            dist = true, i++;
         } else if (strcmp(a, "--algos") == 0 && v) {
             o.n_algos = parse_algo_list(v, o.algos, MAX_LIST), i++;
         } else {
@@ -335,6 +341,7 @@ int main(int argc, char **argv) {
         }
     }
     o.min_bytes = o.min_bytes / 4 * 4;
+    if (dist) return loom_bench_allreduce_mpi(o.min_bytes, o.max_bytes, o.iters, o.reps);
     loom_sim_link nvl, pcie;
     loom_sim_link_preset("nvlink", &nvl);
     loom_sim_link_preset("pcie4", &pcie);

@@ -285,9 +285,15 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     const char *spec = s->p.devices && *s->p.devices ? s->p.devices : "cpu";
     /* a sim spec makes its own reg (named SIM0..); loading the modules first would add
      * the default sim reg and shift the spec's names */
-    if (strncmp(spec, "sim", 3) != 0) loom_registry_load_all();
+    if (strncmp(spec, "sim", 3) != 0 && s->p.n_devs <= 0) loom_registry_load_all();
     size_t nd = 0;
-    if (strcmp(spec, "cpu") != 0) {
+    if (s->p.n_devs > 0) { /* the caller's devices */
+        if (s->p.n_devs > MAX_DEVS || !s->p.devs)
+            return fail(s, loom_error(LOOM_ERR_INVALID_ARG, "session: %d explicit devices (at most %d)",
+                                      s->p.n_devs, MAX_DEVS));
+        memcpy(s->devs, s->p.devs, (size_t)s->p.n_devs * sizeof *s->devs);
+        nd = (size_t)s->p.n_devs;
+    } else if (strcmp(spec, "cpu") != 0) {
         if ((st = loom_devices_from_spec(spec, s->devs, MAX_DEVS, &nd))) return fail(s, st);
         if (nd > 0) s->spec_reg = loom_dev_reg(s->devs[0]); /* released at free if a spec made it */
         if (nd > MAX_DEVS)

@@ -2,7 +2,8 @@
 # Installs what loom's build needs on a Debian 12 machine and nothing else: Bazel 4.2.3
 # (bazel-bootstrap), GoogleTest, PCRE2 and hwloc from the Debian archive, plus clang and
 # its runtime (libFuzzer, the sanitizers) for the fuzz target, and chromium (run headless)
-# for the render test of `loom explain --html`. Packages already present are not touched,
+# for the render test of `loom explain --html`, and Open MPI (openmpi-bin, libopenmpi-dev)
+# for dist/ and `loom run --dist mpi`. Packages already present are not touched,
 # and when all are present the script does not call apt at all, so it also runs offline.
 # Run from anywhere, as root or with sudo available:
 #
@@ -10,7 +11,8 @@
 #   ./scripts/setup.sh && bazel test //...
 set -euo pipefail
 
-packages=(bazel-bootstrap libgtest-dev libpcre2-dev libhwloc-dev clang libclang-rt-14-dev chromium)
+packages=(bazel-bootstrap libgtest-dev libpcre2-dev libhwloc-dev clang libclang-rt-14-dev chromium
+    openmpi-bin libopenmpi-dev)
 
 installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'

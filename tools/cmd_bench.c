@@ -26,6 +26,7 @@
 
 #include "loom/sim.h"
 #include "tools/cli.h"
+#include "tools/dist_cli.h"
 #include "tools/model_cli.h"
 #include "tools/plan.h"
 
@@ -49,35 +50,26 @@ static void usage(FILE *f) {
         "  -ngl, --n-gpu-layers LIST layers on the devices (default all)\n"
         "  -r, --repetitions N       timed runs per test after one warm-up (default 5)\n"
         "  -o, --output FMT          md (default), csv, json, jsonl or sql\n"
+        "  --dist mpi                under mpirun: every configuration across the MPI ranks\n"
+        "                            (--devices: one spec, each rank's device; rank 0 prints,\n"
+        "                            the rows say the number of ranks)\n"
         "%s",
         loom_model_opts_help());
 }
 
-static const char *const bench_names[] = {"-h",
-                                          "--help",
-                                          "-m",
-                                          "--model",
-                                          "--devices",
-                                          "-dev",
-                                          "--device",
-                                          "-sm",
-                                          "--split-mode",
-                                          "-p",
-                                          "--n-prompt",
-                                          "-n",
-                                          "--n-gen",
-                                          "-pg",
-                                          "-d",
-                                          "--n-depth",
-                                          "-t",
-                                          "--threads",
-                                          "-ngl",
-                                          "--n-gpu-layers",
-                                          "-r",
-                                          "--repetitions",
-                                          "-o",
-                                          "--output",
-                                          NULL};
+static const char *const bench_names[] = {"-h",           "--help",
+                                          "-m",           "--model",
+                                          "--devices",    "-dev",
+                                          "--device",     "-sm",
+                                          "--split-mode", "-p",
+                                          "--n-prompt",   "-n",
+                                          "--n-gen",      "-pg",
+                                          "-d",           "--n-depth",
+                                          "-t",           "--threads",
+                                          "-ngl",         "--n-gpu-layers",
+                                          "-r",           "--repetitions",
+                                          "-o",           "--output",
+                                          "--dist",       NULL};
 
 /* "a", "a-b", "a-b+s", "a-b*m", comma-separated, into out[]; prints the error. */
 static bool parse_list(const char *opt, const char *v, long min, long max, long *out, int *n) {
@@ -530,7 +522,9 @@ int loom_cli_bench(int argc, char **argv) {
     int n_pl = 0, n_nl = 0, n_dl = 0, n_tl = 0, n_gl = 0, n_pg = 0;
     loom_split_mode mlist[8];
     int n_modes = 0, reps = 5;
-    bool p_set = false, n_set = false;
+    bool p_set = false, n_set = false, dist = false;
+    loom_cli_dist cd = {.size = 1};
+    char dist_label[96] = "";
     int rc = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -559,6 +553,12 @@ int loom_cli_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) {
             if (!v) goto missing;
             devices = v;
+        } else if (!strcmp(a, "--dist")) {
+            if (!v) goto missing;
+            if (!loom_cli_dist_parse("bench", v)) goto done;
+            dist = true;
+            i++;
+            continue;
         } else if (!strcmp(a, "--split-mode") || !strcmp(a, "-sm")) {
             if (!v) goto missing;
             char buf[128];
@@ -687,6 +687,29 @@ int loom_cli_bench(int argc, char **argv) {
         int64_t x = (int64_t)tests[k].n_depth + tests[k].n_prompt + tests[k].n_gen;
         if (x > need) need = x;
     }
+    if (dist) {
+        if (n_specs != 1) {
+            fprintf(stderr, "loom bench: --dist mpi takes one device spec (each rank's device)\n");
+            goto done;
+        }
+        loom_split_mode want = o.sp.split_mode;
+        o.sp.devices = specs[0];
+        o.sp.split_mode = LOOM_SPLIT_MODE_DEFAULT; /* the -sm list decides per configuration */
+        if (!loom_cli_dist_setup(&cd, &o, "bench")) {
+            rc = 1;
+            goto done;
+        }
+        o.sp.split_mode = want;
+        snprintf(dist_label, sizeof dist_label, "%s x %d MPI ranks", specs[0], cd.size);
+        if (cd.size > 1 && n_modes == 1 && mlist[0] == LOOM_SPLIT_MODE_DEFAULT)
+            mlist[0] = LOOM_SPLIT_MODE_TENSOR;
+        if (cd.rank != 0) { /* rank 0 prints; the others run the same configurations */
+            if (!freopen("/dev/null", "w", stdout)) {
+                fprintf(stderr, "loom bench: rank %d: cannot silence stdout\n", cd.rank);
+                loom_dist_abort(cd.d, 1);
+            }
+        }
+    }
     printer pr = {.fmt = fmt, .o = &o};
     header(&pr);
     int failed = 0;
@@ -695,13 +718,13 @@ int loom_cli_bench(int argc, char **argv) {
         loom_gguf_free(o.gguf);
         o.gguf = NULL;
         o.model = models[mi];
-        if (!loom_model_opts_open(&o, "bench")) {
+        if (!loom_cli_dist_agree(&cd, loom_model_opts_open(&o, "bench"), "bench")) {
             failed++;
             continue;
         }
         for (int si = 0; si < n_specs; si++)
             for (int mo = 0; mo < n_modes; mo++) {
-                if (mo > 0 && single_device(specs[si])) continue; /* the same run */
+                if (mo > 0 && !cd.d && single_device(specs[si])) continue; /* the same run */
                 for (int ti = 0; ti < n_tl; ti++)
                     for (int gi = 0; gi < n_gl; gi++) {
                         config c = {.model = models[mi],
@@ -712,6 +735,7 @@ int loom_cli_bench(int argc, char **argv) {
                         loom_session_params sp = o.sp;
                         sp.devices = specs[si];
                         sp.split_mode = mlist[mo];
+                        if (cd.d) c.devices = dist_label;
                         sp.threads = c.threads;
                         sp.n_gpu_layers = c.ngl;
                         if (sp.n_ctx <= 0) sp.n_ctx = need;
@@ -720,16 +744,20 @@ int loom_cli_bench(int argc, char **argv) {
                         time_t now = time(NULL);
                         struct tm tmv;
                         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
-                        if (loom_session_new(NULL, o.gguf, &sp, &s)) {
+                        bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
+                        if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                            !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
                             fprintf(stderr, "loom bench: FAILED %s | %s | %s: %s\n",
                                     c.model ? c.model : "built-in", c.devices,
                                     loom_split_mode_name(c.mode), loom_last_error());
+                            loom_session_free(s);
                             failed++;
                             continue;
                         }
                         ((loom_model *)loom_session_model(s))->no_flash_attn = o.flash_attn == 0;
                         c.mode = loom_session_split_mode(s);
                         describe(&c, s, o.gguf);
+                        if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
                         for (int k = 0; k < n_tests; k++) {
                             result r;
                             run_test(s, &tests[k], reps, &r);
@@ -737,6 +765,8 @@ int loom_cli_bench(int argc, char **argv) {
                                 fprintf(stderr, "loom bench: FAILED %s | %s | %s | %s: %s\n",
                                         c.model ? c.model : "built-in", c.devices,
                                         loom_split_mode_name(c.mode), tests[k].name, r.err);
+                                /* mid-run on one rank: the others wait in a collective */
+                                if (cd.d) loom_dist_abort(cd.d, 1);
                                 failed++;
                                 continue;
                             }
@@ -750,5 +780,6 @@ int loom_cli_bench(int argc, char **argv) {
     if (failed) rc = 1;
 done:
     loom_model_opts_free(&o);
+    loom_cli_dist_free(&cd);
     return rc;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "tools/cli.h"
+#include "tools/dist_cli.h"
 #include "tools/model_cli.h"
 
 static void usage(FILE *f) {
@@ -42,6 +43,12 @@ static void usage(FILE *f) {
             "output:\n"
             "  --logits-out FILE         write every evaluated position's logits, one line each:\n"
             "                            the position, then the logits, space-separated\n"
+            "across processes:\n"
+            "  --dist mpi                under mpirun: one rank per process, tensor parallelism\n"
+            "                            across ranks (each holds and computes its slices; the\n"
+            "                            AllReduce is MPI's), or with -sm layer one pipeline\n"
+            "                            stage per rank; --devices is each rank's device (cpu\n"
+            "                            or sim:1); rank 0 tokenizes, samples and prints\n"
             "%s",
             loom_model_opts_help());
 }
@@ -65,6 +72,7 @@ static const char *const run_names[] = {"-h",
                                         "-s",
                                         "--seed",
                                         "--logits-out",
+                                        "--dist",
                                         NULL};
 
 static void write_logits(FILE *f, int64_t pos0, const float *logits, int64_t n, int64_t V) {
@@ -163,7 +171,8 @@ int loom_cli_run(int argc, char **argv) {
     loom_model_opts_init(&o);
     const char *prompt = "Once upon a time", *logits_out = NULL, *prompt_file = NULL;
     char lbuf[4096], fbuf[4096];
-    bool prompt_given = false, seed_random = true;
+    bool prompt_given = false, seed_random = true, dist = false;
+    loom_cli_dist cd = {.size = 1};
     long n_predict = 64;
     loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 0};
     extra_sampling xs = {.min_p = 0.05f, .repeat_penalty = 1.0f, .repeat_last_n = 64};
@@ -220,6 +229,9 @@ int loom_cli_run(int argc, char **argv) {
                         a, v);
                 goto usage_error;
             }
+        } else if (!strcmp(a, "--dist")) {
+            if (!loom_cli_dist_parse("run", v)) goto usage_error;
+            dist = true;
         } else if (!strcmp(a, "--logits-out")) {
             if (!(logits_out = loom_cli_path(v, lbuf, sizeof lbuf))) goto usage_error;
         }
@@ -229,6 +241,13 @@ int loom_cli_run(int argc, char **argv) {
         goto usage_error;
     }
     if (!loom_model_opts_finish(&o, "run")) goto usage_error;
+    if (dist && !loom_cli_dist_setup(&cd, &o, "run")) {
+        loom_cli_dist_free(&cd);
+        loom_model_opts_free(&o);
+        return 1;
+    }
+    /* rank 0 leads: it tokenizes, samples and prints; the others follow its tokens */
+    const bool lead = cd.rank == 0;
     if (seed_random) sp.seed = random_seed();
     int rc = 1;
     loom_session *s = NULL;
@@ -237,42 +256,64 @@ int loom_cli_run(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL, *work = NULL;
     char *file_text = NULL;
-    if (prompt_file) {
-        if (!(file_text = read_prompt(prompt_file))) goto out;
-        prompt = file_text;
+    bool ok = true;
+    if (prompt_file && lead) {
+        if (!(file_text = read_prompt(prompt_file)))
+            ok = false;
+        else
+            prompt = file_text;
     }
-    if (!loom_model_opts_open(&o, "run") || !(s = loom_model_opts_session(&o, "run"))) goto out;
+    /* every rank opens the model and places its share; a failure anywhere ends every rank */
+    ok = ok && loom_model_opts_open(&o, "run") && (s = loom_model_opts_session(&o, "run"));
+    if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
+    if (!loom_cli_dist_same_session(&cd, s, &o, "run")) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
     size_t plen = strlen(prompt), cap = plen + 8, n_prompt = 0;
     if (cap < (size_t)n_ctx) cap = (size_t)n_ctx;
     ids = malloc(cap * sizeof *ids);
-    loom_status tst = ids ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids,
-                                          cap, &n_prompt)
-                          : LOOM_ERR_NOMEM;
-    if (tst == LOOM_ERR_FULL && n_prompt > cap) { /* more ids than bytes + 8: grow and retry */
-        int32_t *grown = realloc(ids, n_prompt * sizeof *ids);
-        tst = grown ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), grown,
-                                    n_prompt, &n_prompt)
-                    : LOOM_ERR_NOMEM;
-        if (grown) ids = grown, cap = n_prompt;
+    ok = ids != NULL;
+    if (lead && ids) {
+        loom_status tst =
+            loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids, cap, &n_prompt);
+        if (tst == LOOM_ERR_FULL && n_prompt > cap) { /* more ids than bytes + 8: grow, retry */
+            int32_t *grown = realloc(ids, n_prompt * sizeof *ids);
+            tst = grown ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), grown,
+                                        n_prompt, &n_prompt)
+                        : LOOM_ERR_NOMEM;
+            if (grown) ids = grown, cap = n_prompt;
+        }
+        if (tst) {
+            fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n",
+                    tst == LOOM_ERR_NOMEM ? "out of memory" : loom_last_error());
+            ok = false;
+        }
     }
-    if (tst) {
-        fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n",
-                tst == LOOM_ERR_NOMEM ? "out of memory" : loom_last_error());
-        goto out;
-    }
-    if (n_prompt == 0) {
+    if (lead && ok && n_prompt == 0) {
         fprintf(stderr, "loom run: the prompt is empty and the vocabulary has no BOS token\n");
-        goto out;
+        ok = false;
     }
-    if ((int64_t)n_prompt > n_ctx) {
+    if (lead && ok && (int64_t)n_prompt > n_ctx) {
         fprintf(stderr, "loom run: the prompt (%zu tokens) does not fit the context of %lld (-c)\n",
                 n_prompt, (long long)n_ctx);
-        goto out;
+        ok = false;
+    }
+    if (!ok) loom_error(LOOM_ERR_INVALID_ARG, "the prompt was refused");
+    if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
+    bool all_logits = logits_out != NULL; /* the graphs every rank builds depend on it */
+    if (cd.d) { /* rank 0 leads: its prompt tokens, -n and --logits-out are everyone's */
+        int64_t ctl[3] = {(int64_t)n_prompt, n_predict, all_logits};
+        if (loom_dist_bcast(cd.d, ctl, sizeof ctl, 0) ||
+            loom_dist_bcast(cd.d, ids, (size_t)ctl[0] * sizeof *ids, 0)) {
+            fprintf(stderr, "loom run: rank %d: %s\n", cd.rank, loom_last_error());
+            loom_dist_abort(cd.d, 1);
+        }
+        n_prompt = (size_t)ctl[0];
+        n_predict = (long)ctl[1];
+        all_logits = ctl[2] != 0;
     }
     if (n_predict < 0 || (int64_t)n_prompt + n_predict > n_ctx) {
-        if (n_predict >= 0)
+        if (n_predict >= 0 && lead)
             fprintf(stderr,
                     "loom run: -n %ld does not fit the context of %lld after %zu prompt tokens: "
                     "generating %lld\n",
@@ -289,50 +330,65 @@ int loom_cli_run(int argc, char **argv) {
         }
         loom_cli_mem_row mem[LOOM_META_MAX_DEVICES + 2];
         int nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
-        loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
+        if (lead) loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
     }
-    if (logits_out && !(lf = fopen(logits_out, "w"))) {
+    ok = true;
+    if (lead && logits_out && !(lf = fopen(logits_out, "w"))) {
         fprintf(stderr, "loom run: cannot write '%s': %s\n", logits_out, strerror(errno));
-        goto out;
+        loom_error(LOOM_ERR_IO, "cannot write '%s'", logits_out);
+        ok = false;
     }
-    logits = malloc(sizeof(float) * (size_t)V * (lf ? n_prompt : 1));
+    if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
+    /* from here on every rank runs the same graphs in step (collectives inside): a failure
+     * on one rank cannot reach the others cleanly, so it ends them all */
+    logits = malloc(sizeof(float) * (size_t)V * (all_logits ? n_prompt : 1));
     work = malloc(sizeof(float) * (size_t)V);
     smp = loom_sampler_new(&sp);
     if (!logits || !work || !smp) {
         fprintf(stderr, "loom run: out of memory\n");
         goto out;
     }
-    if (!o.model)
+    if (!o.model && lead)
         fprintf(stderr,
                 "note: the built-in model has random weights, so its text is noise: look at the "
                 "per-device memory above and the graph splits and allreduces below\n");
-    fputs(prompt, stdout);
-    fflush(stdout);
+    if (lead) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
     int64_t t0 = loom_time_us();
-    if (loom_session_eval(s, ids, (int64_t)n_prompt, lf != NULL, logits)) {
+    if (loom_session_eval(s, ids, (int64_t)n_prompt, all_logits, logits)) {
         fprintf(stderr, "\nloom run: %s\n", loom_last_error());
+        if (cd.d) loom_dist_abort(cd.d, 1);
         goto out;
     }
     int64_t t_prompt = loom_time_us() - t0;
-    const float *last = lf ? logits + (n_prompt - 1) * V : logits;
+    const float *last = all_logits ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict; n_gen++) {
         memcpy(work, last, sizeof(float) * (size_t)V);
         apply_extra(&xs, sp.temp > 0.0f, ids, n_hist, work, V);
-        int32_t next = loom_sampler_sample(smp, work, V);
+        int32_t next = lead ? loom_sampler_sample(smp, work, V) : -1;
+        if (cd.d && loom_dist_bcast(cd.d, &next, sizeof next, 0)) { /* rank 0's choice */
+            fprintf(stderr, "\nloom run: rank %d: %s\n", cd.rank, loom_last_error());
+            loom_dist_abort(cd.d, 1);
+        }
         if (next == loom_tokenizer_eos(tok)) break;
         if (n_hist < n_ctx) ids[n_hist++] = next;
         char piece[256];
         size_t pn = loom_token_to_piece(tok, next, piece, sizeof piece);
-        fwrite(piece, 1, pn < sizeof piece ? pn : sizeof piece, stdout);
-        fflush(stdout);
+        if (lead) {
+            fwrite(piece, 1, pn < sizeof piece ? pn : sizeof piece, stdout);
+            fflush(stdout);
+        }
         if (n_gen + 1 == n_predict) {
             n_gen++;
             break;
         }
         if (loom_session_eval(s, &next, 1, false, logits)) {
             fprintf(stderr, "\nloom run: %s\n", loom_last_error());
+            if (cd.d) loom_dist_abort(cd.d, 1);
             goto out;
         }
         last = logits;
@@ -353,6 +409,11 @@ int loom_cli_run(int argc, char **argv) {
             goto out;
         }
     }
+    if (cd.d) loom_cli_dist_print_rank_memory(&cd, s, stderr);
+    if (!lead) {
+        rc = 0;
+        goto out;
+    }
     loom_session_stats st;
     loom_session_get_stats(s, &st);
     printf("\n\n");
@@ -360,8 +421,10 @@ int loom_cli_run(int argc, char **argv) {
            o.model ? o.model : "built-in synthetic (random weights)",
            loom_session_model(s)->hp.arch, (long long)loom_session_model(s)->hp.n_layer,
            (long long)loom_session_model(s)->hp.n_embd, (long long)V);
-    printf("devices:    %s, split mode %s\n", o.sp.devices ? o.sp.devices : "cpu",
+    printf("devices:    %s, split mode %s", o.sp.devices ? o.sp.devices : "cpu",
            loom_split_mode_name(loom_session_split_mode(s)));
+    if (cd.d) printf(", %d MPI ranks (one device each)", cd.size);
+    printf("\n");
     printf("sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
            "(last %ld)\n",
            (unsigned long long)sp.seed, seed_random ? " (random; -s repeats it)" : "",
@@ -395,6 +458,7 @@ out:
     loom_sampler_free(smp);
     loom_session_free(s);
     loom_model_opts_free(&o);
+    loom_cli_dist_free(&cd);
     return rc;
 usage_error:
     loom_model_opts_free(&o);

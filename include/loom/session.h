@@ -56,6 +56,10 @@ typedef struct loom_session_params {
     void *progress_user_data;
     bool no_weight_data;        /* place the weights without copying them (planning only:
                                  * loom_model_params.no_data) */
+    /* Explicit devices (borrowed; they outlive the session), used instead of `devices` when
+     * n_devs > 0: e.g. the dist devices of include/loom/dist.h, one per MPI rank. */
+    loom_dev_t *devs;
+    int n_devs;
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);

@@ -1,0 +1,509 @@
+/*
+ * The dist reg "MPI" and its devices MPI0..MPI{N-1}, one per rank, as members of an ordinary
+ * meta device (include/loom/dist.h). On rank r:
+ *   - MPI{r} is local: its buffer type, buffers and backend forward to the real local device
+ *     (the CPU or a sim device); a read of its memory is also broadcast from r, because every
+ *     other rank reads the same tensor through its remote MPI{r} at the same point;
+ *   - every other member is remote: a buffer of the right size with no memory behind it
+ *     (writes dropped: the owning rank writes its own slice; reads receive the owner's
+ *     broadcast), a backend whose graphs are not run here.
+ * Static questions (supports_op, alignment, alloc sizes, memory) are answered by the local
+ * device on every member, since every rank runs the same kind of device.
+ * The reg exports the communicator contract (LOOM_PROC_COMM_*), so the meta device's
+ * reducer sums the local slices with MPI_Allreduce.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "dist/dist-impl.h"
+#include "loom/cpu.h"
+
+bool loom_dist_launched(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                                       NULL};
+    for (const char *const *v = vars; *v; v++)
+        if (getenv(*v) && getenv(*v)[0]) return true;
+    return false;
+}
+
+int loom_dist_rank(const loom_dist *d) {
+    return d ? d->rank : 0;
+}
+int loom_dist_size(const loom_dist *d) {
+    return d ? d->size : 1;
+}
+
+static loom__dist_dev *dev_of(loom_dev_t dev) {
+    return dev->context;
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+typedef struct dist_buffer {
+    loom__dist_dev *dd;
+    loom_buffer_t inner; /* local only */
+    /* remote only: an address range reserved with no access (PROT_NONE, no memory behind
+     * it), so its tensors' addresses are unique and a stray access faults */
+    void *reserve, *base;
+    size_t reserve_size;
+} dist_buffer;
+
+static void db_free(loom_buffer_t buf) {
+    dist_buffer *b = buf->context;
+    if (b->reserve) munmap(b->reserve, b->reserve_size);
+    loom_buffer_free(b->inner);
+    loom_free(b);
+}
+
+/* A remote buffer has no memory: its base is the start of its reserved range (its tensors'
+ * data pointers serve the meta device's bookkeeping only). */
+static void *db_base(loom_buffer_t buf) {
+    dist_buffer *b = buf->context;
+    return b->inner ? loom_buffer_base(b->inner) : b->base;
+}
+
+static loom_status db_init_tensor(loom_buffer_t buf, loom_tensor *t) {
+    dist_buffer *b = buf->context;
+    if (b->inner && b->inner->iface->init_tensor) return b->inner->iface->init_tensor(b->inner, t);
+    return LOOM_OK;
+}
+
+static void db_memset(loom_buffer_t buf, loom_tensor *t, uint8_t v, size_t off, size_t size) {
+    dist_buffer *b = buf->context;
+    if (b->inner) b->inner->iface->memset_tensor(b->inner, t, v, off, size);
+}
+
+static void db_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t off, size_t size) {
+    dist_buffer *b = buf->context;
+    if (b->inner) b->inner->iface->set_tensor(b->inner, t, data, off, size);
+}
+
+/* Collective: the owner reads its memory and broadcasts it; every other rank receives. A
+ * broken transport ends every rank (MPI's fatal handler), so there is no silent zero. */
+static void db_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t off, size_t size) {
+    dist_buffer *b = buf->context;
+    if (b->inner) b->inner->iface->get_tensor(b->inner, t, data, off, size);
+    if (b->dd->d->size > 1 && loom_dist_bcast(b->dd->d, data, size, b->dd->index) != LOOM_OK)
+        LOOM_LOG_ERROR("%s: %s", b->dd->name, loom_last_error());
+}
+
+static void db_clear(loom_buffer_t buf, uint8_t v) {
+    dist_buffer *b = buf->context;
+    if (b->inner) b->inner->iface->clear(b->inner, v);
+}
+
+static void db_reset(loom_buffer_t buf) {
+    dist_buffer *b = buf->context;
+    if (b->inner && b->inner->iface->reset) b->inner->iface->reset(b->inner);
+}
+
+static const struct loom_buffer_i dist_buffer_i;
+
+/* A copy between two dist buffers (a pipeline stage's activations crossing ranks): the
+ * source's rank sends, the destination's rank receives (MPI point-to-point), every other
+ * rank does nothing; on one rank it is a local copy through host memory. A source outside
+ * the dist buffers is declined (the wrapper writes it from host memory; every rank has it). */
+static bool db_cpy(loom_buffer_t buf, const loom_tensor *src, loom_tensor *dst) {
+    dist_buffer *db = buf->context;
+    if (!src->buffer || src->buffer->iface != &dist_buffer_i) return false;
+    dist_buffer *sb = src->buffer->context;
+    loom_dist *d = db->dd->d;
+    int from = sb->dd->index, to = db->dd->index;
+    if (d->rank != from && d->rank != to) return true;
+    size_t n = loom_nbytes(src);
+    void *tmp = loom_malloc(n ? n : 1);
+    if (!tmp) return false; /* the wrapper's staged path reports it */
+    if (d->rank == from) sb->inner->iface->get_tensor(sb->inner, src, tmp, 0, n);
+    if (loom__dist_send_recv(d, tmp, n, from, to) != LOOM_OK)
+        LOOM_LOG_ERROR("%s: %s", db->dd->name, loom_last_error());
+    if (d->rank == to) db->inner->iface->set_tensor(db->inner, dst, tmp, 0, n);
+    loom_free(tmp);
+    return true;
+}
+
+static const struct loom_buffer_i dist_buffer_i = {
+    .free_buffer = db_free,
+    .get_base = db_base,
+    .init_tensor = db_init_tensor,
+    .memset_tensor = db_memset,
+    .set_tensor = db_set,
+    .get_tensor = db_get,
+    .cpy_tensor = db_cpy,
+    .clear = db_clear,
+    .reset = db_reset,
+};
+
+/* ---------------------------------------------------------------- buffer type */
+
+static loom_buft_t inner_buft(const loom__dist_dev *dd) {
+    return loom_dev_buffer_type(dd->inner);
+}
+
+static const char *dbt_name(loom_buft_t buft) {
+    return dev_of(buft->device)->name;
+}
+
+static loom_buffer_t dbt_alloc(loom_buft_t buft, size_t size) {
+    loom__dist_dev *dd = dev_of(buft->device);
+    dist_buffer *b = loom_calloc(1, sizeof *b);
+    if (!b) {
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", dd->name);
+        return NULL;
+    }
+    b->dd = dd;
+    if (dd->remote) {
+        size_t align = loom_buft_alignment(inner_buft(dd));
+        b->reserve_size = (size ? size : 1) + align;
+        b->reserve = mmap(NULL, b->reserve_size, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (b->reserve == MAP_FAILED) {
+            loom_error(LOOM_ERR_NOMEM,
+                       "%s: cannot reserve %zu bytes of address space for "
+                       "another rank's buffer",
+                       dd->name, b->reserve_size);
+            loom_free(b);
+            return NULL;
+        }
+        uintptr_t p = (uintptr_t)b->reserve;
+        b->base = (void *)((p + align - 1) / align * align);
+    } else {
+        b->inner = loom_buft_alloc_buffer(inner_buft(dd), size);
+        if (!b->inner) {
+            loom_error(loom_last_status(), "%s: %s", dd->name, loom_last_error());
+            loom_free(b);
+            return NULL;
+        }
+    }
+    loom_buffer_t buf = loom_buffer_init(buft, &dist_buffer_i, b, size);
+    if (!buf) {
+        if (b->reserve) munmap(b->reserve, b->reserve_size);
+        loom_buffer_free(b->inner);
+        loom_free(b);
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", dd->name);
+    }
+    return buf;
+}
+
+static size_t dbt_alignment(loom_buft_t buft) {
+    return loom_buft_alignment(inner_buft(dev_of(buft->device)));
+}
+
+static size_t dbt_max_size(loom_buft_t buft) {
+    return loom_buft_max_size(inner_buft(dev_of(buft->device)));
+}
+
+static size_t dbt_alloc_size(loom_buft_t buft, const loom_tensor *t) {
+    return loom_buft_alloc_size(inner_buft(dev_of(buft->device)), t);
+}
+
+/* Not host memory, even when the local device's is: a reader must go through get_tensor
+ * (a remote member's memory is on another rank). */
+static const struct loom_buft_i dist_buft_i = {
+    .get_name = dbt_name,
+    .alloc_buffer = dbt_alloc,
+    .get_alignment = dbt_alignment,
+    .get_max_size = dbt_max_size,
+    .get_alloc_size = dbt_alloc_size,
+};
+
+/* ---------------------------------------------------------------- backends */
+
+typedef struct dist_backend {
+    loom__dist_dev *dd;
+    loom_backend_t inner; /* local only */
+    char name[16];
+} dist_backend;
+
+static const char *dbe_name(loom_backend_t be) {
+    return ((dist_backend *)be->context)->name;
+}
+
+static void dbe_free(loom_backend_t be) {
+    dist_backend *b = be->context;
+    loom_backend_free(b->inner);
+    loom_free(b);
+    loom_free(be);
+}
+
+static void dbe_synchronize(loom_backend_t be) {
+    dist_backend *b = be->context;
+    if (b->inner) (void)loom_backend_synchronize(b->inner);
+}
+
+/* The tensors of a graph whose buffer is a local dist buffer, pointed at its inner buffer
+ * for the inner backend (a sim device reads only its own buffers) and restored after: the
+ * meta device reads them through the dist buffer again (the broadcast). */
+typedef struct swap_list {
+    loom_tensor **t;
+    loom_buffer_t *was;
+    int n, cap;
+} swap_list;
+
+static bool swap_one(swap_list *l, loom_tensor *t) {
+    if (!t || !t->buffer || t->buffer->iface != &dist_buffer_i) return true;
+    dist_buffer *db = t->buffer->context;
+    if (!db->inner) return true;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 256;
+        loom_tensor **nt = loom_realloc(l->t, (size_t)cap * sizeof *nt);
+        if (nt) l->t = nt;
+        loom_buffer_t *nw = nt ? loom_realloc(l->was, (size_t)cap * sizeof *nw) : NULL;
+        if (!nw) return false;
+        l->was = nw;
+        l->cap = cap;
+    }
+    l->t[l->n] = t;
+    l->was[l->n++] = t->buffer;
+    t->buffer = db->inner;
+    return true;
+}
+
+static bool swap_in(swap_list *l, loom_graph *g) {
+    bool ok = true;
+    for (int i = 0; i < g->n_leafs && ok; i++)
+        ok = swap_one(l, g->leafs[i]);
+    for (int i = 0; i < g->n_nodes && ok; i++) {
+        loom_tensor *t = g->nodes[i];
+        ok = swap_one(l, t) && swap_one(l, t->view_src);
+        for (int k = 0; k < LOOM_MAX_SRC && ok && t->src[k]; k++)
+            ok = swap_one(l, t->src[k]) && swap_one(l, t->src[k]->view_src);
+    }
+    return ok;
+}
+
+static void swap_out(swap_list *l) {
+    for (int i = l->n - 1; i >= 0; i--)
+        l->t[i]->buffer = l->was[i];
+    loom_free(l->t);
+    loom_free(l->was);
+}
+
+static loom_status dbe_compute(loom_backend_t be, loom_graph *g) {
+    dist_backend *b = be->context;
+    if (!b->inner) return LOOM_OK; /* another rank computes it */
+    swap_list l = {0};
+    loom_status st =
+        swap_in(&l, g) ? LOOM_OK : loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", b->name);
+    if (st == LOOM_OK) { /* synchronous: the headers are restored only after the work */
+        st = loom_backend_graph_compute(b->inner, g);
+        if (st) loom_error(st, "%s: %s", b->name, loom_last_error());
+    }
+    swap_out(&l);
+    return st;
+}
+
+static void dbe_optimize(loom_backend_t be, loom_graph *g) {
+    dist_backend *b = be->context;
+    if (b->inner) loom_backend_graph_optimize(b->inner, g);
+}
+
+static const struct loom_backend_i dist_backend_i = {
+    .get_name = dbe_name,
+    .free = dbe_free,
+    .synchronize = dbe_synchronize,
+    .graph_compute = dbe_compute,
+    .graph_optimize = dbe_optimize,
+};
+
+/* ---------------------------------------------------------------- devices */
+
+static const char *dd_name(loom_dev_t dev) {
+    return dev_of(dev)->name;
+}
+static const char *dd_desc(loom_dev_t dev) {
+    return dev_of(dev)->desc;
+}
+
+static void dd_memory(loom_dev_t dev, size_t *free, size_t *total) {
+    loom_dev_memory(dev_of(dev)->inner, free, total);
+}
+
+/* A rank's CPU is not this process's host (the scheduler's fallback and the memory report
+ * treat CPU-type devices as the local host): it computes on host memory, an ACCEL. */
+static loom_dev_type dd_type(loom_dev_t dev) {
+    loom_dev_type t = loom_dev_get_type(dev_of(dev)->inner);
+    return t == LOOM_DEV_TYPE_CPU ? LOOM_DEV_TYPE_ACCEL : t;
+}
+
+static void dd_props(loom_dev_t dev, loom_dev_props *p) {
+    memset(p, 0, sizeof *p);
+    p->name = dd_name(dev);
+    p->description = dd_desc(dev);
+    dd_memory(dev, &p->memory_free, &p->memory_total);
+    p->type = dd_type(dev);
+}
+
+static loom_backend_t dd_init_backend(loom_dev_t dev, const char *params) {
+    loom__dist_dev *dd = dev_of(dev);
+    dist_backend *b = loom_calloc(1, sizeof *b);
+    loom_backend_t be = loom_calloc(1, sizeof *be);
+    if (!b || !be) {
+        loom_free(b);
+        loom_free(be);
+        loom_error(LOOM_ERR_NOMEM, "%s: out of host memory", dd->name);
+        return NULL;
+    }
+    b->dd = dd;
+    snprintf(b->name, sizeof b->name, "%s", dd->name);
+    if (!dd->remote) {
+        b->inner = loom_dev_init(dd->inner, params);
+        if (!b->inner) {
+            loom_error(loom_last_status(), "%s: %s", dd->name, loom_last_error());
+            loom_free(b);
+            loom_free(be);
+            return NULL;
+        }
+        if (dd->n_threads > 0 && loom_backend_is_cpu(b->inner))
+            loom_cpu_backend_set_n_threads(b->inner, dd->n_threads);
+    }
+    *be = (struct loom_backend){.iface = &dist_backend_i, .device = dev, .context = b};
+    return be;
+}
+
+static loom_buft_t dd_buft(loom_dev_t dev) {
+    return &dev_of(dev)->buft;
+}
+
+static bool dd_supports_op(loom_dev_t dev, const loom_tensor *op) {
+    return loom_dev_supports_op(dev_of(dev)->inner, op);
+}
+
+static bool dd_supports_buft(loom_dev_t dev, loom_buft_t buft) {
+    return buft == &dev_of(dev)->buft;
+}
+
+static bool dd_offload_op(loom_dev_t dev, const loom_tensor *op) {
+    return loom_dev_offload_op(dev_of(dev)->inner, op);
+}
+
+static const struct loom_dev_i dist_dev_i = {
+    .get_name = dd_name,
+    .get_description = dd_desc,
+    .get_memory = dd_memory,
+    .get_type = dd_type,
+    .get_props = dd_props,
+    .init_backend = dd_init_backend,
+    .get_buffer_type = dd_buft,
+    .supports_op = dd_supports_op,
+    .supports_buft = dd_supports_buft,
+    .offload_op = dd_offload_op,
+};
+
+/* ---------------------------------------------------------------- communicator */
+
+/* A communicator over the N dist devices of one loom_dist, in rank order. */
+static void *dist_comm_init(loom_backend_t *backends, size_t n) {
+    loom_dist *d = NULL;
+    for (size_t j = 0; j < n; j++) {
+        loom_dev_t dev = loom_backend_device(backends[j]);
+        if (!loom_dev_is_dist(dev)) return NULL;
+        loom__dist_dev *dd = dev_of(dev);
+        if ((d && dd->d != d) || dd->index != (int)j) return NULL;
+        d = dd->d;
+    }
+    return d && (int)n == d->size ? d : NULL;
+}
+
+/* Sums this rank's slice with every other rank's (F32, contiguous; anything else is
+ * declined and the ladder continues, which for remote members would be wrong: the meta
+ * device only reduces contiguous F32 partial sums, so it does not happen). */
+static bool dist_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n) {
+    loom_dist *d = comm;
+    loom_tensor *t = tensors[d->rank];
+    if ((int)n != d->size || t->type != LOOM_TYPE_F32 || !loom_is_contiguous(t)) return false;
+    size_t ne = (size_t)loom_nelements(t);
+    if (ne == 0) return true;
+    dist_buffer *b = t->buffer ? t->buffer->context : NULL;
+    loom_buffer_t inner = b ? b->inner : NULL;
+    loom_status st;
+    if (inner && loom_buffer_is_host(inner)) {
+        st = loom__dist_allreduce_f32(d, t->data, ne);
+    } else {
+        float *tmp = loom_malloc(ne * sizeof *tmp);
+        if (!tmp) return false;
+        if (inner) inner->iface->get_tensor(inner, t, tmp, 0, ne * sizeof *tmp);
+        st = loom__dist_allreduce_f32(d, tmp, ne);
+        if (inner) inner->iface->set_tensor(inner, t, tmp, 0, ne * sizeof *tmp);
+        loom_free(tmp);
+    }
+    if (st) LOOM_LOG_ERROR("dist: %s", loom_last_error());
+    return true;
+}
+
+static void dist_comm_free(void *comm) {
+    (void)comm; /* the loom_dist owns the transport */
+}
+
+/* ---------------------------------------------------------------- reg */
+
+static const char *dr_name(loom_reg_t reg) {
+    (void)reg;
+    return "MPI";
+}
+
+static size_t dr_count(loom_reg_t reg) {
+    return (size_t)((loom_dist *)reg->context)->n_devs;
+}
+
+static loom_dev_t dr_device(loom_reg_t reg, size_t i) {
+    loom_dist *d = reg->context;
+    return i < (size_t)d->n_devs ? &d->devs[i].dev : NULL;
+}
+
+static void *dr_proc(loom_reg_t reg, const char *name) {
+    (void)reg;
+    if (!strcmp(name, LOOM_PROC_COMM_INIT)) return (void *)dist_comm_init;
+    if (!strcmp(name, LOOM_PROC_COMM_ALLREDUCE)) return (void *)dist_comm_allreduce;
+    if (!strcmp(name, LOOM_PROC_COMM_FREE)) return (void *)dist_comm_free;
+    return NULL;
+}
+
+static const struct loom_reg_i dist_reg_i = {
+    .get_name = dr_name,
+    .get_device_count = dr_count,
+    .get_device = dr_device,
+    .get_proc_address = dr_proc,
+};
+
+bool loom_dev_is_dist(loom_dev_t dev) {
+    return dev && dev->iface == &dist_dev_i;
+}
+bool loom_dev_is_remote(loom_dev_t dev) {
+    return loom_dev_is_dist(dev) && dev_of(dev)->remote;
+}
+
+loom_status loom_dist_devices(loom_dist *d, loom_dev_t local, int n_threads, loom_dev_t *out,
+                              int cap, int *n_out) {
+    *n_out = 0;
+    if (!d || !local) return loom_error(LOOM_ERR_INVALID_ARG, "loom_dist_devices: NULL argument");
+    if (d->n_devs) return loom_error(LOOM_ERR_INVALID_ARG, "loom_dist_devices: called twice");
+    if (loom_dev_is_dist(local))
+        return loom_error(LOOM_ERR_INVALID_ARG, "dist: the local device %s must be a real device",
+                          loom_dev_name(local));
+    if (d->size > LOOM_DIST_MAX_RANKS || d->size > cap)
+        return loom_error(LOOM_ERR_INVALID_ARG, "dist: %d ranks (at most %d)", d->size,
+                          LOOM_DIST_MAX_RANKS < cap ? LOOM_DIST_MAX_RANKS : cap);
+    d->reg = (struct loom_reg){
+        .api_version = LOOM_BACKEND_API_VERSION, .iface = &dist_reg_i, .context = d};
+    for (int j = 0; j < d->size; j++) {
+        loom__dist_dev *dd = &d->devs[j];
+        *dd = (loom__dist_dev){
+            .d = d, .index = j, .remote = j != d->rank, .inner = local, .n_threads = n_threads};
+        snprintf(dd->name, sizeof dd->name, "MPI%d", j);
+        if (dd->remote)
+            snprintf(dd->desc, sizeof dd->desc, "rank %d of %d (remote)", j, d->size);
+        else
+            snprintf(dd->desc, sizeof dd->desc, "rank %d of %d: %s", j, d->size,
+                     loom_dev_name(local));
+        dd->dev = (struct loom_dev){.iface = &dist_dev_i, .reg = &d->reg, .context = dd};
+        dd->buft = (struct loom_buft){.iface = &dist_buft_i, .device = &dd->dev, .context = dd};
+        out[j] = &dd->dev;
+    }
+    d->n_devs = d->size;
+    *n_out = d->size;
+    return LOOM_OK;
+}

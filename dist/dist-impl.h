@@ -1,0 +1,41 @@
+/*
+ * dist/ internals: the process context shared by the transport (mpi.c, or none.c when loom
+ * is built without MPI) and the dist reg/devices/buffers/backends (device.c). Only mpi.c
+ * includes mpi.h; the communicator handle is an opaque pointer here.
+ */
+#ifndef LOOM_DIST_IMPL_H
+#define LOOM_DIST_IMPL_H
+
+#include "backends/backend-impl.h"
+#include "loom/dist.h"
+
+#define LOOM_DIST_MAX_RANKS 16
+
+/* One dist device: member `index` of the meta device, owned by rank `index`. */
+typedef struct loom__dist_dev {
+    loom_dist *d;
+    int index;
+    bool remote;      /* another rank's: no memory, no compute in this process */
+    loom_dev_t inner; /* the real local device (remote ones answer static questions with it) */
+    int n_threads;    /* a CPU inner backend's threads (<= 0: its default) */
+    char name[16];    /* "MPI0" */
+    char desc[160];
+    struct loom_dev dev;
+    struct loom_buft buft;
+} loom__dist_dev;
+
+struct loom_dist {
+    int rank, size;
+    void *comm; /* the transport's communicator (a dup of MPI_COMM_WORLD) */
+    struct loom_reg reg;
+    loom__dist_dev devs[LOOM_DIST_MAX_RANKS];
+    int n_devs; /* 0 until loom_dist_devices */
+};
+
+/* Point-to-point: rank `from` sends bytes to rank `to` (the others do nothing; from == to
+ * does nothing). */
+loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int from, int to);
+/* Collective: sums n floats in place over every rank. */
+loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n);
+
+#endif /* LOOM_DIST_IMPL_H */

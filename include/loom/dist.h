@@ -1,0 +1,69 @@
+/*
+ * Beyond one process: loom over MPI ranks (dist/). One process per rank, started by an MPI
+ * launcher (`mpirun -np N loom run --dist mpi ...`); every rank opens the same model and
+ * runs the same graphs. Tensor parallelism across ranks is the ordinary meta device over N
+ * *dist devices* MPI0..MPI{N-1}, one per rank: on rank r, member r wraps a real local device
+ * (the CPU, or sim:1) and holds and computes rank r's slices; every other member is
+ * *remote*: its buffers hold no memory, its graphs are not run here, writes to it are
+ * dropped (its own rank writes them), and a read of it is a broadcast from its rank. The
+ * meta device's AllReduce finds the dist reg's communicator (get_proc_address
+ * comm_init/comm_allreduce_tensor/comm_free): MPI_Allreduce over the local slice.
+ * Pipeline parallelism across ranks is the session's layer mode over the same devices: a
+ * copy between two dist buffers is MPI point-to-point (the source's rank sends, the
+ * destination's rank receives, the others skip it).
+ *
+ * Every rank must make the same calls in the same order (reads of split tensors and the
+ * reductions are collectives). Setup (open, load) does no communication, so a rank that
+ * fails there reports it through loom_dist_agree and every rank returns the error.
+ *
+ * Built without MPI (no libopenmpi-dev at build time) loom_dist_available() is false and
+ * loom_dist_init says so.
+ */
+#ifndef LOOM_DIST_H
+#define LOOM_DIST_H
+
+#include "loom/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct loom_dist loom_dist;
+
+/* Whether this loom was built with MPI. */
+LOOM_API bool loom_dist_available(void);
+/* Whether the process was started by an MPI launcher (Open MPI's, or a PMI/PMIx one). */
+LOOM_API bool loom_dist_launched(void);
+
+/* Initialises MPI (once per process). Fails with a message when loom was built without
+ * MPI or the process was not started by a launcher (it would be a lone rank). */
+LOOM_API loom_status loom_dist_init(loom_dist **out);
+/* Finalises MPI. NULL is a no-op. */
+LOOM_API void loom_dist_free(loom_dist *d);
+LOOM_API int loom_dist_rank(const loom_dist *d);
+LOOM_API int loom_dist_size(const loom_dist *d);
+
+/* Collective: broadcasts bytes from root to every rank. */
+LOOM_API loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root);
+/* Collective: every rank passes its status (and loom_last_error when it is not LOOM_OK);
+ * returns LOOM_OK on every rank if all passed LOOM_OK, else on every rank the status of the
+ * lowest failing rank with the message "rank R: <its message>". */
+LOOM_API loom_status loom_dist_agree(loom_dist *d, loom_status st);
+/* Ends every rank at once (MPI_Abort): for a failure in the middle of collective work,
+ * where the other ranks wait for this one and a clean return cannot reach them. */
+LOOM_API void loom_dist_abort(loom_dist *d, int code);
+
+/* The dist devices MPI0..MPI{N-1} (N = world size; owned by d, valid until loom_dist_free):
+ * out[rank] wraps local (borrowed; the CPU device or a sim device), the others are remote.
+ * n_threads > 0 sets a CPU local device's threads. Call once. */
+LOOM_API loom_status loom_dist_devices(loom_dist *d, loom_dev_t local, int n_threads,
+                                       loom_dev_t *out, int cap, int *n_out);
+LOOM_API bool loom_dev_is_dist(loom_dev_t dev);
+/* Whether dev is a dist device of another rank (no memory, no compute here). */
+LOOM_API bool loom_dev_is_remote(loom_dev_t dev);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LOOM_DIST_H */

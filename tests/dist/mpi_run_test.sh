@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# `loom run --dist mpi` over local MPI ranks on loopback (Open MPI's mpirun, --oversubscribe):
+#   - stories260K's greedy text and rank 0's logits of every position equal a single-process
+#     CPU run (logits to 5e-4: they are printed with 6 digits and MPI sums the slices in its
+#     own order) for N = 2, 3, 4 ranks in tensor mode and in layer mode (pipeline stages,
+#     activations sent point-to-point), and with sim:1 as each rank's device;
+#   - each rank holds 1/N of the split weights (rank lines on stderr);
+#   - failure injection: one rank given a bad model path ends every rank with the error,
+#     within the timeout (no hang);
+#   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
+#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
+#   - ranks given other options: rank 0's -n leads; another context stops every rank.
+# Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
+set -euo pipefail
+loom=$(readlink -f "$1")
+
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+
+if ! command -v mpirun >/dev/null 2>&1; then
+    echo "SKIP: mpirun is not installed (scripts/setup.sh installs openmpi-bin)"
+    exit 0
+fi
+models="${LOOM_MODELS_DIR:-}"
+if [ -z "$models" ]; then
+    ws=$(readlink -f "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-loom}/WORKSPACE" 2>/dev/null || true)
+    [ -n "$ws" ] && models="$(dirname "$ws")/../shared/models"
+fi
+model="$models/stories260K.gguf"
+if [ ! -f "$model" ]; then
+    echo "SKIP: $model not found (set LOOM_MODELS_DIR)"
+    exit 0
+fi
+
+# short private paths: Open MPI's session directory holds Unix sockets (108-byte limit)
+tmp=$(mktemp -d /tmp/loom-mpi.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export TMPDIR="$tmp" HOME="$tmp"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
+    OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_base_warn_component_unused=0
+# Under ASan the ranks run without LeakSanitizer: Open MPI's components (dlclosed at exit)
+# leak by design and their frames cannot be told apart; memory errors still abort. The
+# runs outside mpirun keep leak detection.
+mpi() {
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 120 mpirun --oversubscribe "$@"
+}
+
+run_args=(run -m "$model" -n 32 -s 1 -t 1)
+
+# outside a launcher: a clear refusal (or: this loom has no MPI, and the rest is skipped)
+set +e
+env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK -u PMI_SIZE "$loom" "${run_args[@]}" \
+    --dist mpi >"$tmp/lone.out" 2>"$tmp/lone.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || fail "--dist mpi outside mpirun succeeded"
+if grep -q "built without MPI" "$tmp/lone.err"; then
+    echo "SKIP: this loom was built without MPI: $(cat "$tmp/lone.err")"
+    exit 0
+fi
+grep -q "not started by an MPI launcher" "$tmp/lone.err" ||
+    fail "--dist mpi outside mpirun: unclear message: $(cat "$tmp/lone.err")"
+[ ! -s "$tmp/lone.out" ] || fail "--dist mpi outside mpirun printed on stdout"
+set +e
+"$loom" "${run_args[@]}" --dist tcp >/dev/null 2>"$tmp/bad.err"
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "expected: mpi" "$tmp/bad.err" || fail "--dist tcp: rc $rc, $(cat "$tmp/bad.err")"
+
+# the oracle: one process on the CPU
+"$loom" "${run_args[@]}" --logits-out "$tmp/ref.logits" >"$tmp/ref.out" 2>"$tmp/ref.err" ||
+    fail "single-process run: $(cat "$tmp/ref.err")"
+text() { sed '/^model: /,$d' "$1"; }
+text "$tmp/ref.out" >"$tmp/ref.txt"
+grep -q "Lily" "$tmp/ref.txt" || fail "the oracle's text is not stories260K's: $(cat "$tmp/ref.txt")"
+
+# max |a - b| over two logits files (same positions, same count); "bad" if the shapes differ
+maxdiff() {
+    awk 'NR == FNR { n1 = NR; for (i = 1; i <= NF; i++) a[NR, i] = $i; nf[NR] = NF; next }
+         { n2 = FNR; if (NF != nf[FNR]) bad = 1
+           for (i = 1; i <= NF; i++) { d = $i - a[FNR, i]; if (d < 0) d = -d; if (d > m) m = d } }
+         END { if (bad || n1 != n2 || n1 == 0) print "bad"; else printf "%.3g\n", m }' "$1" "$2"
+}
+
+weight_mib() { # rank 0's weight share from its rank line
+    sed -n 's/^rank 0\/[0-9]*: MPI0 holds weights \([0-9.]*\) MiB.*/\1/p' "$1"
+}
+
+check_run() { # N device label split-mode
+    local n=$1 dev=$2 tag=$3 sm=$4
+    local out="$tmp/$tag.out" err="$tmp/$tag.err"
+    local t0=$SECONDS
+    mpi -np "$n" "$loom" "${run_args[@]}" --devices "$dev" -sm "$sm" --dist mpi --logits-out "$tmp/$tag.logits" \
+        >"$out" 2>"$err" || fail "$tag: mpirun exit $?: $(tail -5 "$err")"
+    text "$out" | cmp -s - "$tmp/ref.txt" ||
+        fail "$tag: text differs: '$(text "$out")' vs '$(cat "$tmp/ref.txt")'"
+    grep -q "split mode $sm, $n MPI ranks" "$out" || fail "$tag: no 'split mode $sm, $n MPI ranks' in the summary"
+    if [ "$sm" = tensor ]; then
+        grep -q "^tensor parallel: .* allreduces" "$out" || fail "$tag: no tensor-parallel line"
+    else
+        grep -q "^token graph: .*graph splits = $((n + 1))" "$out" || fail "$tag: not $n stages + CPU"
+    fi
+    local d
+    d=$(maxdiff "$tmp/ref.logits" "$tmp/$tag.logits")
+    [ "$d" != bad ] || fail "$tag: logits files differ in shape"
+    awk -v d="$d" 'BEGIN { exit !(d <= 5e-4) }' || fail "$tag: logits differ by $d"
+    local k
+    for ((k = 0; k < n; k++)); do
+        grep -q "^rank $k/$n: MPI$k holds weights" "$err" || fail "$tag: no memory line of rank $k"
+    done
+    echo "ok: $tag ($n ranks, -sm $sm, --devices $dev): text equal, logits max diff $d, rank 0 weights $(weight_mib "$err") MiB, $((SECONDS - t0)) s"
+}
+
+check_run 2 cpu np2 tensor
+check_run 3 cpu np3 tensor
+check_run 4 cpu np4 tensor
+check_run 2 sim:1 np2sim tensor
+check_run 2 cpu np2layer layer
+check_run 3 cpu np3layer layer
+check_run 4 cpu np4layer layer
+check_run 3 sim:1 np3simlayer layer
+
+# the weight share shrinks with N: 4 ranks hold about half of what 2 ranks hold each
+w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
+awk -v a="$w2" -v b="$w4" 'BEGIN { exit !(b > 0 && b < 0.6 * a) }' ||
+    fail "rank 0 weights: $w2 MiB with 2 ranks, $w4 MiB with 4"
+
+# loom bench --dist mpi: one row per test from rank 0 only (the others print nothing), the
+# world size in the rows
+mpi -np 2 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 -sm tensor,layer --dist mpi -o csv \
+    >"$tmp/bench.csv" 2>"$tmp/bench.err" || fail "bench: $(tail -5 "$tmp/bench.err")"
+rows=$(grep -c '"cpu x 2 MPI ranks"' "$tmp/bench.csv" || true)
+[ "$rows" -eq 4 ] || fail "bench: $rows rows with 'cpu x 2 MPI ranks', want 4: $(cat "$tmp/bench.csv")"
+[ "$(grep -c '^model_filename' "$tmp/bench.csv")" -eq 1 ] || fail "bench: the header is printed more than once"
+echo "ok: loom bench --dist mpi: 4 rows (pp16, tg8 x tensor, layer) from rank 0"
+
+# failure injection: rank 1 (of 2, then of 3) gets a bad path; every rank must end, non-zero
+inject() { # label ranks-before-bad ranks-after-bad
+    local tag=$1 before=$2 after=$3 rc
+    local cmd=(-np "$before" "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" run -m "$tmp/missing.gguf"
+        -n 4 --dist mpi)
+    [ "$after" -gt 0 ] && cmd+=(: -np "$after" "$loom" "${run_args[@]}" --dist mpi)
+    set +e
+    mpi "${cmd[@]}" >"$tmp/$tag.out" 2>"$tmp/$tag.err"
+    rc=$?
+    set -e
+    [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "$tag: ranks hung (timeout)"
+    [ "$rc" -ne 0 ] || fail "$tag: mpirun succeeded with a bad path on rank $before"
+    grep -q "missing.gguf" "$tmp/$tag.err" || fail "$tag: the bad rank's error is not shown"
+    local k
+    for ((k = 0; k < before + 1 + after; k++)); do
+        [ "$k" -eq "$before" ] && continue
+        grep -q "rank $k stops: rank $before: .*missing.gguf" "$tmp/$tag.err" ||
+            fail "$tag: rank $k did not report rank $before's error: $(cat "$tmp/$tag.err")"
+    done
+    ! grep -q "Once upon" "$tmp/$tag.out" || fail "$tag: text was generated despite the failure"
+    echo "ok: $tag: every rank ended (mpirun exit $rc) with rank $before's error"
+}
+inject bad_of_2 1 0
+inject bad_of_3 1 1
+
+# ranks that disagree: rank 0 leads the control flow (-n, --logits-out), and a rank whose
+# model or context differs from rank 0's stops every rank with a message naming it
+mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" run -m "$model" -n 4 -t 1 --dist mpi \
+    >"$tmp/lead.out" 2>"$tmp/lead.err" || fail "mixed -n: mpirun exit $?: $(tail -5 "$tmp/lead.err")"
+text "$tmp/lead.out" | cmp -s - "$tmp/ref.txt" || fail "mixed -n: rank 0's text differs"
+echo "ok: rank 1 with another -n follows rank 0"
+set +e
+mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" "${run_args[@]}" -c 64 --dist mpi \
+    >"$tmp/ctx.out" 2>"$tmp/ctx.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "mixed -c: mpirun exit $rc"
+grep -q "rank 0 stops: rank 1: its model or options differ from rank 0's" "$tmp/ctx.err" ||
+    fail "mixed -c: $(cat "$tmp/ctx.err")"
+echo "ok: rank 1 with another context stops every rank (mpirun exit $rc)"
+
+echo "PASS"

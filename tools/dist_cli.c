@@ -1,0 +1,133 @@
+/*
+ * `--dist mpi` for loom run (tools/dist_cli.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/dist_cli.h"
+
+bool loom_cli_dist_parse(const char *cmd, const char *v) {
+    if (v && !strcmp(v, "mpi")) return true;
+    fprintf(stderr, "loom %s: --dist '%s' is not a distribution (expected: mpi)\n", cmd,
+            v ? v : "");
+    return false;
+}
+
+bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd) {
+    memset(cd, 0, sizeof *cd);
+    cd->size = 1;
+    if (o->sp.split_mode == LOOM_SPLIT_MODE_NONE) {
+        fprintf(stderr,
+                "loom %s: --dist mpi splits the model across ranks: -sm tensor or layer, "
+                "not none\n",
+                cmd);
+        return false;
+    }
+    if (loom_dist_init(&cd->d)) {
+        fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
+        return false;
+    }
+    cd->rank = loom_dist_rank(cd->d);
+    cd->size = loom_dist_size(cd->d);
+    const char *spec = o->sp.devices && *o->sp.devices ? o->sp.devices : "cpu";
+    loom_dev_t local[2];
+    size_t n = 0;
+    loom_status st = loom_devices_from_spec(spec, local, 2, &n);
+    if (st == LOOM_OK && n != 1)
+        st = loom_error(LOOM_ERR_INVALID_ARG,
+                        "--dist mpi: --devices '%s' is %zu devices; each rank runs one (cpu, "
+                        "sim:1, or a device name)",
+                        spec, n);
+    if (st == LOOM_OK)
+        st = loom_dist_devices(cd->d, local[0], o->sp.threads, cd->devs, 16, &cd->n_devs);
+    if (st) {
+        /* the same on every rank (same arguments), so no rank is left waiting */
+        fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
+        return false;
+    }
+    o->sp.devs = cd->devs;
+    o->sp.n_devs = cd->n_devs;
+    if (cd->n_devs > 1 && o->sp.split_mode == LOOM_SPLIT_MODE_DEFAULT)
+        o->sp.split_mode = LOOM_SPLIT_MODE_TENSOR;
+    return true;
+}
+
+bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd) {
+    if (!cd->d) return ok;
+    loom_status st = loom_dist_agree(
+        cd->d, ok ? LOOM_OK : (loom_last_status() ? loom_last_status() : LOOM_ERR_INTERNAL));
+    if (st == LOOM_OK) return true;
+    if (ok) fprintf(stderr, "loom %s: rank %d stops: %s\n", cmd, cd->rank, loom_last_error());
+    return false;
+}
+
+bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
+                                const char *cmd) {
+    if (!cd->d) return true;
+    const loom_hparams *hp = &loom_session_model(s)->hp;
+    int64_t mine[12] = {hp->n_vocab,
+                        hp->n_embd,
+                        hp->n_layer,
+                        hp->n_head,
+                        hp->n_head_kv,
+                        hp->n_expert,
+                        loom_session_n_ctx(s),
+                        loom_session_split_mode(s),
+                        o->sp.n_batch,
+                        o->sp.kv_type,
+                        o->sp.n_gpu_layers * 2 + o->sp.no_kv_offload,
+                        o->flash_attn},
+            lead[12];
+    memcpy(lead, mine, sizeof lead);
+    loom_status st = loom_dist_bcast(cd->d, lead, sizeof lead, 0);
+    if (st == LOOM_OK && memcmp(lead, mine, sizeof lead) != 0)
+        st = loom_error(LOOM_ERR_INVALID_ARG,
+                        "its model or options differ from rank 0's (vocab %lld, n_embd %lld, "
+                        "%lld layers, context %lld here; %lld, %lld, %lld, %lld on rank 0): "
+                        "every rank must run the same model with the same options",
+                        (long long)mine[0], (long long)mine[1], (long long)mine[2],
+                        (long long)mine[6], (long long)lead[0], (long long)lead[1],
+                        (long long)lead[2], (long long)lead[6]);
+    if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
+    return loom_cli_dist_agree(cd, st == LOOM_OK, cmd);
+}
+
+/* kB fields of /proc/self/status */
+static long status_kb(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t n = strlen(field);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':') {
+            v = strtol(line + n + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, FILE *f) {
+    loom_cli_mem_row rows[LOOM_META_MAX_DEVICES + 2];
+    int n = loom_cli_session_memory(s, rows, (int)(sizeof rows / sizeof rows[0]));
+    double w = 0, kv = 0, c = 0;
+    const char *name = "?";
+    for (int i = 0; i < n; i++) {
+        if (rows[i].dev && loom_dev_is_dist(rows[i].dev) && !loom_dev_is_remote(rows[i].dev)) {
+            w = rows[i].weights, kv = rows[i].kv, c = rows[i].compute;
+            name = rows[i].name;
+        }
+    }
+    fprintf(f,
+            "rank %d/%d: %s holds weights %.3f MiB, KV %.3f MiB, compute %.3f MiB; RSS anon %.1f "
+            "MiB, file %.1f MiB, peak %.1f MiB\n",
+            cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
+            (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
+            (double)status_kb("VmHWM") / 1024.0);
+}
+
+void loom_cli_dist_free(loom_cli_dist *cd) {
+    loom_dist_free(cd->d);
+    cd->d = NULL;
+}
