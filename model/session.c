@@ -166,6 +166,11 @@ static double mib(uint64_t b) {
     return (double)b / (1024.0 * 1024.0);
 }
 
+/* V's cache type: -ctv when given, else K's */
+static loom_type kv_type_v(const loom_session *s) {
+    return s->p.kv_type_v_set ? s->p.kv_type_v : s->p.kv_type;
+}
+
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
  * positions against what each device and the host have, before anything is allocated. */
 static loom_status check_memory(loom_session *s, int64_t n_ctx) {
@@ -178,16 +183,16 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         if (layer >= s->hp.n_layer) layer = (int)s->hp.n_layer - 1;
         need_add(v, &n, MAX_DEVS + 2, place(name, layer, s), loom_gguf_tensor_size(s->g, i), 0);
     }
-    int64_t row, per;
-    if (loom_mul_overflow_i64(s->hp.n_head_kv * s->hp.head_dim,
-                              (int64_t)loom_type_size(s->p.kv_type), &row) ||
-        loom_mul_overflow_i64(row, n_ctx, &per))
+    int64_t per_k, per_v;
+    const int64_t Dkv = s->hp.n_head_kv * s->hp.head_dim; /* whole blocks (checked) */
+    if (loom_mul_overflow_i64((int64_t)loom_row_size(s->p.kv_type, Dkv), n_ctx, &per_k) ||
+        loom_mul_overflow_i64((int64_t)loom_row_size(kv_type_v(s), Dkv), n_ctx, &per_v))
         return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows",
                           (long long)n_ctx);
     char name[32];
     for (int il = 0; il < s->hp.n_layer; il++) {
         snprintf(name, sizeof name, "cache_k_l%d", il);
-        need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, 2 * (uint64_t)per);
+        need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, (uint64_t)per_k + (uint64_t)per_v);
     }
     const loom_buft_t host = loom_cpu_buffer_type();
     for (int i = 0; i < n; i++) {
@@ -336,15 +341,18 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     /* weights, cache: checked against the memory there is before allocating */
     int64_t n_ctx =
         s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
-    if (s->p.kv_type != LOOM_TYPE_F32 && s->p.kv_type != LOOM_TYPE_F16)
-        return fail(s, loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)",
-                                  loom_type_name(s->p.kv_type)));
+    /* a cache split by heads (tensor mode) needs whole blocks per head */
+    const bool kv_split = s->mode == LOOM_SPLIT_MODE_TENSOR && s->n_dev > 1 && !s->p.no_kv_offload;
+    if ((st = loom_kv_cache_check_type(&s->hp, "K (-ctk)", s->p.kv_type, kv_split)) ||
+        (st = loom_kv_cache_check_type(&s->hp, "V (-ctv)", kv_type_v(s), kv_split)))
+        return fail(s, st);
     if ((st = check_memory(s, n_ctx))) return fail(s, st);
     loom_model_params mp = {.placement = place, .placement_user_data = s,
                             .progress = s->p.progress, .progress_user_data = s->p.progress_user_data,
                             .no_data = s->p.no_weight_data};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
-    if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);
+    if ((st = loom_kv_cache_new_types(s->model, n_ctx, s->p.kv_type, kv_type_v(s), &mp, &s->kv)))
+        return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
     s->parallel = pipeline_wanted(s);
     s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,

@@ -43,7 +43,10 @@ typedef struct loom_session_params {
     int threads;                /* CPU threads; <= 0: all cores */
     int64_t n_ctx;              /* KV cache positions; <= 0: min(train ctx, 2048) */
     int64_t n_batch;            /* largest batch per graph; <= 0: 512 */
-    loom_type kv_type;          /* F32 (default) or F16 */
+    loom_type kv_type;          /* K cache type (and V's unless kv_type_v_set): F32 (default),
+                                 * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; a block
+                                 * type needs n_head_kv x head_dim in whole blocks, and head_dim
+                                 * in whole blocks when the cache is split by tensor */
     bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
     bool no_op_offload;
     /* pipeline parallelism (4 copies of every tensor crossing devices, rotating per graph)
@@ -56,6 +59,8 @@ typedef struct loom_session_params {
     void *progress_user_data;
     bool no_weight_data;        /* place the weights without copying them (planning only:
                                  * loom_model_params.no_data) */
+    bool kv_type_v_set;         /* V cache of kv_type_v (-ctv) instead of kv_type */
+    loom_type kv_type_v;
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
