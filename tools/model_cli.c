@@ -77,7 +77,9 @@ const char *loom_model_opts_help(void) {
            "                            llama.cpp's CUDA0,CUDA1 and none (= cpu)\n"
            "  -sm, --split-mode MODE    none | layer | tensor (default: tensor with >1 device);\n"
            "                            llama.cpp's row is refused (see the message)\n"
-           "  -ts, --tensor-split LIST  per-device proportions, e.g. 1,1 (only even splits)\n"
+           "  -ts, --tensor-split LIST  per-device proportions, e.g. 3,1: heads, KV heads, FFN\n"
+           "                            blocks (-sm tensor) or layers (-sm layer) in whole\n"
+           "                            units by them; 0 leaves a device empty\n"
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
            "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
@@ -276,13 +278,12 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     o->sp.kv_type_v = tv;
     o->sp.n_batch = o->n_batch < o->n_ubatch ? o->n_batch : o->n_ubatch;
     if (o->tensor_split) {
-        /* proportions: numbers >= 0, ',' or '/' separated; loom's split tables divide
-         * evenly, so only equal proportions can be honoured */
+        /* proportions: numbers >= 0, ',' or '/' separated, one per listed device (missing
+         * ones are 0); heads, FFN blocks and layers are shared out by them */
         char buf[256];
         snprintf(buf, sizeof buf, "%s", o->tensor_split);
-        double first = -1;
         int n = 0;
-        bool even = true;
+        double sum = 0;
         char *save = NULL;
         for (char *t = strtok_r(buf, ",/", &save); t; t = strtok_r(NULL, ",/", &save), n++) {
             char *end = NULL;
@@ -293,22 +294,20 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
                         o->tensor_split, t);
                 return false;
             }
-            if (first < 0)
-                first = x;
-            else if (x != first)
-                even = false;
+            if (n >= (int)(sizeof o->ts / sizeof o->ts[0])) {
+                fprintf(stderr, "loom %s: -ts '%s': more than %d proportions\n", cmd,
+                        o->tensor_split, (int)(sizeof o->ts / sizeof o->ts[0]));
+                return false;
+            }
+            o->ts[n] = (float)x;
+            sum += x;
         }
-        if (n == 0 || first <= 0) {
+        if (n == 0 || !(sum > 0)) {
             fprintf(stderr, "loom %s: -ts '%s' has no positive proportion\n", cmd, o->tensor_split);
             return false;
         }
-        if (!even) {
-            fprintf(stderr,
-                    "loom %s: -ts %s: uneven proportions are not implemented (loom's split tables "
-                    "divide heads, FFN columns and layers evenly); give equal values or omit -ts\n",
-                    cmd, o->tensor_split);
-            return false;
-        }
+        o->sp.tensor_split = o->ts;
+        o->sp.n_tensor_split = n;
     }
     if (o->main_gpu != 0) {
         fprintf(stderr,

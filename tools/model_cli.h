@@ -19,6 +19,7 @@ typedef struct loom_model_opts {
     int flash_attn;            /* -fa: -1 auto, 0 off, 1 on */
     const char *ctk, *ctv;     /* -ctk / -ctv as given */
     const char *tensor_split;  /* -ts as given */
+    float ts[16];              /* -ts parsed (sp.tensor_split points here) */
     int main_gpu;              /* -mg */
     bool verbose;
     int prev_log_level; /* restored by loom_model_opts_free */

@@ -355,6 +355,28 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
     free(err);
 }
 
+/* -ts proportions (issue 14): 3,1 over sim:2 (tensor) and 1,0,1 over sim:3 (layer, an empty
+ * device) tell the CPU's greedy story; a -ts with more values than devices is refused. */
+LOOM_TEST(cli_flags, uneven_tensor_split) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)stories();
+    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
+    char *t31 = run_text(a1, 0);
+    LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
+    free(t31);
+    char *a2[] = {"run",   "-m",  m,       "-n",  "20",    "-dev",
+                  "sim:3", "-sm", "layer", "-ts", "1,0,1", NULL};
+    char *t101 = run_text(a2, 0);
+    LOOM_CHECK_STR_CONTAINS(t101, "Once upon a time, there was a little girl named Lily");
+    free(t101);
+    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", NULL};
+    char *out, *err;
+    LOOM_CHECK(capture(loom_cli_run, a3, &out, &err) != 0);
+    LOOM_CHECK_STR_CONTAINS(err, "3 proportions for 2 devices");
+    free(out);
+    free(err);
+}
+
 /* Each refusal: exit 2 and a line naming the flag, the value and the reason. */
 static void refused(cmd_fn fn, char **argv, const char *want) {
     char *out, *err;
@@ -374,8 +396,10 @@ LOOM_TEST(cli_flags, refusals_name_the_reason) {
     refused(loom_cli_run, r2, "-ctk 'q4_K' is not a cache type (f32, f16, bf16, q8_0");
     char *r3[] = {"run", "-ctv", "f8", NULL};
     refused(loom_cli_run, r3, "-ctv 'f8' is not a cache type");
-    char *r4[] = {"run", "-ts", "3,1", NULL};
-    refused(loom_cli_run, r4, "uneven proportions are not implemented");
+    char *r4[] = {"run", "-ts", "3,x", NULL};
+    refused(loom_cli_run, r4, "-ts '3,x': 'x' is not a proportion");
+    char *r4b[] = {"run", "-ts", "0,0", NULL};
+    refused(loom_cli_run, r4b, "-ts '0,0' has no positive proportion");
     char *r5[] = {"run", "-mg", "1", NULL};
     refused(loom_cli_run, r5, "-mg 1");
     char *r6[] = {"run", "--temp", "nan", NULL}; /* issue 9 item 18 */
