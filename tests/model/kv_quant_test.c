@@ -4,13 +4,15 @@
  * close to those with an f16 cache; a synthetic model with head_dim 64 (whole blocks per
  * head: flash attention reads the blocks) gives the same logits on the CPU and split by
  * tensor over sim:2 and sim:4; K and V may differ; impossible combinations are refused
- * with the reason.
+ * with the reason; the CPU flash attention over q8_0/q4_0 blocks equals it over their
+ * dequantised values.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/cpu.h"
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
 
@@ -216,4 +218,45 @@ LOOM_TEST(kv_quant, impossible_combinations_are_refused) {
     LOOM_CHECK(open_kv(path, NULL, "cpu", LOOM_SPLIT_MODE_NONE, LOOM_TYPE_Q8_0, LOOM_TYPE_F16) ==
                NULL);
     LOOM_CHECK_MSG(strstr(loom_last_error(), "has 8"), "%s", loom_last_error());
+}
+
+/* The CPU flash attention reading q8_0 K and q4_0 V blocks in place equals it reading the
+ * same values dequantised to f32 (the cache's rows are what set_rows wrote: here a cast). */
+LOOM_TEST(kv_quant, flash_attn_reads_blocks_as_their_values) {
+    const int64_t D = 64, H = 4, Hk = 2, Nkv = 7, Nq = 3;
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 8 << 20, .no_alloc = false});
+    LOOM_REQUIRE(ctx);
+    loom_tensor *q = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nq, H);
+    loom_tensor *kf = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, Hk);
+    loom_tensor *vf = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, Hk);
+    uint64_t x = 12345;
+    loom_tensor *ts[3] = {q, kf, vf};
+    for (int t = 0; t < 3; t++)
+        for (int64_t i = 0; i < loom_nelements(ts[t]); i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            ((float *)ts[t]->data)[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
+        }
+    loom_tensor *kq = loom_cast(ctx, kf, LOOM_TYPE_Q8_0), *vq = loom_cast(ctx, vf, LOOM_TYPE_Q4_0);
+    loom_tensor *kd = loom_cast(ctx, kq, LOOM_TYPE_F32), *vd = loom_cast(ctx, vq, LOOM_TYPE_F32);
+    loom_tensor *o_blocks = loom_flash_attn_ext(ctx, q, kq, vq, NULL, NULL, 0.125f, 0, 0);
+    loom_tensor *o_f32 = loom_flash_attn_ext(ctx, q, kd, vd, NULL, NULL, 0.125f, 0, 0);
+    loom_tensor *o_orig = loom_flash_attn_ext(ctx, q, kf, vf, NULL, NULL, 0.125f, 0, 0);
+    LOOM_REQUIRE_MSG(o_blocks && o_f32 && o_orig, "%s", loom_last_error());
+    LOOM_CHECK(loom_cpu_supports_op(o_blocks));
+    loom_graph *g = loom_graph_new(ctx, 64);
+    LOOM_REQUIRE(g);
+    LOOM_REQUIRE(loom_graph_build_forward(g, o_blocks) == LOOM_OK);
+    LOOM_REQUIRE(loom_graph_build_forward(g, o_f32) == LOOM_OK);
+    LOOM_REQUIRE(loom_graph_build_forward(g, o_orig) == LOOM_OK);
+    LOOM_REQUIRE_MSG(loom_cpu_graph_compute(g, NULL) == LOOM_OK, "%s", loom_last_error());
+    double same = 0, quant = 0;
+    for (int64_t i = 0; i < loom_nelements(o_f32); i++) {
+        const float a = ((float *)o_blocks->data)[i], b = ((float *)o_f32->data)[i],
+                    c = ((float *)o_orig->data)[i];
+        same = fmax(same, fabs((double)a - b));
+        quant = fmax(quant, fabs((double)a - c));
+    }
+    LOOM_CHECK_MSG(same <= 1e-6, "blocks vs their f32 values: %g", same);
+    LOOM_CHECK_MSG(quant > 1e-4 && quant < 0.1, "blocks vs the unquantised K/V: %g", quant);
+    loom_ctx_free(ctx);
 }
