@@ -112,6 +112,14 @@ loom_tensor *loom_rope_ext(loom_ctx *ctx, loom_tensor *a, loom_tensor *pos,
     return t;
 }
 
+/* K/V types: floats, and the block types a quantised KV cache holds (backends say which
+ * they read: the CPU reads all of them) */
+static bool fa_kv_type(loom_type t) {
+    return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 || t == LOOM_TYPE_Q8_0 ||
+           t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
+           t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_IQ4_NL;
+}
+
 loom_tensor *loom_flash_attn_ext(loom_ctx *ctx, loom_tensor *q, loom_tensor *k, loom_tensor *v,
                                  loom_tensor *mask, loom_tensor *sinks, float scale, float max_bias,
                                  float softcap) {
@@ -119,11 +127,19 @@ loom_tensor *loom_flash_attn_ext(loom_ctx *ctx, loom_tensor *q, loom_tensor *k, 
     if (!loom__op_need(op, "q", q) || !loom__op_need(op, "k", k) || !loom__op_need(op, "v", v))
         return NULL;
     if (!loom__op_need_type(op, "q", q, LOOM_TYPE_F32)) return NULL;
-    if ((k->type != LOOM_TYPE_F32 && k->type != LOOM_TYPE_F16) ||
-        (v->type != LOOM_TYPE_F32 && v->type != LOOM_TYPE_F16)) {
+    if (!fa_kv_type(k->type) || !fa_kv_type(v->type)) {
         loom_error(LOOM_ERR_TYPE,
-                   "flash_attn_ext: k and v must be f32 or f16, not %s and %s (k '%s', v '%s')",
+                   "flash_attn_ext: k and v must be f32, f16, bf16 or a KV cache block type "
+                   "(q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl), not %s and %s (k '%s', v '%s')",
                    loom_type_name(k->type), loom_type_name(v->type), k->name, v->name);
+        return NULL;
+    }
+    if (k->ne[0] % loom_blck_size(k->type) || v->ne[0] % loom_blck_size(v->type)) {
+        loom_error(LOOM_ERR_SHAPE,
+                   "flash_attn_ext: a row of k (%s, %lld values) or v (%s, %lld values) is not "
+                   "whole blocks (k '%s', v '%s')",
+                   loom_type_name(k->type), (long long)k->ne[0], loom_type_name(v->type),
+                   (long long)v->ne[0], k->name, v->name);
         return NULL;
     }
     if (!(max_bias >= 0.0f) || !(softcap >= 0.0f)) {

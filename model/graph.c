@@ -13,17 +13,55 @@
 
 /* ---------------------------------------------------------------- KV cache */
 
+bool loom_kv_cache_type_ok(loom_type t) {
+    return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 || t == LOOM_TYPE_Q8_0 ||
+           t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
+           t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_IQ4_NL;
+}
+
+loom_status loom_kv_cache_check_type(const loom_hparams *hp, const char *which, loom_type t,
+                                     bool per_head) {
+    if (!loom_kv_cache_type_ok(t))
+        return loom_error(LOOM_ERR_TYPE,
+                          "kv cache: %s type %s is not a cache type (f32, f16, bf16, q8_0, "
+                          "q4_0, q4_1, q5_0, q5_1, iq4_nl)",
+                          which, loom_type_is_valid((int)t) ? loom_type_name(t) : "?");
+    const int64_t blck = loom_blck_size(t), Dkv = hp->n_head_kv * hp->head_dim;
+    if (Dkv % blck != 0)
+        return loom_error(LOOM_ERR_TYPE,
+                          "kv cache: %s type %s stores blocks of %lld values but a cache row "
+                          "(%lld KV heads x head_dim %lld) has %lld",
+                          which, loom_type_name(t), (long long)blck, (long long)hp->n_head_kv,
+                          (long long)hp->head_dim, (long long)Dkv);
+    if (per_head && hp->head_dim % blck != 0)
+        return loom_error(LOOM_ERR_TYPE,
+                          "kv cache: %s type %s stores blocks of %lld values: head_dim %lld is "
+                          "not whole blocks, so the cache cannot be split by heads (use f16, "
+                          "or split by layer)",
+                          which, loom_type_name(t), (long long)blck, (long long)hp->head_dim);
+    return LOOM_OK;
+}
+
 loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_type type,
                               const loom_model_params *p, loom_kv_cache **out) {
+    return loom_kv_cache_new_types(m, n_ctx, type, type, p, out);
+}
+
+loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_type type,
+                                    loom_type type_v, const loom_model_params *p,
+                                    loom_kv_cache **out) {
     *out = NULL;
-    if (type != LOOM_TYPE_F32 && type != LOOM_TYPE_F16)
-        return loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)", loom_type_name(type));
+    loom_status st;
+    if ((st = loom_kv_cache_check_type(&m->hp, "K", type, false)) ||
+        (st = loom_kv_cache_check_type(&m->hp, "V", type_v, false)))
+        return st;
     if (n_ctx <= 0) return loom_error(LOOM_ERR_INVALID_ARG, "kv cache: n_ctx %lld", (long long)n_ctx);
     const loom_hparams *hp = &m->hp;
     loom_kv_cache *kv = loom_calloc(1, sizeof *kv);
     if (!kv) return loom_error(LOOM_ERR_NOMEM, "kv cache: out of memory");
     kv->n_ctx = n_ctx;
     kv->type = type;
+    kv->type_v = type_v;
     kv->ctx = loom_ctx_new((loom_ctx_params){
         .mem_size = (size_t)(2 * hp->n_layer + 4) * loom_tensor_overhead(), .no_alloc = true});
     kv->buffers = loom_calloc((size_t)(2 * hp->n_layer + 1), sizeof *kv->buffers);
@@ -32,10 +70,9 @@ loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_type type
         return loom_error(LOOM_ERR_NOMEM, "kv cache: out of memory");
     }
     const int64_t Dkv = hp->n_head_kv * hp->head_dim;
-    loom_status st = LOOM_OK;
     for (int il = 0; il < hp->n_layer && st == LOOM_OK; il++) {
         for (int which = 0; which < 2; which++) {
-            loom_tensor *t = loom_new_tensor_2d(kv->ctx, type, Dkv, n_ctx);
+            loom_tensor *t = loom_new_tensor_2d(kv->ctx, which ? type_v : type, Dkv, n_ctx);
             if (!t) {
                 st = loom_error(LOOM_ERR_NOMEM, "kv cache: %s", loom_last_error());
                 break;
@@ -82,6 +119,21 @@ size_t loom_model_graph_ctx_size(const loom_model *m) {
 
 static loom_tensor *add_bias(loom_ctx *ctx, loom_tensor *x, loom_tensor *b) {
     return b ? loom_add(ctx, x, b) : x;
+}
+
+/* The first n rows of a cache (through its write node w) as [D, Hk, n]. A head is a whole
+ * number of blocks of a block-typed cache, so the view addresses it in place (flash
+ * attention dequantises the rows it reads); when it is not (head_dim 8 at q8_0: a block
+ * spans heads; only without a tensor split, loom_kv_cache_check_type) or attention is not
+ * flash attention (its matmuls take f32/f16 caches), the rows are dequantised to f32 first. */
+static loom_tensor *cache_view(loom_ctx *ctx, loom_tensor *w, const loom_tensor *c, int64_t D,
+                               int64_t Hk, int64_t n, bool flash) {
+    const bool is_float = c->type == LOOM_TYPE_F32 || c->type == LOOM_TYPE_F16;
+    if (is_float || (flash && D % loom_blck_size(c->type) == 0))
+        return loom_view_3d(ctx, w, D, Hk, n, loom_row_size(c->type, D), c->nb[1], 0);
+    loom_tensor *rows = loom_view_2d(ctx, w, D * Hk, n, c->nb[1], 0);
+    loom_tensor *f = loom_cast(ctx, rows, LOOM_TYPE_F32);
+    return f ? loom_reshape_3d(ctx, f, D, Hk, n) : NULL;
 }
 
 /* x [E, T] -> [E, T], attention with the KV cache of layer il. */
@@ -136,11 +188,10 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     if (!ks || !vs) return NULL;
     if (loom_graph_build_forward(gf, ks) || loom_graph_build_forward(gf, vs)) return NULL;
 
-    const loom_tensor *kc = kv->k[il], *vc = kv->v[il];
-    size_t kes = loom_element_size(kc);
     /* views of the first n_kv rows through the write nodes: [D, Hk, K]; K as [D, K, Hk] */
-    loom_tensor *K = loom_view_3d(ctx, ks, D, Hk, n_kv, D * kes, kc->nb[1], 0);
-    loom_tensor *V = loom_view_3d(ctx, vs, D, Hk, n_kv, D * kes, vc->nb[1], 0);
+    loom_tensor *K = cache_view(ctx, ks, kv->k[il], D, Hk, n_kv, !m->no_flash_attn);
+    loom_tensor *V = cache_view(ctx, vs, kv->v[il], D, Hk, n_kv, !m->no_flash_attn);
+    if (!K || !V) return NULL;
     K = loom_permute(ctx, K, 0, 2, 1, 3);
     loom_tensor *Q = loom_permute(ctx, q, 0, 2, 1, 3); /* [D, T, H] */
     loom_tensor *a;

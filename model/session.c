@@ -3,6 +3,7 @@
  * [devices..., CPU] (or [Meta(devices), CPU]), and batched evaluation through it. See
  * include/loom/session.h.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,10 @@ struct loom_session {
      * waiting) whose headers must live until the next synchronize */
     loom_ctx *inflight[LOOM_SCHED_MAX_COPIES];
     int n_inflight;
+    /* -ts: per-device proportions (tensor: the rules' weights; layer: layers per device) */
+    bool has_ts;
+    float ts[MAX_DEVS];
+    int64_t layer_count[MAX_DEVS]; /* layer mode with -ts: layers on each device, in order */
     bool reserved; /* the scheduler holds the worst-case plan of (res_n, res_all) */
     int64_t res_n;
     bool res_all;
@@ -71,12 +76,51 @@ loom_session_params loom_session_params_default(void) {
 
 /* ---------------------------------------------------------------- placement */
 
+static bool layer_offloaded(const loom_session *s, int layer) {
+    return s->n_dev > 0 && layer >= s->hp.n_layer - s->n_offload;
+}
+
 static int layer_device(const loom_session *s, int layer) {
+    if (s->has_ts) { /* consecutive runs of layer_count[j] layers */
+        int64_t end = 0;
+        for (int j = 0; j < s->n_dev; j++)
+            if (layer < (end += s->layer_count[j])) return j;
+        return s->n_dev - 1;
+    }
     return (int)((int64_t)layer * s->n_dev / s->hp.n_layer);
 }
 
-static bool layer_offloaded(const loom_session *s, int layer) {
-    return s->n_dev > 0 && layer >= s->hp.n_layer - s->n_offload;
+int loom_session_layer_device(const loom_session *s, int layer) {
+    if (!s || layer < 0 || layer >= s->hp.n_layer || !layer_offloaded(s, layer)) return -1;
+    return s->mode == LOOM_SPLIT_MODE_LAYER ? layer_device(s, layer) : 0;
+}
+
+/* -ts: n values for the first n listed devices (the rest 0), finite, >= 0, a positive sum
+ * over the devices used; ignored without a split (llama.cpp too) */
+static loom_status set_tensor_split(loom_session *s, size_t n_listed) {
+    if (!s->p.tensor_split || s->p.n_tensor_split <= 0 || s->n_dev < 2 ||
+        s->mode == LOOM_SPLIT_MODE_NONE)
+        return LOOM_OK;
+    if ((size_t)s->p.n_tensor_split > n_listed)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "session: tensor_split has %d proportions for %zu devices",
+                          s->p.n_tensor_split, n_listed);
+    double sum = 0;
+    for (int j = 0; j < s->p.n_tensor_split; j++) {
+        float w = s->p.tensor_split[j];
+        if (!(w >= 0) || isinf(w) || w > 1e9f)
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "session: tensor_split[%d] = %g (must be finite and >= 0)", j,
+                              (double)w);
+        s->ts[j] = w;
+        sum += w;
+    }
+    if (!(sum > 0))
+        return loom_error(LOOM_ERR_INVALID_ARG, "session: tensor_split has no positive proportion");
+    s->has_ts = true;
+    if (s->mode == LOOM_SPLIT_MODE_LAYER)
+        return loom_split_counts(s->hp.n_layer, 1, s->n_dev, 0, s->ts, s->layer_count);
+    return LOOM_OK;
 }
 
 static loom_buft_t place(const char *name, int layer, void *ud) {
@@ -103,7 +147,8 @@ static loom_status leaf_state(const loom_tensor *t, loom_split_state *out, void 
     const loom_session *s = ud;
     if (!t->name[0] || !(t->flags & LOOM_TENSOR_FLAG_PARAM || strncmp(t->name, "cache_", 6) == 0))
         return LOOM_OK; /* graph inputs and copies: MIRRORED */
-    return loom_rules_split_state(s->rules, &s->hp, t, s->n_dev, out, NULL);
+    return loom_rules_split_state_weighted(s->rules, &s->hp, t, s->n_dev, s->has_ts ? s->ts : NULL,
+                                           out, NULL);
 }
 
 /* ---------------------------------------------------------------- pipeline, memory */
@@ -166,6 +211,11 @@ static double mib(uint64_t b) {
     return (double)b / (1024.0 * 1024.0);
 }
 
+/* V's cache type: -ctv when given, else K's */
+static loom_type kv_type_v(const loom_session *s) {
+    return s->p.kv_type_v_set ? s->p.kv_type_v : s->p.kv_type;
+}
+
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
  * positions against what each device and the host have, before anything is allocated. */
 static loom_status check_memory(loom_session *s, int64_t n_ctx) {
@@ -178,16 +228,16 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         if (layer >= s->hp.n_layer) layer = (int)s->hp.n_layer - 1;
         need_add(v, &n, MAX_DEVS + 2, place(name, layer, s), loom_gguf_tensor_size(s->g, i), 0);
     }
-    int64_t row, per;
-    if (loom_mul_overflow_i64(s->hp.n_head_kv * s->hp.head_dim,
-                              (int64_t)loom_type_size(s->p.kv_type), &row) ||
-        loom_mul_overflow_i64(row, n_ctx, &per))
+    int64_t per_k, per_v;
+    const int64_t Dkv = s->hp.n_head_kv * s->hp.head_dim; /* whole blocks (checked) */
+    if (loom_mul_overflow_i64((int64_t)loom_row_size(s->p.kv_type, Dkv), n_ctx, &per_k) ||
+        loom_mul_overflow_i64((int64_t)loom_row_size(kv_type_v(s), Dkv), n_ctx, &per_v))
         return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows",
                           (long long)n_ctx);
     char name[32];
     for (int il = 0; il < s->hp.n_layer; il++) {
         snprintf(name, sizeof name, "cache_k_l%d", il);
-        need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, 2 * (uint64_t)per);
+        need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, (uint64_t)per_k + (uint64_t)per_v);
     }
     const loom_buft_t host = loom_cpu_buffer_type();
     for (int i = 0; i < n; i++) {
@@ -205,10 +255,17 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
         for (int j = 0; j < s->n_dev; j++) {
             if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
-            /* a meta device splits the bulk evenly: count an even share on each device */
+            /* a meta device splits the bulk evenly (or by -ts): count that share here */
             uint64_t w =
                 meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
             uint64_t kv = meta ? (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].kv;
+            if (meta && s->has_ts) {
+                double sum = 0;
+                for (int d = 0; d < s->n_dev; d++)
+                    sum += s->ts[d];
+                w = (uint64_t)ceil((double)v[i].weights * s->ts[j] / sum);
+                kv = (uint64_t)ceil((double)v[i].kv * s->ts[j] / sum);
+            }
             size_t fr = 0, tot = 0;
             loom_dev_memory(s->devs[j], &fr, &tot);
             if (tot > 0 && w + kv > fr)
@@ -307,6 +364,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     s->n_offload = s->p.n_gpu_layers < 0 || s->p.n_gpu_layers > s->hp.n_layer ? (int)s->hp.n_layer
                                                                               : s->p.n_gpu_layers;
     s->output_offload = s->p.n_gpu_layers < 0 || s->p.n_gpu_layers > s->hp.n_layer;
+    if ((st = set_tensor_split(s, nd))) return fail(s, st);
 
     s->cpu = loom_cpu_backend_new(s->p.threads);
     if (!s->cpu) return fail(s, loom_last_status());
@@ -342,15 +400,18 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     /* weights, cache: checked against the memory there is before allocating */
     int64_t n_ctx =
         s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
-    if (s->p.kv_type != LOOM_TYPE_F32 && s->p.kv_type != LOOM_TYPE_F16)
-        return fail(s, loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)",
-                                  loom_type_name(s->p.kv_type)));
+    /* a cache split by heads (tensor mode) needs whole blocks per head */
+    const bool kv_split = s->mode == LOOM_SPLIT_MODE_TENSOR && s->n_dev > 1 && !s->p.no_kv_offload;
+    if ((st = loom_kv_cache_check_type(&s->hp, "K (-ctk)", s->p.kv_type, kv_split)) ||
+        (st = loom_kv_cache_check_type(&s->hp, "V (-ctv)", kv_type_v(s), kv_split)))
+        return fail(s, st);
     if ((st = check_memory(s, n_ctx))) return fail(s, st);
     loom_model_params mp = {.placement = place, .placement_user_data = s,
                             .progress = s->p.progress, .progress_user_data = s->p.progress_user_data,
                             .no_data = s->p.no_weight_data};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
-    if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);
+    if ((st = loom_kv_cache_new_types(s->model, n_ctx, s->p.kv_type, kv_type_v(s), &mp, &s->kv)))
+        return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
     s->parallel = pipeline_wanted(s);
     s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,

@@ -455,9 +455,27 @@ static bool unit_elems(const loom_rule *rule, const loom_hparams *hp, int64_t bl
     }
 }
 
+/* One segment of size elements in units of g: even, or proportional to weights (-ts) */
+static loom_status add_split(loom_split_state *s, int64_t size, int64_t g, int rotation,
+                             const float *weights) {
+    int64_t counts[LOOM_SPLIT_MAX_DEVICES];
+    loom_status st = loom_split_counts(size, g, s->n_devices, rotation, weights, counts);
+    return st ? st : loom_split_state_add_segment(s, counts, 1);
+}
+
 loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                                    const loom_tensor *t, int n_devices, loom_split_state *out,
                                    const loom_rule **matched) {
+    return loom_rules_split_state_weighted(r, hp, t, n_devices, NULL, out, matched);
+}
+
+loom_status loom_rules_split_state_weighted(const loom_rules *r, const loom_hparams *hp,
+                                            const loom_tensor *t, int n_devices,
+                                            const float *weights, loom_split_state *out,
+                                            const loom_rule **matched) {
+    if (n_devices < 1 || n_devices > LOOM_SPLIT_MAX_DEVICES)
+        return loom_error(LOOM_ERR_INVALID_ARG, "rules: '%s' over %d devices (must be 1..%d)",
+                          t->name, n_devices, LOOM_SPLIT_MAX_DEVICES);
     const loom_rule *rule = loom_rules_match(r, t->name);
     if (matched) *matched = rule;
     /* a single KV head cannot be split: every device keeps all of it (MIRRORED) */
@@ -501,9 +519,9 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "rules: '%s' (%s:%d fused_qkv): the split unit overflows", t->name,
                               rule->source, rule->line);
-        if ((st = loom_split_state_add_even(out, Dq, qg, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, Dkv, kvg, rotation, 1)))
+        if ((st = add_split(out, Dq, qg, rotation, weights)) ||
+            (st = add_split(out, Dkv, kvg, rotation, weights)) ||
+            (st = add_split(out, Dkv, kvg, rotation, weights)))
             return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                               loom_last_error());
         return LOOM_OK;
@@ -521,8 +539,8 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                 "rules: '%s' (%s:%d fused_glu): ne[%d] = %lld, expected 2 x n_ff %lld", t->name,
                 rule->source, rule->line, axis, (long long)t->ne[axis], (long long)hp->n_ff);
         loom_split_state_init(out, (loom_split_axis)axis, n_devices);
-        if ((st = loom_split_state_add_even(out, half, g, rotation, 1)) ||
-            (st = loom_split_state_add_even(out, half, g, rotation, 1)))
+        if ((st = add_split(out, half, g, rotation, weights)) ||
+            (st = add_split(out, half, g, rotation, weights)))
             return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                               loom_last_error());
         return LOOM_OK;
@@ -538,7 +556,8 @@ loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                           "head_dim %lld, block %lld)",
                           t->name, rule->source, rule->line, (long long)rule->granularity,
                           (long long)hp->head_dim, (long long)blck);
-    if ((st = loom_split_state_even(out, (loom_split_axis)axis, n_devices, t->ne[axis], g, rotation)))
+    loom_split_state_init(out, (loom_split_axis)axis, n_devices);
+    if ((st = add_split(out, t->ne[axis], g, rotation, weights)))
         return loom_error(st, "rules: '%s' (%s:%d): %s", t->name, rule->source, rule->line,
                           loom_last_error());
     return LOOM_OK;

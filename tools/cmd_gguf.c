@@ -90,15 +90,7 @@ int loom_cli_gguf(int argc, char **argv) {
             n_ctx = x;
             i++;
         } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
-            if (!strcasecmp(v, "f32"))
-                kv_type = LOOM_TYPE_F32;
-            else if (!strcasecmp(v, "f16"))
-                kv_type = LOOM_TYPE_F16;
-            else {
-                fprintf(stderr, "loom gguf: %s %s: loom's KV cache supports f32 and f16 only\n", a,
-                        v);
-                return 2;
-            }
+            if (!loom_model_cli_kv_type("gguf", a, v, &kv_type)) return 2;
             i++;
         } else if (a[0] != '-' && !path) {
             if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) return 2;
@@ -148,7 +140,8 @@ int loom_cli_gguf(int argc, char **argv) {
         }
         n_dev = (int)nd;
         if (loom_hparams_from_gguf(g, &hp) ||
-            loom_rules_builtin(hp.arch, hp.n_expert > 0, &rules)) {
+            loom_rules_builtin(hp.arch, hp.n_expert > 0, &rules) ||
+            loom_kv_cache_check_type(&hp, "K (-ctk)", kv_type, n_dev > 1)) {
             fprintf(stderr, "loom gguf: %s\n", loom_last_error());
             goto out;
         }

@@ -264,15 +264,7 @@ int loom_cli_plan(int argc, char **argv) {
             n_batch = x;
             i++;
         } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
-            if (!strcasecmp(v, "f32"))
-                kv_type = LOOM_TYPE_F32;
-            else if (!strcasecmp(v, "f16"))
-                kv_type = LOOM_TYPE_F16;
-            else {
-                fprintf(stderr, "loom plan: %s %s: loom's KV cache supports f32 and f16 only\n", a,
-                        v);
-                return 2;
-            }
+            if (!loom_model_cli_kv_type("plan", a, v, &kv_type)) return 2;
             i++;
         } else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) {
             if (!strcmp(v, "json"))

@@ -81,7 +81,9 @@ const char *loom_model_opts_help(void) {
            "                            llama.cpp's CUDA0,CUDA1 and none (= cpu)\n"
            "  -sm, --split-mode MODE    none | layer | tensor (default: tensor with >1 device);\n"
            "                            llama.cpp's row is refused (see the message)\n"
-           "  -ts, --tensor-split LIST  per-device proportions, e.g. 1,1 (only even splits)\n"
+           "  -ts, --tensor-split LIST  per-device proportions, e.g. 3,1: heads, KV heads, FFN\n"
+           "                            blocks (-sm tensor) or layers (-sm layer) in whole\n"
+           "                            units by them; 0 leaves a device empty\n"
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
            "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
@@ -91,8 +93,10 @@ const char *loom_model_opts_help(void) {
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
            "                            graph batch is min(-b, -ub)\n"
-           "  -ctk, --cache-type-k T    KV cache type: f32 (default) or f16; K and V share it\n"
-           "  -ctv, --cache-type-v T    (--kv-type T sets both)\n"
+           "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+           "                            q4_1, q5_0, q5_1, iq4_nl (blocks: n_head_kv x head_dim\n"
+           "                            whole blocks; with -sm tensor, head_dim too)\n"
+           "  -ctv, --cache-type-v T    V cache type, the same types (--kv-type T sets both)\n"
            "  -fa, --flash-attn on|off|auto\n"
            "                            fused flash attention (auto = on) or mul_mat+soft_max\n"
            "  -nkvo, --no-kv-offload    keep the KV cache in host memory\n"
@@ -261,47 +265,41 @@ too_long:
     return -1;
 }
 
-static bool kv_type(const char *cmd, const char *opt, const char *v, loom_type *out) {
-    if (!strcasecmp(v, "f32"))
-        *out = LOOM_TYPE_F32;
-    else if (!strcasecmp(v, "f16"))
-        *out = LOOM_TYPE_F16;
-    else {
-        static const char *const known[] = {"bf16",   "q8_0", "q4_0", "q4_1",
-                                            "iq4_nl", "q5_0", "q5_1"};
-        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
-            if (!strcasecmp(v, known[k])) {
-                fprintf(stderr,
-                        "loom %s: %s %s: loom's KV cache supports f32 and f16 only (so far)\n", cmd,
-                        opt, v);
-                return false;
-            }
-        fprintf(stderr, "loom %s: %s '%s' is not a cache type (f32, f16)\n", cmd, opt, v);
-        return false;
-    }
-    return true;
+bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out) {
+    static const struct {
+        const char *name;
+        loom_type t;
+    } known[] = {{"f32", LOOM_TYPE_F32},   {"f16", LOOM_TYPE_F16},   {"bf16", LOOM_TYPE_BF16},
+                 {"q8_0", LOOM_TYPE_Q8_0}, {"q4_0", LOOM_TYPE_Q4_0}, {"q4_1", LOOM_TYPE_Q4_1},
+                 {"q5_0", LOOM_TYPE_Q5_0}, {"q5_1", LOOM_TYPE_Q5_1}, {"iq4_nl", LOOM_TYPE_IQ4_NL}};
+    for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+        if (!strcasecmp(v, known[k].name)) {
+            *out = known[k].t;
+            return true;
+        }
+    fprintf(stderr,
+            "loom %s: %s '%s' is not a cache type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+            "iq4_nl)\n",
+            cmd, opt, v);
+    return false;
 }
 
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
-    if (o->ctk && !kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
-    if (o->ctv && !kv_type(cmd, "-ctv", o->ctv, &tv)) return false;
-    if (o->ctk && o->ctv && tk != tv) {
-        fprintf(stderr,
-                "loom %s: -ctk %s and -ctv %s differ: loom's KV cache has one type for K and V\n",
-                cmd, o->ctk, o->ctv);
-        return false;
-    }
-    o->sp.kv_type = o->ctk ? tk : tv;
+    if (o->ctk && !loom_model_cli_kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
+    if (o->ctv && !loom_model_cli_kv_type(cmd, "-ctv", o->ctv, &tv)) return false;
+    /* llama.cpp: each defaults to f16 there, f32 here; one given alone sets only its own */
+    o->sp.kv_type = tk;
+    o->sp.kv_type_v_set = true;
+    o->sp.kv_type_v = tv;
     o->sp.n_batch = o->n_batch < o->n_ubatch ? o->n_batch : o->n_ubatch;
     if (o->tensor_split) {
-        /* proportions: numbers >= 0, ',' or '/' separated; loom's split tables divide
-         * evenly, so only equal proportions can be honoured */
+        /* proportions: numbers >= 0, ',' or '/' separated, one per listed device (missing
+         * ones are 0); heads, FFN blocks and layers are shared out by them */
         char buf[256];
         snprintf(buf, sizeof buf, "%s", o->tensor_split);
-        double first = -1;
         int n = 0;
-        bool even = true;
+        double sum = 0;
         char *save = NULL;
         for (char *t = strtok_r(buf, ",/", &save); t; t = strtok_r(NULL, ",/", &save), n++) {
             char *end = NULL;
@@ -312,22 +310,20 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
                         o->tensor_split, t);
                 return false;
             }
-            if (first < 0)
-                first = x;
-            else if (x != first)
-                even = false;
+            if (n >= (int)(sizeof o->ts / sizeof o->ts[0])) {
+                fprintf(stderr, "loom %s: -ts '%s': more than %d proportions\n", cmd,
+                        o->tensor_split, (int)(sizeof o->ts / sizeof o->ts[0]));
+                return false;
+            }
+            o->ts[n] = (float)x;
+            sum += x;
         }
-        if (n == 0 || first <= 0) {
+        if (n == 0 || !(sum > 0)) {
             fprintf(stderr, "loom %s: -ts '%s' has no positive proportion\n", cmd, o->tensor_split);
             return false;
         }
-        if (!even) {
-            fprintf(stderr,
-                    "loom %s: -ts %s: uneven proportions are not implemented (loom's split tables "
-                    "divide heads, FFN columns and layers evenly); give equal values or omit -ts\n",
-                    cmd, o->tensor_split);
-            return false;
-        }
+        o->sp.tensor_split = o->ts;
+        o->sp.n_tensor_split = n;
     }
     if (o->main_gpu != 0) {
         fprintf(stderr,

@@ -19,6 +19,7 @@ typedef struct loom_model_opts {
     int flash_attn;            /* -fa: -1 auto, 0 off, 1 on */
     const char *ctk, *ctv;     /* -ctk / -ctv as given */
     const char *tensor_split;  /* -ts as given */
+    float ts[16];              /* -ts parsed (sp.tensor_split points here) */
     int main_gpu;              /* -mg */
     bool verbose;
     bool set_affinity;  /* --cpu-affinity given: reset to the default by _free */
@@ -39,6 +40,9 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
 /* Checks the options together once all are parsed (-ctk vs -ctv, -ts, -mg, -b/-ub) and
  * derives the session parameters; prints the error and returns false on a refusal. */
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd);
+/* A -ctk/-ctv value (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl); false after printing
+ * "loom CMD: OPT 'V' is not a cache type (...)" */
+bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out);
 /* The help text of the shared options. */
 const char *loom_model_opts_help(void);
 /* The names of the shared options (NULL-terminated), for the nearest-match hint. */

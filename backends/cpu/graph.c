@@ -32,7 +32,25 @@ void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, .
 /* ---------------------------------------------------------------- supported ops */
 
 /* Exactly the contract of docs/ops.md (backends/op-types.c). */
+/* K/V types the CPU flash attention reads: floats directly, the KV-cache block types
+ * (what SET_ROWS writes) dequantised row by row. */
+static bool cpu_fa_kv_type(loom_type t) {
+    return t == LOOM_TYPE_F32 || t == LOOM_TYPE_F16 || t == LOOM_TYPE_BF16 || t == LOOM_TYPE_Q8_0 ||
+           t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 || t == LOOM_TYPE_Q5_0 ||
+           t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_IQ4_NL;
+}
+
 bool loom_cpu_supports_op(const loom_tensor *op) {
+    if (op->op == LOOM_OP_FLASH_ATTN_EXT && op->src[0] && op->src[1] && op->src[2]) {
+        /* the shared table takes f32/f16 K/V only (what every backend reads); the CPU
+         * also reads a quantised cache, in whole blocks per row */
+        const loom_tensor *k = op->src[1], *v = op->src[2], *mask = op->src[3], *sinks = op->src[4];
+        return op->src[0]->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
+               cpu_fa_kv_type(k->type) && cpu_fa_kv_type(v->type) &&
+               k->ne[0] % loom_blck_size(k->type) == 0 && v->ne[0] % loom_blck_size(v->type) == 0 &&
+               (!mask || mask->type == LOOM_TYPE_F32 || mask->type == LOOM_TYPE_F16) &&
+               (!sinks || sinks->type == LOOM_TYPE_F32);
+    }
     return loom__op_types_ok(op);
 }
 

@@ -87,12 +87,13 @@ static float read_mask(const loom_tensor *mask, const char *row, int64_t i) {
     return v;
 }
 
-/* A row of an F32/F16 tensor as either its own contiguous f32/f16 data or a gathered f32
- * copy in buf. Returns the pointer; *is_f16 says how to read it. */
+/* A row of K or V as either its own contiguous f32/f16 data or an f32 copy in buf
+ * (gathered when strided; dequantised for bf16 and the block types of a quantised cache,
+ * whose rows are whole blocks). Returns the pointer; *is_f16 says how to read it. */
 static const void *row_view(const loom_tensor *t, const void *row, int64_t n, float *buf,
                             bool *is_f16) {
     size_t es = loom_type_size(t->type);
-    if (t->nb[0] == es) {
+    if ((t->type == LOOM_TYPE_F32 || t->type == LOOM_TYPE_F16) && t->nb[0] == es) {
         *is_f16 = t->type == LOOM_TYPE_F16;
         return row;
     }

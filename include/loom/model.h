@@ -149,13 +149,25 @@ typedef struct loom_kv_cache {
     loom_buffer_t *buffers;
     int n_buffers;
     int64_t n_ctx;
-    loom_type type;
+    loom_type type;   /* K's type */
+    loom_type type_v; /* V's type (the same as K's unless made by loom_kv_cache_new_types) */
 } loom_kv_cache;
 
-/* A cache for n_ctx positions of `type` (F32 or F16); layer l's tensors go to
+/* A cache for n_ctx positions of `type` (K and V); layer l's tensors go to
  * placement(name, l) or default_buft. Zero-filled. */
 LOOM_API loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_type type,
                                        const loom_model_params *placement, loom_kv_cache **out);
+/* K and V of different types. The types are those loom_kv_cache_type_ok accepts: f32, f16,
+ * bf16 and the block types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (a row of n_head_kv x
+ * head_dim values must be whole blocks). */
+LOOM_API loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_type type_k,
+                                             loom_type type_v, const loom_model_params *placement,
+                                             loom_kv_cache **out);
+LOOM_API bool loom_kv_cache_type_ok(loom_type t);
+/* Whether a cache of type t fits the model (which: "K" or "V", for the message): a cache
+ * row is whole blocks, and with per_head (a cache split by heads) so is every head. */
+LOOM_API loom_status loom_kv_cache_check_type(const loom_hparams *hp, const char *which,
+                                              loom_type t, bool per_head);
 LOOM_API void loom_kv_cache_free(loom_kv_cache *kv);
 
 /* ---------------------------------------------------------------- graph */

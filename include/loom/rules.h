@@ -97,6 +97,16 @@ LOOM_API const loom_rule *loom_rules_match(const loom_rules *r, const char *name
 LOOM_API loom_status loom_rules_split_state(const loom_rules *r, const loom_hparams *hp,
                                             const loom_tensor *t, int n_devices,
                                             loom_split_state *out, const loom_rule **matched);
+/* The same with device proportions (-ts 3,1): weights (n_devices finite values >= 0 with a
+ * positive sum, or NULL for the even split) give each device the floor of its share of
+ * the rule's whole units (query groups, KV heads, FFN blocks, experts, quant blocks) and
+ * the leftover units in the layer's rotated order to devices of positive weight
+ * (loom_split_counts). Every tensor of a layer gets the same counts of the same units, so
+ * attention and FFN slices stay aligned; a device of weight 0 gets no slice. */
+LOOM_API loom_status loom_rules_split_state_weighted(const loom_rules *r, const loom_hparams *hp,
+                                                     const loom_tensor *t, int n_devices,
+                                                     const float *weights, loom_split_state *out,
+                                                     const loom_rule **matched);
 
 #ifdef __cplusplus
 }

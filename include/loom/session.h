@@ -5,7 +5,8 @@
  *
  * Placement (split modes):
  *   none    one device holds everything (the first listed, or the CPU);
- *   layer   layer i on device floor(i * N / n_layer); scheduler [dev0..devN-1, CPU];
+ *   layer   layer i on device floor(i * N / n_layer) (with tensor_split: consecutive runs
+ *           proportional to it); scheduler [dev0..devN-1, CPU];
  *   tensor  one meta device over all listed devices, every weight and the KV cache split
  *           by the architecture's rules (plus --split-rules); scheduler [Meta(...), CPU].
  * Token embeddings stay in host memory (their lookup runs on the CPU, as in llama.cpp).
@@ -43,7 +44,10 @@ typedef struct loom_session_params {
     int threads;                /* CPU threads; <= 0: all cores */
     int64_t n_ctx;              /* KV cache positions; <= 0: min(train ctx, 2048) */
     int64_t n_batch;            /* largest batch per graph; <= 0: 512 */
-    loom_type kv_type;          /* F32 (default) or F16 */
+    loom_type kv_type;          /* K cache type (and V's unless kv_type_v_set): F32 (default),
+                                 * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; a block
+                                 * type needs n_head_kv x head_dim in whole blocks, and head_dim
+                                 * in whole blocks when the cache is split by tensor */
     bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
     bool no_op_offload;
     /* pipeline parallelism (4 copies of every tensor crossing devices, rotating per graph)
@@ -60,6 +64,14 @@ typedef struct loom_session_params {
      * n_devs > 0: e.g. the dist devices of include/loom/dist.h, one per MPI rank. */
     loom_dev_t *devs;
     int n_devs;
+    bool kv_type_v_set;         /* V cache of kv_type_v (-ctv) instead of kv_type */
+    loom_type kv_type_v;
+    /* -ts: proportions of the first n_tensor_split listed devices (the others 0), e.g.
+     * {3, 1}; NULL/0: even. Tensor mode: heads, KV heads, FFN blocks and experts in whole
+     * units by these proportions (loom_rules_split_state_weighted); layer mode: consecutive
+     * layers per device by them. Ignored by split mode none. */
+    const float *tensor_split;
+    int n_tensor_split;
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
@@ -69,11 +81,11 @@ typedef struct loom_session loom_session;
 /* Opens path (or uses g if path is NULL; g is then borrowed and must outlive the session),
  * places the model and prepares everything. Errors name the file, device or tensor. The
  * planned weights and KV cache are checked against each device's free memory (an even
- * share of each for a meta device) and the host's available memory before anything is
- * allocated (LOOM_ERR_DEVICE_OOM / LOOM_ERR_NOMEM naming the device and both sizes). The
- * compute buffers are then reserved for the worst-case graphs (a full prompt batch and one
- * token, both attending over the whole context), so evaluation at any position does not
- * reallocate them (LOOM_SCHED_DEBUG_REALLOC=1 stays quiet). A session on a "sim:" spec
+ * share of each for a meta device, or its tensor_split share) and the host's available
+ * memory before anything is allocated (LOOM_ERR_DEVICE_OOM / LOOM_ERR_NOMEM naming the
+ * device and both sizes). The compute buffers are then reserved for the worst-case graphs
+ * (a full prompt batch and one token, both attending over the whole context), so
+ * evaluation at any position does not reallocate them (LOOM_SCHED_DEBUG_REALLOC=1 stays quiet). A session on a "sim:" spec
  * frees the sim reg it created. */
 LOOM_API loom_status loom_session_new(const char *path, const loom_gguf *g,
                                       const loom_session_params *p, loom_session **out);
@@ -87,6 +99,10 @@ LOOM_API loom_backend_t loom_session_meta_backend(const loom_session *s);
 LOOM_API int loom_session_n_devices(const loom_session *s);
 LOOM_API loom_dev_t loom_session_device(const loom_session *s, int i);
 LOOM_API loom_split_mode loom_session_split_mode(const loom_session *s);
+/* The device (index in the spec) holding layer il's weights: 0 in mode none and tensor
+ * (tensor: the meta device), its device in layer mode, -1 when the layer stays in host
+ * memory (-ngl) or il is out of range. */
+LOOM_API int loom_session_layer_device(const loom_session *s, int layer);
 /* Whether pipeline parallelism is on (after the reserve: false if it did not fit). */
 LOOM_API bool loom_session_pipeline(const loom_session *s);
 LOOM_API int64_t loom_session_n_past(const loom_session *s);

@@ -495,9 +495,12 @@ LOOM_TEST(ops, attention_family) {
     EXPECT_FAIL(
         loom_flash_attn_ext(ctx, q, k, v, t4(ctx, LOOM_TYPE_F16, 32, 4, 1, 1, "m4"), NULL, 1, 0, 0),
         LOOM_ERR_SHAPE, "flash_attn_ext: mask [32, 4, 1, 1] must be [Nkv (32), >= Nq (5), 1, 1]");
-    EXPECT_FAIL(loom_flash_attn_ext(ctx, q, t4(ctx, LOOM_TYPE_BF16, 64, 32, 2, 1, "kb"), v, NULL,
+    EXPECT_FAIL(loom_flash_attn_ext(ctx, q, t4(ctx, LOOM_TYPE_I32, 64, 32, 2, 1, "ki"), v, NULL,
                                     NULL, 1, 0, 0),
-                LOOM_ERR_TYPE, "flash_attn_ext: k and v must be f32 or f16, not bf16 and f16");
+                LOOM_ERR_TYPE, "flash_attn_ext: k and v must be f32, f16, bf16 or a KV cache");
+    EXPECT_FAIL(loom_flash_attn_ext(ctx, q, t4(ctx, LOOM_TYPE_Q8_1, 64, 32, 2, 1, "kk"), v, NULL,
+                                    NULL, 1, 0, 0),
+                LOOM_ERR_TYPE, "not q8_1 and f16");
     EXPECT_FAIL(
         loom_flash_attn_ext(ctx, q, k, v, NULL, t4(ctx, LOOM_TYPE_F32, 2, 1, 1, 1, "s2"), 1, 0, 0),
         LOOM_ERR_SHAPE, "flash_attn_ext: sinks [2, 1, 1, 1] must be [H (8)]");

@@ -323,6 +323,60 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     free(err);
 }
 
+/* -ctk/-ctv with block types (issue 14): q8_0 K and V on stories260K tell the greedy story of
+ * the f32 cache; a q8_0 cache cannot be split by heads of 8 values (refused, naming why). */
+LOOM_TEST(cli_flags, quantised_kv_cache) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)stories();
+    char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", NULL};
+    char *q8 = run_text(a1, 0);
+    LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
+    free(q8);
+    char *a2[] = {"run",  "-m",   m,      "-n",    "8",   "-ctk",  "q8_0",
+                  "-ctv", "bf16", "-dev", "sim:2", "-sm", "layer", NULL};
+    free(run_text(a2, 0));
+    char *a3[] = {"run",  "-m",   m,       "-n",  "8",      "-ctk",
+                  "q8_0", "-dev", "sim:2", "-sm", "tensor", NULL};
+    char *out, *err;
+    LOOM_CHECK(capture(loom_cli_run, a3, &out, &err) != 0);
+    LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
+    free(out);
+    free(err);
+    /* gguf --plan: the same check before the plan; one device plans q8_0 rows */
+    char *g1[] = {"gguf", m, "--plan", "--devices", "sim:2", "-ctk", "q8_0", NULL};
+    LOOM_CHECK(capture(loom_cli_gguf, g1, &out, &err) != 0);
+    LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
+    free(out);
+    free(err);
+    char *g2[] = {"gguf", m, "--plan", "--devices", "sim:1", "-ctk", "q8_0", NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g2, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "KV q8_0");
+    free(out);
+    free(err);
+}
+
+/* -ts proportions (issue 14): 3,1 over sim:2 (tensor) and 1,0,1 over sim:3 (layer, an empty
+ * device) tell the CPU's greedy story; a -ts with more values than devices is refused. */
+LOOM_TEST(cli_flags, uneven_tensor_split) {
+    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)stories();
+    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
+    char *t31 = run_text(a1, 0);
+    LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
+    free(t31);
+    char *a2[] = {"run",   "-m",  m,       "-n",  "20",    "-dev",
+                  "sim:3", "-sm", "layer", "-ts", "1,0,1", NULL};
+    char *t101 = run_text(a2, 0);
+    LOOM_CHECK_STR_CONTAINS(t101, "Once upon a time, there was a little girl named Lily");
+    free(t101);
+    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", NULL};
+    char *out, *err;
+    LOOM_CHECK(capture(loom_cli_run, a3, &out, &err) != 0);
+    LOOM_CHECK_STR_CONTAINS(err, "3 proportions for 2 devices");
+    free(out);
+    free(err);
+}
+
 /* Each refusal: exit 2 and a line naming the flag, the value and the reason. */
 static void refused(cmd_fn fn, char **argv, const char *want) {
     char *out, *err;
@@ -338,12 +392,14 @@ static void refused(cmd_fn fn, char **argv, const char *want) {
 LOOM_TEST(cli_flags, refusals_name_the_reason) {
     char *r1[] = {"run", "-sm", "row", NULL};
     refused(loom_cli_run, r1, "row is llama.cpp's split of matrix rows");
-    char *r2[] = {"run", "-ctk", "q8_0", NULL};
-    refused(loom_cli_run, r2, "-ctk q8_0: loom's KV cache supports f32 and f16 only");
-    char *r3[] = {"run", "-ctk", "f16", "-ctv", "f32", NULL};
-    refused(loom_cli_run, r3, "one type for K and V");
-    char *r4[] = {"run", "-ts", "3,1", NULL};
-    refused(loom_cli_run, r4, "uneven proportions are not implemented");
+    char *r2[] = {"run", "-ctk", "q4_K", NULL};
+    refused(loom_cli_run, r2, "-ctk 'q4_K' is not a cache type (f32, f16, bf16, q8_0");
+    char *r3[] = {"run", "-ctv", "f8", NULL};
+    refused(loom_cli_run, r3, "-ctv 'f8' is not a cache type");
+    char *r4[] = {"run", "-ts", "3,x", NULL};
+    refused(loom_cli_run, r4, "-ts '3,x': 'x' is not a proportion");
+    char *r4b[] = {"run", "-ts", "0,0", NULL};
+    refused(loom_cli_run, r4b, "-ts '0,0' has no positive proportion");
     char *r5[] = {"run", "-mg", "1", NULL};
     refused(loom_cli_run, r5, "-mg 1");
     char *r6[] = {"run", "--temp", "nan", NULL}; /* issue 9 item 18 */
