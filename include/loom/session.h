@@ -56,6 +56,9 @@ typedef struct loom_session_params {
     void *progress_user_data;
     bool no_weight_data;        /* place the weights without copying them (planning only:
                                  * loom_model_params.no_data) */
+    bool no_mmap;               /* read the weights instead of using CPU ones in place from a
+                                 * mapping of the file (loom_model_params.no_mmap) */
+    size_t load_chunk;          /* bytes per device-weight copy (loom_model_params.load_chunk) */
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
