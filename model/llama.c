@@ -679,11 +679,19 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             off += (loom_buft_alloc_size(bufts[k], list[i].t) + align - 1) / align * align;
         }
     }
+    /* the aliased weights as one CPU buffer over the span of the mapping they cover */
     bool any_alias = false;
-    for (int i = 0; i < n_list; i++) any_alias |= list[i].alias;
+    size_t lo = SIZE_MAX, hi = 0;
+    for (int i = 0; i < n_list; i++) {
+        if (!list[i].alias) continue;
+        any_alias = true;
+        size_t o = loom_gguf_tensor_offset(g, list[i].gi);
+        if (o < lo) lo = o;
+        if (o + loom_gguf_tensor_size(g, list[i].gi) > hi)
+            hi = o + loom_gguf_tensor_size(g, list[i].gi);
+    }
     if (any_alias) {
-        loom_buffer_t buf = loom_cpu_buffer_from_ptr((char *)m->map + data_off,
-                                                     m->map_size - data_off);
+        loom_buffer_t buf = loom_cpu_buffer_from_ptr((char *)m->map + data_off + lo, hi - lo);
         if (!buf) {
             st = loom_last_status();
             goto fail;
@@ -693,7 +701,7 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         for (int i = 0; i < n_list; i++) {
             if (!list[i].alias) continue;
             if ((st = loom_buffer_alloc_tensor(buf, list[i].t,
-                                               loom_gguf_tensor_offset(g, list[i].gi))))
+                                               loom_gguf_tensor_offset(g, list[i].gi) - lo)))
                 goto fail;
             m->n_mapped_bytes += loom_gguf_tensor_size(g, list[i].gi);
         }
