@@ -404,15 +404,18 @@ void *loom__gguf_mmap(size_t size, int prot, int fd) {
 static loom_status read_all(loom_gguf *g, const char *path) {
     uint8_t *buf = loom_malloc(g->size);
     if (!buf)
-        return loom_error(LOOM_ERR_NOMEM, "gguf: '%s' cannot be mapped, and %zu bytes to read it "
-                          "into are not available", path, g->size);
+        return loom_error(LOOM_ERR_NOMEM,
+                          "gguf: '%s' cannot be mapped, and %zu bytes to read it "
+                          "into are not available",
+                          path, g->size);
     size_t got = 0;
     while (got < g->size) {
         ssize_t n = pread(g->fd, buf + got, g->size - got, (off_t)got);
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (n <= 0) {
-            loom_status st = loom_error(LOOM_ERR_IO, "gguf: cannot read '%s' at offset %zu: %s",
-                                        path, got, n < 0 ? strerror(errno) : "unexpected end of file");
+            loom_status st =
+                loom_error(LOOM_ERR_IO, "gguf: cannot read '%s' at offset %zu: %s", path, got,
+                           n < 0 ? strerror(errno) : "unexpected end of file");
             loom_free(buf);
             return st;
         }

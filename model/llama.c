@@ -5,8 +5,12 @@
  * Hyperparameters come from "<arch>.*" keys. Weights are created as headers in a no_alloc
  * context per buffer type (the caller's placement decides the buffer type of each), every
  * shape is checked against the hyperparameters, the buffers are allocated in one go per
- * type, and the bytes are copied from the mapped file with loom_tensor_set (so any buffer
- * kind works: host, a simulated device, a meta device's split buffer).
+ * type. CPU weights whose file offset is 32-byte aligned are used in place from the model's
+ * own private mapping of the file (no copy; the gguf may be freed first); every other
+ * weight is copied with loom_tensor_set (so any buffer kind works: host, a simulated
+ * device, a meta device's split buffer) in whole-row pieces of at most load_chunk bytes,
+ * from the mapping (whose pages are dropped once copied) or, when the file cannot be
+ * mapped or no_mmap is set, read through one staging buffer of that size.
  */
 #include <math.h>
 #include <stdint.h>
@@ -635,7 +639,9 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     for (int i = 0; m->map && i < n_list; i++) {
         if (list[i].gi < 0 || list[i].buft != loom_cpu_buffer_type()) continue;
         uint64_t off = data_off + loom_gguf_tensor_offset(g, list[i].gi);
-        list[i].alias = off % LOOM_MAP_ALIGN == 0 && loom_gguf_tensor_size(g, list[i].gi) > 0;
+        size_t n = loom_gguf_tensor_size(g, list[i].gi);
+        list[i].alias = off % LOOM_MAP_ALIGN == 0 && n > 0 && off <= m->map_size &&
+                        n <= m->map_size - off; /* a header-only file lacks the bytes */
     }
     /* one buffer per distinct buffer type */
     loom_buft_t bufts[64];

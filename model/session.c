@@ -341,9 +341,12 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
         return fail(s, loom_error(LOOM_ERR_TYPE, "kv cache: type %s (f32 or f16 supported)",
                                   loom_type_name(s->p.kv_type)));
     if ((st = check_memory(s, n_ctx))) return fail(s, st);
-    loom_model_params mp = {.placement = place, .placement_user_data = s,
-                            .progress = s->p.progress, .progress_user_data = s->p.progress_user_data,
-                            .no_data = s->p.no_weight_data, .no_mmap = s->p.no_mmap,
+    loom_model_params mp = {.placement = place,
+                            .placement_user_data = s,
+                            .progress = s->p.progress,
+                            .progress_user_data = s->p.progress_user_data,
+                            .no_data = s->p.no_weight_data,
+                            .no_mmap = s->p.no_mmap,
                             .load_chunk = s->p.load_chunk};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
     if ((st = loom_kv_cache_new(s->model, n_ctx, s->p.kv_type, &mp, &s->kv))) return fail(s, st);

@@ -58,8 +58,7 @@ LOOM_API bool loom_gguf_is_mapped(const loom_gguf *g);
 LOOM_API loom_status loom_gguf_map_file(const loom_gguf *g, void **base, size_t *size);
 /* Copies `size` bytes at file offset `offset` into dst (from memory, or read from the file:
  * the tensor data of a header-only open). */
-LOOM_API loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst,
-                                       size_t size);
+LOOM_API loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst, size_t size);
 /* Test hook: the next n mmap calls of the reader (open, loom_gguf_map_file) fail. */
 LOOM_API void loom_gguf_test_fail_mmap(int n);
 

@@ -132,8 +132,7 @@ typedef struct loom_model {
     size_t n_bytes;                /* weight bytes */
     bool no_flash_attn;            /* attention as mul_mat + soft_max(mask) + mul_mat */
     int64_t load_us;
-    void *map;             /* the model's private mapping of the file, while CPU weights
-                            * alias it (NULL: every weight was copied) */
+    void *map;             /* the model's private mapping of the file (NULL: none aliased) */
     size_t map_size;
     size_t n_mapped_bytes; /* weight bytes used in place from `map` */
     size_t staging_bytes;  /* the load's staging buffer (0: none was needed) */
