@@ -754,6 +754,18 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
     m->n_bytes = total;
     loom_free(list);
     m->load_us = loom_time_us() - t0;
+    if (!(p && p->no_data)) {
+        double mb = (double)total / 1e6, ms = (double)m->load_us / 1000.0;
+        LOOM_LOG_INFO("model: %.2f MB of weights in %.1f ms (%.0f MB/s): %.2f MB used in place "
+                      "from the mapped file, %.2f MB copied (device pieces of at most %zu "
+                      "bytes, %s)",
+                      mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0, (double)m->n_mapped_bytes / 1e6,
+                      (double)(total - m->n_mapped_bytes) / 1e6, chunk,
+                      m->staging_bytes ? "read through a staging buffer" : "from the mapping");
+        for (int b = 0; b < m->n_buffers; b++)
+            LOOM_LOG_INFO("model: weights buffer on %s: %zu bytes", loom_buffer_name(m->buffers[b]),
+                          loom_buffer_size(m->buffers[b]));
+    }
     *out = m;
     return LOOM_OK;
 fail:
