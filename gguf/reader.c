@@ -383,6 +383,94 @@ loom_status loom_gguf_open_header(const char *path, loom_gguf **out) {
     return open_file(path, true, out);
 }
 
+/* Test hook (loom_gguf_test_fail_mmap): the next n mappings fail as if mmap had. */
+static int fail_mmap_n;
+
+void loom_gguf_test_fail_mmap(int n) {
+    __atomic_store_n(&fail_mmap_n, n > 0 ? n : 0, __ATOMIC_SEQ_CST);
+}
+
+void *loom__gguf_mmap(size_t size, int prot, int fd) {
+    for (int n = __atomic_load_n(&fail_mmap_n, __ATOMIC_SEQ_CST); n > 0;)
+        if (__atomic_compare_exchange_n(&fail_mmap_n, &n, n - 1, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST)) {
+            errno = ENODEV;
+            return MAP_FAILED;
+        }
+    return mmap(NULL, size, prot, MAP_PRIVATE, fd, 0);
+}
+
+/* The fallback when mapping fails: the whole file in one owned allocation. */
+static loom_status read_all(loom_gguf *g, const char *path) {
+    uint8_t *buf = loom_malloc(g->size);
+    if (!buf)
+        return loom_error(LOOM_ERR_NOMEM,
+                          "gguf: '%s' cannot be mapped, and %zu bytes to read it "
+                          "into are not available",
+                          path, g->size);
+    size_t got = 0;
+    while (got < g->size) {
+        ssize_t n = pread(g->fd, buf + got, g->size - got, (off_t)got);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) {
+            loom_status st =
+                loom_error(LOOM_ERR_IO, "gguf: cannot read '%s' at offset %zu: %s", path, got,
+                           n < 0 ? strerror(errno) : "unexpected end of file");
+            loom_free(buf);
+            return st;
+        }
+        got += (size_t)n;
+    }
+    g->data = buf;
+    g->owned = buf;
+    return LOOM_OK;
+}
+
+bool loom_gguf_is_mapped(const loom_gguf *g) {
+    return g && g->mapped;
+}
+
+loom_status loom_gguf_map_file(const loom_gguf *g, void **base, size_t *size) {
+    *base = NULL;
+    *size = 0;
+    if (!g || g->fd < 0 || g->size == 0)
+        return loom_error(LOOM_ERR_UNSUPPORTED, "gguf: not opened from a file that can be mapped");
+    void *p = loom__gguf_mmap(g->size, PROT_READ | PROT_WRITE, g->fd);
+    if (p == MAP_FAILED)
+        return loom_error(LOOM_ERR_IO, "gguf: cannot map the file (%zu bytes): %s", g->size,
+                          strerror(errno));
+    *base = p;
+    *size = g->size;
+    return LOOM_OK;
+}
+
+loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst, size_t size) {
+    if (!g || (size && !dst)) return loom_error(LOOM_ERR_INVALID_ARG, "gguf: NULL argument");
+    if (offset > g->size || size > g->size - offset)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "gguf: read of %zu bytes at offset %llu runs past the end of the file "
+                          "(%zu bytes)",
+                          size, (unsigned long long)offset, g->size);
+    /* from memory when the bytes are there already (read at open, or opened from memory);
+     * a mapped file is read with pread, so the copy does not fault its pages in as well */
+    if (g->data && (!g->mapped || g->fd < 0)) {
+        memcpy(dst, g->data + offset, size);
+        return LOOM_OK;
+    }
+    if (g->fd < 0) return loom_error(LOOM_ERR_IO, "gguf: no data to read");
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = pread(g->fd, (uint8_t *)dst + got, size - got, (off_t)(offset + got));
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0)
+            return loom_error(LOOM_ERR_IO, "gguf: cannot read %zu bytes at offset %llu: %s", size,
+                              (unsigned long long)(offset + got),
+                              n < 0 ? strerror(errno) : "unexpected end of file");
+        got += (size_t)n;
+    }
+    return LOOM_OK;
+}
+
 static loom_status open_file(const char *path, bool header_only, loom_gguf **out) {
     if (!path || !out) return loom_error(LOOM_ERR_INVALID_ARG, "gguf: NULL argument");
     *out = NULL;
@@ -408,15 +496,19 @@ static loom_status open_file(const char *path, bool header_only, loom_gguf **out
     g->size = (size_t)sb.st_size;
     g->header_only = header_only;
     if (g->size > 0) {
-        void *p = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            loom_status st = loom_error(LOOM_ERR_IO, "gguf: cannot map '%s': %s", path, strerror(errno));
-            g->size = 0;
-            loom_gguf_free(g);
-            return st;
+        void *p = loom__gguf_mmap(g->size, PROT_READ, fd);
+        if (p != MAP_FAILED) {
+            g->data = p;
+            g->mapped = true;
+        } else {
+            /* a file that cannot be mapped is read into memory instead */
+            loom_status st = read_all(g, path);
+            if (st) {
+                g->size = 0;
+                loom_gguf_free(g);
+                return st;
+            }
         }
-        g->data = p;
-        g->mapped = true;
     }
     loom_status st = finish_open(g, out);
     if (st) {
@@ -441,6 +533,7 @@ void loom_gguf_free(loom_gguf *g) {
     loom_free(g->kv_index);
     loom_free(g->tensor_index);
     if (g->mapped) munmap((void *)g->data, g->size);
+    loom_free(g->owned);
     if (g->fd >= 0) close(g->fd);
     loom_free(g);
 }

@@ -1,16 +1,24 @@
+#define _GNU_SOURCE
 /*
  * llama-family hyperparameters and weight loading from GGUF.
  *
  * Hyperparameters come from "<arch>.*" keys. Weights are created as headers in a no_alloc
  * context per buffer type (the caller's placement decides the buffer type of each), every
  * shape is checked against the hyperparameters, the buffers are allocated in one go per
- * type, and the bytes are copied from the mapped file with loom_tensor_set (so any buffer
- * kind works: host, a simulated device, a meta device's split buffer).
+ * type. CPU weights whose file offset is 32-byte aligned are used in place from the model's
+ * own private mapping of the file (no copy; the gguf may be freed first); every other
+ * weight is copied with loom_tensor_set (so any buffer kind works: host, a simulated
+ * device, a meta device's split buffer) in whole-row pieces of at most load_chunk bytes,
+ * from the mapping (whose pages are dropped once copied) or, when the file cannot be
+ * mapped or no_mmap is set, read through one staging buffer of that size.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "loom/cpu.h"
 #include "loom/model.h"
@@ -345,7 +353,69 @@ typedef struct pending {
     int layer;
     loom_buft_t buft;
     const void *data; /* a computed tensor's bytes */
+    bool alias;       /* a CPU weight used in place from the model's mapping of the file */
 } pending;
+
+/* A CPU weight is used in place from the mapping when its data starts at a multiple of this
+ * (the mapping is page aligned, so the file offset decides; the CPU kernels read weights with
+ * unaligned loads and need only the element alignment, 32 covers every block type). */
+#define LOOM_MAP_ALIGN 32
+/* Device weights are copied in pieces of at most this many bytes (loom_model_params.load_chunk). */
+#define LOOM_LOAD_CHUNK_DEFAULT ((size_t)16 << 20)
+
+/* Drops the pages wholly inside [p, p + n) of a private file mapping that was only read:
+ * they come back from the file if touched again, so peak RSS stays one chunk. */
+static void release_pages(const void *p, size_t n) {
+    long ps = sysconf(_SC_PAGESIZE);
+    const size_t pg = ps > 0 ? (size_t)ps : 4096;
+    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(uintptr_t)(pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Bytes per copy of an n-byte device weight: whole rows, at most `chunk` (one row when a
+ * row is larger), at most n. */
+static size_t chunk_step(const loom_tensor *t, size_t n, size_t chunk) {
+    size_t row = t->nb[1] > 0 && (size_t)t->nb[1] < n ? (size_t)t->nb[1] : n;
+    size_t step = row && chunk >= row ? chunk / row * row : row;
+    return step < n ? step : n;
+}
+
+/* Copies tensor `t` (file bytes at file offset `off`) into its buffer: a host buffer reads
+ * straight into place; any other buffer gets pieces of at most `chunk` bytes, from the
+ * model's mapping when there is one (released after copying), else through `staging`. */
+static loom_status copy_weight(const loom_gguf *g, loom_model *m, loom_tensor *t, uint64_t off,
+                               size_t n, size_t chunk, void **staging) {
+    if (loom_buffer_is_host(t->buffer)) {
+        if (m->map) {
+            memcpy(t->data, (const char *)m->map + off, n);
+            release_pages((const char *)m->map + off, n);
+            return LOOM_OK;
+        }
+        loom_status st = loom_gguf_read_at(g, off, t->data, n);
+        return st ? loom_error(st, "model: tensor '%s': %s", t->name, loom_last_error()) : LOOM_OK;
+    }
+    size_t step = chunk_step(t, n, chunk);
+    if (!m->map && !*staging) {
+        *staging = loom_malloc(m->staging_bytes);
+        if (!*staging)
+            return loom_error(LOOM_ERR_NOMEM, "model: cannot allocate %zu bytes of load staging",
+                              m->staging_bytes);
+    }
+    for (size_t o = 0; o < n; o += step) {
+        size_t c = n - o < step ? n - o : step;
+        if (m->map) {
+            const char *src = (const char *)m->map + off + o;
+            loom_tensor_set(t, src, o, c);
+            release_pages(src, c);
+        } else {
+            loom_status st = loom_gguf_read_at(g, off + o, *staging, c);
+            if (st) return loom_error(st, "model: tensor '%s': %s", t->name, loom_last_error());
+            loom_tensor_set(t, *staging, o, c);
+        }
+    }
+    return LOOM_OK;
+}
 
 /* YaRN as ggml's rope computes it: theta_i = p base^(-2i/n) (s (1 - mix_i) + mix_i) with
  * mix_i = ramp(i) ext_factor between the correction dims of beta_fast and beta_slow, and
@@ -556,10 +626,28 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             }
         }
     }
+    /* CPU weights at a suitable offset are used in place from a mapping of the file the
+     * model owns (so the gguf may be freed after loading); any other weight is copied */
+    bool want_map = !(p && (p->no_data || p->no_mmap));
+    size_t data_off = loom_gguf_data_offset(g);
+    if (want_map) {
+        if (loom_gguf_map_file(g, &m->map, &m->map_size) != LOOM_OK) {
+            m->map = NULL; /* not mappable (from memory, mmap failed): read instead */
+            m->map_size = 0;
+        }
+    }
+    for (int i = 0; m->map && i < n_list; i++) {
+        if (list[i].gi < 0 || list[i].buft != loom_cpu_buffer_type()) continue;
+        uint64_t off = data_off + loom_gguf_tensor_offset(g, list[i].gi);
+        size_t n = loom_gguf_tensor_size(g, list[i].gi);
+        list[i].alias = off % LOOM_MAP_ALIGN == 0 && n > 0 && off <= m->map_size &&
+                        n <= m->map_size - off; /* a header-only file lacks the bytes */
+    }
     /* one buffer per distinct buffer type */
     loom_buft_t bufts[64];
     int n_bufts = 0;
     for (int i = 0; i < n_list; i++) {
+        if (list[i].alias) continue;
         int k = 0;
         while (k < n_bufts && bufts[k] != list[i].buft) k++;
         if (k == n_bufts) {
@@ -570,7 +658,7 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
             bufts[n_bufts++] = list[i].buft;
         }
     }
-    m->buffers = loom_calloc((size_t)n_bufts + 1, sizeof *m->buffers);
+    m->buffers = loom_calloc((size_t)n_bufts + 2, sizeof *m->buffers);
     if (!m->buffers) {
         st = loom_error(LOOM_ERR_NOMEM, "model: out of memory");
         goto fail;
@@ -579,7 +667,7 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         /* place this buffer type's tensors one after another, aligned */
         size_t align = loom_buft_alignment(bufts[k]), total = 0;
         for (int i = 0; i < n_list; i++)
-            if (list[i].buft == bufts[k])
+            if (list[i].buft == bufts[k] && !list[i].alias)
                 total += (loom_buft_alloc_size(bufts[k], list[i].t) + align - 1) / align * align;
         loom_buffer_t buf = loom_buft_alloc_buffer(bufts[k], total);
         if (!buf) {
@@ -592,35 +680,92 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
         m->buffers[m->n_buffers++] = buf;
         size_t off = 0;
         for (int i = 0; i < n_list; i++) {
-            if (list[i].buft != bufts[k]) continue;
+            if (list[i].buft != bufts[k] || list[i].alias) continue;
             if ((st = loom_buffer_alloc_tensor(buf, list[i].t, off))) goto fail;
             off += (loom_buft_alloc_size(bufts[k], list[i].t) + align - 1) / align * align;
+        }
+    }
+    /* the aliased weights as one CPU buffer over the span of the mapping they cover */
+    bool any_alias = false;
+    size_t lo = SIZE_MAX, hi = 0;
+    for (int i = 0; i < n_list; i++) {
+        if (!list[i].alias) continue;
+        any_alias = true;
+        size_t o = loom_gguf_tensor_offset(g, list[i].gi);
+        if (o < lo) lo = o;
+        if (o + loom_gguf_tensor_size(g, list[i].gi) > hi)
+            hi = o + loom_gguf_tensor_size(g, list[i].gi);
+    }
+    if (any_alias) {
+        loom_buffer_t buf = loom_cpu_buffer_from_ptr((char *)m->map + data_off + lo, hi - lo);
+        if (!buf) {
+            st = loom_last_status();
+            goto fail;
+        }
+        loom_buffer_set_usage(buf, LOOM_BUFFER_USAGE_WEIGHTS);
+        m->buffers[m->n_buffers++] = buf;
+        for (int i = 0; i < n_list; i++) {
+            if (!list[i].alias) continue;
+            if ((st = loom_buffer_alloc_tensor(buf, list[i].t,
+                                               loom_gguf_tensor_offset(g, list[i].gi) - lo)))
+                goto fail;
+            m->n_mapped_bytes += loom_gguf_tensor_size(g, list[i].gi);
         }
     }
     size_t total = 0, done = 0;
     for (int i = 0; i < n_list; i++)
         total += list[i].gi >= 0 ? loom_gguf_tensor_size(g, list[i].gi) : 0;
+    size_t chunk = p && p->load_chunk ? p->load_chunk : LOOM_LOAD_CHUNK_DEFAULT;
+    void *staging = NULL;
+    /* one staging buffer for the whole load, as large as the largest copy needs */
+    for (int i = 0; !m->map && i < n_list && !(p && p->no_data); i++) {
+        if (list[i].gi < 0 || loom_buffer_is_host(list[i].t->buffer)) continue;
+        size_t c = chunk_step(list[i].t, loom_gguf_tensor_size(g, list[i].gi), chunk);
+        if (c > m->staging_bytes) m->staging_bytes = c;
+    }
     for (int i = 0; i < n_list && !(p && p->no_data); i++) {
         if (list[i].gi < 0) {
             loom_tensor_set(list[i].t, list[i].data, 0, loom_nbytes(list[i].t));
             continue;
         }
         size_t n = loom_gguf_tensor_size(g, list[i].gi);
-        const void *src = loom_gguf_tensor_data(g, list[i].gi);
-        if (!src && n) {
+        uint64_t off = data_off + loom_gguf_tensor_offset(g, list[i].gi);
+        if (n && off + n > loom_gguf_file_size(g)) {
+            loom_free(staging);
             st = loom_error(LOOM_ERR_FORMAT,
                             "model: tensor '%s' has no data in the file (a header-only file "
                             "can only be planned)",
                             list[i].t->name);
             goto fail;
         }
-        loom_tensor_set(list[i].t, src, 0, n);
+        if (!list[i].alias && (st = copy_weight(g, m, list[i].t, off, n, chunk, &staging))) {
+            loom_free(staging);
+            goto fail;
+        }
         done += n;
         if (p && p->progress) p->progress(done, total, p->progress_user_data);
+    }
+    loom_free(staging);
+    if (m->map && !any_alias) { /* every weight was copied: the mapping is not needed */
+        munmap(m->map, m->map_size);
+        m->map = NULL;
+        m->map_size = 0;
     }
     m->n_bytes = total;
     loom_free(list);
     m->load_us = loom_time_us() - t0;
+    if (!(p && p->no_data)) {
+        double mb = (double)total / 1e6, ms = (double)m->load_us / 1000.0;
+        LOOM_LOG_INFO("model: %.2f MB of weights in %.1f ms (%.0f MB/s): %.2f MB used in place "
+                      "from the mapped file, %.2f MB copied (device pieces of at most %zu "
+                      "bytes, %s)",
+                      mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0, (double)m->n_mapped_bytes / 1e6,
+                      (double)(total - m->n_mapped_bytes) / 1e6, chunk,
+                      m->staging_bytes ? "read through a staging buffer" : "from the mapping");
+        for (int b = 0; b < m->n_buffers; b++)
+            LOOM_LOG_INFO("model: weights buffer on %s: %zu bytes", loom_buffer_name(m->buffers[b]),
+                          loom_buffer_size(m->buffers[b]));
+    }
     *out = m;
     return LOOM_OK;
 fail:
@@ -634,6 +779,7 @@ void loom_model_free(loom_model *m) {
     for (int i = 0; i < m->n_buffers; i++) loom_buffer_free(m->buffers[i]);
     loom_free(m->buffers);
     loom_ctx_free(m->ctx);
+    if (m->map) munmap(m->map, m->map_size);
     loom_free(m);
 }
 

@@ -341,8 +341,11 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     /* devices */
     const char *spec = s->p.devices && *s->p.devices ? s->p.devices : "cpu";
     /* a sim spec makes its own reg (named SIM0..); loading the modules first would add
-     * the default sim reg and shift the spec's names */
-    if (strncmp(spec, "sim", 3) != 0 && s->p.n_devs <= 0) loom_registry_load_all();
+     * the default sim reg and shift the spec's names; "cpu" needs no module at all (the
+     * CUDA module alone, loading cuBLAS, costs ~210 MB of RSS on a host without a GPU) */
+    if (strncmp(spec, "sim", 3) != 0 && strcmp(spec, "cpu") != 0 &&
+        s->p.n_devs <= 0)
+        loom_registry_load_all();
     size_t nd = 0;
     if (s->p.n_devs > 0) { /* the caller's devices */
         if (s->p.n_devs > MAX_DEVS || !s->p.devs)
@@ -406,9 +409,13 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
         (st = loom_kv_cache_check_type(&s->hp, "V (-ctv)", kv_type_v(s), kv_split)))
         return fail(s, st);
     if ((st = check_memory(s, n_ctx))) return fail(s, st);
-    loom_model_params mp = {.placement = place, .placement_user_data = s,
-                            .progress = s->p.progress, .progress_user_data = s->p.progress_user_data,
-                            .no_data = s->p.no_weight_data};
+    loom_model_params mp = {.placement = place,
+                            .placement_user_data = s,
+                            .progress = s->p.progress,
+                            .progress_user_data = s->p.progress_user_data,
+                            .no_data = s->p.no_weight_data,
+                            .no_mmap = s->p.no_mmap,
+                            .load_chunk = s->p.load_chunk};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
     if ((st = loom_kv_cache_new_types(s->model, n_ctx, s->p.kv_type, kv_type_v(s), &mp, &s->kv)))
         return fail(s, st);

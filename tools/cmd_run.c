@@ -250,6 +250,8 @@ int loom_cli_run(int argc, char **argv) {
     const bool lead = cd.rank == 0;
     if (seed_random) sp.seed = random_seed();
     int rc = 1;
+    loom_cli_mem_row mem[LOOM_META_MAX_DEVICES + 2];
+    int nm = 0;
     loom_session *s = NULL;
     loom_sampler *smp = NULL;
     FILE *lf = NULL;
@@ -328,8 +330,7 @@ int loom_cli_run(int argc, char **argv) {
             fprintf(stderr, "loom run: %s\n", loom_last_error());
             goto out;
         }
-        loom_cli_mem_row mem[LOOM_META_MAX_DEVICES + 2];
-        int nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
+        nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
         if (lead) loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
     }
     ok = true;
@@ -430,7 +431,22 @@ int loom_cli_run(int argc, char **argv) {
            (unsigned long long)sp.seed, seed_random ? " (random; -s repeats it)" : "",
            (double)sp.temp, sp.top_k, (double)sp.top_p, (double)xs.min_p, (double)xs.repeat_penalty,
            xs.repeat_last_n);
-    printf("load time:  %.1f ms\n", (double)st.load_us / 1000.0);
+    {
+        /* the weights: how fast they came in, where they went, how much is used in place */
+        const loom_model *lm = loom_session_model(s);
+        double mb = (double)lm->n_bytes / 1e6, ms = (double)lm->load_us / 1000.0;
+        printf("load time:  %.1f ms (weights %.2f MB in %.1f ms, %.0f MB/s; %.2f MB used in "
+               "place from the mapped file)\n",
+               (double)st.load_us / 1000.0, mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0,
+               (double)lm->n_mapped_bytes / 1e6);
+        printf("weights per device:");
+        for (int i = 0; i < nm; i++) {
+            char w[32];
+            loom_cli_format_bytes(w, sizeof w, mem[i].weights);
+            printf("%s %s %s", i ? "," : "", mem[i].name, w);
+        }
+        printf("\n");
+    }
     printf("prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", n_prompt,
            (double)t_prompt / 1000.0,
            (double)n_prompt * 1e6 / (double)(t_prompt > 0 ? t_prompt : 1));

@@ -39,7 +39,8 @@ typedef enum loom_gguf_type {
 
 typedef struct loom_gguf loom_gguf;
 
-/* Opens and validates a file (mmap, read-only). */
+/* Opens and validates a file (mmap, read-only; a file that cannot be mapped is read into
+ * memory instead). */
 LOOM_API loom_status loom_gguf_open(const char *path, loom_gguf **out);
 /* Opens the metadata and tensor table only: tensor data may be absent (a file truncated
  * after its header, or a header copied from a 40 GB model); loom_gguf_tensor_data returns
@@ -48,6 +49,18 @@ LOOM_API loom_status loom_gguf_open_header(const char *path, loom_gguf **out);
 /* Parses a memory image (borrowed: it must outlive the result). For tests and fuzzing. */
 LOOM_API loom_status loom_gguf_open_memory(const void *data, size_t size, loom_gguf **out);
 LOOM_API void loom_gguf_free(loom_gguf *g); /* NULL is a no-op */
+/* Whether g's bytes are a mapping of the file (false: opened from memory, or a file that
+ * could not be mapped and was read into memory instead). */
+LOOM_API bool loom_gguf_is_mapped(const loom_gguf *g);
+/* A new private (copy-on-write) mapping of the whole file g was opened from, independent of
+ * g's lifetime: munmap(*base, *size) when done. Pages are shared with the page cache until
+ * written. LOOM_ERR_UNSUPPORTED for a gguf opened from memory, LOOM_ERR_IO if mmap fails. */
+LOOM_API loom_status loom_gguf_map_file(const loom_gguf *g, void **base, size_t *size);
+/* Copies `size` bytes at file offset `offset` into dst (from memory, or read from the file:
+ * the tensor data of a header-only open). */
+LOOM_API loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst, size_t size);
+/* Test hook: the next n mmap calls of the reader (open, loom_gguf_map_file) fail. */
+LOOM_API void loom_gguf_test_fail_mmap(int n);
 
 LOOM_API const char *loom_gguf_type_name(loom_gguf_type t);
 LOOM_API uint32_t loom_gguf_version(const loom_gguf *g);

@@ -111,6 +111,11 @@ typedef struct loom_model_params {
     /* allocate and place the weights but copy no bytes (planning from a header-only
      * file, loom_gguf_open_header, on sim virtual=1 devices): the weights are garbage */
     bool no_data;
+    /* read every weight instead of using CPU weights in place from a mapping of the file */
+    bool no_mmap;
+    /* device (non-host) weights are copied in pieces of at most this many bytes (whole rows;
+     * 0: 16 MiB); without a mapping they pass through one staging buffer of this size */
+    size_t load_chunk;
 } loom_model_params;
 
 typedef struct loom_model {
@@ -127,6 +132,10 @@ typedef struct loom_model {
     size_t n_bytes;                /* weight bytes */
     bool no_flash_attn;            /* attention as mul_mat + soft_max(mask) + mul_mat */
     int64_t load_us;
+    void *map;             /* the model's private mapping of the file (NULL: none aliased) */
+    size_t map_size;
+    size_t n_mapped_bytes; /* weight bytes used in place from `map` */
+    size_t staging_bytes;  /* the load's staging buffer (0: none was needed) */
 } loom_model;
 
 /* Creates the weight tensors of g's model (checking every shape against the

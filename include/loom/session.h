@@ -72,6 +72,9 @@ typedef struct loom_session_params {
      * layers per device by them. Ignored by split mode none. */
     const float *tensor_split;
     int n_tensor_split;
+    bool no_mmap;               /* read the weights instead of using CPU ones in place from a
+                                 * mapping of the file (loom_model_params.no_mmap) */
+    size_t load_chunk;          /* bytes per device-weight copy (loom_model_params.load_chunk) */
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
