@@ -13,25 +13,13 @@
 
 #include "tests/model/arch_cases.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/capture.h"
 #include "tools/cli.h"
 
 /* Runs `loom gguf PATH --plan --devices SPEC`, stdout into a malloc'd string. */
 static int plan(const char *path, const char *spec, char **out) {
     char *argv[] = {"gguf", (char *)path, "--plan", "--devices", (char *)spec, NULL};
-    fflush(stdout);
-    FILE *fo = tmpfile();
-    int so = dup(1);
-    dup2(fileno(fo), 1);
-    int rc = loom_cli_gguf(5, argv);
-    fflush(stdout);
-    dup2(so, 1);
-    close(so);
-    long n = ftell(fo);
-    rewind(fo);
-    *out = calloc((size_t)n + 1, 1);
-    if (n > 0 && fread(*out, 1, (size_t)n, fo) != (size_t)n) (*out)[0] = 0;
-    fclose(fo);
-    return rc;
+    return loom_test_capture(loom_cli_gguf, argv, out, NULL);
 }
 
 /* The line of tensor `name` in the plan contains `want`. */

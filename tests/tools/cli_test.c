@@ -13,6 +13,7 @@
 #include "loom/gguf.h"
 #include "loom/model.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/capture.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
@@ -20,34 +21,8 @@ typedef int (*cmd_fn)(int, char **);
 
 #define LOOM_CHECK_STR_EQ(a, b) LOOM_CHECK_MSG(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
 
-/* Runs fn(argv) with stdout/stderr captured into malloc'd strings. */
 static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    int argc = 0;
-    while (argv[argc])
-        argc++;
-    fflush(stdout);
-    fflush(stderr);
-    FILE *fo = tmpfile(), *fe = tmpfile();
-    int so = dup(1), se = dup(2);
-    dup2(fileno(fo), 1);
-    dup2(fileno(fe), 2);
-    int rc = fn(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    FILE *fs[2] = {fo, fe};
-    char **dst[2] = {out, err};
-    for (int k = 0; k < 2; k++) {
-        long n = ftell(fs[k]);
-        rewind(fs[k]);
-        *dst[k] = calloc((size_t)n + 1, 1);
-        if (n > 0 && fread(*dst[k], 1, (size_t)n, fs[k]) != (size_t)n) (*dst[k])[0] = 0;
-        fclose(fs[k]);
-    }
-    return rc;
+    return loom_test_capture(fn, argv, out, err);
 }
 
 static const char *stories(void) {

@@ -15,6 +15,7 @@
 
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/capture.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 #include "tools/plan.h"
@@ -47,32 +48,7 @@ static const char *header_only_copy(void) {
 typedef int (*cmd_fn)(int, char **);
 
 static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    int argc = 0;
-    while (argv[argc])
-        argc++;
-    fflush(stdout);
-    fflush(stderr);
-    FILE *fo = tmpfile(), *fe = tmpfile();
-    int so = dup(1), se = dup(2);
-    dup2(fileno(fo), 1);
-    dup2(fileno(fe), 2);
-    int rc = fn(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(so, 1);
-    dup2(se, 2);
-    close(so);
-    close(se);
-    FILE *fs[2] = {fo, fe};
-    char **dst[2] = {out, err};
-    for (int k = 0; k < 2; k++) {
-        long n = ftell(fs[k]);
-        rewind(fs[k]);
-        *dst[k] = calloc((size_t)n + 1, 1);
-        if (n > 0 && fread(*dst[k], 1, (size_t)n, fs[k]) != (size_t)n) (*dst[k])[0] = 0;
-        fclose(fs[k]);
-    }
-    return rc;
+    return loom_test_capture(fn, argv, out, err);
 }
 
 /* The real run: the full file on sim devices with real memory, the same prompt of n_batch
