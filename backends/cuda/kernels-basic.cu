@@ -26,12 +26,8 @@ static int cu_type_size(int type) {
         return 1;
     case LOOM_CU_I64:
         return 8;
-    case LOOM_CU_Q8_0:
-        return LOOM_CU_Q8_0_BYTES;
-    case LOOM_CU_Q4_0:
-        return LOOM_CU_Q4_0_BYTES;
     default:
-        return 0;
+        return cu_qbytes(type); /* block types: bytes per block; 0 for none */
     }
 }
 
@@ -81,16 +77,17 @@ static __global__ void k_cpy_elem(loom_cu_t dst, loom_cu_t src, int64_t n, int e
     }
 }
 
-/* Block b of a quantised dst: a raw block of the same type, or 32 values quantised. */
-static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk, int bs) {
+/* Block b of a quantised dst: a raw block of the same type (any block type, qk values), or
+ * 32 values quantised (Q8_0/Q4_0). */
+static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk, int bs, int qk) {
     CU_FOR(b, nblk) {
-        const int64_t e0 = b * LOOM_CU_QK;
+        const int64_t e0 = b * qk;
         int64_t i[4], j[4];
         cu_unravel(dst.ne, e0, i);
-        char *out = cu_at(dst, i[0] / LOOM_CU_QK, i[1], i[2], i[3]);
+        char *out = cu_at(dst, i[0] / qk, i[1], i[2], i[3]);
         if (src.type == dst.type) {
             cu_unravel(src.ne, e0, j);
-            const char *in = cu_at(src, j[0] / LOOM_CU_QK, j[1], j[2], j[3]);
+            const char *in = cu_at(src, j[0] / qk, j[1], j[2], j[3]);
             for (int k = 0; k < bs; k++)
                 out[k] = in[k];
             continue;
@@ -111,8 +108,10 @@ extern "C" cudaError_t loom__cu_cpy(loom_cu_t dst, loom_cu_t src, cudaStream_t s
     const int64_t n = cu_nelements(dst);
     if (n == 0) return cudaSuccess;
     if (cu_is_quant(dst.type)) {
-        const int64_t nblk = n / LOOM_CU_QK;
-        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk, cu_type_size(dst.type));
+        const int qk = cu_qk(dst.type);
+        const int64_t nblk = n / qk;
+        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk, cu_type_size(dst.type),
+                                                            qk);
     } else {
         const int es = src.type == dst.type ? cu_type_size(dst.type) : 0;
         k_cpy_elem<<<cu_blocks(n), CU_BLOCK, 0, s>>>(dst, src, n, es);
