@@ -52,6 +52,33 @@ static __device__ __forceinline__ void cu_copy_bytes(char *d, const char *p, int
     }
 }
 
+/* 32 values quantised into a block of a quantised result type (those supports_op lets
+ * through: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL). */
+static __device__ __forceinline__ void cu_quantize32(int type, const float *v, char *out) {
+    switch (type) {
+    case LOOM_CU_Q8_0:
+        cu_quantize_q8_0(v, out);
+        break;
+    case LOOM_CU_Q4_0:
+        cu_quantize_q4_0(v, out);
+        break;
+    case LOOM_CU_Q4_1:
+        cu_quantize_q_1(v, out, 15);
+        break;
+    case LOOM_CU_Q5_1:
+        cu_quantize_q_1(v, out, 31);
+        break;
+    case LOOM_CU_Q5_0:
+        cu_quantize_q5_0(v, out);
+        break;
+    case LOOM_CU_IQ4_NL:
+        cu_quantize_iq4_nl(v, out);
+        break;
+    default:
+        break;
+    }
+}
+
 static __device__ __forceinline__ float cu_silu(float x) {
     return x / (1.0f + expf(-x));
 }
@@ -78,7 +105,7 @@ static __global__ void k_cpy_elem(loom_cu_t dst, loom_cu_t src, int64_t n, int e
 }
 
 /* Block b of a quantised dst: a raw block of the same type (any block type, qk values), or
- * 32 values quantised (Q8_0/Q4_0). */
+ * 32 values quantised (cu_quantize32). */
 static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk, int bs, int qk) {
     CU_FOR(b, nblk) {
         const int64_t e0 = b * qk;
@@ -97,10 +124,7 @@ static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk
             cu_unravel(src.ne, e0 + l, j);
             v[l] = cu_load_f(src, j[0], j[1], j[2], j[3]);
         }
-        if (dst.type == LOOM_CU_Q8_0)
-            cu_quantize_q8_0(v, out);
-        else
-            cu_quantize_q4_0(v, out);
+        cu_quantize32(dst.type, v, out);
     }
 }
 
@@ -708,10 +732,7 @@ static __global__ void k_set_rows(loom_cu_t dst, loom_cu_t b, loom_cu_t ids, int
         for (int l = 0; l < LOOM_CU_QK; l++)
             v[l] = *(const float *)cu_at(b, u * LOOM_CU_QK + l, x, b2, b3);
         char *out = cu_at(dst, u, row, i2, i3);
-        if (dst.type == LOOM_CU_Q8_0)
-            cu_quantize_q8_0(v, out);
-        else
-            cu_quantize_q4_0(v, out);
+        cu_quantize32(dst.type, v, out);
     }
 }
 

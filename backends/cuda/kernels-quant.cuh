@@ -214,4 +214,120 @@ static __device__ __forceinline__ void cu_dequant32(int type, const char *p, int
 #undef CU_DQ32
 }
 
+/* ---------------------------------------------------------------- quantisation */
+
+/* The quantisers of the KV-cache block types beyond Q8_0/Q4_0 (CPY / SET_ROWS from F32):
+ * core's loom__quantize_row_q4_1 / _q5_0 / _q5_1 / _iq4_nl step for step (each operation
+ * rounded on its own, nearest-even integers as lrintf), so the blocks are the CPU's bit for
+ * bit. v holds 32 values; out the block (written bytewise). */
+
+static __device__ __forceinline__ void cu_wr16(char *p, uint16_t h) {
+    p[0] = (char)(h & 0xff);
+    p[1] = (char)(h >> 8);
+}
+
+static __device__ __forceinline__ int cu_clampi(int v, int lo, int hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* qs[j] low nibble q[j], high q[j + 16]; for 5-bit q the fifth bits into qh (LE u32). */
+static __device__ __forceinline__ void cu_put_q(char *qs, char *qh, const int *q) {
+    uint32_t h = 0;
+    for (int j = 0; j < 32; j++)
+        h |= (uint32_t)((q[j] >> 4) & 1) << j;
+    for (int j = 0; j < 16; j++)
+        qs[j] = (char)(uint8_t)((q[j] & 0x0f) | ((q[j + 16] & 0x0f) << 4));
+    if (qh)
+        for (int k = 0; k < 4; k++)
+            qh[k] = (char)(uint8_t)(h >> (8 * k));
+}
+
+/* Q4_1 (qmax 15, block: d, m, qs) and Q5_1 (qmax 31: d, m, qh, qs). */
+static __device__ __forceinline__ void cu_quantize_q_1(const float *v, char *out, int qmax) {
+    float mn = v[0], mx = v[0];
+    for (int j = 1; j < 32; j++) {
+        mn = v[j] < mn ? v[j] : mn;
+        mx = v[j] > mx ? v[j] : mx;
+    }
+    const float d = __fdiv_rn(__fsub_rn(mx, mn), (float)qmax);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    cu_wr16(out, cu_f32_to_fp16(d));
+    cu_wr16(out + 2, cu_f32_to_fp16(mn));
+    int q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = cu_clampi((int)rintf(__fmul_rn(__fsub_rn(v[j], mn), id)), 0, qmax);
+    if (qmax == 15)
+        cu_put_q(out + 4, NULL, q);
+    else
+        cu_put_q(out + 8, out + 4, q);
+}
+
+/* The value of largest |v| (first on ties), sign kept. */
+static __device__ __forceinline__ float cu_signed_absmax32(const float *v) {
+    float amax = 0.0f, m = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            m = v[j];
+        }
+    }
+    return m;
+}
+
+static __device__ __forceinline__ void cu_quantize_q5_0(const float *v, char *out) {
+    const float d = __fdiv_rn(cu_signed_absmax32(v), -16.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    cu_wr16(out, cu_f32_to_fp16(d));
+    int q[32];
+    for (int j = 0; j < 32; j++)
+        q[j] = cu_clampi((int)rintf(__fmul_rn(v[j], id)) + 16, 0, 31);
+    cu_put_q(out + 6, out + 2, q);
+}
+
+/* Index of the IQ4_NL level nearest to x (first on ties). */
+static __device__ __forceinline__ int cu_iq4nl_nearest(float x) {
+    int best = 0;
+    float err = fabsf(__fsub_rn(x, (float)cu_iq4nl_values[0]));
+    for (int i = 1; i < 16; i++) {
+        const float e = fabsf(__fsub_rn(x, (float)cu_iq4nl_values[i]));
+        if (e < err) {
+            err = e;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* IQ4_NL: the scale putting the largest |v| on level 0, one least-squares refit for the
+ * chosen levels, the levels re-picked for the scale as stored (fp16). */
+static __device__ __forceinline__ void cu_quantize_iq4_nl(const float *v, char *out) {
+    int q[32];
+    const float m = cu_signed_absmax32(v);
+    float d = 0.0f;
+    if (m == 0.0f) {
+        for (int j = 0; j < 32; j++)
+            q[j] = cu_iq4nl_nearest(0.0f);
+    } else {
+        d = __fdiv_rn(m, (float)cu_iq4nl_values[0]);
+        for (int it = 0; it < 2; it++) {
+            const float id = __fdiv_rn(1.0f, d);
+            float sxl = 0.0f, sll = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                q[j] = cu_iq4nl_nearest(__fmul_rn(v[j], id));
+                const float l = (float)cu_iq4nl_values[q[j]];
+                sxl = __fadd_rn(sxl, __fmul_rn(v[j], l));
+                sll = __fadd_rn(sll, __fmul_rn(l, l));
+            }
+            if (it == 0 && sll > 0.0f && sxl != 0.0f) d = __fdiv_rn(sxl, sll);
+        }
+    }
+    const uint16_t h = cu_f32_to_fp16(d);
+    cu_wr16(out, h);
+    const float ds = cu_fp16_to_f32(h);
+    if (ds != 0.0f)
+        for (int j = 0; j < 32; j++)
+            q[j] = cu_iq4nl_nearest(__fdiv_rn(v[j], ds));
+    cu_put_q(out + 2, NULL, q);
+}
+
 #endif /* LOOM_CUDA_KERNELS_QUANT_CUH */

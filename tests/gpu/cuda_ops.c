@@ -996,6 +996,55 @@ static void build_qdequant_once(oc_case *c, int v) {
     oc_out(c, loom_mul_mat(c->ctx, a, eye));
 }
 
+/* The quantised KV-cache types beyond Q8_0/Q4_0: CPY and SET_ROWS quantise F32 into them
+ * (cu_quantize32), bit-identical to core's quantisers. */
+static const loom_type k_kvq_types[] = {LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+                                        LOOM_TYPE_IQ4_NL};
+#define N_KVQ ((int)(sizeof k_kvq_types / sizeof k_kvq_types[0]))
+
+/* v = type * 4 + variant: 0 a cast of a [96, 5, 3] permuted view, 1 a loom_cpy of a padded
+ * [64, 3, 2, 2] into [128, 6]; 2, 3 SET_ROWS as build_set_rows (I32 ids; dst [64, 9] from
+ * b [64, 4] padded, or dst [64, 9, 4] from b [64, 3, 2] permuted, broadcast); variant 1
+ * has positive values only (Q4_1/Q5_1 min > 0), variant 3 integer steps (many ties). */
+static void build_qquantize(oc_case *c, int v) {
+    const loom_type t = k_kvq_types[v / 4];
+    const int var = v % 4;
+    if (var == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 96, 5, 3, 1, L_PERM12);
+        oc_out(c, loom_cast(c->ctx, a, t));
+        return;
+    }
+    if (var == 1) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 64, 3, 2, 2, L_PADDED);
+        oc_fill(c, a, F_UNIFORM, 0.25, 7.0);
+        loom_tensor *b = oc_src(c, t, 128, 6, 1, 1, L_CONTIG);
+        oc_out(c, loom_cpy(c->ctx, a, b));
+        return;
+    }
+    loom_tensor *dst, *b, *ids;
+    if (var == 2) {
+        dst = oc_src(c, t, 64, 9, 1, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 4, 1, 1, L_PADDED);
+        ids = oc_src(c, LOOM_TYPE_I32, 4, 1, 1, 1, L_CONTIG);
+    } else {
+        dst = oc_src(c, t, 64, 9, 4, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 3, 2, 1, L_PERM12);
+        oc_fill(c, b, F_STEPS, -4.0, 4.0);
+        ids = oc_src(c, LOOM_TYPE_I32, 3, 2, 1, 1, L_CONTIG);
+    }
+    oc_fill(c, ids, F_DISTINCT, 0, 9);
+    oc_out(c, loom_set_rows(c->ctx, dst, b, ids));
+}
+
+OC_TEST(block_types_quantize_exact) {
+    char label[64];
+    for (int v = 0; v < N_KVQ * 4; v++) {
+        snprintf(label, sizeof label, "%s f32 -> %s", v % 4 < 2 ? "cpy" : "set_rows",
+                 loom_type_name(k_kvq_types[v / 4]));
+        oc_check(env, label, build_qquantize, v, TOL_EXACT);
+    }
+}
+
 /* Quantised products: the CPU quantises the activations (Q8_0/Q8_1/Q8_K, about 1/254 of
  * each block's largest |b| per product, docs/ops.md), the GPU multiplies F32 activations. */
 static const oc_tol TOL_QMM = {1e-3, 2e-2};
@@ -1066,9 +1115,8 @@ OC_TEST(block_types_empty_slice) {
         oc_check(env, "mul_mat Q4_K with K = 0", build_qempty, v, TOL_EXACT);
 }
 
-/* What the kernels write: F32 into Q8_0/Q4_0 and same-type copies; the other quantised
- * results of the CPU contract (F32 -> Q4_1/Q5_0/Q5_1/IQ4_NL) are declined, so the
- * scheduler keeps them on the CPU instead of a wrong result. */
+/* The device takes every block type as a weight (MUL_MAT, CAST to F32, CONT) and every
+ * quantised result of the CPU contract (F32 -> the KV-cache types). */
 OC_TEST(block_types_supported_ops) {
     loom_dev_t dev = loom_backend_device(env->gpu);
     LOOM_REQUIRE(dev != NULL);
@@ -1085,10 +1133,12 @@ OC_TEST(block_types_supported_ops) {
         LOOM_CHECK_MSG(loom_dev_supports_op(dev, cast), "cast %s", loom_type_name(t));
         LOOM_CHECK_MSG(loom_dev_supports_op(dev, cont), "cont %s", loom_type_name(t));
     }
-    loom_tensor *q41 = loom_cast(ctx, x, LOOM_TYPE_Q4_1), *q40 = loom_cast(ctx, x, LOOM_TYPE_Q4_0);
-    LOOM_REQUIRE(q41 && q40);
-    LOOM_CHECK(!loom_dev_supports_op(dev, q41));
-    LOOM_CHECK(loom_dev_supports_op(dev, q40));
+    for (int i = 0; i < N_KVQ; i++) {
+        loom_tensor *q = loom_cast(ctx, x, k_kvq_types[i]);
+        LOOM_REQUIRE(q != NULL);
+        LOOM_CHECK_MSG(loom_dev_supports_op(dev, q), "cast f32 -> %s",
+                       loom_type_name(k_kvq_types[i]));
+    }
     loom_ctx_free(ctx);
 }
 
