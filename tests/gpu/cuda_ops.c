@@ -1084,6 +1084,7 @@ OC_TEST(block_types_dequantize_once_exact) {
                                    "%s: a x I at (%lld, %lld) is %.9g, a is %.9g",
                                    loom_type_name(t), (long long)m, (long long)k, r.v[1][m + M * k],
                                    r.v[0][k + K * m]);
+        env->cases++;
         env->compared += (int)(K * M);
         oc_result_free(&r);
     }
