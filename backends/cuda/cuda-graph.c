@@ -39,6 +39,21 @@ static const char *tname(const loom_tensor *t) {
 _Static_assert(sizeof(loom_block_q8_0) == LOOM_CU_Q8_0_BYTES, "Q8_0 block layout");
 _Static_assert(sizeof(loom_block_q4_0) == LOOM_CU_Q4_0_BYTES, "Q4_0 block layout");
 _Static_assert(LOOM_QK8_0 == LOOM_CU_QK && LOOM_QK4_0 == LOOM_CU_QK, "block length");
+_Static_assert(sizeof(loom_block_q4_1) == LOOM_CU_Q4_1_BYTES, "Q4_1 block layout");
+_Static_assert(sizeof(loom_block_q5_0) == LOOM_CU_Q5_0_BYTES, "Q5_0 block layout");
+_Static_assert(sizeof(loom_block_q5_1) == LOOM_CU_Q5_1_BYTES, "Q5_1 block layout");
+_Static_assert(sizeof(loom_block_iq4_nl) == LOOM_CU_IQ4_NL_BYTES, "IQ4_NL block layout");
+_Static_assert(sizeof(loom_block_mxfp4) == LOOM_CU_MXFP4_BYTES, "MXFP4 block layout");
+_Static_assert(sizeof(loom_block_q2_K) == LOOM_CU_Q2_K_BYTES, "Q2_K block layout");
+_Static_assert(sizeof(loom_block_q3_K) == LOOM_CU_Q3_K_BYTES, "Q3_K block layout");
+_Static_assert(sizeof(loom_block_q4_K) == LOOM_CU_Q4_K_BYTES, "Q4_K block layout");
+_Static_assert(sizeof(loom_block_q5_K) == LOOM_CU_Q5_K_BYTES, "Q5_K block layout");
+_Static_assert(sizeof(loom_block_q6_K) == LOOM_CU_Q6_K_BYTES, "Q6_K block layout");
+_Static_assert(sizeof(loom_block_iq4_xs) == LOOM_CU_IQ4_XS_BYTES, "IQ4_XS block layout");
+_Static_assert(LOOM_QK4_1 == LOOM_CU_QK && LOOM_QK5_0 == LOOM_CU_QK && LOOM_QK5_1 == LOOM_CU_QK &&
+                   LOOM_QK4_NL == LOOM_CU_QK && LOOM_QK_MXFP4 == LOOM_CU_QK &&
+                   LOOM_QK_K == LOOM_CU_QK_K,
+               "block lengths");
 
 /* The kernels' name of a storage type (-1: none; supports_op never lets one through). */
 static int32_t cu_type_of(loom_type t) {
@@ -61,6 +76,28 @@ static int32_t cu_type_of(loom_type t) {
         return LOOM_CU_I32;
     case LOOM_TYPE_I64:
         return LOOM_CU_I64;
+    case LOOM_TYPE_Q4_1:
+        return LOOM_CU_Q4_1;
+    case LOOM_TYPE_Q5_0:
+        return LOOM_CU_Q5_0;
+    case LOOM_TYPE_Q5_1:
+        return LOOM_CU_Q5_1;
+    case LOOM_TYPE_IQ4_NL:
+        return LOOM_CU_IQ4_NL;
+    case LOOM_TYPE_MXFP4:
+        return LOOM_CU_MXFP4;
+    case LOOM_TYPE_Q2_K:
+        return LOOM_CU_Q2_K;
+    case LOOM_TYPE_Q3_K:
+        return LOOM_CU_Q3_K;
+    case LOOM_TYPE_Q4_K:
+        return LOOM_CU_Q4_K;
+    case LOOM_TYPE_Q5_K:
+        return LOOM_CU_Q5_K;
+    case LOOM_TYPE_Q6_K:
+        return LOOM_CU_Q6_K;
+    case LOOM_TYPE_IQ4_XS:
+        return LOOM_CU_IQ4_XS;
     default:
         return -1;
     }
@@ -558,11 +595,12 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
     return LOOM_OK;
 }
 
-/* The kernels load elements with their natural alignment (quantised blocks: 2 bytes). */
+/* The kernels load elements with their natural alignment (quantised blocks are read
+ * bytewise: any address, so 17-byte MXFP4 rows need no padding). */
 static bool aligned_ok(const loom_tensor *t) {
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (!tr) return false;
-    const size_t al = tr->is_quantized ? 2 : tr->type_size;
+    const size_t al = tr->is_quantized ? 1 : tr->type_size;
     if (al <= 1) return true;
     if ((uintptr_t)t->data % al) return false;
     for (int i = 0; i < LOOM_MAX_DIMS; i++)

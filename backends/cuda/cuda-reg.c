@@ -110,8 +110,8 @@ bool loom__cuda_peer_ok(int from, int to) {
 /* The op/type combinations the kernels implement: those of the CPU oracle (the contract of
  * docs/ops.md, backends/op-types.c), with flash attention limited to head sizes whose
  * per-warp rows fit shared memory. */
-/* Storage types the CUDA kernels have (the CPU contract also takes the K-quants, the
- * other legacy quants, IQ4_NL/IQ4_XS and MXFP4, which have no CUDA kernels yet). */
+/* Storage types the CUDA kernels have: every type of the CPU contract but the activation
+ * types Q8_1/Q8_K (kernels-quant.cuh decodes the block types). */
 static bool cuda_type_known(loom_type t) {
     switch (t) {
     case LOOM_TYPE_F32:
@@ -119,6 +119,17 @@ static bool cuda_type_known(loom_type t) {
     case LOOM_TYPE_BF16:
     case LOOM_TYPE_Q8_0:
     case LOOM_TYPE_Q4_0:
+    case LOOM_TYPE_Q4_1:
+    case LOOM_TYPE_Q5_0:
+    case LOOM_TYPE_Q5_1:
+    case LOOM_TYPE_IQ4_NL:
+    case LOOM_TYPE_MXFP4:
+    case LOOM_TYPE_Q2_K:
+    case LOOM_TYPE_Q3_K:
+    case LOOM_TYPE_Q4_K:
+    case LOOM_TYPE_Q5_K:
+    case LOOM_TYPE_Q6_K:
+    case LOOM_TYPE_IQ4_XS:
     case LOOM_TYPE_I8:
     case LOOM_TYPE_I16:
     case LOOM_TYPE_I32:
@@ -129,10 +140,31 @@ static bool cuda_type_known(loom_type t) {
     }
 }
 
+/* Quantised results the kernels write: the KV-cache types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
+ * IQ4_NL quantised from F32 (CPY, SET_ROWS: the CPU contract's quantised results), and any
+ * block type copied from the same type (raw blocks). */
+static bool cuda_result_ok(const loom_tensor *op) {
+    const loom_type_traits *tr = loom_type_traits_get((int)op->type);
+    if (!tr || !tr->is_quantized) return true;
+    switch (op->type) {
+    case LOOM_TYPE_Q8_0:
+    case LOOM_TYPE_Q4_0:
+    case LOOM_TYPE_Q4_1:
+    case LOOM_TYPE_Q5_0:
+    case LOOM_TYPE_Q5_1:
+    case LOOM_TYPE_IQ4_NL:
+        return true;
+    default:
+        break;
+    }
+    return (op->op == LOOM_OP_DUP || op->op == LOOM_OP_CONT || op->op == LOOM_OP_CPY) &&
+           op->src[0] && op->src[0]->type == op->type;
+}
+
 bool loom__cuda_dev_supports_op(const loom__cuda_dev *cd, const loom_tensor *op) {
     (void)cd;
     if (!loom__op_types_ok(op)) return false;
-    if (!cuda_type_known(op->type)) return false;
+    if (!cuda_type_known(op->type) || !cuda_result_ok(op)) return false;
     for (int i = 0; i < LOOM_MAX_SRC; i++)
         if (op->src[i] && !cuda_type_known(op->src[i]->type)) return false;
     if (op->op == LOOM_OP_FLASH_ATTN_EXT)

@@ -26,12 +26,8 @@ static int cu_type_size(int type) {
         return 1;
     case LOOM_CU_I64:
         return 8;
-    case LOOM_CU_Q8_0:
-        return LOOM_CU_Q8_0_BYTES;
-    case LOOM_CU_Q4_0:
-        return LOOM_CU_Q4_0_BYTES;
     default:
-        return 0;
+        return cu_qbytes(type); /* block types: bytes per block; 0 for none */
     }
 }
 
@@ -52,6 +48,33 @@ static __device__ __forceinline__ void cu_copy_bytes(char *d, const char *p, int
     default:
         for (int k = 0; k < es; k++)
             d[k] = p[k];
+        break;
+    }
+}
+
+/* 32 values quantised into a block of a quantised result type (those supports_op lets
+ * through: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL). */
+static __device__ __forceinline__ void cu_quantize32(int type, const float *v, char *out) {
+    switch (type) {
+    case LOOM_CU_Q8_0:
+        cu_quantize_q8_0(v, out);
+        break;
+    case LOOM_CU_Q4_0:
+        cu_quantize_q4_0(v, out);
+        break;
+    case LOOM_CU_Q4_1:
+        cu_quantize_q_1(v, out, 15);
+        break;
+    case LOOM_CU_Q5_1:
+        cu_quantize_q_1(v, out, 31);
+        break;
+    case LOOM_CU_Q5_0:
+        cu_quantize_q5_0(v, out);
+        break;
+    case LOOM_CU_IQ4_NL:
+        cu_quantize_iq4_nl(v, out);
+        break;
+    default:
         break;
     }
 }
@@ -81,16 +104,17 @@ static __global__ void k_cpy_elem(loom_cu_t dst, loom_cu_t src, int64_t n, int e
     }
 }
 
-/* Block b of a quantised dst: a raw block of the same type, or 32 values quantised. */
-static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk, int bs) {
+/* Block b of a quantised dst: a raw block of the same type (any block type, qk values), or
+ * 32 values quantised (cu_quantize32). */
+static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk, int bs, int qk) {
     CU_FOR(b, nblk) {
-        const int64_t e0 = b * LOOM_CU_QK;
+        const int64_t e0 = b * qk;
         int64_t i[4], j[4];
         cu_unravel(dst.ne, e0, i);
-        char *out = cu_at(dst, i[0] / LOOM_CU_QK, i[1], i[2], i[3]);
+        char *out = cu_at(dst, i[0] / qk, i[1], i[2], i[3]);
         if (src.type == dst.type) {
             cu_unravel(src.ne, e0, j);
-            const char *in = cu_at(src, j[0] / LOOM_CU_QK, j[1], j[2], j[3]);
+            const char *in = cu_at(src, j[0] / qk, j[1], j[2], j[3]);
             for (int k = 0; k < bs; k++)
                 out[k] = in[k];
             continue;
@@ -100,10 +124,7 @@ static __global__ void k_cpy_to_quant(loom_cu_t dst, loom_cu_t src, int64_t nblk
             cu_unravel(src.ne, e0 + l, j);
             v[l] = cu_load_f(src, j[0], j[1], j[2], j[3]);
         }
-        if (dst.type == LOOM_CU_Q8_0)
-            cu_quantize_q8_0(v, out);
-        else
-            cu_quantize_q4_0(v, out);
+        cu_quantize32(dst.type, v, out);
     }
 }
 
@@ -111,8 +132,10 @@ extern "C" cudaError_t loom__cu_cpy(loom_cu_t dst, loom_cu_t src, cudaStream_t s
     const int64_t n = cu_nelements(dst);
     if (n == 0) return cudaSuccess;
     if (cu_is_quant(dst.type)) {
-        const int64_t nblk = n / LOOM_CU_QK;
-        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk, cu_type_size(dst.type));
+        const int qk = cu_qk(dst.type);
+        const int64_t nblk = n / qk;
+        k_cpy_to_quant<<<cu_blocks(nblk), CU_BLOCK, 0, s>>>(dst, src, nblk, cu_type_size(dst.type),
+                                                            qk);
     } else {
         const int es = src.type == dst.type ? cu_type_size(dst.type) : 0;
         k_cpy_elem<<<cu_blocks(n), CU_BLOCK, 0, s>>>(dst, src, n, es);
@@ -709,10 +732,7 @@ static __global__ void k_set_rows(loom_cu_t dst, loom_cu_t b, loom_cu_t ids, int
         for (int l = 0; l < LOOM_CU_QK; l++)
             v[l] = *(const float *)cu_at(b, u * LOOM_CU_QK + l, x, b2, b3);
         char *out = cu_at(dst, u, row, i2, i3);
-        if (dst.type == LOOM_CU_Q8_0)
-            cu_quantize_q8_0(v, out);
-        else
-            cu_quantize_q4_0(v, out);
+        cu_quantize32(dst.type, v, out);
     }
 }
 

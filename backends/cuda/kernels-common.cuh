@@ -60,10 +60,6 @@ static inline int64_t cu_nrows(const loom_cu_t &t) {
     return t.ne[1] * t.ne[2] * t.ne[3];
 }
 
-static __host__ __device__ __forceinline__ bool cu_is_quant(int type) {
-    return type == LOOM_CU_Q8_0 || type == LOOM_CU_Q4_0;
-}
-
 /* ---------------------------------------------------------------- conversions */
 
 /* NaNs by bits (sign and payload kept, as the CPU's loom__fp16_to_fp32): the hardware
@@ -97,6 +93,8 @@ static __device__ __forceinline__ uint16_t cu_f32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+#include "backends/cuda/kernels-quant.cuh"
+
 /* The fp16 scale at the start of a Q8_0/Q4_0 block (little-endian, read bytewise so a
  * block needs no alignment). */
 static __device__ __forceinline__ float cu_block_d(const char *blk) {
@@ -116,7 +114,8 @@ static __device__ __forceinline__ float cu_q4_0_val(const char *blk, float d, in
     return (float)(q - 8) * d;
 }
 
-/* Element (i0, i1, i2, i3) of t as f32: F32, F16, BF16, I32, Q8_0, Q4_0. */
+/* Element (i0, i1, i2, i3) of t as f32: F32, F16, BF16, I32 and every block type (i0 counts
+ * values; the block is i0 / cu_qk). */
 static __device__ __forceinline__ float cu_load_f(const loom_cu_t &t, int64_t i0, int64_t i1,
                                                   int64_t i2, int64_t i3) {
     switch (t.type) {
@@ -137,6 +136,10 @@ static __device__ __forceinline__ float cu_load_f(const loom_cu_t &t, int64_t i0
         return cu_q4_0_val(blk, cu_block_d(blk), (int)(i0 % LOOM_CU_QK));
     }
     default:
+        if (cu_is_quant(t.type)) { /* the other block types (kernels-quant.cuh) */
+            const int qk = cu_qk(t.type);
+            return cu_qval(t.type, cu_at(t, i0 / qk, i1, i2, i3), (int)(i0 % qk));
+        }
         return 0.0f;
     }
 }

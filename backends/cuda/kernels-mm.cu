@@ -1,6 +1,7 @@
 /*
  * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
- * weight type, Q8_0/Q4_0 dequantised in registers, any strides, batch broadcasting),
+ * weight type, block types dequantised 32 values at a time in registers, any strides, batch
+ * broadcasting),
  * MUL_MAT_ID (one warp per weight row and expert, over the tokens routed to it), the
  * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (tiled:
  * blocks of queries sharing a KV head stage keys and values through shared memory, with an
@@ -27,17 +28,17 @@ static __device__ __forceinline__ void cu_mm_dot(const loom_cu_t &a, const char 
                                                  float *acc) {
     const int lane = threadIdx.x & 31;
     const int64_t K = a.ne[0];
-    if (cu_is_quant(a.type)) {
-        const bool q8 = a.type == LOOM_CU_Q8_0;
-        for (int64_t blk = lane; blk < K / LOOM_CU_QK; blk += 32) {
-            const char *q = arow + blk * a.nb[0];
-            const float d = cu_block_d(q);
-            for (int l = 0; l < LOOM_CU_QK; l++) {
-                const float av = q8 ? cu_q8_0_val(q, d, l) : cu_q4_0_val(q, d, l);
-                const int64_t k = blk * LOOM_CU_QK + l;
+    if (cu_is_quant(a.type)) { /* lane by lane over chunks of 32 values */
+        const int nq = cu_qk(a.type) / 32;
+        for (int64_t ch = lane; ch < K / 32; ch += 32) {
+            float v[32];
+            cu_dequant32(a.type, arow + (ch / nq) * a.nb[0], (int)(ch % nq) * 32, v);
+#pragma unroll
+            for (int l = 0; l < 32; l++) {
+                const int64_t k = ch * 32 + l;
 #pragma unroll
                 for (int c = 0; c < MMV_COLS; c++)
-                    if (c < nc) acc[c] += av * cu_mm_b(bcol, b, k, c);
+                    if (c < nc) acc[c] += v[l] * cu_mm_b(bcol, b, k, c);
             }
         }
         return;
@@ -96,17 +97,17 @@ static __device__ __forceinline__ void cu_mm_dot_cols(const loom_cu_t &a, const 
                                                       int nc, float *acc) {
     const int lane = threadIdx.x & 31;
     const int64_t K = a.ne[0];
-    if (cu_is_quant(a.type)) {
-        const bool q8 = a.type == LOOM_CU_Q8_0;
-        for (int64_t blk = lane; blk < K / LOOM_CU_QK; blk += 32) {
-            const char *q = arow + blk * a.nb[0];
-            const float d = cu_block_d(q);
-            for (int l = 0; l < LOOM_CU_QK; l++) {
-                const float av = q8 ? cu_q8_0_val(q, d, l) : cu_q4_0_val(q, d, l);
-                const int64_t k = blk * LOOM_CU_QK + l;
+    if (cu_is_quant(a.type)) { /* lane by lane over chunks of 32 values */
+        const int nq = cu_qk(a.type) / 32;
+        for (int64_t ch = lane; ch < K / 32; ch += 32) {
+            float v[32];
+            cu_dequant32(a.type, arow + (ch / nq) * a.nb[0], (int)(ch % nq) * 32, v);
+#pragma unroll
+            for (int l = 0; l < 32; l++) {
+                const int64_t k = ch * 32 + l;
 #pragma unroll
                 for (int c = 0; c < MMV_COLS; c++)
-                    if (c < nc) acc[c] += av * *(const float *)(cols[c] + k * b.nb[0]);
+                    if (c < nc) acc[c] += v[l] * *(const float *)(cols[c] + k * b.nb[0]);
             }
         }
         return;
@@ -204,6 +205,7 @@ extern "C" cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t 
                                                int64_t mc, float *out, cudaStream_t s) {
     const int64_t n = a.ne[0] * mc;
     if (n == 0) return cudaSuccess;
+    if (cu_is_quant(a.type)) return loom__cu_dequantize_f32(a, i2, i3, m0, mc, out, s);
     k_weights_to_f32<<<cu_blocks(n), CU_BLOCK, 0, s>>>(a, i2, i3, m0, mc, out);
     return cu_launched();
 }

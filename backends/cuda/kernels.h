@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 /* A tensor as the kernels see it: element (i0, i1, i2, i3) is at data + i0 nb0 + i1 nb1 +
- * i2 nb2 + i3 nb3 (for Q8_0/Q4_0, i0 counts blocks of 32 in that formula). */
+ * i2 nb2 + i3 nb3 (for block types, i0 counts blocks in that formula). */
 typedef struct loom_cu_t {
     char *data;
     int64_t ne[4];
@@ -58,11 +58,35 @@ enum loom_cu_type {
     LOOM_CU_I16,
     LOOM_CU_I32,
     LOOM_CU_I64,
+    /* The other GGUF block types (layouts in include/loom/core.h; kernels-quant.cuh). */
+    LOOM_CU_Q4_1,   /* 32 values, 20 bytes */
+    LOOM_CU_Q5_0,   /* 32 values, 22 bytes */
+    LOOM_CU_Q5_1,   /* 32 values, 24 bytes */
+    LOOM_CU_IQ4_NL, /* 32 values, 18 bytes */
+    LOOM_CU_MXFP4,  /* 32 values, 17 bytes */
+    LOOM_CU_Q2_K,   /* 256 values, 84 bytes */
+    LOOM_CU_Q3_K,   /* 256 values, 110 bytes */
+    LOOM_CU_Q4_K,   /* 256 values, 144 bytes */
+    LOOM_CU_Q5_K,   /* 256 values, 176 bytes */
+    LOOM_CU_Q6_K,   /* 256 values, 210 bytes */
+    LOOM_CU_IQ4_XS, /* 256 values, 136 bytes */
     LOOM_CU_TYPE_COUNT
 };
-#define LOOM_CU_QK 32         /* values per quantised block */
+#define LOOM_CU_QK 32         /* values per Q8_0/Q4_0 block (and every 32-value type) */
+#define LOOM_CU_QK_K 256      /* values per K-quant / IQ4_XS super-block */
 #define LOOM_CU_Q8_0_BYTES 34 /* bytes per Q8_0 block */
 #define LOOM_CU_Q4_0_BYTES 18 /* bytes per Q4_0 block */
+#define LOOM_CU_Q4_1_BYTES 20
+#define LOOM_CU_Q5_0_BYTES 22
+#define LOOM_CU_Q5_1_BYTES 24
+#define LOOM_CU_IQ4_NL_BYTES 18
+#define LOOM_CU_MXFP4_BYTES 17
+#define LOOM_CU_Q2_K_BYTES 84
+#define LOOM_CU_Q3_K_BYTES 110
+#define LOOM_CU_Q4_K_BYTES 144
+#define LOOM_CU_Q5_K_BYTES 176
+#define LOOM_CU_Q6_K_BYTES 210
+#define LOOM_CU_IQ4_XS_BYTES 136
 
 enum loom_cu_binary { LOOM_CU_ADD, LOOM_CU_SUB, LOOM_CU_MUL, LOOM_CU_DIV };
 enum loom_cu_map {
@@ -134,7 +158,8 @@ cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t 
 /* ---------------------------------------------------------------- kernels-mm.cu */
 
 /* MUL_MAT by dot products: one warp per weight row and up to 8 columns of b, any weight
- * type (F32/F16/BF16/Q8_0/Q4_0, quantised rows dequantised in registers), any strides,
+ * type (F32/F16/BF16 and every block type: each lane dequantises 32 weights at a time in
+ * registers and multiplies them with the F32 activations, b is never quantised), any strides,
  * batch broadcasting of a over b. The backend's path for few columns and for layouts
  * cuBLAS cannot take. */
 cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
@@ -145,6 +170,14 @@ cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_c
  * matrix at out (cuBLAS's A operand; any weight type and layout). */
 cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
                                     float *out, cudaStream_t s);
+/* ---------------------------------------------------------------- kernels-quant.cu */
+
+/* The M-rows [m0, m0 + mc) of weight batch (i2, i3) of a block-quantised a (any
+ * LOOM_CU_Q* type), dequantised into a contiguous F32 [K, mc] matrix at out: one thread per
+ * 32 values, bit-identical to core's reference dequantisers. */
+cudaError_t loom__cu_dequantize_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
+                                    float *out, cudaStream_t s);
+
 /* FLASH_ATTN_EXT: D, Dv <= 256: blocks of 8 queries sharing a KV head, keys and values
  * staged through shared memory in tiles of 32; larger heads (<= 1024): one warp per output
  * row. A NaN score makes its output row NaN. */

@@ -30,7 +30,8 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
  * run of up to hi consecutive elements when hi is odd (row indices that must not repeat). */
 /* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). F_STEPS: floats
  * with integer values in [lo, hi) (many ties). */
-typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1, F_STEPS } oc_fill_kind;
+/* F_EYE: element (i0, i1) is 1 when i0 == i1, else 0 (an identity matrix). */
+typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1, F_STEPS, F_EYE } oc_fill_kind;
 
 typedef struct oc_leaf {
     loom_tensor *t;
@@ -48,8 +49,10 @@ typedef struct oc_case {
 
 typedef void (*oc_build_fn)(oc_case *c, int v);
 
+/* Block-quantised types (every one the CUDA backend stores). */
 static bool is_quant(loom_type t) {
-    return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0;
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    return tr && tr->is_quantized;
 }
 
 /* ---------------------------------------------------------------- building */
@@ -68,9 +71,10 @@ static loom_tensor *oc_src(oc_case *c, loom_type type, int64_t ne0, int64_t ne1,
     if (is_quant(type) && l == L_TRANSPOSED) l = L_PADDED;
     switch (l) {
     case L_PADDED: {
-        const int64_t pad = is_quant(type) ? 32 : 3;
+        /* one whole block of padding for quantised types */
+        const int64_t pad = is_quant(type) ? loom_blck_size(type) : 3;
         loom_tensor *leaf = oc_leaf_new(c, type, ne0 + pad, ne1, ne2, ne3);
-        const size_t off = is_quant(type) ? loom_row_size(type, 32) : loom_type_size(type);
+        const size_t off = is_quant(type) ? loom_row_size(type, pad) : loom_type_size(type);
         return loom_view_4d(c->ctx, leaf, ne0, ne1, ne2, ne3, leaf->nb[1], leaf->nb[2], leaf->nb[3],
                             off);
     }
@@ -142,6 +146,9 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
     if (l->kind == F_STEPS)
         for (int64_t i = 0; i < n; i++)
             f[i] = floorf(f[i]);
+    if (l->kind == F_EYE)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = i % t->ne[0] == (i / t->ne[0]) % t->ne[1] ? 1.0f : 0.0f;
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (t->type == LOOM_TYPE_F32)
         memcpy(out, f, sizeof(float) * (size_t)n);
@@ -178,13 +185,13 @@ static double oc_get(const loom_tensor *t, const char *base, int64_t i0, int64_t
         memcpy(&v, p, 8);
         return (double)v;
     }
-    case LOOM_TYPE_Q8_0:
-    case LOOM_TYPE_Q4_0: {
-        float y[32];
-        loom_type_traits_get((int)t->type)->to_float(p, y, 32);
-        return y[i0 % 32];
-    }
     default:
+        if (is_quant(t->type)) { /* the block's values by core's reference dequantiser */
+            float y[256];
+            LOOM_ASSERT(blk <= 256);
+            loom_type_traits_get((int)t->type)->to_float(p, y, blk);
+            return y[i0 % blk];
+        }
         return NAN;
     }
 }
@@ -303,6 +310,7 @@ static void oc_check(oc_env *env, const char *label, oc_build_fn build, int v, o
         seed = (seed ^ (unsigned char)*s) * 1099511628211ull;
     seed = (seed ^ (uint64_t)v) * 1099511628211ull | 1;
     oc_result want, got;
+    memset(&got, 0, sizeof got); /* freed even when want's run failed */
     bool ok = oc_run_one(label, build, v, seed, env->cpu, loom_cpu_buffer_type(), &want);
     ok = ok && oc_run_one(label, build, v, seed, env->gpu, env->gpu_buft, &got);
     env->cases++;
@@ -389,7 +397,7 @@ static void build_cpy(oc_case *c, int v) {
     loom_tensor *a = oc_src(c, pr.src, 64, 3, 2, 2, is_quant(pr.src) ? L_CONTIG : l);
     if (pr.src == LOOM_TYPE_I32) oc_fill(c, a, F_INT, -100000, 100000);
     if (pr.src == LOOM_TYPE_F32 && l == L_PADDED) oc_fill(c, a, F_UNIFORM, -70000, 70000);
-    if (v % 2) {
+    if (v % 2 && pr.src != pr.dst) { /* loom_cpy converts; same-type copies are CONT */
         loom_tensor *b = oc_src(c, pr.dst, 128, 6, 1, 1, L_CONTIG);
         oc_out(c, loom_cpy(c->ctx, a, b));
     } else if (pr.src == pr.dst) {
@@ -803,7 +811,7 @@ static const mm_shape k_mm_shapes[] = {
     /* strided batched GEMMs: weight batches broadcast in groups (A2 = 2 over B2 = 6), and
      * over both batch dimensions */
     {64, 24, 16, 2, 1, 6, 1, L_CONTIG, L_CONTIG},
-    {48, 40, 12, 2, 2, 4, 2, L_PADDED, L_CONTIG},
+    {96, 40, 12, 2, 2, 4, 2, L_PADDED, L_CONTIG}, /* K whole Q8_0/Q4_0 blocks */
 };
 #define N_MM_SHAPES ((int)(sizeof k_mm_shapes / sizeof k_mm_shapes[0]))
 
@@ -898,6 +906,241 @@ OC_TEST(matmul_panels) {
                    (unsigned long long)st.cublas_calls);
     env->gpu = keep;
     loom_backend_free(small);
+}
+
+/* ---------------------------------------------------------------- issue 10: block types */
+
+/* The block types beyond Q8_0/Q4_0 (kernels-quant.cuh): 32-value legacy and i-quants, then
+ * the 256-value K-quants and IQ4_XS. */
+static const loom_type k_qtypes[] = {LOOM_TYPE_Q4_1,   LOOM_TYPE_Q5_0,  LOOM_TYPE_Q5_1,
+                                     LOOM_TYPE_IQ4_NL, LOOM_TYPE_MXFP4, LOOM_TYPE_Q2_K,
+                                     LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K,  LOOM_TYPE_Q5_K,
+                                     LOOM_TYPE_Q6_K,   LOOM_TYPE_IQ4_XS};
+#define N_QTYPES ((int)(sizeof k_qtypes / sizeof k_qtypes[0]))
+
+/* K of three blocks (an odd count: lanes and threads past the last block idle). */
+static int64_t q_k3(loom_type t) {
+    return 3 * loom_blck_size(t);
+}
+
+/* v = type * 3 + layout: a [3 blocks, 7, 3, 2] (contiguous, rows padded by a block and
+ * starting one block in, or dims 1 and 2 permuted) dequantised to F32 by a cast. */
+static void build_qdequant(oc_case *c, int v) {
+    static const oc_layout ls[3] = {L_CONTIG, L_PADDED, L_PERM12};
+    const loom_type t = k_qtypes[v / 3];
+    loom_tensor *a = oc_src(c, t, q_k3(t), 7, 3, 2, ls[v % 3]);
+    oc_fill(c, a, F_UNIFORM, -3.0, 2.0);
+    oc_out(c, loom_cast(c->ctx, a, LOOM_TYPE_F32));
+}
+
+/* v = type * 2 + variant (as build_get_rows: a [3 blocks, 10], ids [7]; or a [3 blocks,
+ * 10, 2] permuted, ids [5, 4, 3] padded). */
+static void build_qget_rows(oc_case *c, int v) {
+    const loom_type t = k_qtypes[v / 2];
+    loom_tensor *a, *ids;
+    if (v % 2 == 0) {
+        a = oc_src(c, t, q_k3(t), 10, 1, 1, L_PADDED);
+        ids = oc_src(c, LOOM_TYPE_I32, 7, 1, 1, 1, L_CONTIG);
+    } else {
+        a = oc_src(c, t, q_k3(t), 10, 2, 1, L_PERM12);
+        ids = oc_src(c, LOOM_TYPE_I32, 5, 4, 3, 1, L_PADDED);
+    }
+    oc_fill(c, ids, F_INT, 0, 10);
+    oc_out(c, loom_get_rows(c->ctx, a, ids));
+}
+
+/* Shapes of the block-type products: N <= 8 the dot kernel (dequantised in registers),
+ * N > 8 cuBLAS over weights dequantised once (kernels-quant.cu). K in blocks. */
+typedef struct {
+    int64_t kb, M, N, A2, B2;
+    oc_layout la, lb;
+} qmm_shape;
+
+static const qmm_shape k_qmm_shapes[] = {
+    {1, 5, 1, 1, 1, L_CONTIG, L_CONTIG},   {3, 7, 3, 1, 1, L_PADDED, L_TRANSPOSED},
+    {2, 9, 8, 2, 4, L_PERM12, L_PADDED},   {3, 33, 9, 1, 1, L_CONTIG, L_CONTIG},
+    {5, 20, 17, 2, 2, L_PADDED, L_PERM12}, {1, 31, 40, 1, 3, L_CONTIG, L_TRANSPOSED},
+};
+#define N_QMM_SHAPES ((int)(sizeof k_qmm_shapes / sizeof k_qmm_shapes[0]))
+
+static void build_qmul_mat(oc_case *c, int v) {
+    const loom_type t = k_qtypes[v / N_QMM_SHAPES];
+    const qmm_shape s = k_qmm_shapes[v % N_QMM_SHAPES];
+    const int64_t K = s.kb * loom_blck_size(t);
+    loom_tensor *a = oc_src(c, t, K, s.M, s.A2, 1, s.la);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, s.N, s.B2, 1, s.lb);
+    oc_out(c, loom_mul_mat(c->ctx, a, b));
+}
+
+/* v = type * 2 + variant (as build_mul_mat_id, K three blocks). */
+static void build_qmul_mat_id(oc_case *c, int v) {
+    const loom_type t = k_qtypes[v / 2];
+    const int64_t K = q_k3(t), M = 11, E = 4, U = 2, T = 5;
+    loom_tensor *as = oc_src(c, t, K, M, E, 1, L_CONTIG);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, v % 2 ? 1 : U, T, 1, v % 2 ? L_CONTIG : L_PERM12);
+    loom_tensor *ids = oc_src(c, LOOM_TYPE_I32, U, T, 1, 1, L_CONTIG);
+    oc_fill(c, ids, F_INT, 0, E);
+    oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
+}
+
+/* v = type: a [3 blocks, 13] as F32 (output 0) and a x I (output 1: the K x K identity as
+ * b, N = K > 8, so cuBLAS multiplies the weights dequantised once; an FP32 product with an
+ * identity is exact, so output 1 is a's transpose bit for bit). */
+static void build_qdequant_once(oc_case *c, int v) {
+    const loom_type t = k_qtypes[v];
+    const int64_t K = q_k3(t);
+    loom_tensor *a = oc_src(c, t, K, 13, 1, 1, L_CONTIG);
+    loom_tensor *eye = oc_src(c, LOOM_TYPE_F32, K, K, 1, 1, L_CONTIG);
+    oc_fill(c, eye, F_EYE, 0, 1);
+    oc_out(c, loom_cast(c->ctx, a, LOOM_TYPE_F32));
+    oc_out(c, loom_mul_mat(c->ctx, a, eye));
+}
+
+/* The quantised KV-cache types beyond Q8_0/Q4_0: CPY and SET_ROWS quantise F32 into them
+ * (cu_quantize32), bit-identical to core's quantisers. */
+static const loom_type k_kvq_types[] = {LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+                                        LOOM_TYPE_IQ4_NL};
+#define N_KVQ ((int)(sizeof k_kvq_types / sizeof k_kvq_types[0]))
+
+/* v = type * 4 + variant: 0 a cast of a [96, 5, 3] permuted view, 1 a loom_cpy of a padded
+ * [64, 3, 2, 2] into [128, 6]; 2, 3 SET_ROWS as build_set_rows (I32 ids; dst [64, 9] from
+ * b [64, 4] padded, or dst [64, 9, 4] from b [64, 3, 2] permuted, broadcast); variant 1
+ * has positive values only (Q4_1/Q5_1 min > 0), variant 3 integer steps (many ties). */
+static void build_qquantize(oc_case *c, int v) {
+    const loom_type t = k_kvq_types[v / 4];
+    const int var = v % 4;
+    if (var == 0) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 96, 5, 3, 1, L_PERM12);
+        oc_out(c, loom_cast(c->ctx, a, t));
+        return;
+    }
+    if (var == 1) {
+        loom_tensor *a = oc_src(c, LOOM_TYPE_F32, 64, 3, 2, 2, L_PADDED);
+        oc_fill(c, a, F_UNIFORM, 0.25, 7.0);
+        loom_tensor *b = oc_src(c, t, 128, 6, 1, 1, L_CONTIG);
+        oc_out(c, loom_cpy(c->ctx, a, b));
+        return;
+    }
+    loom_tensor *dst, *b, *ids;
+    if (var == 2) {
+        dst = oc_src(c, t, 64, 9, 1, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 4, 1, 1, L_PADDED);
+        ids = oc_src(c, LOOM_TYPE_I32, 4, 1, 1, 1, L_CONTIG);
+    } else {
+        dst = oc_src(c, t, 64, 9, 4, 1, L_CONTIG);
+        b = oc_src(c, LOOM_TYPE_F32, 64, 3, 2, 1, L_PERM12);
+        oc_fill(c, b, F_STEPS, -4.0, 4.0);
+        ids = oc_src(c, LOOM_TYPE_I32, 3, 2, 1, 1, L_CONTIG);
+    }
+    oc_fill(c, ids, F_DISTINCT, 0, 9);
+    oc_out(c, loom_set_rows(c->ctx, dst, b, ids));
+}
+
+OC_TEST(block_types_quantize_exact) {
+    char label[64];
+    for (int v = 0; v < N_KVQ * 4; v++) {
+        snprintf(label, sizeof label, "%s f32 -> %s", v % 4 < 2 ? "cpy" : "set_rows",
+                 loom_type_name(k_kvq_types[v / 4]));
+        oc_check(env, label, build_qquantize, v, TOL_EXACT);
+    }
+}
+
+/* Quantised products: the CPU quantises the activations (Q8_0/Q8_1/Q8_K, about 1/254 of
+ * each block's largest |b| per product, docs/ops.md), the GPU multiplies F32 activations. */
+static const oc_tol TOL_QMM = {1e-3, 2e-2};
+
+OC_TEST(block_types_dequantize_exact) {
+    char label[64];
+    for (int v = 0; v < N_QTYPES * 3; v++) {
+        snprintf(label, sizeof label, "cast %s -> f32", loom_type_name(k_qtypes[v / 3]));
+        oc_check(env, label, build_qdequant, v, TOL_EXACT);
+    }
+    for (int v = 0; v < N_QTYPES * 2; v++) {
+        snprintf(label, sizeof label, "get_rows %s", loom_type_name(k_qtypes[v / 2]));
+        oc_check(env, label, build_qget_rows, v, TOL_EXACT);
+    }
+}
+
+/* The dequantise-once kernel (MUL_MAT's cuBLAS path) against the element decoder, which
+ * block_types_dequantize_exact holds to the CPU's reference bit for bit: whole weights, and
+ * in panels of rows (a conversion budget of 4 KiB: one row of K = 768 per panel, m0 > 0). */
+OC_TEST(block_types_dequantize_once_exact) {
+    setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
+    loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
+    unsetenv("LOOM_CUDA_PANEL_BYTES");
+    LOOM_REQUIRE(small != NULL);
+    for (int v = 0; v < 2 * N_QTYPES; v++) {
+        const loom_type t = k_qtypes[v % N_QTYPES];
+        oc_result r;
+        if (!oc_run_one("dequantize once", build_qdequant_once, v % N_QTYPES, 0x51ull + (uint64_t)v,
+                        v < N_QTYPES ? env->gpu : small, env->gpu_buft, &r))
+            continue;
+        const int64_t K = q_k3(t), M = 13;
+        int64_t bad = 0;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t k = 0; k < K; k++)
+                if (r.v[1][m + M * k] != r.v[0][k + K * m] && bad++ == 0)
+                    loom_test_fail(__FILE__, __LINE__,
+                                   "%s: a x I at (%lld, %lld) is %.9g, a is %.9g",
+                                   loom_type_name(t), (long long)m, (long long)k, r.v[1][m + M * k],
+                                   r.v[0][k + K * m]);
+        env->cases++;
+        env->compared += (int)(K * M);
+        oc_result_free(&r);
+    }
+    loom_backend_free(small);
+}
+
+OC_TEST(block_types_matmul) {
+    char label[64];
+    for (int v = 0; v < N_QTYPES * N_QMM_SHAPES; v++) {
+        snprintf(label, sizeof label, "mul_mat %s", loom_type_name(k_qtypes[v / N_QMM_SHAPES]));
+        oc_check(env, label, build_qmul_mat, v, TOL_QMM);
+    }
+    for (int v = 0; v < N_QTYPES * 2; v++) {
+        snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(k_qtypes[v / 2]));
+        oc_check(env, label, build_qmul_mat_id, v, TOL_QMM);
+    }
+}
+
+/* An empty slice (K = 0 of a split-K weight on a device with no blocks of it) gives zeros,
+ * on the dot kernel and where cuBLAS would take the product. */
+static void build_qempty(oc_case *c, int v) {
+    loom_tensor *a = oc_src(c, LOOM_TYPE_Q4_K, 0, 6, 1, 1, L_CONTIG);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, 0, v ? 12 : 2, 1, 1, L_CONTIG);
+    oc_out(c, loom_mul_mat(c->ctx, a, b));
+}
+
+OC_TEST(block_types_empty_slice) {
+    for (int v = 0; v < 2; v++)
+        oc_check(env, "mul_mat Q4_K with K = 0", build_qempty, v, TOL_EXACT);
+}
+
+/* The device takes every block type as a weight (MUL_MAT, CAST to F32, CONT) and every
+ * quantised result of the CPU contract (F32 -> the KV-cache types). */
+OC_TEST(block_types_supported_ops) {
+    loom_dev_t dev = loom_backend_device(env->gpu);
+    LOOM_REQUIRE(dev != NULL);
+    loom_ctx_params p = {.mem_size = 64 * loom_tensor_overhead(), .no_alloc = true};
+    loom_ctx *ctx = loom_ctx_new(p);
+    loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, 4);
+    for (int i = 0; i < N_QTYPES; i++) {
+        const loom_type t = k_qtypes[i];
+        loom_tensor *w = loom_new_tensor_2d(ctx, t, 256, 4);
+        loom_tensor *mm = loom_mul_mat(ctx, w, x), *cast = loom_cast(ctx, w, LOOM_TYPE_F32);
+        loom_tensor *cont = loom_cont(ctx, w);
+        LOOM_REQUIRE(mm && cast && cont);
+        LOOM_CHECK_MSG(loom_dev_supports_op(dev, mm), "mul_mat %s", loom_type_name(t));
+        LOOM_CHECK_MSG(loom_dev_supports_op(dev, cast), "cast %s", loom_type_name(t));
+        LOOM_CHECK_MSG(loom_dev_supports_op(dev, cont), "cont %s", loom_type_name(t));
+    }
+    for (int i = 0; i < N_KVQ; i++) {
+        loom_tensor *q = loom_cast(ctx, x, k_kvq_types[i]);
+        LOOM_REQUIRE(q != NULL);
+        LOOM_CHECK_MSG(loom_dev_supports_op(dev, q), "cast f32 -> %s",
+                       loom_type_name(k_kvq_types[i]));
+    }
+    loom_ctx_free(ctx);
 }
 
 /* ---------------------------------------------------------------- issue 13, item 9 */

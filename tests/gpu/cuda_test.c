@@ -1175,6 +1175,23 @@ LOOM_TEST(cuda, meta_model_q4_0_on_virtual_devices) {
     check_model(dev, &p, 5e-2);
 }
 
+/* Issue 10: block-granular splits. n_embd 256 is one Q4_K block and n_ff 512 two, so the
+ * row-parallel (split-K) ffn_down splits in whole 256-blocks: evenly over 2 loom devices,
+ * unevenly over 3, and over 4 some devices hold empty slices (K = 0); attn_output's single
+ * block goes to one device. Q6_K for attn_v / ffn_down / output and Q4_K token embeddings
+ * (GET_ROWS from Q4_K), as a Q4_K_M file stores them. */
+LOOM_TEST(cuda, meta_model_q4_K_split_k_on_virtual_devices) {
+    GPU_DEVICE_OR_SKIP(dev);
+    loom_synth_params p = small_model();
+    p.n_embd = 256;
+    p.n_ff = 512;
+    p.wtype = LOOM_TYPE_Q4_K;
+    p.wtype_hi = LOOM_TYPE_Q6_K;
+    p.embd_type = LOOM_TYPE_Q4_K;
+    /* the CPU quantises activations to Q8_K for K-quant weights; the GPU does not */
+    check_model(dev, &p, 5e-2);
+}
+
 LOOM_TEST(cuda, stories260k_if_available) {
     GPU_DEVICE_OR_SKIP(dev);
     const char *dir = loom_test_models_dir();
