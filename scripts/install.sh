@@ -73,6 +73,16 @@ for m in cpu sim cuda; do
 done
 install -m 755 "$bin/tools/loom" "$prefix/bin/loom"
 
+# what a static link of libloom.a needs: the shared libraries libloom.so itself links
+# (libpcre2-8.so.0 -> -lpcre2-8, libhwloc.so.15 -> -lhwloc, libmpi.so.40 -> -lmpi, ...),
+# read from its dynamic section so a build with or without Open MPI stays right
+private=""
+for lib in $(readelf -d "$prefix/lib/libloom.so.0" 2>/dev/null |
+    sed -n 's/.*Shared library: \[lib\([^]]*\)\.so[^]]*\].*/\1/p'); do
+    case $lib in c | gcc_s | stdc++ | ld-linux*) ;; *) private="$private -l$lib" ;; esac
+done
+private="$private -lpthread -ldl"
+
 cat >"$prefix/lib/pkgconfig/loom.pc" <<PC
 # loom $version: relocatable (prefix is where this file lies, two levels up)
 prefix=\${pcfiledir}/../..
@@ -86,6 +96,6 @@ Description: tensor-parallel inference over many devices (meta device, scheduler
 Version: $version
 Cflags: -I\${includedir}
 Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lloom
-Libs.private: -lpthread -lm -ldl -lpcre2-8
+Libs.private:$private
 PC
 echo "installed loom $version into $prefix"
