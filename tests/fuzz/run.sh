@@ -62,9 +62,9 @@ for t in $targets; do
     model)
         # shellcheck disable=SC2046
         # the scalar kernels only: clang 14 cannot test for f16c with __builtin_cpu_supports
-        "$CC" "${flags[@]}" '-D__builtin_cpu_supports(x)=0' $(srcs core gguf backends backends/cpu) \
+        "$CC" "${flags[@]}" '-D__builtin_cpu_supports(x)=0' $(srcs core gguf backends backends/cpu topo) \
             $(srcs model | grep -v '/session\.c$') \
-            "$root/tests/fuzz/model_fuzz.c" -lpcre2-8 -ldl -lpthread -lm -o "$out/$t"
+            "$root/tests/fuzz/model_fuzz.c" -lpcre2-8 -lhwloc -ldl -lpthread -lm -o "$out/$t"
         printf '\000\000\000\000\000\000\000\000' > "$corpus/dense"
         printf '\002\001\001\001\021\001\001\003\013\004\000\000\000\000\000\000\200\177' > "$corpus/moe_inf_base"
         ;;
