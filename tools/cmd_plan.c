@@ -319,8 +319,9 @@ static void usage(FILE *f) {
                "sim:8,profile=h100-sxm,link=nvlink4\n"
                "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
                "  -b, --batch-size N        prompt tokens per graph (default 512)\n"
-               "  -ctk, --cache-type-k T    K cache type (and V's unless -ctv): f32 (default),\n"
-               "                            f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl\n"
+               "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+               "                            q4_1, q5_0, q5_1, iq4_nl (as in loom run: -ctk\n"
+               "                            alone leaves V at f32)\n"
                "  -ctv, --cache-type-v T    V cache type, the same types\n"
                "  -ts, --tensor-split LIST  per-device proportions, e.g. 3,1 (as in loom run)\n"
                "  --split-rules FILE        split rules that override/extend the built-in table\n"
@@ -645,6 +646,14 @@ int loom_cli_plan(int argc, char **argv) {
                    "fits: %lld (%s over %d devices)\n",
                    (long long)ctx, (long long)max_ctx[widest], loom_split_mode_name(c[widest].mode),
                    c[widest].n_devices);
+        else if (widest >= 0)
+            printf("nothing fits the devices alone at any context: the weights alone exceed %s "
+                   "per device\n",
+                   mem);
+        if (n > n_gpu_only && best < n_gpu_only)
+            printf("the hybrid does not fit either: %s\n",
+                   c[n - 1].ok ? "the devices' part or the host's memory is too small"
+                               : c[n - 1].err);
         if (best >= n_gpu_only) {
             printf("best: hybrid, %d of %lld layers on %d device%s (%s), %d and the output in host "
                    "memory: %.2f tokens/s generation, %.1f tokens/s prompt\n",
@@ -655,10 +664,6 @@ int loom_cli_plan(int argc, char **argv) {
             printf("best: %s over %d device%s: %.2f tokens/s generation, %.1f tokens/s prompt\n",
                    loom_split_mode_name(c[best].mode), c[best].n_devices,
                    c[best].n_devices > 1 ? "s" : "", c[best].tg_tps, c[best].pp_tps);
-        } else if (widest >= 0 && max_ctx[widest] > 0) {
-            /* said above */
-        } else {
-            printf("nothing fits at any context: the weights alone exceed %s per device\n", mem);
         }
     }
     loom_gguf_free(g);

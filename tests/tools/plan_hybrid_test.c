@@ -135,7 +135,7 @@ static loom_plan_candidate check_plan_vs_run(const cfg *c) {
     const char *hdr = header_only_copy();
     loom_gguf *g = NULL;
     if (!hdr || loom_gguf_open_header(hdr, &g)) {
-        LOOM_CHECK_MSG(false, "cannot open the header-only copy");
+        loom_test_fail(__FILE__, __LINE__, "cannot open the header-only copy");
         return p;
     }
     loom_plan_opts o = opts_of(c);
