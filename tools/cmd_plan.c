@@ -260,8 +260,10 @@ void loom_plan_hybrid_eval(const loom_gguf *g, const loom_plan_opts *o, int n_de
     const int L = (int)hp.n_layer;
     loom_plan_opts h = *o;
     if (all_on_devices && all_on_devices->ok) h.dev_growth = all_on_devices->growth;
-    /* fits is monotone in the host layers: bisect for the fewest (lo does not fit, hi does) */
-    int lo = 0, hi = L;
+    /* fits is monotone in the host layers: bisect for the fewest (lo does not fit, hi is
+     * the candidate: at most L - 1, so at least one layer stays on the devices; when even
+     * that does not fit, the plan of L - 1 says so) */
+    int lo = 0, hi = L - 1 > 1 ? L - 1 : 1;
     loom_plan_candidate t;
     while (hi - lo > 1) {
         int mid = (lo + hi) / 2;

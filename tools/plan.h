@@ -58,8 +58,8 @@ void loom_plan_candidate_eval(const loom_gguf *g, const loom_plan_opts *o, loom_
                               int n_devices, int64_t n_ctx, loom_plan_candidate *out);
 
 /* The hybrid candidate over n_devices (tensor over them, or one device): the fewest host
- * layers (1..n_layer) with which the devices' part fits o->dev_mem (all n_layer when none
- * does: then it does not fit), planned like any candidate but with no evaluation at all:
+ * layers (1..n_layer - 1) with which the devices' part fits o->dev_mem (n_layer - 1 when
+ * none does: then it does not fit), planned like any candidate but with no evaluation at all:
  * the bytes are those the session reserves at creation (its worst case), and the times are
  * accounted from the model: the devices' share of `all_on_devices` (the same split with
  * every layer on the devices, already planned) by layer count, plus the host layers and

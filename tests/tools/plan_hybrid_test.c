@@ -362,6 +362,15 @@ LOOM_TEST(plan_hybrid, offered_only_when_the_devices_alone_do_not_fit) {
     free(out);
     free(err);
 
+    /* too little for even one layer: the hybrid is shown, not chosen, and said not to fit */
+    char *t[] = {"plan", "-m",   (char *)hdr, "--devices", "sim:2,profile=rtx-3090,mem=200KiB",
+                 "-c",   "4096", "-b",        "32",        NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, t, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "the hybrid does not fit either");
+    LOOM_CHECK(strstr(out, "best:") == NULL && strstr(out, "<- best") == NULL);
+    free(out);
+    free(err);
+
     char *k[] = {"plan", "-m",  (char *)hdr, "--devices", "sim:2,profile=rtx-3090",
                  "-c",   "512", "-b",        "32",        NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, k, &out, &err), 0);
