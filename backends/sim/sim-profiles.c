@@ -42,6 +42,15 @@ static const loom_sim_profile loom__sim_profiles[] = {
     {"rtx-3090", GIB(24), 936, 71, 284, 4.0, 0.75,
      "NVIDIA Ampere GA102 GPU architecture whitepaper, GeForce RTX 3090 (24 GB GDDR6X, "
      "936 GB/s, FP16 w/ FP32 acc 71 / INT8 284 dense)"},
+    /* the host CPU of `loom plan`'s hybrid candidate (layers kept in host memory, -ngl):
+     * a desktop of the class people pair with 2-4 consumer GPUs. Throughput: 16 cores x
+     * 4.5 GHz x 32 FP32 FLOP/cycle (two 256-bit FMA pipes) = 2.3 TFLOP/s; INT8 (VNNI
+     * VPDPBUSD, two 256-bit pipes, 128 ops/cycle) = 9.2 TOP/s; "launch" is the per-op
+     * thread barrier of a CPU graph (~1 us) */
+    {"host", GIB(128), 83.2, 2.3, 9.2, 1.0, 0.75,
+     "AMD Ryzen 9 7950X product page (16 cores, 4.5 GHz base, AVX-512 on 256-bit units) "
+     "with 2 channels of DDR5-5200 (JEDEC JESD79-5: 2 x 8 B x 5200 MT/s = 83.2 GB/s), "
+     "4 x 32 GB DIMMs (128 GiB, an assumption)"},
 };
 /* Common to every profile: launch 4 us (CUDA kernel launch + dependency gap without CUDA
  * graphs, as measured by NVIDIA's Nsight for back-to-back small kernels: 2-5 us);

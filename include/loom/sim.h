@@ -21,7 +21,8 @@
  *                   (an "accelerator" that computes on host memory)
  *   p2p=0           devices cannot copy to each other directly (copies stage via host)
  *   profile=NAME    a GPU profile (h200, h100-sxm, h100-pcie, a100-80g, l40s, rtx-5090,
- *                   rtx-4090, rtx-3090): the devices report its memory (unless mem= is
+ *                   rtx-4090, rtx-3090; "host" is the desktop CPU of loom plan's hybrid
+ *                   candidate): the devices report its memory (unless mem= is
  *                   given) and every op they run accounts virtual time under the timing
  *                   model (loom_sim_op_time_us); see loom_sim_profile_get for the figures
  *   link=PRESET     also nvlink3/nvlink4/nvlink5/nvswitch, pcie4-nop2p, pcie5-nop2p and
