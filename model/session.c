@@ -255,16 +255,20 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
         for (int j = 0; j < s->n_dev; j++) {
             if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
-            /* a meta device splits the bulk evenly (or by -ts): count that share here */
+            /* a meta device splits the bulk evenly (or by -ts); its buffers hold each
+             * tensor's largest slice on every member, so under -ts every device needs the
+             * largest share, not its own */
             uint64_t w =
                 meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
             uint64_t kv = meta ? (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].kv;
             if (meta && s->has_ts) {
-                double sum = 0;
-                for (int d = 0; d < s->n_dev; d++)
+                double sum = 0, top = 0;
+                for (int d = 0; d < s->n_dev; d++) {
                     sum += s->ts[d];
-                w = (uint64_t)ceil((double)v[i].weights * s->ts[j] / sum);
-                kv = (uint64_t)ceil((double)v[i].kv * s->ts[j] / sum);
+                    if (s->ts[d] > top) top = s->ts[d];
+                }
+                w = (uint64_t)ceil((double)v[i].weights * top / sum);
+                kv = (uint64_t)ceil((double)v[i].kv * top / sum);
             }
             size_t fr = 0, tot = 0;
             loom_dev_memory(s->devs[j], &fr, &tot);
