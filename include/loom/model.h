@@ -153,8 +153,8 @@ LOOM_API void loom_model_foreach_weight(loom_model *m,
 
 typedef struct loom_kv_cache {
     loom_ctx *ctx;
-    loom_tensor *k[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] */
-    loom_tensor *v[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] */
+    loom_tensor *k[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] (sliding layers: n_swa_cells) */
+    loom_tensor *v[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] (sliding layers: n_swa_cells) */
     loom_buffer_t *buffers;
     int n_buffers;
     int64_t n_ctx;
