@@ -329,8 +329,24 @@ static bool state_is(meta_backend *mb, const loom_tensor *t, bool sync, loom_spl
     return t && loom__meta_state(mb->md, t, sync, &s) == LOOM_OK && s.axis == axis;
 }
 
-/* The last node at or after i up to which the reduction of node i can be delayed. */
-static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
+static bool reads(const loom_tensor *n, const loom_tensor *t) {
+    for (int s = 0; s < LOOM_MAX_SRC; s++)
+        if (n->src[s] == t) return true;
+    return false;
+}
+
+static bool is_partial_node(meta_backend *mb, const loom_tensor *t) {
+    return t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
+           state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
+}
+
+/* The last node at or after i up to which the reduction of node i can be delayed. An ADD
+ * of two unreduced partial sums of the same shape is itself a partial sum (each device's
+ * terms added once): when the next consumer of the chain is such an add and the other
+ * addend is the end of another delayable chain made since (a shared expert's down
+ * projection next to the routed experts' sum), both chains share one reduction after the
+ * add; merged[k] marks that add (a device with one addend dead copies the other). */
+static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *merged) {
     const loom_tensor *cur = g->nodes[i];
     int r = i;
     for (;;) {
@@ -339,19 +355,39 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
         if ((cur->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)) ||
             use_count(g, cur, r + 1) == 0)
             return r;
-        /* the next node that consumes cur; nodes in between must not be new partials */
-        int k = r + 1;
+        /* the next node that consumes cur; nodes in between must not be new partials,
+         * except one chain that ends in the other addend of that consumer */
+        int k = r + 1, nested_end = -1;
         while (k < g->n_nodes) {
             const loom_tensor *n = g->nodes[k];
-            bool uses = false;
-            for (int s = 0; s < LOOM_MAX_SRC; s++) uses |= n->src[s] == cur;
-            if (uses) break;
-            if (state_is(mb, n, false, LOOM_SPLIT_PARTIAL)) return r;
+            if (reads(n, cur)) break;
+            if (is_partial_node(mb, n)) {
+                if (nested_end >= 0) return r;
+                nested_end = delay_reduction(mb, g, k, merged);
+                for (int q = k + 1; q <= nested_end; q++)
+                    if (reads(g->nodes[q], cur)) return r; /* cur inside the other chain */
+                k = nested_end + 1;
+                continue;
+            }
             k++;
         }
         if (k >= g->n_nodes) return r;
         const loom_tensor *n = g->nodes[k];
         bool single = use_count(g, cur, r + 1) == 1;
+        if (nested_end >= 0) {
+            /* only PARTIAL + PARTIAL: cur + the other chain's end, both read once, here */
+            const loom_tensor *b = g->nodes[nested_end];
+            const loom_tensor *other = n->src[0] == cur ? n->src[1] : n->src[0];
+            if (!single || n->op != LOOM_OP_ADD || other != b || b == cur ||
+                !loom_are_same_shape(cur, b) || !loom_are_same_shape(n, cur) ||
+                (b->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)) ||
+                use_count(g, b, nested_end + 1) != 1)
+                return r;
+            merged[k] = true;
+            cur = n;
+            r = k;
+            continue;
+        }
         /* a product with a mirrored gate distributes over the sum */
         if (single && n->op == LOOM_OP_MUL && n->src[0] == cur && n->src[1] != cur &&
             state_is(mb, n->src[1], true, LOOM_SPLIT_MIRRORED)) {
@@ -367,50 +403,50 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
             r = k;
             continue;
         }
-        /* MoE expert sum: U views of cur (one per expert slot), added in a chain */
+        /* MoE expert sum: U views of cur (one per expert slot), each read once, added in
+         * one chain (the first add reads two views, each next one the running sum and a
+         * view; the running sums read only by the chain) */
         int64_t U = cur->ne[1];
         int uses = use_count(g, cur, r + 1);
-        if (U >= 2 && uses == U) {
+        if (U >= 2 && U <= 64 && uses == U) {
             const loom_tensor *acc = NULL;
-            int views = 0, last = -1;
-            bool ok = true;
             const loom_tensor *vset[64];
-            for (int q = r + 1; q < g->n_nodes && ok && views < U; q++) {
+            int views = 0, consumed = 0, last = -1;
+            bool ok = true;
+            for (int q = r + 1; q < g->n_nodes && ok && !(views == U && consumed == U); q++) {
                 const loom_tensor *n2 = g->nodes[q];
                 if (n2->op == LOOM_OP_VIEW && n2->src[0] == cur) {
-                    if (views >= 64 || use_count(g, n2, q + 1) != 1 ||
+                    if (use_count(g, n2, q + 1) != 1 ||
                         (n2->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)))
                         ok = false;
-                    else vset[views++] = n2;
+                    else
+                        vset[views++] = n2;
                     continue;
                 }
-                bool touches = false;
-                for (int s = 0; s < LOOM_MAX_SRC; s++)
-                    for (int v = 0; v < views; v++) touches |= n2->src[s] == vset[v] || (acc && n2->src[s] == acc);
-                if (!touches) continue;
-                if (n2->op != LOOM_OP_ADD) {
-                    ok = false;
+                int nv = 0;
+                for (int s2 = 0; s2 < LOOM_MAX_SRC; s2++)
+                    for (int v = 0; v < views; v++)
+                        nv += n2->src[s2] == vset[v];
+                bool racc = acc && reads(n2, acc);
+                if (nv == 0 && !racc) {
+                    if (is_partial_node(mb, n2)) ok = false; /* it would be reduced nowhere */
+                    continue;
+                }
+                if (n2->op != LOOM_OP_ADD || nv != (acc ? 1 : 2) || (acc && !racc) ||
+                    (acc &&
+                     (use_count(g, acc, last + 1) != 1 ||
+                      (acc->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL))))) {
+                    ok = false; /* not one chain, or a running sum read elsewhere */
                     break;
                 }
-                if (acc && (acc->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL))) {
-                    ok = false; /* a partial sum of the chain is read elsewhere */
-                    break;
-                }
+                consumed += nv;
                 acc = n2;
                 last = q;
             }
-            if (ok && views == U && last > r) {
-                /* the chain must have consumed every view and end in one add */
-                int consumed = 0;
-                for (int q = r + 1; q <= last; q++)
-                    if (g->nodes[q]->op == LOOM_OP_ADD)
-                        for (int s = 0; s < 2; s++)
-                            for (int v = 0; v < views; v++) consumed += g->nodes[q]->src[s] == vset[v];
-                if (consumed == U) {
-                    cur = acc;
-                    r = last;
-                    continue;
-                }
+            if (ok && views == U && consumed == U) {
+                cur = acc;
+                r = last;
+                continue;
             }
         }
         return r;
@@ -430,8 +466,10 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     p->slot = loom_malloc((size_t)p->slot_cap * sizeof *p->slot);
     p->subs = loom_calloc((size_t)g->n_nodes + 1, sizeof *p->subs);
     int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
-    if (!p->meta || !p->slot || !p->subs || !idx) {
+    bool *merged = loom_calloc((size_t)g->n_nodes + 1, sizeof *merged);
+    if (!p->meta || !p->slot || !p->subs || !idx || !merged) {
         loom_free(idx);
+        loom_free(merged);
         plan_free(p, n);
         return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning %d nodes", g->n_nodes);
     }
@@ -466,7 +504,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         bool partial = t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
                        state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
         if (!partial && i + 1 < g->n_nodes) continue;
-        int r = partial && n > 1 ? delay_reduction(mb, g, i) : i;
+        int r = partial && n > 1 ? delay_reduction(mb, g, i, merged) : i;
         if (r > i) p->n_delayed++;
         plan_sub *sub = &p->subs[p->n_subs++];
         sub->first = start;
@@ -527,6 +565,22 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                     int vx = plan_find(p, g->nodes[i]->view_src);
                     if (vx >= 0 && p->dead[j][vx]) dead = true;
                 }
+                if (dead && merged[i]) {
+                    /* PARTIAL + PARTIAL with one addend's terms all zero here: the sum is
+                     * the other addend (scaled by 1: the add's own destination) */
+                    int a0 = plan_find(p, g->nodes[i]->src[0]),
+                        a1 = plan_find(p, g->nodes[i]->src[1]);
+                    bool d0 = a0 >= 0 && p->dead[j][a0], d1 = a1 >= 0 && p->dead[j][a1];
+                    if (d0 != d1) {
+                        d->op = LOOM_OP_SCALE;
+                        memset(d->op_params, 0, sizeof d->op_params);
+                        float one = 1.0f;
+                        memcpy(d->op_params, &one, sizeof one);
+                        d->src[0] = d0 ? d->src[1] : d->src[0];
+                        d->src[1] = NULL;
+                        dead = false;
+                    }
+                }
                 if (dead && !loom_op_is_view(d->op)) {
                     p->dead[j][x] = true;
                     d->flags &= ~LOOM_TENSOR_FLAG_COMPUTE;
@@ -555,6 +609,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         }
     }
     loom_free(idx);
+    loom_free(merged);
     if (st) {
         plan_free(p, n);
         return st;

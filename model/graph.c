@@ -44,12 +44,35 @@ loom_status loom_kv_cache_check_type(const loom_hparams *hp, const char *which, 
 
 loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_type type,
                               const loom_model_params *p, loom_kv_cache **out) {
-    return loom_kv_cache_new_types(m, n_ctx, type, type, p, out);
+    return loom_kv_cache_new_bounded(m, n_ctx, 0, type, type, p, out);
 }
 
 loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_type type,
                                     loom_type type_v, const loom_model_params *p,
                                     loom_kv_cache **out) {
+    return loom_kv_cache_new_bounded(m, n_ctx, 0, type, type_v, p, out);
+}
+
+int64_t loom_kv_cache_swa_cells(const loom_hparams *hp, int64_t n_ctx, int64_t n_batch) {
+    bool any = false;
+    for (int il = 0; il < hp->n_layer && il < LOOM_MODEL_MAX_LAYERS; il++)
+        any |= hp->swa_layer[il];
+    if (!any || hp->n_swa <= 0 || n_batch <= 0 || n_ctx <= 0 || hp->n_swa > n_ctx ||
+        n_batch > n_ctx)
+        return n_ctx;
+    int64_t cells = (hp->n_swa - 1 + n_batch + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
+    return cells < n_ctx ? cells : n_ctx;
+}
+
+int64_t loom_kv_cache_layer_cells(const loom_hparams *hp, int64_t n_ctx, int64_t n_batch, int il) {
+    return il >= 0 && il < LOOM_MODEL_MAX_LAYERS && hp->swa_layer[il]
+               ? loom_kv_cache_swa_cells(hp, n_ctx, n_batch)
+               : n_ctx;
+}
+
+loom_status loom_kv_cache_new_bounded(const loom_model *m, int64_t n_ctx, int64_t n_batch,
+                                      loom_type type, loom_type type_v, const loom_model_params *p,
+                                      loom_kv_cache **out) {
     *out = NULL;
     loom_status st;
     if ((st = loom_kv_cache_check_type(&m->hp, "K", type, false)) ||
@@ -60,6 +83,7 @@ loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_typ
     loom_kv_cache *kv = loom_calloc(1, sizeof *kv);
     if (!kv) return loom_error(LOOM_ERR_NOMEM, "kv cache: out of memory");
     kv->n_ctx = n_ctx;
+    kv->n_swa_cells = loom_kv_cache_swa_cells(hp, n_ctx, n_batch);
     kv->type = type;
     kv->type_v = type_v;
     kv->ctx = loom_ctx_new((loom_ctx_params){
@@ -72,7 +96,8 @@ loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_typ
     const int64_t Dkv = hp->n_head_kv * hp->head_dim;
     for (int il = 0; il < hp->n_layer && st == LOOM_OK; il++) {
         for (int which = 0; which < 2; which++) {
-            loom_tensor *t = loom_new_tensor_2d(kv->ctx, which ? type_v : type, Dkv, n_ctx);
+            loom_tensor *t = loom_new_tensor_2d(kv->ctx, which ? type_v : type, Dkv,
+                                                hp->swa_layer[il] ? kv->n_swa_cells : n_ctx);
             if (!t) {
                 st = loom_error(LOOM_ERR_NOMEM, "kv cache: %s", loom_last_error());
                 break;
@@ -139,7 +164,8 @@ static loom_tensor *cache_view(loom_ctx *ctx, loom_tensor *w, const loom_tensor 
 /* x [E, T] -> [E, T], attention with the KV cache of layer il. */
 static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
                               loom_graph *gf, int il, loom_tensor *h, loom_tensor *pos,
-                              loom_tensor *mask, loom_tensor *mask_swa, int64_t T, int64_t n_kv) {
+                              loom_tensor *mask, loom_tensor *mask_swa, loom_tensor *pos_swa,
+                              int64_t T, int64_t n_kv, int64_t n_kv_swa) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     const int64_t D = hp->head_dim, H = hp->n_head, Hk = hp->n_head_kv;
@@ -183,8 +209,11 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     if (loom_graph_build_forward(gf, q) || loom_graph_build_forward(gf, k) ||
         loom_graph_build_forward(gf, v))
         return NULL;
-    loom_tensor *ks = loom_set_rows(ctx, kv->k[il], loom_reshape_2d(ctx, k, D * Hk, T), pos);
-    loom_tensor *vs = loom_set_rows(ctx, kv->v[il], loom_reshape_2d(ctx, v, D * Hk, T), pos);
+    /* a sliding layer's ring: position p in cell p % cells, the attention over its cells */
+    loom_tensor *rows = swa && pos_swa ? pos_swa : pos;
+    if (swa) n_kv = n_kv_swa;
+    loom_tensor *ks = loom_set_rows(ctx, kv->k[il], loom_reshape_2d(ctx, k, D * Hk, T), rows);
+    loom_tensor *vs = loom_set_rows(ctx, kv->v[il], loom_reshape_2d(ctx, v, D * Hk, T), rows);
     if (!ks || !vs) return NULL;
     if (loom_graph_build_forward(gf, ks) || loom_graph_build_forward(gf, vs)) return NULL;
 
@@ -340,21 +369,36 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_graph *gf = loom_graph_new(ctx, graph_size);
     loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
     loom_tensor *pos = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);
-    loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T);
     bool any_swa = false, all_swa = true;
     for (int il = 0; il < hp->n_layer; il++) {
         any_swa |= hp->swa_layer[il];
         all_swa &= hp->swa_layer[il];
     }
+    /* sliding layers in a ring of R cells: the batch and the window before it must fit */
+    const int64_t R = kv->n_swa_cells;
+    const bool ring = any_swa && R > 0 && R < kv->n_ctx;
+    if (ring && hp->n_swa - 1 + T > R)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "model: a batch of %lld tokens does not fit the sliding-window cache "
+                          "of %lld cells (window %lld): batches of at most %lld",
+                          (long long)T, (long long)R, (long long)hp->n_swa,
+                          (long long)(R - hp->n_swa + 1));
+    const int64_t n_kv_swa = ring && n_kv > R ? R : n_kv;
     /* every layer sliding (phi3): the one mask is the windowed one */
+    loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, all_swa ? n_kv_swa : n_kv, T);
     loom_tensor *mask_swa = all_swa   ? mask
-                            : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv, T)
+                            : any_swa ? loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n_kv_swa, T)
                                       : NULL;
+    loom_tensor *pos_swa = ring ? loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T) : NULL;
     if (mask_swa) {
         loom_set_name(mask_swa, "kq_mask_swa");
         loom_set_input(mask_swa);
     }
-    if (!gf || !tokens || !pos || !mask || (any_swa && !mask_swa))
+    if (pos_swa) {
+        loom_set_name(pos_swa, "inp_pos_swa");
+        loom_set_input(pos_swa);
+    }
+    if (!gf || !tokens || !pos || !mask || (any_swa && !mask_swa) || (ring && !pos_swa))
         return loom_error(LOOM_ERR_NOMEM, "model: graph context too small: %s", loom_last_error());
     loom_set_name(tokens, "inp_tokens");
     loom_set_name(pos, "inp_pos");
@@ -370,7 +414,9 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
         const loom_layer *L = &m->layers[il];
         loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->attn_norm);
         if (h) loom_format_name(h, "attn_norm-%d", il);
-        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, T, n_kv) : NULL;
+        loom_tensor *a =
+            h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, pos_swa, T, n_kv, n_kv_swa)
+              : NULL;
         if (a && L->attn_post_norm)
             a = loom_mul(ctx, loom_rms_norm(ctx, a, hp->rms_eps), L->attn_post_norm);
         x = loom_add(ctx, x, a);
@@ -400,6 +446,8 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
                               .mask = mask,
                               .mask_swa = mask_swa,
                               .n_swa = hp->n_swa,
+                              .pos_swa = pos_swa,
+                              .n_swa_cells = R,
                               .logits = logits,
                               .n_tokens = T,
                               .n_past = n_past,
@@ -424,11 +472,26 @@ loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tok
     loom_tensor_set(bg->pos, pos, 0, (size_t)T * sizeof(int32_t));
     if (bg->mask != bg->mask_swa)
         loom_tensor_set(bg->mask, mask, 0, (size_t)(T * K) * sizeof(float));
-    if (bg->mask_swa) { /* also within the window: query position p sees p - n_swa < j */
+    if (bg->mask_swa) {
+        /* also within the window: query position p sees cell j holding position q when
+         * q <= p and p - q < n_swa. Without a ring cell j holds position j; in a ring of R
+         * cells it holds the last position written to it, last - (last - j) mod R, where
+         * last = n_past + T - 1 (negative: never written) */
+        const int64_t Ks = bg->mask_swa->ne[0], R = bg->pos_swa ? bg->n_swa_cells : 0;
+        const int64_t last = bg->n_past + T - 1;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t p = bg->n_past + t;
+            for (int64_t j = 0; j < Ks; j++) {
+                const int64_t q = R > 0 ? last - (last - j) % R : j;
+                mask[t * Ks + j] = q >= 0 && q <= p && p - q < bg->n_swa ? 0.0f : -INFINITY;
+            }
+        }
+        loom_tensor_set(bg->mask_swa, mask, 0, (size_t)(T * Ks) * sizeof(float));
+    }
+    if (bg->pos_swa) {
         for (int64_t t = 0; t < T; t++)
-            for (int64_t j = 0; j < K; j++)
-                if (bg->n_past + t - j >= bg->n_swa) mask[t * K + j] = -INFINITY;
-        loom_tensor_set(bg->mask_swa, mask, 0, (size_t)(T * K) * sizeof(float));
+            pos[t] = (int32_t)((bg->n_past + t) % bg->n_swa_cells);
+        loom_tensor_set(bg->pos_swa, pos, 0, (size_t)T * sizeof(int32_t));
     }
     loom_free(pos);
     loom_free(mask);

@@ -216,6 +216,11 @@ static loom_type kv_type_v(const loom_session *s) {
     return s->p.kv_type_v_set ? s->p.kv_type_v : s->p.kv_type;
 }
 
+/* The largest batch the sliding-window rings are sized for (0: full-context caches). */
+static int64_t swa_batch(const loom_session *s) {
+    return s->p.swa_full ? 0 : s->p.n_batch > 0 ? s->p.n_batch : 512;
+}
+
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
  * positions against what each device and the host have, before anything is allocated. */
 static loom_status check_memory(loom_session *s, int64_t n_ctx) {
@@ -230,12 +235,14 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
     }
     int64_t per_k, per_v;
     const int64_t Dkv = s->hp.n_head_kv * s->hp.head_dim; /* whole blocks (checked) */
-    if (loom_mul_overflow_i64((int64_t)loom_row_size(s->p.kv_type, Dkv), n_ctx, &per_k) ||
-        loom_mul_overflow_i64((int64_t)loom_row_size(kv_type_v(s), Dkv), n_ctx, &per_v))
-        return loom_error(LOOM_ERR_INVALID_ARG, "session: a KV cache of %lld positions overflows",
-                          (long long)n_ctx);
     char name[32];
     for (int il = 0; il < s->hp.n_layer; il++) {
+        /* a sliding-window layer holds its ring only */
+        const int64_t cells = loom_kv_cache_layer_cells(&s->hp, n_ctx, swa_batch(s), il);
+        if (loom_mul_overflow_i64((int64_t)loom_row_size(s->p.kv_type, Dkv), cells, &per_k) ||
+            loom_mul_overflow_i64((int64_t)loom_row_size(kv_type_v(s), Dkv), cells, &per_v))
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "session: a KV cache of %lld positions overflows", (long long)n_ctx);
         snprintf(name, sizeof name, "cache_k_l%d", il);
         need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, (uint64_t)per_k + (uint64_t)per_v);
     }
@@ -421,7 +428,8 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                             .no_mmap = s->p.no_mmap,
                             .load_chunk = s->p.load_chunk};
     if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
-    if ((st = loom_kv_cache_new_types(s->model, n_ctx, s->p.kv_type, kv_type_v(s), &mp, &s->kv)))
+    if ((st = loom_kv_cache_new_bounded(s->model, n_ctx, swa_batch(s), s->p.kv_type, kv_type_v(s),
+                                        &mp, &s->kv)))
         return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
     s->parallel = pipeline_wanted(s);

@@ -228,7 +228,7 @@ int loom_cli_gguf(int argc, char **argv) {
     if (plan) {
         printf("\nsplit over %d devices (%s)\n", n_dev, devices);
         /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
-         * layer, split by the rules */
+         * layer (a ring for sliding-window layers), split by the rules */
         int64_t ctx = n_ctx > 0
                           ? n_ctx
                           : (hp.n_ctx_train > 0 && hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
@@ -236,7 +236,9 @@ int loom_cli_gguf(int argc, char **argv) {
             (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
         for (int il = 0; kc && il < hp.n_layer; il++)
             for (int which = 0; which < 2; which++) {
-                loom_tensor *t = loom_new_tensor_2d(kc, kv_type, hp.n_head_kv * hp.head_dim, ctx);
+                /* a sliding-window layer: its ring for the default batch of 512 */
+                loom_tensor *t = loom_new_tensor_2d(kc, kv_type, hp.n_head_kv * hp.head_dim,
+                                                    loom_kv_cache_layer_cells(&hp, ctx, 512, il));
                 if (!t) break;
                 loom_format_name(t, "cache_%c_l%d", which ? 'v' : 'k', il);
                 loom_split_state st;

@@ -66,6 +66,7 @@ const char *const loom_model_opts_names[] = {"-m",
                                              "-nkvo",
                                              "--no-kv-offload",
                                              "--no-op-offload",
+                                             "--swa-full",
                                              "--split-rules",
                                              "--cpu-affinity",
                                              "-v",
@@ -101,6 +102,8 @@ const char *loom_model_opts_help(void) {
            "                            fused flash attention (auto = on) or mul_mat+soft_max\n"
            "  -nkvo, --no-kv-offload    keep the KV cache in host memory\n"
            "  --no-op-offload           never offload host-weight matmuls to a device\n"
+           "  --swa-full                full-context caches for sliding-window layers\n"
+           "                            (default: a ring of the window plus a batch)\n"
            "  --split-rules FILE        split rules that override/extend the built-in table\n"
            "  -v, --verbose             library log at debug level on stderr\n";
 }
@@ -243,6 +246,8 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->sp.no_kv_offload = true;
     } else if (is(a, "--no-op-offload", NULL, NULL)) {
         o->sp.no_op_offload = true;
+    } else if (is(a, "--swa-full", NULL, NULL)) {
+        o->sp.swa_full = true;
     } else if (is(a, "--split-rules", NULL, NULL)) {
         if (!v) goto missing;
         o->sp.split_rules = loom_cli_path(v, o->rules_buf, sizeof o->rules_buf);

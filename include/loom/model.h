@@ -153,13 +153,16 @@ LOOM_API void loom_model_foreach_weight(loom_model *m,
 
 typedef struct loom_kv_cache {
     loom_ctx *ctx;
-    loom_tensor *k[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] */
-    loom_tensor *v[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] */
+    loom_tensor *k[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] (sliding layers: n_swa_cells) */
+    loom_tensor *v[LOOM_MODEL_MAX_LAYERS]; /* [D*Hk, n_ctx] (sliding layers: n_swa_cells) */
     loom_buffer_t *buffers;
     int n_buffers;
     int64_t n_ctx;
     loom_type type;   /* K's type */
     loom_type type_v; /* V's type (the same as K's unless made by loom_kv_cache_new_types) */
+    /* rows of a sliding-window layer's K and V: a ring of cells, position p in cell
+     * p % n_swa_cells (masked by absolute position); n_ctx when not bounded */
+    int64_t n_swa_cells;
 } loom_kv_cache;
 
 /* A cache for n_ctx positions of `type` (K and V); layer l's tensors go to
@@ -172,6 +175,19 @@ LOOM_API loom_status loom_kv_cache_new(const loom_model *m, int64_t n_ctx, loom_
 LOOM_API loom_status loom_kv_cache_new_types(const loom_model *m, int64_t n_ctx, loom_type type_k,
                                              loom_type type_v, const loom_model_params *placement,
                                              loom_kv_cache **out);
+/* The same with every sliding-window layer bounded to loom_kv_cache_swa_cells(hp, n_ctx,
+ * n_batch) cells (n_batch: the largest batch a graph will hold; <= 0: not bounded). A
+ * graph of more than n_batch tokens at once is then refused. */
+LOOM_API loom_status loom_kv_cache_new_bounded(const loom_model *m, int64_t n_ctx, int64_t n_batch,
+                                               loom_type type_k, loom_type type_v,
+                                               const loom_model_params *placement,
+                                               loom_kv_cache **out);
+/* Cells of a sliding-window layer's ring: the window plus a batch, n_swa - 1 + n_batch,
+ * rounded up to LOOM_KV_PAD, at most n_ctx (n_ctx without sliding layers or n_batch <= 0). */
+LOOM_API int64_t loom_kv_cache_swa_cells(const loom_hparams *hp, int64_t n_ctx, int64_t n_batch);
+/* Rows of layer il's K and V in such a cache. */
+LOOM_API int64_t loom_kv_cache_layer_cells(const loom_hparams *hp, int64_t n_ctx, int64_t n_batch,
+                                           int il);
 LOOM_API bool loom_kv_cache_type_ok(loom_type t);
 /* Whether a cache of type t fits the model (which: "K" or "V", for the message): a cache
  * row is whole blocks, and with per_head (a cache split by heads) so is every head. */
@@ -191,8 +207,11 @@ typedef struct loom_batch_graph {
     loom_tensor *pos;     /* I32 [T] */
     loom_tensor *mask;    /* F32 [K, T] */
     loom_tensor *mask_swa; /* F32 [K, T]: causal and within the sliding window, or NULL;
-                            * == mask when every layer slides */
+                            * == mask when every layer slides; with a ring, K is its cells
+                            * (at most n_swa_cells), each masked by the position it holds */
     int64_t n_swa;
+    loom_tensor *pos_swa; /* I32 [T]: the ring cell of each position, or NULL (not bounded) */
+    int64_t n_swa_cells;  /* the ring's cells (kv->n_swa_cells) */
     loom_tensor *logits;  /* F32 [V, T] or [V, 1] */
     int64_t n_tokens;
     int64_t n_past;

@@ -49,6 +49,8 @@ typedef struct loom_session_params {
                                  * type needs n_head_kv x head_dim in whole blocks, and head_dim
                                  * in whole blocks when the cache is split by tensor */
     bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
+    bool swa_full;              /* sliding-window layers keep n_ctx cells (default: a ring of
+                                 * the window plus n_batch, loom_kv_cache_swa_cells) */
     bool no_op_offload;
     /* pipeline parallelism (4 copies of every tensor crossing devices, rotating per graph)
      * is used under llama.cpp's conditions: layer split over several devices, every layer

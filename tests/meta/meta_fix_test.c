@@ -4,6 +4,7 @@
  *   - the plan cache grows to the graphs' working set (22 graphs cycled: no rebuilds);
  *   - caps are the AND of the members' (events work through the meta device);
  *   - the reduction is delayed past a PARTIAL bias, which is added exactly once;
+ *   - two partial sums added share one reduction (each counted once, dead devices too);
  *   - a member graph that fails on its worker fails the meta graph_compute;
  *   - under a scheduler: a PARTIAL value read by another split is reduced first (no
  *     delay past its in-split consumer); SET_ROWS and CPY into a split cache from a value
@@ -40,6 +41,12 @@ static loom_status leaf(const loom_tensor *t, loom_split_state *out, void *ud) {
     if (strcmp(t->name, "down") == 0 || strcmp(t->name, "cache") == 0)
         return loom_split_state_even(out, LOOM_SPLIT_AXIS_0, n, t->ne[0], 1, 1);
     if (strcmp(t->name, "bias") == 0) loom_split_state_init(out, LOOM_SPLIT_PARTIAL, n);
+    /* F in units of 16: with 4 or more devices some get no rows (their down2 product is
+     * an exact zero, "dead") */
+    if (strcmp(t->name, "up2") == 0)
+        return loom_split_state_even(out, LOOM_SPLIT_AXIS_1, n, t->ne[1], 16, 0);
+    if (strcmp(t->name, "down2") == 0)
+        return loom_split_state_even(out, LOOM_SPLIT_AXIS_0, n, t->ne[0], 16, 0);
     return LOOM_OK;
 }
 
@@ -313,6 +320,84 @@ LOOM_TEST(meta_fix, reduction_delayed_past_a_partial_bias_adds_it_once) {
         loom_ctx_free(fg.ctx);
         loom_backend_free(be);
         teardown(&f);
+    }
+}
+
+/* down x silu(up x in) on the host, in double: [D, T] */
+static void ffn_host(const float *up, const float *down, const float *in, double *out) {
+    double hid[F * T];
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < F; r++) {
+            double a = 0;
+            for (int k = 0; k < D; k++)
+                a += (double)up[r * D + k] * in[t * D + k];
+            float af = (float)a;
+            hid[t * F + r] = af / (1.0 + exp(-(double)af));
+        }
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < D; r++) {
+            double a = 0;
+            for (int k = 0; k < F; k++)
+                a += (double)down[r * F + k] * hid[t * F + k];
+            out[t * D + r] = a;
+        }
+}
+
+/* Two partial sums added (a routed and a shared expert): o = down x silu(up x x) and
+ * z = (down2 x silu(up2 x g)) * g, y = o + z (or z + o). PARTIAL + PARTIAL is PARTIAL, so
+ * one reduction after the add, each term counted once; with N >= 4 some devices hold no
+ * rows of up2/down2 (z is an exact zero there and the add copies o). Marking z OUTPUT
+ * reduces it on its own (2). */
+LOOM_TEST(meta_fix, two_partial_sums_added_share_one_reduction) {
+    for (int n = 2; n <= 8; n++) {
+        if (n == 5 || n == 6 || n == 7) continue;
+        for (int variant = 0; variant < 3; variant++) {
+            fixture f;
+            LOOM_REQUIRE(setup(&f, n, NULL));
+            loom_backend_t be = loom_dev_init(f.meta, NULL);
+            LOOM_REQUIRE(be != NULL);
+            static ffn h;
+            static float up2[D * F], down2[F * D];
+            ffn_graph fg;
+            ffn_build(&fg, &h);
+            loom_tensor *u2 = loom_new_tensor_2d(fg.ctx, LOOM_TYPE_F32, D, F);
+            loom_tensor *d2 = loom_new_tensor_2d(fg.ctx, LOOM_TYPE_F32, F, D);
+            loom_set_name(u2, "up2");
+            loom_set_name(d2, "down2");
+            loom_tensor *z = loom_mul(
+                fg.ctx, loom_mul_mat(fg.ctx, d2, loom_silu(fg.ctx, loom_mul_mat(fg.ctx, u2, fg.g))),
+                fg.g);
+            loom_tensor *y = variant == 1 ? loom_add(fg.ctx, z, fg.o) : loom_add(fg.ctx, fg.o, z);
+            if (variant == 2) loom_set_output(z);
+            loom_graph *g = loom_graph_new(fg.ctx, 64);
+            LOOM_REQUIRE(loom_graph_build_forward(g, y) == LOOM_OK);
+            fg.buf = loom_alloc_ctx_tensors(fg.ctx, loom_dev_buffer_type(f.meta));
+            LOOM_REQUIRE(fg.buf != NULL);
+            ffn_fill(&fg, &h);
+            fill(u2, 6, up2);
+            fill(d2, 7, down2);
+            static double o2[D * T], want[D * T], zw[D * T];
+            ffn_host(up2, down2, h.g, o2);
+            for (int i = 0; i < D * T; i++) {
+                zw[i] = o2[i] * h.g[i];
+                want[i] = h.o[i] + zw[i];
+            }
+            loom_meta_backend_reset_stats(be);
+            loom_status st = loom_backend_graph_compute(be, g);
+            LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
+            LOOM_REQUIRE(st == LOOM_OK);
+            loom_meta_stats ms;
+            loom_meta_backend_get_stats(be, &ms);
+            LOOM_CHECK_MSG(ms.last_reductions == (variant == 2 ? 2 : 1),
+                           "N=%d variant %d: %d reductions", n, variant, (int)ms.last_reductions);
+            LOOM_CHECK_MSG(count_bad(y, want, D * T, 1e-4) == 0, "N=%d variant %d: y", n, variant);
+            if (variant == 2)
+                LOOM_CHECK_MSG(count_bad(z, zw, D * T, 1e-4) == 0, "N=%d: z marked OUTPUT", n);
+            loom_buffer_free(fg.buf);
+            loom_ctx_free(fg.ctx);
+            loom_backend_free(be);
+            teardown(&f);
+        }
     }
 }
 

@@ -59,7 +59,7 @@ static void init(void) {
     c->p.n_expert_used = 2;
     c = add("qwen2", "qwen2", 2);
     c->p.attn_biases = true;
-    c = add("qwen2moe", "qwen2moe", 3); /* attention, routed experts, shared expert */
+    c = add("qwen2moe", "qwen2moe", 2); /* attention; routed experts + shared expert, one sum */
     c->p.attn_biases = true;
     c->p.n_expert = 4;
     c->p.n_expert_used = 2;
