@@ -1,8 +1,9 @@
 /*
  * threadpool.c: a fixed pool of persistent worker threads for the CPU kernels. The caller
  * of loom_threadpool_run is thread 0 and works too; workers sleep on a condition variable
- * between runs. The barrier spins briefly, then yields, so the kernels' per-node barriers
- * stay cheap when the pool has the cores to itself and polite when it does not.
+ * between runs. The barrier spins briefly, then sleeps on a futex (Linux; elsewhere it
+ * yields), so the kernels' per-node barriers stay cheap when the pool has the cores to
+ * itself, and a waiter gives its core to a descheduled peer when it does not.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -10,6 +11,10 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #include "core/core-impl.h"
 
@@ -41,7 +46,12 @@ struct loom_threadpool {
 
     atomic_int barrier_count;
     atomic_uint barrier_phase;
+    atomic_int barrier_sleepers; /* threads in (or entering) a futex wait on barrier_phase */
 };
+
+/* Spins before a barrier waiter sleeps: long enough for a balanced node's stragglers on
+ * free cores (a few microseconds), short enough not to burn a shared core. */
+#define LOOM__BARRIER_SPINS 1000
 
 static void loom__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -123,6 +133,7 @@ loom_threadpool *loom_threadpool_new_ex(int n_threads, loom_thread_start_fn star
     atomic_init(&tp->running, false);
     atomic_init(&tp->barrier_count, 0);
     atomic_init(&tp->barrier_phase, 0u);
+    atomic_init(&tp->barrier_sleepers, 0);
     int nw = tp->n_workers, first = n_threads - nw;
     if (nw > 0) {
         tp->threads = loom_calloc((size_t)nw, sizeof *tp->threads);
@@ -188,23 +199,45 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
     atomic_store(&tp->running, false);
 }
 
+static void loom__phase_wait(atomic_uint *phase, unsigned seen) {
+#if defined(__linux__)
+    syscall(SYS_futex, (unsigned *)phase, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+#else
+    (void)phase, (void)seen;
+    sched_yield();
+#endif
+}
+
+static void loom__phase_wake(atomic_uint *phase) {
+#if defined(__linux__)
+    syscall(SYS_futex, (unsigned *)phase, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+#else
+    (void)phase;
+#endif
+}
+
 /* Sense-reversing barrier: the last thread to arrive resets the count, then advances the
- * phase that the others wait on. */
+ * phase that the others wait on, spinning first, then sleeping on the phase word (a
+ * futex). A sleeper registers before it re-checks the phase and the waker advances the
+ * phase before it reads the sleeper count (both sequentially consistent), so either the
+ * sleeper sees the new phase or the waker sees the sleeper: no wake-up is lost. */
 void loom_threadpool_barrier(loom_threadpool *tp) {
     if (!tp || tp->n_threads == 1) return;
     unsigned phase = atomic_load(&tp->barrier_phase);
     if (atomic_fetch_add(&tp->barrier_count, 1) == tp->n_threads - 1) {
         atomic_store(&tp->barrier_count, 0);
         atomic_fetch_add(&tp->barrier_phase, 1u);
+        if (atomic_load(&tp->barrier_sleepers) > 0) loom__phase_wake(&tp->barrier_phase);
         return;
     }
-    int spins = 0;
-    while (atomic_load(&tp->barrier_phase) == phase) {
-        if (++spins < 2000)
-            loom__cpu_relax();
-        else
-            sched_yield();
+    for (int spins = 0; spins < LOOM__BARRIER_SPINS; spins++) {
+        if (atomic_load_explicit(&tp->barrier_phase, memory_order_acquire) != phase) return;
+        loom__cpu_relax();
     }
+    atomic_fetch_add(&tp->barrier_sleepers, 1);
+    while (atomic_load(&tp->barrier_phase) == phase)
+        loom__phase_wait(&tp->barrier_phase, phase);
+    atomic_fetch_sub(&tp->barrier_sleepers, 1);
 }
 
 int loom_n_cpus(void) {

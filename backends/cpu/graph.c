@@ -276,8 +276,10 @@ static loom__cpu_work node_work(const loom_tensor *t, int nth, const loom__cpu_s
         w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(float);
         break;
     case LOOM_OP_FLASH_ATTN_EXT:
-        /* 4 gathered queries + a key row, a value row + 4 accumulators (ops-attn.c) */
-        w.per_thread = ((size_t)a->ne[0] * 5 + (size_t)t->src[2]->ne[0] * 5 + 64) * sizeof(float);
+        /* 16 gathered queries + a key row, a value row + 16 accumulators, 16 x 64 scores and
+         * weights (ops-attn.c) */
+        w.per_thread = ((size_t)a->ne[0] * 17 + (size_t)t->src[2]->ne[0] * 17 + 2 * 16 * 64 + 64) *
+                       sizeof(float);
         break;
     case LOOM_OP_MUL_MAT:
         w = loom__cpu_mul_mat_work(t, nth, simd);
@@ -306,6 +308,29 @@ typedef struct exec_ctx {
     const loom__cpu_simd *simd;
 } exec_ctx;
 
+/* Nodes cheaper than this (about a few microseconds of one core: multiply-adds of a matmul
+ * or attention, elements of anything else) run on thread 0 alone when the pool has more
+ * threads: splitting them costs more in barriers than it saves. A run of such nodes takes
+ * no barrier between its members, only one before the next node that all threads share. */
+#define LOOM__CPU_SOLO_COST 32768
+
+static bool node_solo(const loom_tensor *t) {
+    const int64_t n = loom_nelements(t);
+    int64_t cost = n;
+    switch (t->op) {
+    case LOOM_OP_MUL_MAT:
+    case LOOM_OP_MUL_MAT_ID:
+        cost = n * t->src[0]->ne[0];
+        break;
+    case LOOM_OP_FLASH_ATTN_EXT:
+        cost = loom_nelements(t->src[0]) * t->src[1]->ne[1] * 2;
+        break;
+    default:
+        break;
+    }
+    return cost < LOOM__CPU_SOLO_COST;
+}
+
 static void exec_worker(int ith, int nth, void *user_data) {
     exec_ctx *x = user_data;
     loom__cpu_params p = {
@@ -318,14 +343,31 @@ static void exec_worker(int ith, int nth, void *user_data) {
         .simd = x->simd,
         .state = x->state,
     };
+    loom__cpu_params solo = p;
+    solo.ith = 0;
+    solo.nth = 1;
+    /* prev_solo: the last node run was thread 0's alone and no barrier followed it yet */
+    bool prev_solo = false;
     for (int i = 0; i < x->g->n_nodes; i++) {
         loom_tensor *t = x->g->nodes[i];
         loom__cpu_kernel_fn fn = kernel_for(t);
         if (!fn || loom_nelements(t) == 0) continue;
+        if (nth > 1 && node_solo(t)) {
+            /* after a failure thread 0 skips the rest of the run; all stop at the barrier */
+            if (ith == 0 && !loom__cpu_failed(&p)) fn(&solo, t);
+            prev_solo = true;
+            continue;
+        }
+        if (prev_solo) {
+            loom__cpu_barrier(&p);
+            prev_solo = false;
+            if (loom__cpu_failed(&p)) return;
+        }
         fn(&p, t);
         loom__cpu_barrier(&p);
-        if (loom__cpu_failed(&p)) break;
+        if (loom__cpu_failed(&p)) return;
     }
+    /* the caller reads results after loom_threadpool_run returns: no barrier needed here */
 }
 
 static loom_status check_node(const loom_tensor *t) {

@@ -3,12 +3,12 @@
  * FLASH_ATTN_EXT (F32/F16 K and V, optional F32/F16 mask with ALiBi slopes, softcap,
  * sinks, grouped-query heads).
  *
- * Flash attention takes up to 4 queries of one head at a time, so each key row is loaded
- * once for all of them: per query an online softmax (running max M, sum S, accumulator V)
- * over the keys, skipping masked (-INF) keys, then the sink logit folded into the
- * normalisation. A NaN score of an unmasked key (NaN in q, k, the mask, softcap), NaN in v
- * or a NaN sink makes that query's whole output NaN: NaN in, NaN out, as every other op.
- * Threads split the (query block, head, sequence) items.
+ * Flash attention takes up to 16 query rows of the heads sharing one KV head at a time
+ * (GQA-aware), so each K/V row is loaded once for all of them: per row an online softmax
+ * (running max M, sum S, accumulator V) over tiles of keys with a vectorised exp, skipping
+ * masked (-INF) keys, then the sink logit folded into the normalisation. A NaN score of an unmasked
+ * key (NaN in q, k, the mask, softcap), NaN in v or a NaN sink makes that query's whole output NaN:
+ * NaN in, NaN out, as every other op. Threads split the (row block, KV head, sequence) items.
  */
 #include "backends/cpu/cpu-impl.h"
 
@@ -87,22 +87,14 @@ static float read_mask(const loom_tensor *mask, const char *row, int64_t i) {
     return v;
 }
 
-/* A row of K or V as either its own contiguous f32/f16 data or an f32 copy in buf
- * (gathered when strided; dequantised for bf16 and the block types of a quantised cache,
- * whose rows are whole blocks). Returns the pointer; *is_f16 says how to read it. */
-static const void *row_view(const loom_tensor *t, const void *row, int64_t n, float *buf,
-                            bool *is_f16) {
-    size_t es = loom_type_size(t->type);
-    if ((t->type == LOOM_TYPE_F32 || t->type == LOOM_TYPE_F16) && t->nb[0] == es) {
-        *is_f16 = t->type == LOOM_TYPE_F16;
-        return row;
-    }
-    loom__cpu_row_to_f32(t->type, row, t->nb[0], 0, n, buf);
-    *is_f16 = false;
-    return buf;
-}
-
-enum { FA_QB = 4 }; /* queries processed together against each key */
+/* Rows of one item: query rows (query j, head h) of the heads sharing one KV head, j-major,
+ * so a decode step (Nq = 1) takes every query head of a KV group at once and each K/V row
+ * is read once per group. Keys are taken FA_KT at a time: scores for every row (dots of
+ * one key row against up to 4 query rows at a time), then per row one max, one rescale of
+ * the accumulator and a vectorised exp over the tile (vec_exp_sum), then each value row
+ * added into every row's accumulator while it is in L1. Per row the arithmetic does not
+ * depend on how rows are blocked or threaded. */
+enum { FA_RB = 16, FA_KT = 64 };
 
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     const loom_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
@@ -110,111 +102,155 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     const float scale = loom_get_op_params_f32(dst, 0);
     const float max_bias = loom_get_op_params_f32(dst, 1);
     const float softcap = loom_get_op_params_f32(dst, 2);
-    const int64_t D = q->ne[0], Nq = q->ne[1], H = q->ne[2];
+    const int64_t D = q->ne[0], Nq = q->ne[1], H = q->ne[2], S4 = q->ne[3];
     const int64_t Nkv = k->ne[1], Hk = k->ne[2], Dv = v->ne[0];
     const int64_t group = H / Hk;
-    const int64_t nqb = (Nq + FA_QB - 1) / FA_QB;
+    const int64_t grows = group * Nq; /* rows per KV head and sequence */
     const loom__cpu_simd *simd = p->simd;
-    const bool q_in_place = q->nb[0] == sizeof(float) && q->nb[1] % sizeof(float) == 0;
 
-    float *qbuf = p->wthread;       /* FA_QB * D: queries gathered when strided */
-    float *kbuf = qbuf + FA_QB * D; /* D */
-    float *vbuf = kbuf + D;         /* Dv */
-    float *acc = vbuf + Dv;         /* FA_QB * Dv */
+    /* rows per item: at most FA_RB, fewer when that leaves threads idle */
+    int64_t nblk = (grows + FA_RB - 1) / FA_RB;
+    const int64_t want = ((int64_t)p->nth + Hk * S4 - 1) / (Hk * S4);
+    if (nblk < want) nblk = want < grows ? want : grows;
+    const int64_t rb = (grows + nblk - 1) / nblk;
+    nblk = (grows + rb - 1) / rb;
+
+    float *qbuf = p->wthread;       /* FA_RB * D: the item's query rows */
+    float *kbuf = qbuf + FA_RB * D; /* D: a key row as f32 */
+    float *vbuf = kbuf + D;         /* Dv: a value row as f32 */
+    float *acc = vbuf + Dv;         /* FA_RB * Dv */
+    float *z = acc + FA_RB * Dv;    /* FA_RB * FA_KT scores (-INF: key not used) */
+    float *pw = z + FA_RB * FA_KT;  /* FA_RB * FA_KT weights */
 
     int64_t r0, r1;
-    loom__range(nqb * H * q->ne[3], p->ith, p->nth, &r0, &r1);
+    loom__range(nblk * Hk * S4, p->ith, p->nth, &r0, &r1);
     for (int64_t r = r0; r < r1; r++) {
-        /* item (query block, head, seq) */
-        const int64_t jb = r % nqb, h = (r / nqb) % H, s = r / (nqb * H);
-        const int64_t j0 = jb * FA_QB;
-        const int nq = Nq - j0 < FA_QB ? (int)(Nq - j0) : FA_QB;
-        const int64_t hk = h / group;
-        const float slope = alibi_slope(max_bias, H, h);
-
-        const float *qr = qbuf;
-        size_t ldq = (size_t)D;
-        if (q_in_place) {
-            qr = loom__at(q, 0, j0, h, s);
-            ldq = q->nb[1] / sizeof(float);
-        } else {
-            for (int jj = 0; jj < nq; jj++)
-                loom__cpu_row_to_f32(LOOM_TYPE_F32, loom__at(q, 0, j0 + jj, h, s), q->nb[0], 0, D,
-                                     qbuf + jj * D);
+        const int64_t b = r % nblk, hk = (r / nblk) % Hk, s = r / (nblk * Hk);
+        const int64_t g0 = b * rb;
+        const int nr = grows - g0 < rb ? (int)(grows - g0) : (int)rb;
+        const char *mrow[FA_RB];
+        int64_t hrow[FA_RB], jrow[FA_RB];
+        float slope[FA_RB], M[FA_RB], S[FA_RB];
+        bool nan[FA_RB];  /* a NaN score was seen: the output is NaN */
+        bool live[FA_KT]; /* a key of the tile some row uses */
+        for (int rr = 0; rr < nr; rr++) {
+            const int64_t g = g0 + rr, j = g / group, h = hk * group + g % group;
+            hrow[rr] = h;
+            jrow[rr] = j;
+            loom__cpu_row_to_f32(LOOM_TYPE_F32, loom__at(q, 0, j, h, s), q->nb[0], 0, D,
+                                 qbuf + rr * D);
+            mrow[rr] = mask ? loom__at(mask, 0, j, h % mask->ne[2], s % mask->ne[3]) : NULL;
+            slope[rr] = alibi_slope(max_bias, H, h);
+            M[rr] = -INFINITY;
+            S[rr] = 0.0f;
+            nan[rr] = false;
         }
-        const char *mrow[FA_QB];
-        float M[FA_QB], S[FA_QB];
-        bool nan[FA_QB]; /* a NaN score was seen: the output is NaN */
-        for (int jj = 0; jj < nq; jj++) {
-            nan[jj] = false;
-            mrow[jj] = mask ? loom__at(mask, 0, j0 + jj, h % mask->ne[2], s % mask->ne[3]) : NULL;
-            M[jj] = -INFINITY;
-            S[jj] = 0.0f;
-        }
-        memset(acc, 0, (size_t)(nq * Dv) * sizeof *acc);
+        memset(acc, 0, (size_t)nr * (size_t)Dv * sizeof *acc);
 
-        for (int64_t i = 0; i < Nkv; i++) {
-            float mv[FA_QB];
-            bool any = false;
-            for (int jj = 0; jj < nq; jj++) {
-                mv[jj] = mrow[jj] ? read_mask(mask, mrow[jj], i) : 0.0f;
-                any |= mv[jj] != -INFINITY;
-            }
-            if (!any) continue;
-            bool kf16, vf16;
-            const void *kr = row_view(k, loom__at(k, 0, i, hk, s), D, kbuf, &kf16);
-            float z[FA_QB];
-            if (kf16)
-                simd->dot_f16(D, kr, qr, ldq, nq, z);
-            else
-                simd->dot_f32(D, kr, qr, ldq, nq, z);
-            const void *vr = row_view(v, loom__at(v, 0, i, hk, s), Dv, vbuf, &vf16);
-            for (int jj = 0; jj < nq; jj++) {
-                if (mv[jj] == -INFINITY) continue;
-                float zj = z[jj] * scale;
-                if (softcap > 0.0f) zj = softcap * tanhf(zj / softcap);
-                zj += slope * mv[jj];
-                if (zj != zj) {
-                    nan[jj] = true;
-                    continue;
-                }
-                if (zj == -INFINITY) continue;
-                float *aj = acc + jj * Dv;
-                float vs;
-                if (zj > M[jj]) {
-                    float ms = expf(M[jj] - zj); /* 0 on the first key */
-                    if (ms != 1.0f) simd->vec_scale(Dv, aj, aj, ms, 0.0f);
-                    S[jj] *= ms;
-                    M[jj] = zj;
-                    vs = 1.0f;
-                } else {
-                    vs = expf(zj - M[jj]);
-                }
-                if (vf16)
-                    simd->vec_mad_f16(Dv, aj, vr, vs);
+        for (int64_t i0 = 0; i0 < Nkv; i0 += FA_KT) {
+            const int nt = Nkv - i0 < FA_KT ? (int)(Nkv - i0) : FA_KT;
+            /* the mask of the tile per row (rows of one query share it), 0 without one */
+            for (int rr = 0; rr < nr; rr++) {
+                float *zr = z + rr * FA_KT;
+                if (!mrow[rr])
+                    memset(zr, 0, (size_t)nt * sizeof *zr);
+                else if (rr > 0 && mrow[rr] == mrow[rr - 1])
+                    memcpy(zr, zr - FA_KT, (size_t)nt * sizeof *zr);
+                else if (mask->type == LOOM_TYPE_F16 && mask->nb[0] == sizeof(uint16_t))
+                    simd->f16_to_f32((const uint16_t *)mrow[rr] + i0, zr, nt);
                 else
-                    simd->vec_mad_f32(Dv, aj, vr, vs);
-                S[jj] += vs;
+                    for (int t = 0; t < nt; t++)
+                        zr[t] = read_mask(mask, mrow[rr], i0 + t);
+            }
+            bool tile_any = false;
+            for (int t = 0; t < nt; t++) {
+                const int64_t i = i0 + t;
+                bool any = false;
+                for (int rr = 0; rr < nr; rr++)
+                    any |= z[rr * FA_KT + t] != -INFINITY;
+                live[t] = any;
+                if (!any) continue;
+                tile_any = true;
+                /* the key row as f32: in place, or converted once for all rows (F16C) */
+                const char *kp = loom__at(k, 0, i, hk, s);
+                const float *kr = kbuf;
+                if (k->type == LOOM_TYPE_F32 && k->nb[0] == sizeof(float))
+                    kr = (const float *)kp;
+                else if (k->type == LOOM_TYPE_F16 && k->nb[0] == sizeof(uint16_t))
+                    simd->f16_to_f32((const uint16_t *)kp, kbuf, D);
+                else
+                    loom__cpu_row_to_f32(k->type, kp, k->nb[0], 0, D, kbuf);
+                for (int c0 = 0; c0 < nr; c0 += 4) {
+                    const int nc = nr - c0 < 4 ? nr - c0 : 4;
+                    float d4[4];
+                    simd->dot_f32(D, kr, qbuf + c0 * D, (size_t)D, nc, d4);
+                    for (int cc = 0; cc < nc; cc++) {
+                        float *zp = &z[(c0 + cc) * FA_KT + t];
+                        const float mv = *zp;
+                        if (mv == -INFINITY) continue;
+                        float zj = d4[cc] * scale;
+                        if (softcap > 0.0f) zj = softcap * tanhf(zj / softcap);
+                        zj += slope[c0 + cc] * mv;
+                        if (zj != zj) {
+                            nan[c0 + cc] = true;
+                            zj = -INFINITY;
+                        }
+                        *zp = zj;
+                    }
+                }
+            }
+            if (!tile_any) continue;
+            for (int rr = 0; rr < nr; rr++) {
+                float *zr = z + rr * FA_KT, *pr = pw + rr * FA_KT;
+                float mt = -INFINITY;
+                for (int t = 0; t < nt; t++)
+                    mt = zr[t] > mt ? zr[t] : mt;
+                if (mt == -INFINITY) continue; /* nothing live in this tile: pr unused */
+                if (mt > M[rr]) {
+                    if (M[rr] != -INFINITY) {
+                        const float ms = expf(M[rr] - mt);
+                        simd->vec_scale(Dv, acc + rr * Dv, acc + rr * Dv, ms, 0.0f);
+                        S[rr] *= ms;
+                    }
+                    M[rr] = mt;
+                }
+                S[rr] += (float)simd->vec_exp_sum(nt, pr, zr, M[rr]);
+            }
+            for (int t = 0; t < nt; t++) {
+                if (!live[t]) continue;
+                /* the value row as f32, converted once for all rows */
+                const char *vp = loom__at(v, 0, i0 + t, hk, s);
+                const float *vr = vbuf;
+                if (v->type == LOOM_TYPE_F32 && v->nb[0] == sizeof(float))
+                    vr = (const float *)vp;
+                else if (v->type == LOOM_TYPE_F16 && v->nb[0] == sizeof(uint16_t))
+                    simd->f16_to_f32((const uint16_t *)vp, vbuf, Dv);
+                else
+                    loom__cpu_row_to_f32(v->type, vp, v->nb[0], 0, Dv, vbuf);
+                for (int rr = 0; rr < nr; rr++)
+                    if (z[rr * FA_KT + t] != -INFINITY)
+                        simd->vec_mad_f32(Dv, acc + rr * Dv, vr, pw[rr * FA_KT + t]);
             }
         }
-        for (int jj = 0; jj < nq; jj++) {
-            float *aj = acc + jj * Dv;
+        for (int rr = 0; rr < nr; rr++) {
+            float *aj = acc + rr * Dv;
             if (sinks) {
                 float sk;
-                memcpy(&sk, (const char *)sinks->data + h * (int64_t)sinks->nb[0], sizeof sk);
-                if (sk > M[jj]) {
-                    float ms = expf(M[jj] - sk);
+                memcpy(&sk, (const char *)sinks->data + hrow[rr] * (int64_t)sinks->nb[0],
+                       sizeof sk);
+                if (sk > M[rr]) {
+                    float ms = expf(M[rr] - sk);
                     simd->vec_scale(Dv, aj, aj, ms, 0.0f);
-                    S[jj] = S[jj] * ms + 1.0f;
-                    M[jj] = sk;
+                    S[rr] = S[rr] * ms + 1.0f;
+                    M[rr] = sk;
                 } else {
-                    S[jj] += expf(sk - M[jj]);
+                    S[rr] += expf(sk - M[rr]);
                 }
             }
-            char *y = loom__at(dst, 0, h, j0 + jj, s);
-            /* S is NaN when a sink or an exp of v-weights was NaN; NaN in v reaches aj */
-            const bool poisoned = nan[jj] || S[jj] != S[jj];
-            const float inv = S[jj] > 0.0f ? 1.0f / S[jj] : 0.0f;
+            char *y = loom__at(dst, 0, hrow[rr], jrow[rr], s);
+            /* S is NaN when a sink was NaN; NaN in v reaches aj */
+            const bool poisoned = nan[rr] || S[rr] != S[rr];
+            const float inv = S[rr] > 0.0f ? 1.0f / S[rr] : 0.0f;
             for (int64_t d = 0; d < Dv; d++) {
                 float o = poisoned ? NAN : aj[d] * inv;
                 memcpy(y + d * (int64_t)dst->nb[0], &o, sizeof o);

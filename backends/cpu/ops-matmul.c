@@ -95,7 +95,7 @@ typedef struct mm_dot_args {
     size_t ldb;
     size_t b_row_bytes;
     const loom__cpu_simd *simd;
-    float *a_tmp; /* K floats when a rows must be converted first, else NULL */
+    float *a_tmp;           /* K floats when a rows must be converted first, else NULL */
     loom__cpu_qdot_fn qdot; /* the dot of a's block type against its vec_dot_type rows */
 } mm_dot_args;
 
@@ -198,16 +198,25 @@ static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
     float out[4];
     for (int64_t n0 = 0; n0 < s->N; n0 += nblk) {
         const int64_t n1 = n0 + nblk < s->N ? n0 + nblk : s->N;
-        for (int64_t it = t0; it < t1; it++) {
-            const int64_t m = it % s->M, batch = it / s->M;
-            const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
-            const void *arow = loom__at(a, 0, m, i2 / s->r2, i3 / s->r3);
-            const char *bb = bbase + i2 * (int64_t)bstride2 + i3 * (int64_t)bstride3;
+        /* (batch, m) walked incrementally: the divisions only when the batch changes */
+        int64_t m = t0 % s->M, batch = t0 / s->M;
+        const char *a0 = NULL, *bb = NULL;
+        char *d0 = NULL;
+        for (int64_t it = t0; it < t1; it++, m++) {
+            if (m == s->M) m = 0, batch++;
+            if (it == t0 || m == 0) {
+                const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+                a0 = loom__at(a, 0, 0, i2 / s->r2, i3 / s->r3);
+                bb = bbase + i2 * (int64_t)bstride2 + i3 * (int64_t)bstride3;
+                d0 = (char *)dst_at(dst, 0, 0, i2, i3);
+            }
+            const void *arow = a0 + m * (int64_t)a->nb[1];
+            float *dm = (float *)(d0 + m * (int64_t)dst->nb[0]);
             for (int64_t n = n0; n < n1; n += 4) {
                 int nb = n1 - n < 4 ? (int)(n1 - n) : 4;
                 dot_rows(x, arow, bb + n * bstride_n, nb, out);
                 for (int j = 0; j < nb; j++)
-                    *dst_at(dst, m, n + j, i2, i3) = out[j];
+                    *(float *)((char *)dm + (n + j) * (int64_t)dst->nb[1]) = out[j];
             }
         }
     }
@@ -289,7 +298,8 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
  * integer dots. */
 static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    const loom_type_traits *vt = loom_type_traits_get((int)loom_type_traits_get((int)a->type)->vec_dot_type);
+    const loom_type_traits *vt =
+        loom_type_traits_get((int)loom_type_traits_get((int)a->type)->vec_dot_type);
     const size_t rb = qdot_row_bytes(a->type, s->K);
     char *qb = p->wshared;
     float *tmp = p->wthread;
@@ -479,8 +489,7 @@ enum { MMID_GEMM_MIN_SLOTS = 64, MMID_GEMM_MIN_PER_EXPERT = 8 };
 static bool mmid_use_gemm(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *as = dst->src[0], *ids = dst->src[2];
     const int64_t slots = ids->ne[0] * ids->ne[1], E = as->ne[2];
-    return simd->gemm_tile && slots >= MMID_GEMM_MIN_SLOTS &&
-           slots >= MMID_GEMM_MIN_PER_EXPERT * E;
+    return simd->gemm_tile && slots >= MMID_GEMM_MIN_SLOTS && slots >= MMID_GEMM_MIN_PER_EXPERT * E;
 }
 
 /* Shared scratch of MUL_MAT_ID: the (u, t) slots grouped by expert (counting sort), then
@@ -498,10 +507,10 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
     l.gemm = mmid_use_gemm(dst, simd);
-    l.row_bytes = l.gemm                ? (size_t)K * sizeof(float)
-                  : is_quant(as->type)  ? loom__q8a_row_bytes(K / LOOM_QK8_0)
-                  : is_qdot(as->type)   ? qdot_row_bytes(as->type, K)
-                                        : (size_t)K * sizeof(float);
+    l.row_bytes = l.gemm               ? (size_t)K * sizeof(float)
+                  : is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0)
+                  : is_qdot(as->type)  ? qdot_row_bytes(as->type, K)
+                                       : (size_t)K * sizeof(float);
     l.off_count = 0;
     l.off_start = align64((size_t)E * sizeof(int64_t));
     l.off_slots = l.off_start + align64((size_t)(E + 1) * sizeof(int64_t));

@@ -137,25 +137,31 @@ AVX2 static float dot_mxfp4(int64_t n, const void *vx, const void *vy) {
     return hsum8(acc);
 }
 
-/* Q4_K / Q5_K sub-block scales and mins (6 bits each, 12 packed bytes) */
-static inline void k4_scales(const uint8_t *q, int sc[8], int m[8]) {
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            sc[j] = q[j] & 63;
-            m[j] = q[j + 4] & 63;
-        } else {
-            sc[j] = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-            m[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-        }
-    }
+/* The 8 scales and 8 mins of a Q4_K/Q5_K block, with word operations on its 12 packed bytes
+ * (little-endian): bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7, bytes
+ * 4-7 the same for the mins, bytes 8-11 the low 4 bits of scales 4-7 (low nibble) and mins 4-7
+ * (high nibble). (w >> 2) & 0x30 per byte moves a byte's bits 6-7 to bits 4-5. */
+static inline void k4_scales_bytes(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w[3], u[4];
+    memcpy(w, q, sizeof w);
+    u[0] = w[0] & 0x3f3f3f3fu;
+    u[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+    u[2] = w[1] & 0x3f3f3f3fu;
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    memcpy(sc, u, 8);
+    memcpy(m, u + 2, 8);
 }
 
-/* sum over the 8 sub-blocks of 32 of m[s] * (bsums[2s] + bsums[2s + 1]) */
-static inline int k4_mins(const int m[8], const int16_t *bsums) {
-    int s = 0;
-    for (int j = 0; j < 8; j++)
-        s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-    return s;
+/* sum over the 8 sub-blocks of 32 of m[s] * (bsums[2s] + bsums[2s + 1]), with SSE: pairwise sums of
+ * the 16 bsums (|sum| <= 4096 fits int16), times the 8 mins, summed (exact, as the scalar loop). */
+AVX2 static inline int k4_mins_simd(const uint8_t m[8], const int16_t *bsums) {
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                      _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    const __m128i mv = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+    __m128i pr = _mm_madd_epi16(bs, mv);
+    pr = _mm_add_epi32(pr, _mm_shuffle_epi32(pr, 0x4e));
+    pr = _mm_add_epi32(pr, _mm_shuffle_epi32(pr, 0xb1));
+    return _mm_cvtsi128_si32(pr);
 }
 
 AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
@@ -165,8 +171,8 @@ AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
-        int sc[8], m[8];
-        k4_scales(x[b].scales, sc, m);
+        uint8_t sc[8], m[8];
+        k4_scales_bytes(x[b].scales, sc, m);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i q4 = load32(x[b].qs + 32 * j);
@@ -181,7 +187,7 @@ AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
         }
         const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins_simd(m, y[b].bsums);
     }
     return hsum8(acc) - accm;
 }
@@ -193,8 +199,8 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
-        int sc[8], m[8];
-        k4_scales(x[b].scales, sc, m);
+        uint8_t sc[8], m[8];
+        k4_scales_bytes(x[b].scales, sc, m);
         const __m256i qh = load32(x[b].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
@@ -215,7 +221,7 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
         }
         const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * H(x[b].dmin) * (float)k4_mins(m, y[b].bsums);
+        accm += y[b].d * H(x[b].dmin) * (float)k4_mins_simd(m, y[b].bsums);
     }
     return hsum8(acc) - accm;
 }

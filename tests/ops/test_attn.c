@@ -197,6 +197,9 @@ static const fa_variant k_fa_variants[] = {
     {64, 32, 3, 7, 8, 8, 3, LOOM_TYPE_F32, LOOM_TYPE_F16, 0, true, false, 0.0f, 30.0f},
     /* F16 mask with sinks and ALiBi, GQA 8:2 */
     {32, 32, 2, 9, 8, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, true, false, 4.0f, 0.0f},
+    /* GQA 16:2 decode-like block of 3 queries: 24 rows per KV head (two row blocks), three
+     * key tiles (the last partial), F16 mask with a fully masked row */
+    {64, 64, 3, 150, 16, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, true, 0.0f, 0.0f},
     /* a long F16 cache: head size 128, 257 positions */
     {128, 128, 3, 257, 4, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f},
 };
