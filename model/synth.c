@@ -116,11 +116,14 @@ loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writer **out)
             snprintf(s, 16, "<0x%02X>", (int)(i - 3));
             types[i] = 6;
         } else {
-            int64_t k = i - 259; /* ▁, ▁a..▁z, a..z, then pairs */
+            int64_t k = i - 259; /* ▁, ▁a..▁z, a..z, the pairs aa..zz, then ▁t<k> */
             if (k == 0) snprintf(s, 16, "\xE2\x96\x81");
             else if (k <= 26) snprintf(s, 16, "\xE2\x96\x81%c", (int)('a' + k - 1));
             else if (k <= 52) snprintf(s, 16, "%c", (int)('a' + k - 27));
-            else snprintf(s, 16, "%c%c", (int)('a' + (k - 53) / 26 % 26), (int)('a' + (k - 53) % 26));
+            else if (k < 53 + 26 * 26)
+                snprintf(s, 16, "%c%c", (int)('a' + (k - 53) / 26), (int)('a' + (k - 53) % 26));
+            else /* unique pieces past the pairs (the reference engines refuse duplicates) */
+                snprintf(s, 16, "\xE2\x96\x81t%u", (unsigned)(k % 100000000)); /* 8 digits */
             types[i] = 1;
             scores[i] = -(float)k;
         }
