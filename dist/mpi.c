@@ -63,6 +63,7 @@ loom_status loom_dist_init(loom_dist **out) {
 
 void loom_dist_free(loom_dist *d) {
     if (!d) return;
+    loom__dist_devices_free(d);
     MPI_Comm_free((MPI_Comm *)d->comm);
     loom_free(d->comm);
     loom_free(d);

@@ -16,6 +16,14 @@ typedef struct loom_cli_dist {
     int rank, size;
     loom_dev_t devs[16];
     int n_devs;
+    /* hybrid (several local devices, -sm layer): each rank's stage runs on a meta device
+     * over its local devices, whose weights split by the rules of the opened model */
+    loom_dev_t local[16];
+    int n_local;
+    loom_dev_t meta;
+    const loom_model_opts *o; /* its gguf is read at the first split-state question */
+    loom_rules *rules;
+    loom_hparams hp;
 } loom_cli_dist;
 
 /* Whether `v` names a --dist value ("mpi"); prints the error naming cmd otherwise. */

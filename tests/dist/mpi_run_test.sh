@@ -9,7 +9,12 @@
 #     within the timeout (no hang);
 #   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
 #   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
-#   - ranks given other options: rank 0's -n leads; another context stops every rank.
+#   - ranks given other options: rank 0's -n leads; another context stops every rank;
+#   - hybrid (--devices sim:2 or sim:3 per rank, -sm layer): stage r on rank r, tensor
+#     parallel over the rank's sim devices (a meta device inside the dist device): text and
+#     logits equal the single CPU process, also on one rank (against a lone meta device),
+#     each local device holds about 1/k of its rank's weights, the stage's meta device
+#     reduces; several devices with -sm tensor are refused clearly.
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
 set -euo pipefail
 loom=$(readlink -f "$1")
@@ -122,6 +127,55 @@ check_run 2 cpu np2layer layer
 check_run 3 cpu np3layer layer
 check_run 4 cpu np4layer layer
 check_run 3 sim:1 np3simlayer layer
+
+# hybrid: pipeline stages across ranks, tensor parallelism over each rank's sim devices.
+# First the oracle's twin on one process: the same meta device alone (-sm tensor, sim:2).
+"$loom" "${run_args[@]}" --devices sim:2 -sm tensor --logits-out "$tmp/meta2.logits" \
+    >"$tmp/meta2.out" 2>"$tmp/meta2.err" || fail "meta(sim:2) alone: $(cat "$tmp/meta2.err")"
+text "$tmp/meta2.out" | cmp -s - "$tmp/ref.txt" || fail "meta(sim:2) alone: text differs"
+check_hybrid() { # N local-spec k
+    local n=$1 dev=$2 k=$3 tag="hy$1x$3"
+    local out="$tmp/$tag.out" err="$tmp/$tag.err" t0=$SECONDS
+    mpi -np "$n" "$loom" "${run_args[@]}" --devices "$dev" --dist mpi --logits-out "$tmp/$tag.logits" \
+        >"$out" 2>"$err" || fail "$tag: mpirun exit $?: $(tail -5 "$err")"
+    text "$out" | cmp -s - "$tmp/ref.txt" ||
+        fail "$tag: text differs: '$(text "$out")' vs '$(cat "$tmp/ref.txt")'"
+    grep -q "split mode layer, $n MPI ranks (each stage tensor parallel over $k devices)" "$out" ||
+        fail "$tag: not the hybrid summary: $(grep '^devices' "$out")"
+    grep -q "^token graph: .*graph splits = $((n + 1))" "$out" || fail "$tag: not $n stages + CPU"
+    local d dm
+    d=$(maxdiff "$tmp/ref.logits" "$tmp/$tag.logits")
+    dm=$(maxdiff "$tmp/meta2.logits" "$tmp/$tag.logits")
+    [ "$d" != bad ] && [ "$dm" != bad ] || fail "$tag: logits files differ in shape"
+    awk -v d="$d" -v e="$dm" 'BEGIN { exit !(d <= 5e-4 && e <= 5e-4) }' ||
+        fail "$tag: logits differ by $d from the CPU, $dm from meta(sim:2) alone"
+    local r line
+    for ((r = 0; r < n; r++)); do
+        line=$(grep "^rank $r/$n: stage on Meta(SIM0" "$err") || fail "$tag: no stage line of rank $r"
+        # the stage's meta device reduced its partial sums (tensor parallelism ran)
+        awk -v l="$line" 'BEGIN { split(l, a, ": "); split(a[3], b, " "); exit !(b[1] > 0) }' ||
+            fail "$tag: rank $r's stage did no allreduce: $line"
+    done
+    echo "ok: $tag ($n ranks x --devices $dev, -sm layer): text equal, logits max diff $d (CPU), $dm (meta alone), rank 0 weights $(weight_mib "$err") MiB each local device, $((SECONDS - t0)) s"
+}
+check_hybrid 1 sim:2 2
+check_hybrid 2 sim:2 2
+check_hybrid 2 sim:3 3
+# each local device holds about 1/k of what the one device of a rank holds in the same
+# pipeline without the local split (2 ranks x sim:1, -sm layer)
+check_run 2 sim:1 np2simlayer layer
+w1=$(weight_mib "$tmp/np2simlayer.err") wh2=$(weight_mib "$tmp/hy2x2.err") wh3=$(weight_mib "$tmp/hy2x3.err")
+awk -v a="$w1" -v b="$wh2" -v c="$wh3" 'BEGIN { exit !(b > 0 && b < 0.6 * a && c > 0 && c < 0.45 * a) }' ||
+    fail "hybrid weights per local device: $wh2 MiB (sim:2), $wh3 MiB (sim:3) vs $w1 MiB (sim:1)"
+echo "ok: hybrid weight share per local device: $w1 MiB (sim:1), $wh2 MiB (sim:2), $wh3 MiB (sim:3)"
+set +e
+mpi -np 2 "$loom" "${run_args[@]}" --devices sim:2 -sm tensor --dist mpi >"$tmp/hyt.out" 2>"$tmp/hyt.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "sim:2 with -sm tensor: mpirun exit $rc"
+grep -q "2 devices per rank: that is the hybrid layout, -sm layer" "$tmp/hyt.err" ||
+    fail "sim:2 with -sm tensor: unclear refusal: $(cat "$tmp/hyt.err")"
+echo "ok: several devices per rank with -sm tensor are refused (mpirun exit $rc)"
 
 # the weight share shrinks with N: 4 ranks hold about half of what 2 ranks hold each
 w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
