@@ -36,6 +36,9 @@ int loom_dist_rank(const loom_dist *d) {
 int loom_dist_size(const loom_dist *d) {
     return d ? d->size : 1;
 }
+void loom_dist_get_stats(const loom_dist *d, loom_dist_stats *out) {
+    *out = d ? d->stats : (loom_dist_stats){0};
+}
 
 static loom__dist_dev *dev_of(loom_dev_t dev) {
     return dev->context;

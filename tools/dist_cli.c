@@ -172,6 +172,14 @@ void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, F
             cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
             (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
             (double)status_kb("VmHWM") / 1024.0);
+    loom_dist_stats ds;
+    loom_dist_get_stats(cd->d, &ds);
+    fprintf(f,
+            "rank %d/%d: MPI point-to-point: %llu sends (%llu bytes), %llu receives (%llu bytes); "
+            "%llu collectives\n",
+            cd->rank, cd->size, (unsigned long long)ds.sends, (unsigned long long)ds.bytes_sent,
+            (unsigned long long)ds.recvs, (unsigned long long)ds.bytes_recv,
+            (unsigned long long)ds.collectives);
     if (!cd->meta) return;
     /* hybrid: the stage's tensor parallelism over this rank's devices */
     loom_meta_stats ms = {0};

@@ -50,6 +50,16 @@ LOOM_API loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int
  * returns LOOM_OK on every rank if all passed LOOM_OK, else on every rank the status of the
  * lowest failing rank with the message "rank R: <its message>". */
 LOOM_API loom_status loom_dist_agree(loom_dist *d, loom_status st);
+/* What this rank has moved so far: point-to-point messages (a pipeline stage's activations:
+ * sent by the source's rank, received by the destination's) and collectives (broadcasts,
+ * allreduces, agreements). */
+typedef struct loom_dist_stats {
+    uint64_t sends, recvs;     /* point-to-point messages of this rank */
+    uint64_t bytes_sent, bytes_recv;
+    uint64_t collectives;      /* broadcasts + allreduces + agreements this rank took part in */
+} loom_dist_stats;
+LOOM_API void loom_dist_get_stats(const loom_dist *d, loom_dist_stats *out);
+
 /* Ends every rank at once (MPI_Abort): for a failure in the middle of collective work,
  * where the other ranks wait for this one and a clean return cannot reach them. */
 LOOM_API void loom_dist_abort(loom_dist *d, int code);

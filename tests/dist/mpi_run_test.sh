@@ -14,7 +14,12 @@
 #     parallel over the rank's sim devices (a meta device inside the dist device): text and
 #     logits equal the single CPU process, also on one rank (against a lone meta device),
 #     each local device holds about 1/k of its rank's weights, the stage's meta device
-#     reduces; several devices with -sm tensor are refused clearly.
+#     reduces; several devices with -sm tensor are refused clearly;
+#   - micro-batches (-ub 4, a 34-token prompt in 9 ubatches through 2 and 3 stages, and the
+#     hybrid): logits of every position equal the CPU's in one batch, the greedy text too;
+#     the ubatches cross the stages point-to-point only: per evaluated graph the same sends
+#     as with one batch, and not one collective more (nothing waits for the last stage
+#     between ubatches).
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
 set -euo pipefail
 loom=$(readlink -f "$1")
@@ -176,6 +181,46 @@ set -e
 grep -q "2 devices per rank: that is the hybrid layout, -sm layer" "$tmp/hyt.err" ||
     fail "sim:2 with -sm tensor: unclear refusal: $(cat "$tmp/hyt.err")"
 echo "ok: several devices per rank with -sm tensor are refused (mpirun exit $rc)"
+
+# micro-batches: a long prompt split into ubatches of 4 that flow through the stages
+long_prompt="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day"
+ub_args=(run -m "$model" -n 8 -s 1 -t 1 -p "$long_prompt")
+"$loom" "${ub_args[@]}" --logits-out "$tmp/ubref.logits" >"$tmp/ubref.out" 2>"$tmp/ubref.err" ||
+    fail "long prompt, one process: $(cat "$tmp/ubref.err")"
+text "$tmp/ubref.out" >"$tmp/ubref.txt"
+sends_of() { sed -n 's/^rank 0\/[0-9]*: MPI point-to-point: \([0-9]*\) sends.*/\1/p' "$1"; }
+colls_of() { sed -n 's/^rank 0\/[0-9]*: MPI point-to-point: .*; \([0-9]*\) collectives/\1/p' "$1"; }
+check_ubatch() { # N devices tag
+    local n=$1 dev=$2 tag=$3 d
+    # every position's logits (each ubatch's logits are read back: that waits per ubatch)
+    mpi -np "$n" "$loom" "${ub_args[@]}" -ub 4 --devices "$dev" -sm layer --dist mpi \
+        --logits-out "$tmp/$tag.logits" >"$tmp/$tag.out" 2>"$tmp/$tag.err" ||
+        fail "$tag: mpirun exit $?: $(tail -5 "$tmp/$tag.err")"
+    text "$tmp/$tag.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag: text differs: '$(text "$tmp/$tag.out")'"
+    grep -q "^prompt: *34 tokens" "$tmp/$tag.out" || fail "$tag: the prompt is not 34 tokens"
+    d=$(maxdiff "$tmp/ubref.logits" "$tmp/$tag.logits")
+    [ "$d" != bad ] && awk -v d="$d" 'BEGIN { exit !(d <= 5e-4) }' || fail "$tag: logits differ by $d"
+    # the flow: without --logits-out only the last position is read, so the ubatches cross
+    # the stages with point-to-point sends alone
+    mpi -np "$n" "$loom" "${ub_args[@]}" -ub 4 --devices "$dev" -sm layer --dist mpi \
+        >"$tmp/$tag.f.out" 2>"$tmp/$tag.f.err" || fail "$tag flow: mpirun exit $?"
+    mpi -np "$n" "$loom" "${ub_args[@]}" --devices "$dev" -sm layer --dist mpi \
+        >"$tmp/$tag.one.out" 2>"$tmp/$tag.one.err" || fail "$tag one batch: mpirun exit $?"
+    text "$tmp/$tag.f.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag flow: text differs"
+    text "$tmp/$tag.one.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag one batch: text differs"
+    local s1 s9 c1 c9
+    s1=$(sends_of "$tmp/$tag.one.err") s9=$(sends_of "$tmp/$tag.f.err")
+    c1=$(colls_of "$tmp/$tag.one.err") c9=$(colls_of "$tmp/$tag.f.err")
+    [ -n "$s1" ] && [ -n "$s9" ] && [ -n "$c1" ] && [ "$s1" -gt 0 ] || fail "$tag: no MPI counts"
+    # 8 graphs with one batch (the prompt, 7 tokens), 16 with 9 ubatches: twice the sends
+    [ "$s9" -eq $((s1 * 16 / 8)) ] && [ $((s1 % 8)) -eq 0 ] ||
+        fail "$tag: rank 0 sent $s9 messages in 9 ubatches + 7 tokens, $s1 in 1 batch + 7 tokens"
+    [ "$c9" -eq "$c1" ] || fail "$tag: $c9 collectives with ubatches, $c1 without"
+    echo "ok: $tag ($n stages, --devices $dev, -ub 4: 9 ubatches): text equal, logits max diff $d; rank 0 sends $s1 -> $s9, collectives $c1 = $c9"
+}
+check_ubatch 2 cpu ub2
+check_ubatch 3 cpu ub3
+check_ubatch 2 sim:2 ub2x2
 
 # the weight share shrinks with N: 4 ranks hold about half of what 2 ranks hold each
 w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
