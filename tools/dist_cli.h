@@ -29,8 +29,9 @@ typedef struct loom_cli_dist {
 /* Whether `v` names a --dist value ("mpi"); prints the error naming cmd otherwise. */
 bool loom_cli_dist_parse(const char *cmd, const char *v);
 /* Starts MPI and points o's session at the dist devices; prints the error and returns
- * false on a refusal (not under a launcher, built without MPI, a device spec that is not
- * one device, a split mode other than tensor). */
+ * false on a refusal (not under a launcher, built without MPI, -sm none, several devices
+ * per rank with -sm tensor). Several devices per rank: the hybrid, -sm layer (the default
+ * then) over dist devices whose local one is a meta device over them (cd->meta). */
 bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd);
 /* Every rank: whether every rank's `ok` was true; a rank that was fine prints the failing
  * rank's message (which that rank printed itself). Without dist, returns ok. */

@@ -235,6 +235,11 @@ rows=$(grep -c '"cpu x 2 MPI ranks"' "$tmp/bench.csv" || true)
 [ "$rows" -eq 4 ] || fail "bench: $rows rows with 'cpu x 2 MPI ranks', want 4: $(cat "$tmp/bench.csv")"
 [ "$(grep -c '^model_filename' "$tmp/bench.csv")" -eq 1 ] || fail "bench: the header is printed more than once"
 echo "ok: loom bench --dist mpi: 4 rows (pp16, tg8 x tensor, layer) from rank 0"
+mpi -np 2 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 -sm layer --devices sim:2 --dist mpi -o csv \
+    >"$tmp/benchhy.csv" 2>"$tmp/benchhy.err" || fail "bench hybrid: $(tail -5 "$tmp/benchhy.err")"
+rows=$(grep -c '"sim:2 x 2 MPI ranks"' "$tmp/benchhy.csv" || true)
+[ "$rows" -eq 2 ] || fail "bench hybrid: $rows rows with 'sim:2 x 2 MPI ranks', want 2: $(cat "$tmp/benchhy.csv")"
+echo "ok: loom bench --dist mpi --devices sim:2 -sm layer: 2 rows from rank 0"
 
 # failure injection: rank 1 (of 2, then of 3) gets a bad path; every rank must end, non-zero
 inject() { # label ranks-before-bad ranks-after-bad
