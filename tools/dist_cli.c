@@ -155,6 +155,8 @@ static long status_kb(const char *field) {
     return v;
 }
 
+/* The rank's lines go out in one write: the ranks' stderr reach mpirun's in pieces, and a
+ * line written in parts can be cut by another rank's. */
 void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, FILE *f) {
     loom_cli_mem_row rows[LOOM_META_MAX_DEVICES + 2];
     int n = loom_cli_session_memory(s, rows, (int)(sizeof rows / sizeof rows[0]));
@@ -166,38 +168,46 @@ void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, F
             name = rows[i].name;
         }
     }
-    fprintf(f,
-            "rank %d/%d: %s holds weights %.3f MiB, KV %.3f MiB, compute %.3f MiB; RSS anon %.1f "
-            "MiB, file %.1f MiB, peak %.1f MiB\n",
-            cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
-            (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
-            (double)status_kb("VmHWM") / 1024.0);
+    char buf[2048];
+    size_t o = 0;
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        if (o < sizeof buf) o += (size_t)snprintf(buf + o, sizeof buf - o, __VA_ARGS__);           \
+    } while (0)
+    PUT("rank %d/%d: %s holds weights %.3f MiB, KV %.3f MiB, compute %.3f MiB; RSS anon %.1f "
+        "MiB, file %.1f MiB, peak %.1f MiB\n",
+        cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
+        (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
+        (double)status_kb("VmHWM") / 1024.0);
     loom_dist_stats ds;
     loom_dist_get_stats(cd->d, &ds);
-    fprintf(f,
-            "rank %d/%d: MPI point-to-point: %llu sends (%llu bytes), %llu receives (%llu bytes); "
-            "%llu collectives\n",
-            cd->rank, cd->size, (unsigned long long)ds.sends, (unsigned long long)ds.bytes_sent,
-            (unsigned long long)ds.recvs, (unsigned long long)ds.bytes_recv,
-            (unsigned long long)ds.collectives);
-    if (!cd->meta) return;
-    /* hybrid: the stage's tensor parallelism over this rank's devices */
-    loom_meta_stats ms = {0};
-    loom_sched *sc = loom_session_sched(s);
-    for (int b = 0; b < loom_sched_get_n_backends(sc); b++) {
-        loom_backend_t in = loom_dist_backend_local(loom_sched_get_backend(sc, b));
-        if (in && loom_backend_is_meta(in)) loom_meta_backend_get_stats(in, &ms);
-    }
-    fprintf(f, "rank %d/%d: stage on %s: %llu allreduces in %llu graphs; in use:", cd->rank,
-            cd->size, loom_dev_name(cd->meta), (unsigned long long)ms.reductions,
+    PUT("rank %d/%d: MPI point-to-point: %llu sends (%llu bytes), %llu receives (%llu bytes); "
+        "%llu collectives\n",
+        cd->rank, cd->size, (unsigned long long)ds.sends, (unsigned long long)ds.bytes_sent,
+        (unsigned long long)ds.recvs, (unsigned long long)ds.bytes_recv,
+        (unsigned long long)ds.collectives);
+    if (cd->meta) {
+        /* hybrid: the stage's tensor parallelism over this rank's devices */
+        loom_meta_stats ms = {0};
+        loom_sched *sc = loom_session_sched(s);
+        for (int b = 0; b < loom_sched_get_n_backends(sc); b++) {
+            loom_backend_t in = loom_dist_backend_local(loom_sched_get_backend(sc, b));
+            if (in && loom_backend_is_meta(in)) loom_meta_backend_get_stats(in, &ms);
+        }
+        PUT("rank %d/%d: stage on %s: %llu allreduces in %llu graphs; in use:", cd->rank, cd->size,
+            loom_dev_name(cd->meta), (unsigned long long)ms.reductions,
             (unsigned long long)ms.graphs);
-    for (int j = 0; j < cd->n_local; j++) {
-        size_t fr = 0, tot = 0;
-        loom_dev_memory(cd->local[j], &fr, &tot);
-        fprintf(f, " %s %.3f MiB", loom_dev_name(cd->local[j]),
+        for (int j = 0; j < cd->n_local; j++) {
+            size_t fr = 0, tot = 0;
+            loom_dev_memory(cd->local[j], &fr, &tot);
+            PUT(" %s %.3f MiB", loom_dev_name(cd->local[j]),
                 tot > fr ? (double)(tot - fr) / 1048576.0 : 0.0);
+        }
+        PUT("\n");
     }
-    fprintf(f, "\n");
+#undef PUT
+    if (o >= sizeof buf) buf[sizeof buf - 2] = '\n', o = sizeof buf - 1;
+    fwrite(buf, 1, o, f);
 }
 
 void loom_cli_dist_free(loom_cli_dist *cd) {
