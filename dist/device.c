@@ -36,6 +36,9 @@ int loom_dist_rank(const loom_dist *d) {
 int loom_dist_size(const loom_dist *d) {
     return d ? d->size : 1;
 }
+void loom_dist_get_stats(const loom_dist *d, loom_dist_stats *out) {
+    *out = d ? d->stats : (loom_dist_stats){0};
+}
 
 static loom__dist_dev *dev_of(loom_dev_t dev) {
     return dev->context;
@@ -51,6 +54,149 @@ typedef struct dist_buffer {
     void *reserve, *base;
     size_t reserve_size;
 } dist_buffer;
+
+static const struct loom_buffer_i dist_buffer_i;
+
+/* Presenting tensors to the inner device. A meta device as the inner device (hybrid: tensor
+ * parallelism over a rank's local devices inside a pipeline stage) finds a tensor's slices
+ * and its split state through t->buffer: a weight in a buffer that is not the meta
+ * device's is taken for a whole copy (MIRRORED), and its slices cannot be found at all. So
+ * every call into the inner device sees the tensor (and its storage owner) in the inner
+ * buffer, and the dist buffer again after. Static questions (supports_op, alloc sizes)
+ * about tensors of any dist buffer, local or remote, see them in a proxy buffer of the
+ * inner device's type (same answer on every rank: only the buffer type matters there). */
+typedef struct inner_view {
+    loom_tensor **t;
+    loom_buffer_t *was;
+    int n, cap;
+    const loom_tensor **seen; /* open addressing: the ancestors already walked */
+    size_t seen_cap, n_seen;
+    const loom_tensor **stack;
+    size_t n_stack, stack_cap;
+} inner_view;
+
+static bool inner_is_meta(const loom__dist_dev *dd) {
+    return loom_dev_get_type(dd->inner) == LOOM_DEV_TYPE_META;
+}
+
+static loom_buffer_t proxy_of(loom__dist_dev *dd) {
+    if (!dd->proxy) dd->proxy = loom_buft_alloc_buffer(loom_dev_buffer_type(dd->inner), 0);
+    return dd->proxy;
+}
+
+/* Points t at the inner buffer of its dist buffer (a remote one, with `proxy`: at the
+ * proxy of a meta inner device); recorded in v. */
+static bool view_tensor(inner_view *v, loom_tensor *t, bool proxy) {
+    if (!t->buffer || t->buffer->iface != &dist_buffer_i) return true;
+    dist_buffer *b = t->buffer->context;
+    loom_buffer_t to = b->inner ? b->inner : proxy && inner_is_meta(b->dd) ? proxy_of(b->dd) : NULL;
+    if (!to) return true;
+    if (v->n == v->cap) {
+        int cap = v->cap ? 2 * v->cap : 64;
+        loom_tensor **nt = loom_realloc(v->t, (size_t)cap * sizeof *nt);
+        if (nt) v->t = nt;
+        loom_buffer_t *nw = nt ? loom_realloc(v->was, (size_t)cap * sizeof *nw) : NULL;
+        if (!nw) return false;
+        v->was = nw;
+        v->cap = cap;
+    }
+    v->t[v->n] = t;
+    v->was[v->n++] = t->buffer;
+    t->buffer = to;
+    return true;
+}
+
+/* Whether t was seen before (else it is added); false with *oom when the set cannot grow. */
+static bool seen_before(inner_view *v, const loom_tensor *t, bool *oom) {
+    if (2 * (v->n_seen + 1) > v->seen_cap) {
+        size_t cap = v->seen_cap ? 2 * v->seen_cap : 256;
+        const loom_tensor **ns = loom_calloc(cap, sizeof *ns);
+        if (!ns) {
+            *oom = true;
+            return false;
+        }
+        for (size_t i = 0; i < v->seen_cap; i++) {
+            if (!v->seen[i]) continue;
+            size_t h = ((uintptr_t)v->seen[i] >> 4) & (cap - 1);
+            while (ns[h])
+                h = (h + 1) & (cap - 1);
+            ns[h] = v->seen[i];
+        }
+        loom_free(v->seen);
+        v->seen = ns;
+        v->seen_cap = cap;
+    }
+    size_t h = ((uintptr_t)t >> 4) & (v->seen_cap - 1);
+    while (v->seen[h]) {
+        if (v->seen[h] == t) return true;
+        h = (h + 1) & (v->seen_cap - 1);
+    }
+    v->seen[h] = t;
+    v->n_seen++;
+    return false;
+}
+
+static bool push(inner_view *v, const loom_tensor *t) {
+    if (v->n_stack == v->stack_cap) {
+        size_t cap = v->stack_cap ? 2 * v->stack_cap : 64;
+        const loom_tensor **ns = loom_realloc(v->stack, cap * sizeof *ns);
+        if (!ns) return false;
+        v->stack = ns;
+        v->stack_cap = cap;
+    }
+    v->stack[v->n_stack++] = t;
+    return true;
+}
+
+/* A meta inner device derives a computed tensor's split state from its sources, down to
+ * the weights: t and every ancestor are shown in meta buffers (local ones in their inner
+ * buffer, remote ones in the proxy). */
+static bool view_deep(inner_view *v, const loom_tensor *t0) {
+    bool oom = false;
+    if (!push(v, t0)) return false;
+    while (v->n_stack > 0) {
+        loom_tensor *t = (loom_tensor *)v->stack[--v->n_stack];
+        if (seen_before(v, t, &oom) || oom) {
+            if (oom) return false;
+            continue;
+        }
+        if (!view_tensor(v, t, true)) return false;
+        if (t->view_src && !push(v, t->view_src)) return false;
+        for (int k = 0; k < LOOM_MAX_SRC; k++)
+            if (t->src[k] && !push(v, t->src[k])) return false;
+    }
+    return true;
+}
+
+/* Before a data call (set, get, memset, init) into the inner device about t of dist
+ * device dd: a meta inner device sees t and its ancestors in meta buffers; any other
+ * sees t and its storage owner in its own buffer. false: out of host memory. */
+static bool view_data(inner_view *v, const loom__dist_dev *dd, const loom_tensor *t) {
+    if (inner_is_meta(dd)) return view_deep(v, t);
+    loom_tensor *m = (loom_tensor *)t;
+    return view_tensor(v, m, false) && (!m->view_src || view_tensor(v, m->view_src, false));
+}
+
+/* Before a static question (supports_op, alloc size) about op to a meta inner device. */
+static bool view_static(inner_view *v, const loom__dist_dev *dd, const loom_tensor *op) {
+    return !inner_is_meta(dd) || view_deep(v, op);
+}
+
+static void unview(inner_view *v) {
+    for (int i = v->n - 1; i >= 0; i--)
+        v->t[i]->buffer = v->was[i];
+    loom_free(v->t);
+    loom_free(v->was);
+    loom_free(v->seen);
+    loom_free(v->stack);
+    *v = (inner_view){0};
+}
+
+/* The failure of a view (out of host memory): logged, the call goes ahead unviewed. */
+#define VIEW_DATA(v, dd, t)                                                                        \
+    do {                                                                                           \
+        if (!view_data(v, dd, t)) LOOM_LOG_ERROR("%s: out of host memory", (dd)->name);            \
+    } while (0)
 
 static void db_free(loom_buffer_t buf) {
     dist_buffer *b = buf->context;
@@ -68,25 +214,42 @@ static void *db_base(loom_buffer_t buf) {
 
 static loom_status db_init_tensor(loom_buffer_t buf, loom_tensor *t) {
     dist_buffer *b = buf->context;
-    if (b->inner && b->inner->iface->init_tensor) return b->inner->iface->init_tensor(b->inner, t);
-    return LOOM_OK;
+    if (!b->inner || !b->inner->iface->init_tensor) return LOOM_OK;
+    inner_view v = {0};
+    VIEW_DATA(&v, b->dd, t);
+    loom_status st = b->inner->iface->init_tensor(b->inner, t);
+    unview(&v);
+    return st;
 }
 
 static void db_memset(loom_buffer_t buf, loom_tensor *t, uint8_t v, size_t off, size_t size) {
     dist_buffer *b = buf->context;
-    if (b->inner) b->inner->iface->memset_tensor(b->inner, t, v, off, size);
+    if (!b->inner) return;
+    inner_view iv = {0};
+    VIEW_DATA(&iv, b->dd, t);
+    b->inner->iface->memset_tensor(b->inner, t, v, off, size);
+    unview(&iv);
 }
 
 static void db_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t off, size_t size) {
     dist_buffer *b = buf->context;
-    if (b->inner) b->inner->iface->set_tensor(b->inner, t, data, off, size);
+    if (!b->inner) return;
+    inner_view v = {0};
+    VIEW_DATA(&v, b->dd, t);
+    b->inner->iface->set_tensor(b->inner, t, data, off, size);
+    unview(&v);
 }
 
 /* Collective: the owner reads its memory and broadcasts it; every other rank receives. A
  * broken transport ends every rank (MPI's fatal handler), so there is no silent zero. */
 static void db_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t off, size_t size) {
     dist_buffer *b = buf->context;
-    if (b->inner) b->inner->iface->get_tensor(b->inner, t, data, off, size);
+    if (b->inner) {
+        inner_view v = {0};
+        VIEW_DATA(&v, b->dd, t);
+        b->inner->iface->get_tensor(b->inner, t, data, off, size);
+        unview(&v);
+    }
     if (b->dd->d->size > 1 && loom_dist_bcast(b->dd->d, data, size, b->dd->index) != LOOM_OK)
         LOOM_LOG_ERROR("%s: %s", b->dd->name, loom_last_error());
 }
@@ -100,8 +263,6 @@ static void db_reset(loom_buffer_t buf) {
     dist_buffer *b = buf->context;
     if (b->inner && b->inner->iface->reset) b->inner->iface->reset(b->inner);
 }
-
-static const struct loom_buffer_i dist_buffer_i;
 
 /* A copy between two dist buffers (a pipeline stage's activations crossing ranks): the
  * source's rank sends, the destination's rank receives (MPI point-to-point), every other
@@ -117,10 +278,19 @@ static bool db_cpy(loom_buffer_t buf, const loom_tensor *src, loom_tensor *dst) 
     size_t n = loom_nbytes(src);
     void *tmp = loom_malloc(n ? n : 1);
     if (!tmp) return false; /* the wrapper's staged path reports it */
-    if (d->rank == from) sb->inner->iface->get_tensor(sb->inner, src, tmp, 0, n);
+    inner_view v = {0};
+    if (d->rank == from) {
+        VIEW_DATA(&v, sb->dd, src);
+        sb->inner->iface->get_tensor(sb->inner, src, tmp, 0, n);
+        unview(&v);
+    }
     if (loom__dist_send_recv(d, tmp, n, from, to) != LOOM_OK)
         LOOM_LOG_ERROR("%s: %s", db->dd->name, loom_last_error());
-    if (d->rank == to) db->inner->iface->set_tensor(db->inner, dst, tmp, 0, n);
+    if (d->rank == to) {
+        VIEW_DATA(&v, db->dd, dst);
+        db->inner->iface->set_tensor(db->inner, dst, tmp, 0, n);
+        unview(&v);
+    }
     loom_free(tmp);
     return true;
 }
@@ -197,7 +367,11 @@ static size_t dbt_max_size(loom_buft_t buft) {
 }
 
 static size_t dbt_alloc_size(loom_buft_t buft, const loom_tensor *t) {
-    return loom_buft_alloc_size(inner_buft(dev_of(buft->device)), t);
+    inner_view v = {0};
+    (void)view_static(&v, dev_of(buft->device), t); /* unviewed: a larger size, still safe */
+    size_t n = loom_buft_alloc_size(inner_buft(dev_of(buft->device)), t);
+    unview(&v);
+    return n;
 }
 
 /* Not host memory, even when the local device's is: a reader must go through get_tensor
@@ -309,6 +483,11 @@ static const struct loom_backend_i dist_backend_i = {
     .graph_optimize = dbe_optimize,
 };
 
+loom_backend_t loom_dist_backend_local(loom_backend_t be) {
+    if (!be || be->iface != &dist_backend_i) return NULL;
+    return ((dist_backend *)be->context)->inner;
+}
+
 /* ---------------------------------------------------------------- devices */
 
 static const char *dd_name(loom_dev_t dev) {
@@ -369,7 +548,14 @@ static loom_buft_t dd_buft(loom_dev_t dev) {
 }
 
 static bool dd_supports_op(loom_dev_t dev, const loom_tensor *op) {
-    return loom_dev_supports_op(dev_of(dev)->inner, op);
+    inner_view v = {0};
+    if (!view_static(&v, dev_of(dev), op)) {
+        unview(&v);
+        return false;
+    }
+    bool ok = loom_dev_supports_op(dev_of(dev)->inner, op);
+    unview(&v);
+    return ok;
 }
 
 static bool dd_supports_buft(loom_dev_t dev, loom_buft_t buft) {
@@ -377,7 +563,14 @@ static bool dd_supports_buft(loom_dev_t dev, loom_buft_t buft) {
 }
 
 static bool dd_offload_op(loom_dev_t dev, const loom_tensor *op) {
-    return loom_dev_offload_op(dev_of(dev)->inner, op);
+    inner_view v = {0};
+    if (!view_static(&v, dev_of(dev), op)) {
+        unview(&v);
+        return false;
+    }
+    bool ok = loom_dev_offload_op(dev_of(dev)->inner, op);
+    unview(&v);
+    return ok;
 }
 
 static const struct loom_dev_i dist_dev_i = {
@@ -468,6 +661,13 @@ static const struct loom_reg_i dist_reg_i = {
     .get_device = dr_device,
     .get_proc_address = dr_proc,
 };
+
+void loom__dist_devices_free(loom_dist *d) {
+    for (int j = 0; j < d->n_devs; j++) {
+        loom_buffer_free(d->devs[j].proxy);
+        d->devs[j].proxy = NULL;
+    }
+}
 
 bool loom_dev_is_dist(loom_dev_t dev) {
     return dev && dev->iface == &dist_dev_i;

@@ -15,10 +15,11 @@
 typedef struct loom__dist_dev {
     loom_dist *d;
     int index;
-    bool remote;      /* another rank's: no memory, no compute in this process */
-    loom_dev_t inner; /* the real local device (remote ones answer static questions with it) */
-    int n_threads;    /* a CPU inner backend's threads (<= 0: its default) */
-    char name[16];    /* "MPI0" */
+    bool remote;         /* another rank's: no memory, no compute in this process */
+    loom_dev_t inner;    /* the real local device (remote ones answer static questions with it) */
+    int n_threads;       /* a CPU inner backend's threads (<= 0: its default) */
+    loom_buffer_t proxy; /* a meta inner device: an empty buffer of its type (device.c) */
+    char name[16];       /* "MPI0" */
     char desc[160];
     struct loom_dev dev;
     struct loom_buft buft;
@@ -30,7 +31,11 @@ struct loom_dist {
     struct loom_reg reg;
     loom__dist_dev devs[LOOM_DIST_MAX_RANKS];
     int n_devs; /* 0 until loom_dist_devices */
+    loom_dist_stats stats;
 };
+
+/* Frees what the dist devices made (their proxy buffers); called by loom_dist_free. */
+void loom__dist_devices_free(loom_dist *d);
 
 /* Point-to-point: rank `from` sends bytes to rank `to` (the others do nothing; from == to
  * does nothing). */

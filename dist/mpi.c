@@ -63,6 +63,7 @@ loom_status loom_dist_init(loom_dist **out) {
 
 void loom_dist_free(loom_dist *d) {
     if (!d) return;
+    loom__dist_devices_free(d);
     MPI_Comm_free((MPI_Comm *)d->comm);
     loom_free(d->comm);
     loom_free(d);
@@ -73,6 +74,7 @@ loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root) {
     if (root < 0 || root >= d->size)
         return loom_error(LOOM_ERR_INVALID_ARG, "dist: broadcast root %d of %d ranks", root,
                           d->size);
+    d->stats.collectives++;
     for (size_t o = 0; o < bytes;) {
         size_t k = bytes - o < (size_t)INT_MAX ? bytes - o : (size_t)INT_MAX;
         int rc = MPI_Bcast((char *)data + o, (int)k, MPI_BYTE, root, comm_of(d));
@@ -84,6 +86,13 @@ loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root) {
 
 loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int from, int to) {
     if (from == to || (d->rank != from && d->rank != to)) return LOOM_OK;
+    if (d->rank == from) {
+        d->stats.sends++;
+        d->stats.bytes_sent += bytes;
+    } else {
+        d->stats.recvs++;
+        d->stats.bytes_recv += bytes;
+    }
     for (size_t o = 0; o < bytes;) {
         size_t k = bytes - o < (size_t)INT_MAX ? bytes - o : (size_t)INT_MAX;
         int rc = d->rank == from ? MPI_Send((char *)data + o, (int)k, MPI_BYTE, to, 17, comm_of(d))
@@ -96,6 +105,7 @@ loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int fro
 }
 
 loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
+    d->stats.collectives++;
     for (size_t o = 0; o < n;) {
         size_t k = n - o < (size_t)INT_MAX ? n - o : (size_t)INT_MAX;
         int rc = MPI_Allreduce(MPI_IN_PLACE, data + o, (int)k, MPI_FLOAT, MPI_SUM, comm_of(d));
@@ -107,6 +117,7 @@ loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
 
 loom_status loom_dist_agree(loom_dist *d, loom_status st) {
     int mine = st != LOOM_OK ? d->rank : d->size, first = d->size;
+    d->stats.collectives++;
     int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_of(d));
     if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allreduce (status)");
     if (first == d->size) return LOOM_OK;

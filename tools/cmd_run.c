@@ -48,7 +48,9 @@ static void usage(FILE *f) {
             "                            across ranks (each holds and computes its slices; the\n"
             "                            AllReduce is MPI's), or with -sm layer one pipeline\n"
             "                            stage per rank; --devices is each rank's device (cpu\n"
-            "                            or sim:1); rank 0 tokenizes, samples and prints\n"
+            "                            or sim:1), or its devices (sim:2) for the hybrid: -sm\n"
+            "                            layer (the default then) with each stage tensor\n"
+            "                            parallel over them; rank 0 tokenizes, samples, prints\n"
             "%s",
             loom_model_opts_help());
 }
@@ -424,7 +426,10 @@ int loom_cli_run(int argc, char **argv) {
            (long long)loom_session_model(s)->hp.n_embd, (long long)V);
     printf("devices:    %s, split mode %s", o.sp.devices ? o.sp.devices : "cpu",
            loom_split_mode_name(loom_session_split_mode(s)));
-    if (cd.d) printf(", %d MPI ranks (one device each)", cd.size);
+    if (cd.d && cd.n_local > 1)
+        printf(", %d MPI ranks (each stage tensor parallel over %d devices)", cd.size, cd.n_local);
+    else if (cd.d)
+        printf(", %d MPI ranks (one device each)", cd.size);
     printf("\n");
     printf("sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
            "(last %ld)\n",

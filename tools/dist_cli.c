@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loom/meta.h"
+#include "loom/rules.h"
 #include "tools/dist_cli.h"
 
 bool loom_cli_dist_parse(const char *cmd, const char *v) {
@@ -11,6 +13,40 @@ bool loom_cli_dist_parse(const char *cmd, const char *v) {
     fprintf(stderr, "loom %s: --dist '%s' is not a distribution (expected: mpi)\n", cmd,
             v ? v : "");
     return false;
+}
+
+/* The split state of a weight or cache tensor of a hybrid stage's meta device: the rules of
+ * the opened model's architecture (the --split-rules file first), as the session gives
+ * its own meta device in tensor mode; everything else is whole on every local device. */
+static loom_status hybrid_leaf(const loom_tensor *t, loom_split_state *out, void *ud) {
+    loom_cli_dist *cd = ud;
+    if (!t->name[0] || !(t->flags & LOOM_TENSOR_FLAG_PARAM || strncmp(t->name, "cache_", 6) == 0))
+        return LOOM_OK;
+    if (!cd->rules) {
+        if (!cd->o || !cd->o->gguf)
+            return loom_error(LOOM_ERR_INTERNAL,
+                              "--dist mpi: no model opened for the stage's split");
+        loom_status st = loom_hparams_from_gguf(cd->o->gguf, &cd->hp);
+        if (st == LOOM_OK) st = loom_rules_builtin(cd->hp.arch, cd->hp.n_expert > 0, &cd->rules);
+        if (st == LOOM_OK && cd->o->sp.split_rules) {
+            loom_rules *user = NULL;
+            st = loom_rules_load_file(cd->o->sp.split_rules, &user);
+            if (st == LOOM_OK) st = loom_rules_prepend(cd->rules, user);
+        }
+        if (st == LOOM_OK)
+            st = loom_kv_cache_check_type(&cd->hp, "K (-ctk)", cd->o->sp.kv_type, true);
+        if (st == LOOM_OK)
+            st = loom_kv_cache_check_type(
+                &cd->hp, "V (-ctv)",
+                cd->o->sp.kv_type_v_set ? cd->o->sp.kv_type_v : cd->o->sp.kv_type, true);
+        if (st) {
+            loom_rules_free(cd->rules);
+            cd->rules = NULL;
+            return loom_error(st, "--dist mpi: each stage splits its tensors over %d devices: %s",
+                              cd->n_local, loom_last_error());
+        }
+    }
+    return loom_rules_split_state_weighted(cd->rules, &cd->hp, t, cd->n_local, NULL, out, NULL);
 }
 
 bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd) {
@@ -30,16 +66,27 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
     cd->rank = loom_dist_rank(cd->d);
     cd->size = loom_dist_size(cd->d);
     const char *spec = o->sp.devices && *o->sp.devices ? o->sp.devices : "cpu";
-    loom_dev_t local[2];
     size_t n = 0;
-    loom_status st = loom_devices_from_spec(spec, local, 2, &n);
-    if (st == LOOM_OK && n != 1)
+    loom_status st = loom_devices_from_spec(spec, cd->local, 16, &n);
+    cd->n_local = (int)n;
+    loom_dev_t local = n ? cd->local[0] : NULL;
+    if (n > 1 && o->sp.split_mode == LOOM_SPLIT_MODE_DEFAULT)
+        o->sp.split_mode = LOOM_SPLIT_MODE_LAYER; /* several devices per rank: the hybrid */
+    if (st == LOOM_OK && n == 0)
+        st = loom_error(LOOM_ERR_INVALID_ARG, "--dist mpi: --devices '%s' names no device", spec);
+    if (st == LOOM_OK && n > 1 && o->sp.split_mode != LOOM_SPLIT_MODE_LAYER)
         st = loom_error(LOOM_ERR_INVALID_ARG,
-                        "--dist mpi: --devices '%s' is %zu devices; each rank runs one (cpu, "
-                        "sim:1, or a device name)",
+                        "--dist mpi: --devices '%s' is %zu devices per rank: that is the hybrid "
+                        "layout, -sm layer (pipeline stages across ranks, tensor parallelism over "
+                        "each rank's devices); -sm tensor takes one device per rank",
                         spec, n);
+    if (st == LOOM_OK && n > 1) {
+        st = loom_meta_device_new(cd->local, (int)n, hybrid_leaf, cd, &cd->meta);
+        cd->o = o;
+        local = cd->meta;
+    }
     if (st == LOOM_OK)
-        st = loom_dist_devices(cd->d, local[0], o->sp.threads, cd->devs, 16, &cd->n_devs);
+        st = loom_dist_devices(cd->d, local, o->sp.threads, cd->devs, 16, &cd->n_devs);
     if (st) {
         /* the same on every rank (same arguments), so no rank is left waiting */
         fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
@@ -108,6 +155,8 @@ static long status_kb(const char *field) {
     return v;
 }
 
+/* The rank's lines go out in one write: the ranks' stderr reach mpirun's in pieces, and a
+ * line written in parts can be cut by another rank's. */
 void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, FILE *f) {
     loom_cli_mem_row rows[LOOM_META_MAX_DEVICES + 2];
     int n = loom_cli_session_memory(s, rows, (int)(sizeof rows / sizeof rows[0]));
@@ -119,15 +168,53 @@ void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, F
             name = rows[i].name;
         }
     }
-    fprintf(f,
-            "rank %d/%d: %s holds weights %.3f MiB, KV %.3f MiB, compute %.3f MiB; RSS anon %.1f "
-            "MiB, file %.1f MiB, peak %.1f MiB\n",
-            cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
-            (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
-            (double)status_kb("VmHWM") / 1024.0);
+    char buf[2048];
+    size_t o = 0;
+#define PUT(...)                                                                                   \
+    do {                                                                                           \
+        if (o < sizeof buf) o += (size_t)snprintf(buf + o, sizeof buf - o, __VA_ARGS__);           \
+    } while (0)
+    PUT("rank %d/%d: %s holds weights %.3f MiB, KV %.3f MiB, compute %.3f MiB; RSS anon %.1f "
+        "MiB, file %.1f MiB, peak %.1f MiB\n",
+        cd->rank, cd->size, name, w / 1048576.0, kv / 1048576.0, c / 1048576.0,
+        (double)status_kb("RssAnon") / 1024.0, (double)status_kb("RssFile") / 1024.0,
+        (double)status_kb("VmHWM") / 1024.0);
+    loom_dist_stats ds;
+    loom_dist_get_stats(cd->d, &ds);
+    PUT("rank %d/%d: MPI point-to-point: %llu sends (%llu bytes), %llu receives (%llu bytes); "
+        "%llu collectives\n",
+        cd->rank, cd->size, (unsigned long long)ds.sends, (unsigned long long)ds.bytes_sent,
+        (unsigned long long)ds.recvs, (unsigned long long)ds.bytes_recv,
+        (unsigned long long)ds.collectives);
+    if (cd->meta) {
+        /* hybrid: the stage's tensor parallelism over this rank's devices */
+        loom_meta_stats ms = {0};
+        loom_sched *sc = loom_session_sched(s);
+        for (int b = 0; b < loom_sched_get_n_backends(sc); b++) {
+            loom_backend_t in = loom_dist_backend_local(loom_sched_get_backend(sc, b));
+            if (in && loom_backend_is_meta(in)) loom_meta_backend_get_stats(in, &ms);
+        }
+        PUT("rank %d/%d: stage on %s: %llu allreduces in %llu graphs; in use:", cd->rank, cd->size,
+            loom_dev_name(cd->meta), (unsigned long long)ms.reductions,
+            (unsigned long long)ms.graphs);
+        for (int j = 0; j < cd->n_local; j++) {
+            size_t fr = 0, tot = 0;
+            loom_dev_memory(cd->local[j], &fr, &tot);
+            PUT(" %s %.3f MiB", loom_dev_name(cd->local[j]),
+                tot > fr ? (double)(tot - fr) / 1048576.0 : 0.0);
+        }
+        PUT("\n");
+    }
+#undef PUT
+    if (o >= sizeof buf) buf[sizeof buf - 2] = '\n', o = sizeof buf - 1;
+    fwrite(buf, 1, o, f);
 }
 
 void loom_cli_dist_free(loom_cli_dist *cd) {
-    loom_dist_free(cd->d);
+    loom_dist_free(cd->d); /* its proxies are buffers of cd->meta */
     cd->d = NULL;
+    loom_meta_device_free(cd->meta);
+    cd->meta = NULL;
+    loom_rules_free(cd->rules);
+    cd->rules = NULL;
 }

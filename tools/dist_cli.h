@@ -16,13 +16,22 @@ typedef struct loom_cli_dist {
     int rank, size;
     loom_dev_t devs[16];
     int n_devs;
+    /* hybrid (several local devices, -sm layer): each rank's stage runs on a meta device
+     * over its local devices, whose weights split by the rules of the opened model */
+    loom_dev_t local[16];
+    int n_local;
+    loom_dev_t meta;
+    const loom_model_opts *o; /* its gguf is read at the first split-state question */
+    loom_rules *rules;
+    loom_hparams hp;
 } loom_cli_dist;
 
 /* Whether `v` names a --dist value ("mpi"); prints the error naming cmd otherwise. */
 bool loom_cli_dist_parse(const char *cmd, const char *v);
 /* Starts MPI and points o's session at the dist devices; prints the error and returns
- * false on a refusal (not under a launcher, built without MPI, a device spec that is not
- * one device, a split mode other than tensor). */
+ * false on a refusal (not under a launcher, built without MPI, -sm none, several devices
+ * per rank with -sm tensor). Several devices per rank: the hybrid, -sm layer (the default
+ * then) over dist devices whose local one is a meta device over them (cd->meta). */
 bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd);
 /* Every rank: whether every rank's `ok` was true; a rank that was fine prints the failing
  * rank's message (which that rank printed itself). Without dist, returns ok. */

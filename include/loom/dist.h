@@ -10,7 +10,8 @@
  * comm_init/comm_allreduce_tensor/comm_free): MPI_Allreduce over the local slice.
  * Pipeline parallelism across ranks is the session's layer mode over the same devices: a
  * copy between two dist buffers is MPI point-to-point (the source's rank sends, the
- * destination's rank receives, the others skip it).
+ * destination's rank receives, the others skip it). Hybrid: in layer mode the local device
+ * may be a meta device over the rank's own devices (tensor parallelism inside each stage).
  *
  * Every rank must make the same calls in the same order (reads of split tensors and the
  * reductions are collectives). Setup (open, load) does no communication, so a rank that
@@ -49,16 +50,30 @@ LOOM_API loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int
  * returns LOOM_OK on every rank if all passed LOOM_OK, else on every rank the status of the
  * lowest failing rank with the message "rank R: <its message>". */
 LOOM_API loom_status loom_dist_agree(loom_dist *d, loom_status st);
+/* What this rank has moved so far: point-to-point messages (a pipeline stage's activations:
+ * sent by the source's rank, received by the destination's) and collectives (broadcasts,
+ * allreduces, agreements). */
+typedef struct loom_dist_stats {
+    uint64_t sends, recvs;     /* point-to-point messages of this rank */
+    uint64_t bytes_sent, bytes_recv;
+    uint64_t collectives;      /* broadcasts + allreduces + agreements this rank took part in */
+} loom_dist_stats;
+LOOM_API void loom_dist_get_stats(const loom_dist *d, loom_dist_stats *out);
+
 /* Ends every rank at once (MPI_Abort): for a failure in the middle of collective work,
  * where the other ranks wait for this one and a clean return cannot reach them. */
 LOOM_API void loom_dist_abort(loom_dist *d, int code);
 
 /* The dist devices MPI0..MPI{N-1} (N = world size; owned by d, valid until loom_dist_free):
- * out[rank] wraps local (borrowed; the CPU device or a sim device), the others are remote.
+ * out[rank] wraps local (borrowed; the CPU device, a sim device, or in layer mode a meta
+ * device over local devices), the others are remote.
  * n_threads > 0 sets a CPU local device's threads. Call once. */
 LOOM_API loom_status loom_dist_devices(loom_dist *d, loom_dev_t local, int n_threads,
                                        loom_dev_t *out, int cap, int *n_out);
 LOOM_API bool loom_dev_is_dist(loom_dev_t dev);
+/* The backend of this rank's local device inside a dist backend (a meta backend in the
+ * hybrid layout), or NULL for another rank's member or a backend that is not dist. */
+LOOM_API loom_backend_t loom_dist_backend_local(loom_backend_t be);
 /* Whether dev is a dist device of another rank (no memory, no compute here). */
 LOOM_API bool loom_dev_is_remote(loom_dev_t dev);
 

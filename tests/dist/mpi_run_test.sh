@@ -9,7 +9,17 @@
 #     within the timeout (no hang);
 #   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
 #   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
-#   - ranks given other options: rank 0's -n leads; another context stops every rank.
+#   - ranks given other options: rank 0's -n leads; another context stops every rank;
+#   - hybrid (--devices sim:2 or sim:3 per rank, -sm layer): stage r on rank r, tensor
+#     parallel over the rank's sim devices (a meta device inside the dist device): text and
+#     logits equal the single CPU process, also on one rank (against a lone meta device),
+#     each local device holds about 1/k of its rank's weights, the stage's meta device
+#     reduces; several devices with -sm tensor are refused clearly;
+#   - micro-batches (-ub 4, a 34-token prompt in 9 ubatches through 2 and 3 stages, and the
+#     hybrid): logits of every position equal the CPU's in one batch, the greedy text too;
+#     the ubatches cross the stages point-to-point only: per evaluated graph the same sends
+#     as with one batch, and not one collective more (nothing waits for the last stage
+#     between ubatches).
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
 set -euo pipefail
 loom=$(readlink -f "$1")
@@ -123,6 +133,95 @@ check_run 3 cpu np3layer layer
 check_run 4 cpu np4layer layer
 check_run 3 sim:1 np3simlayer layer
 
+# hybrid: pipeline stages across ranks, tensor parallelism over each rank's sim devices.
+# First the oracle's twin on one process: the same meta device alone (-sm tensor, sim:2).
+"$loom" "${run_args[@]}" --devices sim:2 -sm tensor --logits-out "$tmp/meta2.logits" \
+    >"$tmp/meta2.out" 2>"$tmp/meta2.err" || fail "meta(sim:2) alone: $(cat "$tmp/meta2.err")"
+text "$tmp/meta2.out" | cmp -s - "$tmp/ref.txt" || fail "meta(sim:2) alone: text differs"
+check_hybrid() { # N local-spec k
+    local n=$1 dev=$2 k=$3 tag="hy$1x$3"
+    local out="$tmp/$tag.out" err="$tmp/$tag.err" t0=$SECONDS
+    mpi -np "$n" "$loom" "${run_args[@]}" --devices "$dev" --dist mpi --logits-out "$tmp/$tag.logits" \
+        >"$out" 2>"$err" || fail "$tag: mpirun exit $?: $(tail -5 "$err")"
+    text "$out" | cmp -s - "$tmp/ref.txt" ||
+        fail "$tag: text differs: '$(text "$out")' vs '$(cat "$tmp/ref.txt")'"
+    grep -q "split mode layer, $n MPI ranks (each stage tensor parallel over $k devices)" "$out" ||
+        fail "$tag: not the hybrid summary: $(grep '^devices' "$out")"
+    grep -q "^token graph: .*graph splits = $((n + 1))" "$out" || fail "$tag: not $n stages + CPU"
+    local d dm
+    d=$(maxdiff "$tmp/ref.logits" "$tmp/$tag.logits")
+    dm=$(maxdiff "$tmp/meta2.logits" "$tmp/$tag.logits")
+    [ "$d" != bad ] && [ "$dm" != bad ] || fail "$tag: logits files differ in shape"
+    awk -v d="$d" -v e="$dm" 'BEGIN { exit !(d <= 5e-4 && e <= 5e-4) }' ||
+        fail "$tag: logits differ by $d from the CPU, $dm from meta(sim:2) alone"
+    local r line
+    for ((r = 0; r < n; r++)); do
+        line=$(grep "^rank $r/$n: stage on Meta(SIM0" "$err") || fail "$tag: no stage line of rank $r"
+        # the stage's meta device reduced its partial sums (tensor parallelism ran)
+        awk -v l="$line" 'BEGIN { split(l, a, ": "); split(a[3], b, " "); exit !(b[1] > 0) }' ||
+            fail "$tag: rank $r's stage did no allreduce: $line"
+    done
+    echo "ok: $tag ($n ranks x --devices $dev, -sm layer): text equal, logits max diff $d (CPU), $dm (meta alone), rank 0 weights $(weight_mib "$err") MiB each local device, $((SECONDS - t0)) s"
+}
+check_hybrid 1 sim:2 2
+check_hybrid 2 sim:2 2
+check_hybrid 2 sim:3 3
+# each local device holds about 1/k of what the one device of a rank holds in the same
+# pipeline without the local split (2 ranks x sim:1, -sm layer)
+check_run 2 sim:1 np2simlayer layer
+w1=$(weight_mib "$tmp/np2simlayer.err") wh2=$(weight_mib "$tmp/hy2x2.err") wh3=$(weight_mib "$tmp/hy2x3.err")
+awk -v a="$w1" -v b="$wh2" -v c="$wh3" 'BEGIN { exit !(b > 0 && b < 0.6 * a && c > 0 && c < 0.45 * a) }' ||
+    fail "hybrid weights per local device: $wh2 MiB (sim:2), $wh3 MiB (sim:3) vs $w1 MiB (sim:1)"
+echo "ok: hybrid weight share per local device: $w1 MiB (sim:1), $wh2 MiB (sim:2), $wh3 MiB (sim:3)"
+set +e
+mpi -np 2 "$loom" "${run_args[@]}" --devices sim:2 -sm tensor --dist mpi >"$tmp/hyt.out" 2>"$tmp/hyt.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "sim:2 with -sm tensor: mpirun exit $rc"
+grep -q "2 devices per rank: that is the hybrid layout, -sm layer" "$tmp/hyt.err" ||
+    fail "sim:2 with -sm tensor: unclear refusal: $(cat "$tmp/hyt.err")"
+echo "ok: several devices per rank with -sm tensor are refused (mpirun exit $rc)"
+
+# micro-batches: a long prompt split into ubatches of 4 that flow through the stages
+long_prompt="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day"
+ub_args=(run -m "$model" -n 8 -s 1 -t 1 -p "$long_prompt")
+"$loom" "${ub_args[@]}" --logits-out "$tmp/ubref.logits" >"$tmp/ubref.out" 2>"$tmp/ubref.err" ||
+    fail "long prompt, one process: $(cat "$tmp/ubref.err")"
+text "$tmp/ubref.out" >"$tmp/ubref.txt"
+sends_of() { sed -n 's/^rank 0\/[0-9]*: MPI point-to-point: \([0-9]*\) sends.*/\1/p' "$1"; }
+colls_of() { sed -n 's/^rank 0\/[0-9]*: MPI point-to-point: .*; \([0-9]*\) collectives/\1/p' "$1"; }
+check_ubatch() { # N devices tag
+    local n=$1 dev=$2 tag=$3 d
+    # every position's logits (each ubatch's logits are read back: that waits per ubatch)
+    mpi -np "$n" "$loom" "${ub_args[@]}" -ub 4 --devices "$dev" -sm layer --dist mpi \
+        --logits-out "$tmp/$tag.logits" >"$tmp/$tag.out" 2>"$tmp/$tag.err" ||
+        fail "$tag: mpirun exit $?: $(tail -5 "$tmp/$tag.err")"
+    text "$tmp/$tag.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag: text differs: '$(text "$tmp/$tag.out")'"
+    grep -q "^prompt: *34 tokens" "$tmp/$tag.out" || fail "$tag: the prompt is not 34 tokens"
+    d=$(maxdiff "$tmp/ubref.logits" "$tmp/$tag.logits")
+    [ "$d" != bad ] && awk -v d="$d" 'BEGIN { exit !(d <= 5e-4) }' || fail "$tag: logits differ by $d"
+    # the flow: without --logits-out only the last position is read, so the ubatches cross
+    # the stages with point-to-point sends alone
+    mpi -np "$n" "$loom" "${ub_args[@]}" -ub 4 --devices "$dev" -sm layer --dist mpi \
+        >"$tmp/$tag.f.out" 2>"$tmp/$tag.f.err" || fail "$tag flow: mpirun exit $?"
+    mpi -np "$n" "$loom" "${ub_args[@]}" --devices "$dev" -sm layer --dist mpi \
+        >"$tmp/$tag.one.out" 2>"$tmp/$tag.one.err" || fail "$tag one batch: mpirun exit $?"
+    text "$tmp/$tag.f.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag flow: text differs"
+    text "$tmp/$tag.one.out" | cmp -s - "$tmp/ubref.txt" || fail "$tag one batch: text differs"
+    local s1 s9 c1 c9
+    s1=$(sends_of "$tmp/$tag.one.err") s9=$(sends_of "$tmp/$tag.f.err")
+    c1=$(colls_of "$tmp/$tag.one.err") c9=$(colls_of "$tmp/$tag.f.err")
+    [ -n "$s1" ] && [ -n "$s9" ] && [ -n "$c1" ] && [ "$s1" -gt 0 ] || fail "$tag: no MPI counts"
+    # 8 graphs with one batch (the prompt, 7 tokens), 16 with 9 ubatches: twice the sends
+    [ "$s9" -eq $((s1 * 16 / 8)) ] && [ $((s1 % 8)) -eq 0 ] ||
+        fail "$tag: rank 0 sent $s9 messages in 9 ubatches + 7 tokens, $s1 in 1 batch + 7 tokens"
+    [ "$c9" -eq "$c1" ] || fail "$tag: $c9 collectives with ubatches, $c1 without"
+    echo "ok: $tag ($n stages, --devices $dev, -ub 4: 9 ubatches): text equal, logits max diff $d; rank 0 sends $s1 -> $s9, collectives $c1 = $c9"
+}
+check_ubatch 2 cpu ub2
+check_ubatch 3 cpu ub3
+check_ubatch 2 sim:2 ub2x2
+
 # the weight share shrinks with N: 4 ranks hold about half of what 2 ranks hold each
 w2=$(weight_mib "$tmp/np2.err") w4=$(weight_mib "$tmp/np4.err")
 awk -v a="$w2" -v b="$w4" 'BEGIN { exit !(b > 0 && b < 0.6 * a) }' ||
@@ -136,6 +235,11 @@ rows=$(grep -c '"cpu x 2 MPI ranks"' "$tmp/bench.csv" || true)
 [ "$rows" -eq 4 ] || fail "bench: $rows rows with 'cpu x 2 MPI ranks', want 4: $(cat "$tmp/bench.csv")"
 [ "$(grep -c '^model_filename' "$tmp/bench.csv")" -eq 1 ] || fail "bench: the header is printed more than once"
 echo "ok: loom bench --dist mpi: 4 rows (pp16, tg8 x tensor, layer) from rank 0"
+mpi -np 2 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 -sm layer --devices sim:2 --dist mpi -o csv \
+    >"$tmp/benchhy.csv" 2>"$tmp/benchhy.err" || fail "bench hybrid: $(tail -5 "$tmp/benchhy.err")"
+rows=$(grep -c '"sim:2 x 2 MPI ranks"' "$tmp/benchhy.csv" || true)
+[ "$rows" -eq 2 ] || fail "bench hybrid: $rows rows with 'sim:2 x 2 MPI ranks', want 2: $(cat "$tmp/benchhy.csv")"
+echo "ok: loom bench --dist mpi --devices sim:2 -sm layer: 2 rows from rank 0"
 
 # failure injection: rank 1 (of 2, then of 3) gets a bad path; every rank must end, non-zero
 inject() { # label ranks-before-bad ranks-after-bad
