@@ -483,9 +483,12 @@ static void describe(config *c, loom_session *s, const loom_gguf *g) {
         size += (double)loom_gguf_tensor_size(g, i);
         loom_type ty = loom_gguf_tensor_type(g, i);
         if ((int)ty >= 0 && ty < LOOM_TYPE_COUNT && loom_gguf_tensor_n_dims(g, i) >= 2)
-            by_type[ty] += (double)loom_gguf_tensor_size(g, i);
+            by_type[ty] += 1;
     }
-    int main_type = 0; /* the matrices' type, as llama-bench's "Q4_0" (by bytes) */
+    /* the matrices' type, as llama-bench's "Q4_0": the type most matrices have (by count,
+     * as the reference guesses it, so F32 embeddings of a small quantised model do not
+     * outweigh its layers) */
+    int main_type = 0;
     for (int ty = 1; ty < LOOM_TYPE_COUNT; ty++)
         if (by_type[ty] > by_type[main_type]) main_type = ty;
     c->size = size;
