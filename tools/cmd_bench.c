@@ -35,13 +35,16 @@
 static void usage(FILE *f) {
     fprintf(
         f,
-        "usage: loom bench [-m FILE]... [--devices SPEC[;SPEC...]] [-sm LIST] [-p LIST] [-n LIST]\n"
-        "                  [-pg PP,TG]... [-d LIST] [-r N] [-o md|csv|json|jsonl|sql] [options]\n\n"
+        "usage: loom bench [-m FILE]... [--devices SPEC[;SPEC...]] [-sm LIST] [-ts LIST]\n"
+        "                  [-p LIST] [-n LIST] [-pg PP,TG]... [-d LIST] [-r N]\n"
+        "                  [-o md|csv|json|jsonl|sql] [options]\n\n"
         "Measures prompt processing and generation speed as llama-bench does. Every LIST\n"
         "takes commas and ranges: 128,512 | 1-4 | 128-512+128 | 64-512*2.\n\n"
         "  -m, --model FILE[,FILE]   models (repeatable; default: the built-in one)\n"
         "  -dev, --devices SPECS     ';'-separated device specs (default cpu)\n"
         "  -sm, --split-mode LIST    none,layer,tensor (default: the default per spec)\n"
+        "  -ts, --tensor-split LIST  ';'-separated splits, each per-device proportions 3/1 or\n"
+        "                            3,1: a configuration each (llama-bench's -ts 1/1;3/1)\n"
         "  -p, --n-prompt LIST       prompt tokens: a ppN test each (default 512; 0 = none)\n"
         "  -n, --n-gen LIST          generated tokens: a tgN test each (default 128; 0 = none)\n"
         "  -pg PP,TG                 a ppPP+tgTG test (repeatable)\n"
@@ -135,6 +138,7 @@ typedef struct result {
 
 typedef struct config {
     const char *model, *devices;
+    const char *ts; /* the -ts value as llama-bench writes it: "3.00/1.00"; "0.00" for none */
     loom_split_mode mode;
     int threads, ngl;
     /* filled from the session */
@@ -253,6 +257,7 @@ out:
 typedef struct printer {
     const char *fmt;
     int n_rows;
+    bool show_ts; /* md: a ts column (only when -ts is given, as llama-bench) */
     const loom_model_opts *o;
 } printer;
 
@@ -327,10 +332,13 @@ static const char *const FIELDS[N_FIELDS] = {"model_filename",
 
 static void header(printer *p) {
     if (!strcmp(p->fmt, "md")) {
-        printf("| model | size | params | backend | devices | threads | ngl | sm | test | t/s | "
-               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s |\n");
-        printf("| --- | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | "
-               "---: | ---: | ---: |\n");
+        printf("| model | size | params | backend | devices | threads | ngl | sm |%s test | t/s | "
+               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s |\n",
+               p->show_ts ? " ts |" : "");
+        printf(
+            "| --- | ---: | ---: | --- | --- | ---: | ---: | --- |%s ---: | ---: | ---: | ---: | "
+            "---: | ---: | ---: |\n",
+            p->show_ts ? " --- |" : "");
     } else if (!strcmp(p->fmt, "csv")) {
         for (int i = 0; i < N_FIELDS; i++)
             printf("%s,", FIELDS[i]);
@@ -361,7 +369,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
     else
         snprintf(threads, sizeof threads, "all");
     const char *kt = o->ctk ? o->ctk : (o->ctv ? o->ctv : "f32");
-    const char *ts = o->tensor_split ? o->tensor_split : "0.00";
+    const char *ts = c->ts ? c->ts : "0.00";
     int fa = o->flash_attn != 0;
     if (!strcmp(p->fmt, "md")) {
         char size[32], params[32];
@@ -369,10 +377,12 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         fmt_params(params, sizeof params, c->params);
         char proj[32] = "-";
         if (r->proj_ts > 0) snprintf(proj, sizeof proj, "%.2f", r->proj_ts);
-        printf("| %s | %s | %s | %s | %s | %s | %d | %s | %s | %.2f ± %.2f | %.2f | %.0f | %.1f | "
-               "%.1f | %s |\n",
-               c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, t->name,
-               r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
+        char tscol[192] = "";
+        if (p->show_ts) snprintf(tscol, sizeof tscol, " %s |", ts);
+        printf("| %s | %s | %s | %s | %s | %s | %d | %s |%s %s | %.2f ± %.2f | %.2f | %.0f | "
+               "%.1f | %.1f | %s |\n",
+               c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, tscol,
+               t->name, r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
                r->proj_pcie_us, proj);
     } else {
         bool json = !strcmp(p->fmt, "json") || !strcmp(p->fmt, "jsonl");
@@ -514,6 +524,47 @@ static void describe(config *c, loom_session *s, const loom_gguf *g) {
     }
 }
 
+/* One -ts value of the list: its proportions and llama-bench's string of them. */
+typedef struct ts_val {
+    float v[16];
+    int n;
+    char str[16 * 12];
+} ts_val;
+
+/* -ts "1/1;3/1" (llama-bench: ';' between values, '/' or ',' between proportions) into
+ * out[]; prints the error naming the bad value and returns false. */
+static bool parse_ts_list(const char *v, ts_val *out, int *n_out) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", v);
+    int n = 0;
+    for (char *p = buf, *q; p; p = q) {
+        q = strchr(p, ';');
+        if (q) *q++ = 0;
+        if (!p[0]) {
+            fprintf(stderr, "loom bench: -ts '%s' has an empty split\n", v);
+            return false;
+        }
+        if (n >= MAX_LIST) {
+            fprintf(stderr, "loom bench: -ts: more than %d splits\n", MAX_LIST);
+            return false;
+        }
+        ts_val *t = &out[n];
+        if (!loom_model_cli_tensor_split("bench", "-ts", p, t->v, 16, &t->n)) return false;
+        /* llama-bench's tensor_split: "%.2f" each, '/'-joined, up to the last non-zero */
+        int last = 0;
+        for (int k = 0; k < t->n; k++)
+            if (t->v[k] > 0) last = k;
+        size_t len = 0;
+        t->str[0] = 0;
+        for (int k = 0; k <= last && len < sizeof t->str; k++)
+            len += (size_t)snprintf(t->str + len, sizeof t->str - len, "%s%.2f", k ? "/" : "",
+                                    (double)t->v[k]);
+        n++;
+    }
+    *n_out = n;
+    return true;
+}
+
 int loom_cli_bench(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
@@ -525,6 +576,10 @@ int loom_cli_bench(int argc, char **argv) {
     int n_pl = 0, n_nl = 0, n_dl = 0, n_tl = 0, n_gl = 0, n_pg = 0;
     loom_split_mode mlist[8];
     int n_modes = 0, reps = 5;
+    const char *ts_arg = NULL; /* -ts LIST (llama-bench's; not the shared single -ts) */
+    ts_val tsl[MAX_LIST];
+    tsl[0].n = 0; /* no -ts: one configuration without a split */
+    int n_ts = 0;
     bool p_set = false, n_set = false, dist = false;
     loom_cli_dist cd = {.size = 1};
     char dist_label[96] = "";
@@ -581,6 +636,9 @@ int loom_cli_bench(int argc, char **argv) {
                 }
                 n_modes++;
             }
+        } else if (!strcmp(a, "-ts") || !strcmp(a, "--tensor-split")) {
+            if (!v) goto missing;
+            ts_arg = v;
         } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
             if (!parse_list(a, v, 0, 1 << 20, pl, &n_pl)) goto done;
             p_set = true;
@@ -633,6 +691,7 @@ int loom_cli_bench(int argc, char **argv) {
         goto done;
     }
     if (!loom_model_opts_finish(&o, "bench")) goto done;
+    if (ts_arg && !parse_ts_list(ts_arg, tsl, &n_ts)) goto done;
     /* the device specs: ';'-separated, none empty */
     char dbuf[1024];
     const char *specs[MAX_LIST];
@@ -713,7 +772,8 @@ int loom_cli_bench(int argc, char **argv) {
             }
         }
     }
-    printer pr = {.fmt = fmt, .o = &o};
+    printer pr = {.fmt = fmt, .show_ts = n_ts > 0, .o = &o};
+    if (!n_ts) n_ts = 1; /* tsl[0].n == 0: no split given */
     header(&pr);
     int failed = 0;
     rc = 0;
@@ -726,58 +786,69 @@ int loom_cli_bench(int argc, char **argv) {
             continue;
         }
         for (int si = 0; si < n_specs; si++)
-            for (int mo = 0; mo < n_modes; mo++) {
-                if (mo > 0 && !cd.d && single_device(specs[si])) continue; /* the same run */
-                for (int ti = 0; ti < n_tl; ti++)
-                    for (int gi = 0; gi < n_gl; gi++) {
-                        config c = {.model = models[mi],
-                                    .devices = specs[si],
-                                    .mode = mlist[mo],
-                                    .threads = (int)tl[ti],
-                                    .ngl = (int)gl[gi]};
-                        loom_session_params sp = o.sp;
-                        sp.devices = specs[si];
-                        sp.split_mode = mlist[mo];
-                        if (cd.d) c.devices = dist_label;
-                        sp.threads = c.threads;
-                        sp.n_gpu_layers = c.ngl;
-                        if (sp.n_ctx <= 0) sp.n_ctx = need;
-                        loom_session *s = NULL;
-                        char when[32];
-                        time_t now = time(NULL);
-                        struct tm tmv;
-                        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
-                        bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
-                        if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
-                            !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
-                            fprintf(stderr, "loom bench: FAILED %s | %s | %s: %s\n",
-                                    c.model ? c.model : "built-in", c.devices,
-                                    loom_split_mode_name(c.mode), loom_last_error());
-                            loom_session_free(s);
-                            failed++;
-                            continue;
-                        }
-                        ((loom_model *)loom_session_model(s))->no_flash_attn = o.flash_attn == 0;
-                        c.mode = loom_session_split_mode(s);
-                        describe(&c, s, o.gguf);
-                        if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
-                        for (int k = 0; k < n_tests; k++) {
-                            result r;
-                            run_test(s, &tests[k], reps, &r);
-                            if (!r.ok) {
-                                fprintf(stderr, "loom bench: FAILED %s | %s | %s | %s: %s\n",
+            for (int mo = 0; mo < n_modes; mo++)
+                for (int xi = 0; xi < n_ts; xi++) {
+                    /* a one-device spec: every split mode and -ts is the same run */
+                    if ((mo > 0 || xi > 0) && !cd.d && single_device(specs[si])) continue;
+                    for (int ti = 0; ti < n_tl; ti++)
+                        for (int gi = 0; gi < n_gl; gi++) {
+                            config c = {.model = models[mi],
+                                        .devices = specs[si],
+                                        .mode = mlist[mo],
+                                        .ts = tsl[xi].n ? tsl[xi].str : NULL,
+                                        .threads = (int)tl[ti],
+                                        .ngl = (int)gl[gi]};
+                            loom_session_params sp = o.sp;
+                            sp.devices = specs[si];
+                            sp.split_mode = mlist[mo];
+                            if (tsl[xi].n) {
+                                sp.tensor_split = tsl[xi].v;
+                                sp.n_tensor_split = tsl[xi].n;
+                            }
+                            if (cd.d) c.devices = dist_label;
+                            sp.threads = c.threads;
+                            sp.n_gpu_layers = c.ngl;
+                            if (sp.n_ctx <= 0) sp.n_ctx = need;
+                            loom_session *s = NULL;
+                            char when[32];
+                            time_t now = time(NULL);
+                            struct tm tmv;
+                            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+                            bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
+                            if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                                !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
+                                fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
                                         c.model ? c.model : "built-in", c.devices,
-                                        loom_split_mode_name(c.mode), tests[k].name, r.err);
-                                /* mid-run on one rank: the others wait in a collective */
-                                if (cd.d) loom_dist_abort(cd.d, 1);
+                                        loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
+                                        c.ts ? c.ts : "", loom_last_error());
+                                loom_session_free(s);
                                 failed++;
                                 continue;
                             }
-                            row(&pr, &c, &tests[k], &r, when);
+                            ((loom_model *)loom_session_model(s))->no_flash_attn =
+                                o.flash_attn == 0;
+                            c.mode = loom_session_split_mode(s);
+                            describe(&c, s, o.gguf);
+                            if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
+                            for (int k = 0; k < n_tests; k++) {
+                                result r;
+                                run_test(s, &tests[k], reps, &r);
+                                if (!r.ok) {
+                                    fprintf(stderr,
+                                            "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
+                                            c.model ? c.model : "built-in", c.devices,
+                                            loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
+                                            c.ts ? c.ts : "", tests[k].name, r.err);
+                                    /* mid-run on one rank: the others wait in a collective */
+                                    if (cd.d) loom_dist_abort(cd.d, 1);
+                                    failed++;
+                                    continue;
+                                }
+                                row(&pr, &c, &tests[k], &r, when);
+                            }
+                            loom_session_free(s);
                         }
-                        loom_session_free(s);
-                    }
-            }
+                }
     }
     footer(&pr);
     if (failed) rc = 1;

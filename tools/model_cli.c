@@ -289,6 +289,38 @@ bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loo
     return false;
 }
 
+bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v, float *ts,
+                                 int cap, int *n_out) {
+    /* proportions: numbers >= 0, ',' or '/' separated, one per listed device (missing
+     * ones are 0); heads, FFN blocks and layers are shared out by them */
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    int n = 0;
+    double sum = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",/", &save); t; t = strtok_r(NULL, ",/", &save), n++) {
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(t, &end);
+        if (*end || errno || !(x >= 0) || x > 1e9) {
+            fprintf(stderr, "loom %s: %s '%s': '%s' is not a proportion\n", cmd, opt, v, t);
+            return false;
+        }
+        if (n >= cap) {
+            fprintf(stderr, "loom %s: %s '%s': more than %d proportions\n", cmd, opt, v, cap);
+            return false;
+        }
+        ts[n] = (float)x;
+        sum += x;
+    }
+    if (n == 0 || !(sum > 0)) {
+        fprintf(stderr, "loom %s: %s '%s' has no positive proportion\n", cmd, opt, v);
+        return false;
+    }
+    *n_out = n;
+    return true;
+}
+
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
     if (o->ctk && !loom_model_cli_kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
@@ -299,34 +331,10 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     o->sp.kv_type_v = tv;
     o->sp.n_batch = o->n_batch < o->n_ubatch ? o->n_batch : o->n_ubatch;
     if (o->tensor_split) {
-        /* proportions: numbers >= 0, ',' or '/' separated, one per listed device (missing
-         * ones are 0); heads, FFN blocks and layers are shared out by them */
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", o->tensor_split);
         int n = 0;
-        double sum = 0;
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",/", &save); t; t = strtok_r(NULL, ",/", &save), n++) {
-            char *end = NULL;
-            errno = 0;
-            double x = strtod(t, &end);
-            if (*end || errno || !(x >= 0) || x > 1e9) {
-                fprintf(stderr, "loom %s: -ts '%s': '%s' is not a proportion\n", cmd,
-                        o->tensor_split, t);
-                return false;
-            }
-            if (n >= (int)(sizeof o->ts / sizeof o->ts[0])) {
-                fprintf(stderr, "loom %s: -ts '%s': more than %d proportions\n", cmd,
-                        o->tensor_split, (int)(sizeof o->ts / sizeof o->ts[0]));
-                return false;
-            }
-            o->ts[n] = (float)x;
-            sum += x;
-        }
-        if (n == 0 || !(sum > 0)) {
-            fprintf(stderr, "loom %s: -ts '%s' has no positive proportion\n", cmd, o->tensor_split);
+        if (!loom_model_cli_tensor_split(cmd, "-ts", o->tensor_split, o->ts,
+                                         (int)(sizeof o->ts / sizeof o->ts[0]), &n))
             return false;
-        }
         o->sp.tensor_split = o->ts;
         o->sp.n_tensor_split = n;
     }

@@ -610,6 +610,60 @@ LOOM_TEST(cli_bench, markdown_golden_rows_and_single_device_once) {
     free(err);
 }
 
+/* -ts takes llama-bench's list (';' between splits, '/' or ',' between proportions): a
+ * configuration per split, its ts in the md column and the tensor_split field; each row
+ * runs its own split (a split with more proportions than devices fails only its row); a
+ * one-device spec runs once; a value that does not parse is refused before any run. */
+LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
+    char *out, *err;
+    char *a[] = {"bench", "--devices", "cpu;sim:2", "-sm", "tensor", "-ts", "1/1;3,1",
+                 "-p",    "4",         "-n",        "0",   "-r",     "1",   NULL};
+    int rc = capture(loom_cli_bench, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, "| ngl | sm | ts | test | t/s |");
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 3);
+    LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 1.00/1.00 | pp4 |"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 3.00/1.00 | pp4 |"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| cpu |"), 1);
+    free(out);
+    free(err);
+    char *j[] = {"bench", "--devices", "sim:2", "-ts", "1/1;3/1", "-p",   "4",
+                 "-n",    "0",         "-r",    "1",   "-o",      "json", NULL};
+    rc = capture(loom_cli_bench, j, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_EQ_INT(count(out, "\"tensor_split\": "), 2);
+    LOOM_CHECK_EQ_INT(count(out, "\"tensor_split\": \"1.00/1.00\""), 1);
+    LOOM_CHECK_EQ_INT(count(out, "\"tensor_split\": \"3.00/1.00\""), 1);
+    free(out);
+    free(err);
+    char *c[] = {"bench", "--devices", "sim:2", "-ts", "3,1", "-p",  "4",
+                 "-n",    "0",         "-r",    "1",   "-o",  "csv", NULL};
+    rc = capture(loom_cli_bench, c, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, ",\"3.00/1.00\",");
+    free(out);
+    free(err);
+    /* three proportions over two devices: that row fails, the other stays, exit 1 */
+    char *b[] = {"bench", "--devices", "sim:2", "-ts", "1/1;1/1/1", "-p",
+                 "4",     "-n",        "0",     "-r",  "1",         NULL};
+    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:2 | default | ts "
+                                 "1.00/1.00/1.00: session: tensor_split has 3 proportions "
+                                 "for 2 devices");
+    for (const char *p = out; *p; p = strchr(p, '\n') + 1)
+        LOOM_CHECK(*p == '|');
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| 1.00/1.00 | pp4 |"), 1);
+    free(out);
+    free(err);
+    char *r1[] = {"bench", "--devices", "sim:2", "-ts", "1/1;x", NULL};
+    refused(loom_cli_bench, r1, "loom bench: -ts 'x': 'x' is not a proportion");
+    char *r2[] = {"bench", "--devices", "sim:2", "-ts", "1/1;;2", NULL};
+    refused(loom_cli_bench, r2, "loom bench: -ts '1/1;;2' has an empty split");
+    char *r3[] = {"bench", "--devices", "sim:2", "-ts", "0/0", NULL};
+    refused(loom_cli_bench, r3, "loom bench: -ts '0/0' has no positive proportion");
+}
+
 LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     /* llama-bench's field names (its JSON/CSV/SQL printers) for the concepts loom shares */
     static const char *const fields[] = {
