@@ -140,9 +140,9 @@ static loom_status plan_collect(plan *p, const loom_tensor *t) {
     return LOOM_OK;
 }
 
-static bool state_is_src_mirrored(meta_backend *mb, const loom_tensor *t) {
+static bool state_is(meta_backend *mb, const loom_tensor *t, bool sync, loom_split_axis axis) {
     loom_split_state s;
-    return t && loom__meta_state(mb->md, t, true, &s) == LOOM_OK && s.axis == LOOM_SPLIT_MIRRORED;
+    return t && loom__meta_state(mb->md, t, sync, &s) == LOOM_OK && s.axis == axis;
 }
 
 /* A matmul whose weight is split along K while its activations are whole on every device
@@ -185,7 +185,8 @@ static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
  * axis over the range the node's state gives device j. */
 static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const loom_split_state *s) {
     const loom_tensor *t = p->meta[idx];
-    if (!loom_split_axis_is_dim(s->axis) || !state_is_src_mirrored(mb, t->src[0])) return LOOM_OK;
+    if (!loom_split_axis_is_dim(s->axis) || !state_is(mb, t->src[0], true, LOOM_SPLIT_MIRRORED))
+        return LOOM_OK;
     int axis; /* of the source, cut like the node's split axis */
     if (t->op == LOOM_OP_SET_ROWS || t->op == LOOM_OP_CPY) {
         axis = (int)s->axis;
@@ -322,11 +323,6 @@ static int use_count(const loom_graph *g, const loom_tensor *t, int from) {
     for (int i = from; i < g->n_nodes; i++)
         for (int k = 0; k < LOOM_MAX_SRC; k++) n += g->nodes[i]->src[k] == t;
     return n;
-}
-
-static bool state_is(meta_backend *mb, const loom_tensor *t, bool sync, loom_split_axis axis) {
-    loom_split_state s;
-    return t && loom__meta_state(mb->md, t, sync, &s) == LOOM_OK && s.axis == axis;
 }
 
 static bool reads(const loom_tensor *n, const loom_tensor *t) {
