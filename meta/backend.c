@@ -497,8 +497,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     int start = 0;
     for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         const loom_tensor *t = g->nodes[i];
-        bool partial = t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
-                       state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
+        bool partial = is_partial_node(mb, t);
         if (!partial && i + 1 < g->n_nodes) continue;
         int r = partial && n > 1 ? delay_reduction(mb, g, i, merged) : i;
         if (r > i) p->n_delayed++;
