@@ -145,6 +145,23 @@ static bool state_is(meta_backend *mb, const loom_tensor *t, bool sync, loom_spl
     return t && loom__meta_state(mb->md, t, sync, &s) == LOOM_OK && s.axis == axis;
 }
 
+/* Device j's source k of tensor idx becomes a view of it cut to range r along axis (in
+ * elements; axis 0 counted in blocks of the source's type), held in p->kslice. */
+static void view_source_part(plan *p, int j, int idx, int k, int axis, const loom_split_range *r) {
+    loom_tensor *b = p->dev[j][idx].src[k], *x = &p->kslice[j][idx];
+    *x = *b;
+    x->ne[axis] = r->size;
+    size_t off = axis == 0 ? (size_t)(r->offset / loom_blck_size(b->type)) * b->nb[0]
+                           : (size_t)r->offset * b->nb[axis];
+    x->data = (char *)b->data + off;
+    x->view_src = b->view_src ? b->view_src : b;
+    x->view_offs = (size_t)((char *)x->data - (char *)x->view_src->data);
+    x->op = LOOM_OP_VIEW;
+    memset(x->src, 0, sizeof x->src);
+    x->src[0] = b;
+    p->dev[j][idx].src[k] = x;
+}
+
 /* A matmul whose weight is split along K while its activations are whole on every device
  * (a partial sum): device j multiplies by the K-slice of b that matches its weight rows. */
 static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
@@ -165,16 +182,7 @@ static loom_status kslice_activations(meta_backend *mb, plan *p, int idx) {
     for (int j = 0; j < mb->md->n; j++) {
         loom_split_range r;
         if ((st = loom_split_state_range(&sa, t->src[0], 0, 0, j, &r))) return st;
-        loom_tensor *b = p->dev[j][idx].src[1], *x = &p->kslice[j][idx];
-        *x = *b;
-        x->ne[0] = r.size;
-        x->data = (char *)b->data + (size_t)r.offset * b->nb[0];
-        x->view_src = b->view_src ? b->view_src : b;
-        x->view_offs = (size_t)((char *)x->data - (char *)x->view_src->data);
-        x->op = LOOM_OP_VIEW;
-        memset(x->src, 0, sizeof x->src);
-        x->src[0] = b;
-        p->dev[j][idx].src[1] = x;
+        view_source_part(p, j, idx, 1, 0, &r); /* b is F32: one element a block */
     }
     return LOOM_OK;
 }
@@ -199,18 +207,7 @@ static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const 
         loom_split_range r;
         loom_status st = loom_split_state_range(s, t, 0, 0, j, &r);
         if (st) return st;
-        loom_tensor *b = p->dev[j][idx].src[0], *x = &p->kslice[j][idx];
-        *x = *b;
-        x->ne[axis] = r.size;
-        size_t off = axis == 0 ? (size_t)(r.offset / loom_blck_size(b->type)) * b->nb[0]
-                               : (size_t)r.offset * b->nb[axis];
-        x->data = (char *)b->data + off;
-        x->view_src = b->view_src ? b->view_src : b;
-        x->view_offs = (size_t)((char *)x->data - (char *)x->view_src->data);
-        x->op = LOOM_OP_VIEW;
-        memset(x->src, 0, sizeof x->src);
-        x->src[0] = b;
-        p->dev[j][idx].src[0] = x;
+        view_source_part(p, j, idx, 0, axis, &r);
     }
     return LOOM_OK;
 }
