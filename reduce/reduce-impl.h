@@ -119,7 +119,8 @@ void loom__rd_host_free(loom_reducer *r);
 /* reducer.c */
 /* Appends a step to the trace of the current call (LOOM_ERR_NOMEM on failure). */
 loom_status loom__rd_trace_push(loom_reducer *r, uint64_t max_bytes);
-/* Synchronises every backend (ignoring errors): used before freeing anything in flight. */
+/* Synchronises every backend (loom__rd_sync: the first failure is kept in r->sync_status):
+ * used before freeing anything in flight. */
 void loom__rd_sync_all(loom_reducer *r);
 /* Synchronizes member j, keeping the first failure it reports in r->sync_status. */
 void loom__rd_sync(loom_reducer *r, int j);
