@@ -54,7 +54,8 @@ typedef struct meta_backend {
     plan **cache; /* [cache_cap] */
     int cache_cap;
     uint64_t evicted[EVICTED_KEYS]; /* ring of keys whose plans were evicted */
-    int n_evicted;
+    int n_evicted;                  /* filled entries of the ring (at most EVICTED_KEYS) */
+    int evict_next;                 /* the ring slot the next eviction overwrites */
     /* graph_key's node table (open addressing over header addresses, key_cap slots) */
     int *key_slot;
     const loom_tensor **key_node;
@@ -652,8 +653,7 @@ static void mbe_free(loom_backend_t backend) {
  * it (the new half is empty). false when it cannot grow. */
 static bool cache_grow(meta_backend *mb, uint64_t key) {
     bool thrash = false;
-    int n = mb->n_evicted < EVICTED_KEYS ? mb->n_evicted : EVICTED_KEYS;
-    for (int i = 0; i < n && !thrash; i++) thrash = mb->evicted[i] == key;
+    for (int i = 0; i < mb->n_evicted && !thrash; i++) thrash = mb->evicted[i] == key;
     if (!thrash || mb->cache_cap >= PLAN_CACHE_MAX) return false;
     plan **c = loom_realloc(mb->cache, (size_t)mb->cache_cap * 2 * sizeof *c);
     if (!c) return false; /* keep the size; evicting still works */
@@ -692,7 +692,9 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         if (mb->cache[victim] && cache_grow(mb, key)) victim = mb->cache_cap / 2;
         if (mb->cache[victim]) {
             mbe_synchronize(backend); /* its graphs may still be queued */
-            mb->evicted[mb->n_evicted++ % EVICTED_KEYS] = mb->cache[victim]->key;
+            mb->evicted[mb->evict_next] = mb->cache[victim]->key;
+            mb->evict_next = (mb->evict_next + 1) % EVICTED_KEYS;
+            if (mb->n_evicted < EVICTED_KEYS) mb->n_evicted++;
             plan_free(mb->cache[victim], n);
         }
         mb->cache[victim] = p;
