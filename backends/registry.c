@@ -275,6 +275,28 @@ loom_status loom_registry_load(const char *path, loom_reg_t *out_reg) {
     return loom__load(path, out_reg, NULL);
 }
 
+/* The directory of file (a path with a '/'): "/" for a file at the root; "" when it does
+ * not fit. */
+static void loom__dir_of(const char *file, char *out, size_t size) {
+    out[0] = '\0';
+    const char *slash = strrchr(file, '/');
+    if (!slash) return;
+    size_t len = slash == file ? 1 : (size_t)(slash - file); /* "/libloom.so" */
+    if (len >= size) return;
+    memcpy(out, file, len);
+    out[len] = '\0';
+}
+
+/* The running executable's directory; "" when unknown. */
+static void loom__exe_dir(char *out, size_t size) {
+    out[0] = '\0';
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    loom__dir_of(exe, out, size);
+}
+
 /* The registry's own directory: where the loom library (or the executable linking it
  * statically) lives, symlinks resolved (Bazel links libloom through a symlink in _solib;
  * the real file lies beside its loom/ module directory, as in an installed tree). Writes ""
@@ -285,43 +307,13 @@ static void loom__self_dir(char *out, size_t size) {
     void *self = NULL;
     loom_status (*fn)(const char *, loom_reg_t *) = loom_registry_load;
     memcpy(&self, &fn, sizeof self);
-    const char *file = NULL;
-    char exe[4096];
-    if (dladdr(self, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
-        file = info.dli_fname;
-    } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (n > 0) {
-            exe[n] = '\0';
-            file = exe;
-        }
+    if (!dladdr(self, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) {
+        loom__exe_dir(out, size); /* /proc/self/exe: already without symlinks */
+        return;
     }
-    if (!file) return;
-    char *real = realpath(file, NULL); /* malloc'ed by libc */
-    if (real) file = real;
-    const char *slash = strrchr(file, '/');
-    size_t len = (size_t)(slash - file);
-    if (len == 0) len = 1; /* "/libloom.so" */
-    if (len < size) {
-        memcpy(out, file, len);
-        out[len] = '\0';
-    }
+    char *real = realpath(info.dli_fname, NULL); /* malloc'ed by libc */
+    loom__dir_of(real ? real : info.dli_fname, out, size);
     free(real);
-}
-
-/* The running executable's directory; "" when unknown. */
-static void loom__exe_dir(char *out, size_t size) {
-    out[0] = '\0';
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash) return;
-    size_t len = slash == exe ? 1 : (size_t)(slash - exe);
-    if (len >= size) return;
-    memcpy(out, exe, len);
-    out[len] = '\0';
 }
 
 static int loom__cmp_str(const void *a, const void *b) {
