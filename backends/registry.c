@@ -275,6 +275,28 @@ loom_status loom_registry_load(const char *path, loom_reg_t *out_reg) {
     return loom__load(path, out_reg, NULL);
 }
 
+/* The directory of file (a path with a '/'): "/" for a file at the root; "" when it does
+ * not fit. */
+static void loom__dir_of(const char *file, char *out, size_t size) {
+    out[0] = '\0';
+    const char *slash = strrchr(file, '/');
+    if (!slash) return;
+    size_t len = slash == file ? 1 : (size_t)(slash - file); /* "/libloom.so" */
+    if (len >= size) return;
+    memcpy(out, file, len);
+    out[len] = '\0';
+}
+
+/* The running executable's directory; "" when unknown. */
+static void loom__exe_dir(char *out, size_t size) {
+    out[0] = '\0';
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return;
+    exe[n] = '\0';
+    loom__dir_of(exe, out, size);
+}
+
 /* The registry's own directory: where the loom library (or the executable linking it
  * statically) lives, symlinks resolved (Bazel links libloom through a symlink in _solib;
  * the real file lies beside its loom/ module directory, as in an installed tree). Writes ""
@@ -285,43 +307,13 @@ static void loom__self_dir(char *out, size_t size) {
     void *self = NULL;
     loom_status (*fn)(const char *, loom_reg_t *) = loom_registry_load;
     memcpy(&self, &fn, sizeof self);
-    const char *file = NULL;
-    char exe[4096];
-    if (dladdr(self, &info) && info.dli_fname && strchr(info.dli_fname, '/')) {
-        file = info.dli_fname;
-    } else {
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-        if (n > 0) {
-            exe[n] = '\0';
-            file = exe;
-        }
+    if (!dladdr(self, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) {
+        loom__exe_dir(out, size); /* /proc/self/exe: already without symlinks */
+        return;
     }
-    if (!file) return;
-    char *real = realpath(file, NULL); /* malloc'ed by libc */
-    if (real) file = real;
-    const char *slash = strrchr(file, '/');
-    size_t len = (size_t)(slash - file);
-    if (len == 0) len = 1; /* "/libloom.so" */
-    if (len < size) {
-        memcpy(out, file, len);
-        out[len] = '\0';
-    }
+    char *real = realpath(info.dli_fname, NULL); /* malloc'ed by libc */
+    loom__dir_of(real ? real : info.dli_fname, out, size);
     free(real);
-}
-
-/* The running executable's directory; "" when unknown. */
-static void loom__exe_dir(char *out, size_t size) {
-    out[0] = '\0';
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return;
-    exe[n] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (!slash) return;
-    size_t len = slash == exe ? 1 : (size_t)(slash - exe);
-    if (len >= size) return;
-    memcpy(out, exe, len);
-    out[len] = '\0';
 }
 
 static int loom__cmp_str(const void *a, const void *b) {
@@ -548,29 +540,6 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
     return LOOM_OK;
 }
 
-static loom_status loom__spec_indexed(const char *spec, const char *list, loom_reg_t reg,
-                                      const char *what, loom_dev_t *devs, size_t cap,
-                                      size_t *n_out);
-
-static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
-                                   size_t *n_out) {
-    return loom__spec_indexed(spec, list, loom_registry_reg_by_name("CUDA"), "CUDA", devs, cap,
-                              n_out);
-}
-
-/* "numa" (every NUMA node, in ring order) or "numa:I,J" (those nodes, in that order). */
-static loom_status loom__spec_numa(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
-                                   size_t *n_out) {
-    loom_reg_t reg = loom_cpu_numa_reg ? loom_cpu_numa_reg() : NULL;
-    if (!reg) {
-        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no NUMA devices (%s)", spec,
-                          loom_cpu_numa_reg ? loom_last_error() : "the CPU backend is not linked");
-    }
-    loom_status s = loom_registry_add(reg);
-    if (s != LOOM_OK) return s;
-    return loom__spec_indexed(spec, list, reg, "NUMA", devs, cap, n_out);
-}
-
 /* The why of the last "all devices" spec's order (under the registry mutex). */
 static char loom__order_why[512];
 
@@ -631,21 +600,8 @@ static loom_status loom__spec_indexed(const char *spec, const char *list, loom_r
                                       const char *what, loom_dev_t *devs, size_t cap,
                                       size_t *n_out) {
     size_t count = reg ? loom_reg_dev_count(reg) : 0;
-    if (count == 0 && strcmp(what, "CUDA") != 0)
+    if (count == 0)
         return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no %s devices", spec, what);
-    if (count == 0) {
-        /* say why: the module's or the driver's own reason */
-        typedef const char *(*reason_fn)(loom_reg_t);
-        reason_fn why = NULL;
-        void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_no_devices_reason") : NULL;
-        memcpy(&why, &p, sizeof why);
-        const char *r = why ? why(reg) : "";
-        if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
-        if (!reg && !r[0])
-            r = "the CUDA backend module libloom-cuda.so was not found (set LOOM_BACKEND_PATH)";
-        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s%s%s", spec,
-                          r && r[0] ? " (" : "", r ? r : "", r && r[0] ? ")" : "");
-    }
     if (!list) {
         for (size_t i = 0; i < count && i < cap; i++)
             devs[i] = loom_reg_dev_get(reg, i);
@@ -684,6 +640,38 @@ static loom_status loom__spec_indexed(const char *spec, const char *list, loom_r
     }
     *n_out = n;
     return LOOM_OK;
+}
+
+/* "numa" (every NUMA node, in ring order) or "numa:I,J" (those nodes, in that order). */
+static loom_status loom__spec_numa(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
+                                   size_t *n_out) {
+    loom_reg_t reg = loom_cpu_numa_reg ? loom_cpu_numa_reg() : NULL;
+    if (!reg) {
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no NUMA devices (%s)", spec,
+                          loom_cpu_numa_reg ? loom_last_error() : "the CPU backend is not linked");
+    }
+    loom_status s = loom_registry_add(reg);
+    if (s != LOOM_OK) return s;
+    return loom__spec_indexed(spec, list, reg, "NUMA", devs, cap, n_out);
+}
+
+static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_t *devs, size_t cap,
+                                   size_t *n_out) {
+    loom_reg_t reg = loom_registry_reg_by_name("CUDA");
+    if (!reg || loom_reg_dev_count(reg) == 0) {
+        /* say why: the module's or the driver's own reason */
+        typedef const char *(*reason_fn)(loom_reg_t);
+        reason_fn why = NULL;
+        void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_no_devices_reason") : NULL;
+        memcpy(&why, &p, sizeof why);
+        const char *r = why ? why(reg) : "";
+        if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
+        if (!reg && !r[0])
+            r = "the CUDA backend module libloom-cuda.so was not found (set LOOM_BACKEND_PATH)";
+        return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s%s%s", spec,
+                          r && r[0] ? " (" : "", r ? r : "", r && r[0] ? ")" : "");
+    }
+    return loom__spec_indexed(spec, list, reg, "CUDA", devs, cap, n_out);
 }
 
 loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap, size_t *n_out) {

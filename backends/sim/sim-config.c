@@ -256,6 +256,7 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
 
     bool have_bw = false, have_lat = false, have_mem = false, have_p2p = false;
     const loom_sim_link_preset_info *preset = NULL;
+    const loom_sim_profile *prof = NULL;
     double bw = 0, lat = 0;
     char why[512];
     char *save = NULL;
@@ -329,7 +330,6 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
             }
             have_p2p = true;
         } else if (strcasecmp(key, "profile") == 0) {
-            const loom_sim_profile *prof = NULL;
             if (loom_sim_profile_find(val, &prof) != LOOM_OK) {
                 char msg[512];
                 snprintf(msg, sizeof msg, "%s", loom_last_error());
@@ -349,9 +349,7 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
     }
     /* the profile's memory and the preset's p2p apply unless given explicitly, whatever
      * the order of the options */
-    const loom_sim_profile *prof = NULL;
-    if (cfg.profile[0] && !have_mem && loom_sim_profile_find(cfg.profile, &prof) == LOOM_OK)
-        cfg.mem_bytes = prof->mem_bytes;
+    if (prof && !have_mem) cfg.mem_bytes = prof->mem_bytes;
     if (preset && !have_p2p) cfg.p2p = preset->p2p;
     if (cfg.virtual_memory && cfg.host_memory)
         return loom__sim_fail(spec, "virtual=1 and hostmem=1 exclude each other");
