@@ -216,9 +216,14 @@ static loom_type kv_type_v(const loom_session *s) {
     return s->p.kv_type_v_set ? s->p.kv_type_v : s->p.kv_type;
 }
 
+/* The most tokens one graph evaluates (-b; llama.cpp's default 512). */
+static int64_t batch_size(const loom_session *s) {
+    return s->p.n_batch > 0 ? s->p.n_batch : 512;
+}
+
 /* The largest batch the sliding-window rings are sized for (0: full-context caches). */
 static int64_t swa_batch(const loom_session *s) {
-    return s->p.swa_full ? 0 : s->p.n_batch > 0 ? s->p.n_batch : 512;
+    return s->p.swa_full ? 0 : batch_size(s);
 }
 
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
@@ -438,7 +443,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     if (!s->sched) return fail(s, loom_last_status());
     /* worst cases, as llama.cpp reserves: a full prompt batch, then one token (what
      * generation keeps using), each attending over the whole context */
-    int64_t nb = s->p.n_batch > 0 ? s->p.n_batch : 512;
+    int64_t nb = batch_size(s);
     if (nb > n_ctx) nb = n_ctx;
     if (nb > 1 && (st = reserve(s, nb, false))) return fail(s, with_rules(s, st));
     if ((st = reserve(s, 1, false))) return fail(s, with_rules(s, st));
@@ -579,7 +584,7 @@ loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out) {
 loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n, bool all_logits,
                               float *out) {
     const int64_t V = s->hp.n_vocab;
-    int64_t batch = s->p.n_batch > 0 ? s->p.n_batch : 512;
+    int64_t batch = batch_size(s);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return loom_error(LOOM_ERR_INVALID_ARG, "session: token %lld is %d, outside the vocabulary of %lld",
