@@ -38,7 +38,6 @@ struct loom_session {
     loom_batch_graph bg;
     int64_t n_past;
     loom_session_stats stats;
-    bool parallel; /* pipeline copies asked of the scheduler */
     /* graphs computed asynchronously (pipeline: the batches of one eval are queued without
      * waiting) whose headers must live until the next synchronize */
     loom_ctx *inflight[LOOM_SCHED_MAX_COPIES];
@@ -438,8 +437,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                                         &mp, &s->kv)))
         return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
-    s->parallel = pipeline_wanted(s);
-    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,
+    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, pipeline_wanted(s),
                               !s->p.no_op_offload);
     if (!s->sched) return fail(s, loom_last_status());
     /* worst cases, as llama.cpp reserves: a full prompt batch, then one token (what
@@ -601,7 +599,7 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
         /* with pipeline copies, a batch whose logits nobody reads is queued without waiting:
          * the next batch's first layers then run while this one finishes on later devices
          * (the scheduler rotates the copies; its headers live until the next wait) */
-        bool queue = s->parallel && !last && !all_logits && loom_sched_get_n_copies(s->sched) > 1;
+        bool queue = !last && !all_logits && loom_sched_get_n_copies(s->sched) > 1;
         if (s->n_inflight == LOOM_SCHED_MAX_COPIES && (st = sync_inflight(s))) break;
         if ((st = prepare(s, nb, all_logits))) break;
         if ((st = loom_batch_set_inputs(&s->bg, tokens + i0))) break;
