@@ -449,8 +449,7 @@ static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_mode
         *slot = NULL;
         return LOOM_OK;
     }
-    loom_status tst = loom_gguf_tensor_check_type(g, gi);
-    if (tst) return tst;
+    /* the type was checked with every tensor's in loom_hparams_from_gguf */
     int64_t fne[4];
     loom_gguf_tensor_ne(g, gi, fne);
     for (int d = 0; d < 4; d++) {

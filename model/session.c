@@ -38,7 +38,6 @@ struct loom_session {
     loom_batch_graph bg;
     int64_t n_past;
     loom_session_stats stats;
-    bool parallel; /* pipeline copies asked of the scheduler */
     /* graphs computed asynchronously (pipeline: the batches of one eval are queued without
      * waiting) whose headers must live until the next synchronize */
     loom_ctx *inflight[LOOM_SCHED_MAX_COPIES];
@@ -216,9 +215,14 @@ static loom_type kv_type_v(const loom_session *s) {
     return s->p.kv_type_v_set ? s->p.kv_type_v : s->p.kv_type;
 }
 
+/* The most tokens one graph evaluates (-b; llama.cpp's default 512). */
+static int64_t batch_size(const loom_session *s) {
+    return s->p.n_batch > 0 ? s->p.n_batch : 512;
+}
+
 /* The largest batch the sliding-window rings are sized for (0: full-context caches). */
 static int64_t swa_batch(const loom_session *s) {
-    return s->p.swa_full ? 0 : s->p.n_batch > 0 ? s->p.n_batch : 512;
+    return s->p.swa_full ? 0 : batch_size(s);
 }
 
 /* The weights (every tensor of the file, where place() puts it) and the KV cache of n_ctx
@@ -246,6 +250,13 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         snprintf(name, sizeof name, "cache_k_l%d", il);
         need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, (uint64_t)per_k + (uint64_t)per_v);
     }
+    /* under -ts a meta device's buffers hold each tensor's largest slice on every member,
+     * so every device needs the largest share (top / sum), not its own */
+    double ts_sum = 0, ts_top = 0;
+    for (int d = 0; s->has_ts && d < s->n_dev; d++) {
+        ts_sum += s->ts[d];
+        if (s->ts[d] > ts_top) ts_top = s->ts[d];
+    }
     const loom_buft_t host = loom_cpu_buffer_type();
     for (int i = 0; i < n; i++) {
         const uint64_t total = v[i].weights + v[i].kv;
@@ -262,20 +273,14 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
         for (int j = 0; j < s->n_dev; j++) {
             if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
-            /* a meta device splits the bulk evenly (or by -ts); its buffers hold each
-             * tensor's largest slice on every member, so under -ts every device needs the
-             * largest share, not its own */
-            uint64_t w =
-                meta ? (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].weights;
-            uint64_t kv = meta ? (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev : v[i].kv;
+            /* a meta device splits the bulk evenly, or by -ts (the largest share) */
+            uint64_t w = v[i].weights, kv = v[i].kv;
             if (meta && s->has_ts) {
-                double sum = 0, top = 0;
-                for (int d = 0; d < s->n_dev; d++) {
-                    sum += s->ts[d];
-                    if (s->ts[d] > top) top = s->ts[d];
-                }
-                w = (uint64_t)ceil((double)v[i].weights * top / sum);
-                kv = (uint64_t)ceil((double)v[i].kv * top / sum);
+                w = (uint64_t)ceil((double)v[i].weights * ts_top / ts_sum);
+                kv = (uint64_t)ceil((double)v[i].kv * ts_top / ts_sum);
+            } else if (meta) {
+                w = (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev;
+                kv = (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev;
             }
             size_t fr = 0, tot = 0;
             loom_dev_memory(s->devs[j], &fr, &tot);
@@ -432,13 +437,12 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                                         &mp, &s->kv)))
         return fail(s, st);
     size_t graph_size = loom_model_graph_ctx_size(s->model) / loom_tensor_overhead();
-    s->parallel = pipeline_wanted(s);
-    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, s->parallel,
+    s->sched = loom_sched_new(s->backends, NULL, s->n_backends, graph_size, pipeline_wanted(s),
                               !s->p.no_op_offload);
     if (!s->sched) return fail(s, loom_last_status());
     /* worst cases, as llama.cpp reserves: a full prompt batch, then one token (what
      * generation keeps using), each attending over the whole context */
-    int64_t nb = s->p.n_batch > 0 ? s->p.n_batch : 512;
+    int64_t nb = batch_size(s);
     if (nb > n_ctx) nb = n_ctx;
     if (nb > 1 && (st = reserve(s, nb, false))) return fail(s, with_rules(s, st));
     if ((st = reserve(s, 1, false))) return fail(s, with_rules(s, st));
@@ -579,7 +583,7 @@ loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out) {
 loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n, bool all_logits,
                               float *out) {
     const int64_t V = s->hp.n_vocab;
-    int64_t batch = s->p.n_batch > 0 ? s->p.n_batch : 512;
+    int64_t batch = batch_size(s);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
             return loom_error(LOOM_ERR_INVALID_ARG, "session: token %lld is %d, outside the vocabulary of %lld",
@@ -595,7 +599,7 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
         /* with pipeline copies, a batch whose logits nobody reads is queued without waiting:
          * the next batch's first layers then run while this one finishes on later devices
          * (the scheduler rotates the copies; its headers live until the next wait) */
-        bool queue = s->parallel && !last && !all_logits && loom_sched_get_n_copies(s->sched) > 1;
+        bool queue = !last && !all_logits && loom_sched_get_n_copies(s->sched) > 1;
         if (s->n_inflight == LOOM_SCHED_MAX_COPIES && (st = sync_inflight(s))) break;
         if ((st = prepare(s, nb, all_logits))) break;
         if ((st = loom_batch_set_inputs(&s->bg, tokens + i0))) break;
