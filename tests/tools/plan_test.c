@@ -45,12 +45,6 @@ static const char *header_only_copy(void) {
     return ok ? out : NULL;
 }
 
-typedef int (*cmd_fn)(int, char **);
-
-static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    return loom_test_capture(fn, argv, out, err);
-}
-
 /* The real run: the full file on sim devices with real memory, the same prompt of n_batch
  * tokens then one token; returns each device's allocated bytes (the device's counter). */
 static int real_run(loom_split_mode mode, int n_dev, int64_t n_ctx, int64_t n_batch,
@@ -146,7 +140,7 @@ LOOM_TEST(plan, json_fields_and_best) {
     char *argv[] = {"plan", "-m",  (char *)hdr, "--devices", "sim:4,profile=rtx-3090,link=pcie4",
                     "-c",   "256", "-b",        "32",        "-o",
                     "json", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv, &out, &err), 0);
     LOOM_CHECK(out[0] == '[');
     static const char *const fields[] = {"\"split_mode\": \"tensor\"",
                                          "\"n_devices\": 4",
@@ -164,7 +158,7 @@ LOOM_TEST(plan, json_fields_and_best) {
     free(err);
 
     char *argv2[] = {"plan", "-m", (char *)hdr, "--devices", "sim:2,profile=rtx-9090", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv2, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv2, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "unknown device profile 'rtx-9090'");
     LOOM_CHECK_STR_CONTAINS(err, "rtx-4090");
     free(out);
@@ -180,7 +174,7 @@ LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
     char *out, *err;
     char *argv[] = {"plan", "-m",   (char *)hdr, "--devices", "sim:2,profile=rtx-3090,mem=1.5MiB",
                     "-c",   "4096", "-b",        "32",        NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv, &out, &err), 0);
     const char *p = strstr(out, "the largest context that fits: ");
     LOOM_REQUIRE(p != NULL);
     long long ctx = atoll(p + strlen("the largest context that fits: "));
@@ -214,7 +208,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     char *a[] = {
         "bench", "--devices", "sim:2,profile=rtx-4090", "-p", "8", "-n", "2", "-r", "2", "-o",
         "json",  NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, a, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, a, &out, &err), 0);
     const char *p = strstr(out, "\"proj_avg_ts\": ");
     LOOM_REQUIRE(p != NULL);
     double proj = atof(p + strlen("\"proj_avg_ts\": "));
@@ -225,7 +219,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     free(out);
     free(err);
     char *b[] = {"bench", "--devices", "sim:2", "-p", "8", "-n", "0", "-r", "1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "| projected t/s |");
     LOOM_CHECK_STR_CONTAINS(out, "| - |\n");
     free(out);
@@ -233,7 +227,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     char *c[] = {
         "bench", "--devices", "sim:2,profile=h100-sxm,link=nvlink4", "-p", "8", "-n", "0", "-r",
         "1",     NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, c, &out, &err), 0);
     LOOM_CHECK(strstr(out, "| - |\n") == NULL);
     free(out);
     free(err);
@@ -246,24 +240,24 @@ LOOM_TEST(plan, refusals_name_the_problem) {
     snprintf(vocab, sizeof vocab, "%s/ggml-vocab-llama-spm.gguf", loom_test_models_dir());
     char *out, *err;
     char *a[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, a, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, a, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "has no profile=");
     free(out);
     free(err);
     char *b[] = {"plan", "-m", (char *)stories(), "--devices", "cuda:0,1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, b, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, b, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "plans are made on sim device profiles");
     free(out);
     free(err);
     char *c[] = {"plan", "-m", vocab, "--devices", "sim:2,profile=l40s", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, c, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, c, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "no configuration could be planned");
     LOOM_CHECK_STR_CONTAINS(err, "token_embd.weight");
     free(out);
     free(err);
     char *d[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2,profile=l40s", "-o",
                  "xml",  NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, d, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, d, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "table or json");
     free(out);
     free(err);

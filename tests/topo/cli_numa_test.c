@@ -2,8 +2,8 @@
  * cli_numa_test.c: the acceptance run of the issue through the `loom` commands, under a
  * two-node synthetic topology: `loom run --devices numa --split-mode tensor` (and layer)
  * prints stories260K's greedy text exactly as `loom run` on the CPU does, says the
- * affinity policy, the device order and a memory row per node; `loom bench --devices "cpu;numa"` has a row per
- * spec; `loom devices --devices numa` attaches each NUMA device to its node; a bad
+ * affinity policy, the device order and a memory row per node; `loom bench --devices "cpu;numa"`
+ * has a row per spec; `loom devices --devices numa` attaches each NUMA device to its node; a bad
  * --cpu-affinity is refused by name.
  */
 #define _GNU_SOURCE
@@ -21,12 +21,6 @@ __attribute__((constructor)) static void two_nodes(void) {
     setenv("LOOM_TOPOLOGY", "synthetic:pack:2 [numa(memory=1GB)] core:2 pu:1", 1);
 }
 
-typedef int (*cmd_fn)(int, char **);
-
-static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    return loom_test_capture(fn, argv, out, err);
-}
-
 static const char *stories(void) {
     static char path[4096];
     if (!loom_test_models_dir()) return NULL;
@@ -39,7 +33,7 @@ static char *run_text(const char *devices, const char *mode, char **err) {
     char *a[] = {"run",           "-m",  (char *)stories(), "-n", "40", "--devices",
                  (char *)devices, "-sm", (char *)mode,      NULL};
     char *out = NULL;
-    int rc = capture(loom_cli_run, a, &out, err);
+    int rc = loom_test_capture(loom_cli_run, a, &out, err);
     LOOM_CHECK_MSG(rc == 0, "%s %s: rc %d: %s", devices, mode, rc, *err);
     char *end = strstr(out, "\n\n");
     if (end) *end = 0;
@@ -73,7 +67,7 @@ LOOM_TEST(cli_numa, bench_rows_for_cpu_and_numa) {
         "bench", "-m", (char *)stories(), "--devices", "cpu;numa", "-p", "8", "-n", "4", "-r",
         "1",     NULL};
     char *out = NULL, *err = NULL;
-    int rc = capture(loom_cli_bench, a, &out, &err);
+    int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "| cpu | all | -1 | none | pp8 |");
     LOOM_CHECK_STR_CONTAINS(out, "| numa | all | -1 | tensor | tg4 |");
@@ -84,7 +78,7 @@ LOOM_TEST(cli_numa, bench_rows_for_cpu_and_numa) {
 LOOM_TEST(cli_numa, devices_tree_and_bad_affinity) {
     char *d[] = {"devices", "--devices", "numa", NULL};
     char *out = NULL, *err = NULL;
-    LOOM_CHECK_EQ_INT(capture(loom_cli_devices, d, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_devices, d, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "2 packages, 2 NUMA nodes, 4 cores, 4 PUs");
     LOOM_CHECK_STR_CONTAINS(out, "  package 1\n    NUMA 1 (os 1): 953.7 MiB, 2 cores, 2 PUs  <- "
                                  "NUMA1\n");
@@ -93,7 +87,7 @@ LOOM_TEST(cli_numa, devices_tree_and_bad_affinity) {
     free(out);
     free(err);
     char *r[] = {"run", "--cpu-affinity", "tight", NULL};
-    int rc = capture(loom_cli_run, r, &out, &err);
+    int rc = loom_test_capture(loom_cli_run, r, &out, &err);
     LOOM_CHECK(rc != 0);
     LOOM_CHECK_STR_CONTAINS(err, "--cpu-affinity: cpu affinity 'tight' is not one of none, "
                                  "compact, spread, numa");
