@@ -14,17 +14,11 @@
 #include "loom/model.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
 #define LOOM_CHECK_STR_EQ(a, b) LOOM_CHECK_MSG(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
-
-static const char *stories(void) {
-    static char path[4096];
-    if (!loom_test_models_dir()) return NULL;
-    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
-    return path;
-}
 
 LOOM_TEST(cli, run_builtin_model_on_sim) {
     char *out, *err;
@@ -42,14 +36,16 @@ LOOM_TEST(cli, run_builtin_model_on_sim) {
 }
 
 LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char path[] = "/tmp/loom_logits_XXXXXX";
     int fd = mkstemp(path);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
-    char *argv[] = {"run",    "-m", (char *)stories(), "--devices", "sim:3", "-n", "30",
-                    "--temp", "0",  "--logits-out",    path,        NULL};
+    char *argv[] = {"run",          "-m",     (char *)loom_test_stories(),
+                    "--devices",    "sim:3",  "-n",
+                    "30",           "--temp", "0",
+                    "--logits-out", path,     NULL};
     int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Lily");
@@ -75,13 +71,14 @@ LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
 }
 
 LOOM_TEST(cli, explain_summary_and_html) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char html[] = "/tmp/loom_explain_XXXXXX";
     int fd = mkstemp(html);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
-    char *argv[] = {"explain", "-m", (char *)stories(), "--devices", "sim:4", "--html", html, NULL};
+    char *argv[] = {"explain", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--html",
+                    html,      NULL};
     int rc = loom_test_capture(loom_cli_explain, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "## SPLIT #1: Meta("); /* sim names depend on earlier regs */
@@ -106,9 +103,9 @@ LOOM_TEST(cli, explain_summary_and_html) {
 }
 
 LOOM_TEST(cli, gguf_plan_and_bench_json) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *argv[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:3", NULL};
+    char *argv[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:3", NULL};
     int rc = loom_test_capture(loom_cli_gguf, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "llama.block_count");
@@ -116,7 +113,7 @@ LOOM_TEST(cli, gguf_plan_and_bench_json) {
     LOOM_CHECK_STR_CONTAINS(out, "builtin:llama");
     free(out);
     free(err);
-    char *argv2[] = {"bench",     "-m",        (char *)stories(),
+    char *argv2[] = {"bench",     "-m",        (char *)loom_test_stories(),
                      "--devices", "cpu;sim:2", "-p",
                      "8",         "-n",        "4",
                      "-r",        "1",         "-o",
@@ -194,8 +191,8 @@ static char *run_text(char **argv, int want_rc) {
 }
 
 LOOM_TEST(cli_flags, sampling_flags_and_seed) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *g[] = {"run", "-m", m, "-n", "20", NULL};
     char *greedy = run_text(g, 0);
     /* min-p 1 keeps only the top token: hot sampling becomes greedy */
@@ -240,8 +237,8 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
 }
 
 LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *out, *err;
     /* -n -1: until the end of text or of the context (-c 40, 5 prompt tokens) */
     char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
@@ -295,8 +292,8 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
 /* -ctk/-ctv with block types (issue 14): q8_0 K and V on stories260K tell the greedy story of
  * the f32 cache; a q8_0 cache cannot be split by heads of 8 values (refused, naming why). */
 LOOM_TEST(cli_flags, quantised_kv_cache) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", NULL};
     char *q8 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
@@ -327,8 +324,8 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
 /* -ts proportions (issue 14): 3,1 over sim:2 (tensor) and 1,0,1 over sim:3 (layer, an empty
  * device) tell the CPU's greedy story; a -ts with more values than devices is refused. */
 LOOM_TEST(cli_flags, uneven_tensor_split) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
     char *t31 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
@@ -467,9 +464,9 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
 /* ---------------------------------------------------------------- memory, paths, errors */
 
 LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:2", "-n", "2", "-c",
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-n", "2", "-c",
                  "256", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
     /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f32, half each */
@@ -483,15 +480,18 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     LOOM_CHECK_STR_CONTAINS(err, "\n  host ");
     free(out);
     free(err);
-    char *g[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2", "-c", "256", NULL};
+    char *g[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2", "-c", "256",
+                 NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "planned memory per device");
     LOOM_CHECK_STR_CONTAINS(out, kv);
     free(out);
     free(err);
     /* a plan that does not fit is refused, naming the device and both numbers */
-    char *g2[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2,mem=1MiB",
-                  "-c",   "100000",          NULL};
+    char *g2[] = {"gguf",           (char *)loom_test_stories(),
+                  "--plan",         "--devices",
+                  "sim:2,mem=1MiB", "-c",
+                  "100000",         NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g2, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the plan does not fit ");
     LOOM_CHECK_STR_CONTAINS(err, "SIM0: 61.5 MiB planned"); /* 60 MiB of KV per device */
@@ -499,7 +499,7 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     free(out);
     free(err);
     /* issue 9 item 18: more devices than a plan covers is refused, not truncated */
-    char *g3[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:17", NULL};
+    char *g3[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:17", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g3, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "gives 17 devices; a tensor-parallel plan covers 1..16");
     free(out);
@@ -507,12 +507,12 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
 }
 
 LOOM_TEST(cli_paths, bazel_run_resolves_against_the_working_directory) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char dir[] = "/tmp/loom_bwd_XXXXXX";
     LOOM_REQUIRE(mkdtemp(dir) != NULL);
     char link[4200], logits[4200], html[4200];
     snprintf(link, sizeof link, "%s/model.gguf", dir);
-    LOOM_REQUIRE(symlink(stories(), link) == 0);
+    LOOM_REQUIRE(symlink(loom_test_stories(), link) == 0);
     setenv("BUILD_WORKING_DIRECTORY", dir, 1);
     char *out, *err;
     char *a[] = {"run", "-m", "model.gguf", "-n", "3", "--logits-out", "logits.txt", NULL};
@@ -715,15 +715,17 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
 /* ---------------------------------------------------------------- explain --html */
 
 LOOM_TEST(cli_explain, html_page_lanes_memory_timeline_legend_two_batches) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char html[] = "/tmp/loom_page_XXXXXX";
     int fd = mkstemp(html);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
     /* 4 KV heads over 8 devices: every layer leaves 4 devices without attention heads */
-    char *a[] = {"explain", "-m", (char *)stories(), "--devices", "sim:8", "--batch",
-                 "1,32",    "-q", "--html",          html,        NULL};
+    char *a[] = {"explain",   "-m",    (char *)loom_test_stories(),
+                 "--devices", "sim:8", "--batch",
+                 "1,32",      "-q",    "--html",
+                 html,        NULL};
     int rc = loom_test_capture(loom_cli_explain, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_EQ_INT(count(out, "\ngraph nodes = "), 2); /* both batches explained */
@@ -839,8 +841,8 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
 
 /* README's second example: stories260K over sim:4, greedy, tells this story. */
 LOOM_TEST(cli, readme_stories_example) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:4", NULL};
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", NULL};
     char *text = run_text(a, 0);
     LOOM_CHECK_STR_CONTAINS(
         text, "Once upon a time, there was a little girl named Lily. She loved to play "

@@ -14,6 +14,7 @@
 
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
@@ -21,17 +22,18 @@ __attribute__((constructor)) static void two_nodes(void) {
     setenv("LOOM_TOPOLOGY", "synthetic:pack:2 [numa(memory=1GB)] core:2 pu:1", 1);
 }
 
-static const char *stories(void) {
-    static char path[4096];
-    if (!loom_test_models_dir()) return NULL;
-    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
-    return path;
-}
-
 /* The generated text: stdout up to the blank line before the statistics. */
 static char *run_text(const char *devices, const char *mode, char **err) {
-    char *a[] = {"run",           "-m",  (char *)stories(), "-n", "40", "--devices",
-                 (char *)devices, "-sm", (char *)mode,      NULL};
+    char *a[] = {"run",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "-n",
+                 "40",
+                 "--devices",
+                 (char *)devices,
+                 "-sm",
+                 (char *)mode,
+                 NULL};
     char *out = NULL;
     int rc = loom_test_capture(loom_cli_run, a, &out, err);
     LOOM_CHECK_MSG(rc == 0, "%s %s: rc %d: %s", devices, mode, rc, *err);
@@ -41,7 +43,7 @@ static char *run_text(const char *devices, const char *mode, char **err) {
 }
 
 LOOM_TEST(cli_numa, run_tensor_and_layer_print_the_cpu_text) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *err = NULL;
     char *ref = run_text("cpu", "none", &err);
     LOOM_CHECK_STR_CONTAINS(ref, "Once upon a time, there was a little girl named Lily.");
@@ -62,10 +64,11 @@ LOOM_TEST(cli_numa, run_tensor_and_layer_print_the_cpu_text) {
 }
 
 LOOM_TEST(cli_numa, bench_rows_for_cpu_and_numa) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {
-        "bench", "-m", (char *)stories(), "--devices", "cpu;numa", "-p", "8", "-n", "4", "-r",
-        "1",     NULL};
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *a[] = {"bench",     "-m",       (char *)loom_test_stories(),
+                 "--devices", "cpu;numa", "-p",
+                 "8",         "-n",       "4",
+                 "-r",        "1",        NULL};
     char *out = NULL, *err = NULL;
     int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
