@@ -1042,11 +1042,10 @@ static loom_buft_t place_on(const char *name, int layer, void *ud) {
     return ud;
 }
 
-/* Logits of a 5-token prompt and 3 single-token steps on `be` with weights and cache in
- * buft (NULL: the CPU). */
-static float *run_model(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64_t *V) {
-    static const int32_t ids[8] = {1, 303, 307, 261, 278, 300, 72, 310};
-    const int n_prompt = 5, n_steps = 3;
+/* Logits of the first n_prompt of ids as a prompt, then n_steps single-token steps of the
+ * ids that follow, on `be` with weights and cache in buft (NULL: the CPU). */
+static float *run_ids(loom_gguf *g, loom_buft_t buft, loom_backend_t be, const int32_t *ids,
+                      int n_prompt, int n_steps, int64_t *V) {
     loom_model_params mp = {.placement = buft ? place_on : NULL, .placement_user_data = buft};
     loom_model *m = NULL;
     loom_kv_cache *kv = NULL;
@@ -1070,6 +1069,13 @@ static float *run_model(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64
     loom_kv_cache_free(kv);
     loom_model_free(m);
     return out;
+}
+
+/* Logits of a 5-token prompt and 3 single-token steps on `be` with weights and cache in
+ * buft (NULL: the CPU). */
+static float *run_model(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64_t *V) {
+    static const int32_t ids[8] = {1, 303, 307, 261, 278, 300, 72, 310};
+    return run_ids(g, buft, be, ids, 5, 3, V);
 }
 
 static void compare_logits(const float *want, const float *got, int64_t n, double tol,
@@ -1219,30 +1225,7 @@ static const int32_t real_ids[12] = {1, 403, 407, 261, 378, 300, 72, 310, 266, 2
 
 /* Logits of a 5-token prompt and 7 single-token steps of the fixed ids. */
 static float *run_model_ids(loom_gguf *g, loom_buft_t buft, loom_backend_t be, int64_t *V) {
-    const int n_prompt = 5, n_steps = 7;
-    loom_model_params mp = {.placement = buft ? place_on : NULL, .placement_user_data = buft};
-    loom_model *m = NULL;
-    loom_kv_cache *kv = NULL;
-    loom_status s = loom_model_load(g, &mp, &m);
-    if (s == LOOM_OK) s = loom_kv_cache_new(m, 64, LOOM_TYPE_F32, &mp, &kv);
-    float *out = NULL;
-    if (s == LOOM_OK) {
-        *V = m->hp.n_vocab;
-        out = malloc(sizeof(float) * (size_t)(*V * (1 + n_steps)));
-        s = loom_model_eval_simple(m, kv, be, real_ids, n_prompt, 0, false, out);
-        for (int i = 0; i < n_steps && s == LOOM_OK; i++)
-            s = loom_model_eval_simple(m, kv, be, &real_ids[n_prompt + i], 1, n_prompt + i, false,
-                                       out + *V * (1 + i));
-    }
-    if (s != LOOM_OK) {
-        loom_test_fail(__FILE__, __LINE__, "model on %s: %s", loom_backend_name(be),
-                       loom_last_error());
-        free(out);
-        out = NULL;
-    }
-    loom_kv_cache_free(kv);
-    loom_model_free(m);
-    return out;
+    return run_ids(g, buft, be, real_ids, 5, 7, V);
 }
 
 /* A real model's logits on one CUDA device and on meta devices over 2 and 3 loom devices

@@ -14,28 +14,16 @@
 #include "loom/model.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 
-typedef int (*cmd_fn)(int, char **);
-
 #define LOOM_CHECK_STR_EQ(a, b) LOOM_CHECK_MSG(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
-
-static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    return loom_test_capture(fn, argv, out, err);
-}
-
-static const char *stories(void) {
-    static char path[4096];
-    if (!loom_test_models_dir()) return NULL;
-    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
-    return path;
-}
 
 LOOM_TEST(cli, run_builtin_model_on_sim) {
     char *out, *err;
     char *argv[] = {"run", "--devices", "sim:2", "-n", "8", NULL};
-    int rc = capture(loom_cli_run, argv, &out, &err);
+    int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Once upon a time");
     LOOM_CHECK_STR_CONTAINS(out, "prompt graph: graph nodes = ");
@@ -48,15 +36,17 @@ LOOM_TEST(cli, run_builtin_model_on_sim) {
 }
 
 LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char path[] = "/tmp/loom_logits_XXXXXX";
     int fd = mkstemp(path);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
-    char *argv[] = {"run",    "-m", (char *)stories(), "--devices", "sim:3", "-n", "30",
-                    "--temp", "0",  "--logits-out",    path,        NULL};
-    int rc = capture(loom_cli_run, argv, &out, &err);
+    char *argv[] = {"run",          "-m",     (char *)loom_test_stories(),
+                    "--devices",    "sim:3",  "-n",
+                    "30",           "--temp", "0",
+                    "--logits-out", path,     NULL};
+    int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Lily");
     /* 5 prompt positions + 29 evaluated generated tokens, each: position then 512 logits */
@@ -81,14 +71,15 @@ LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
 }
 
 LOOM_TEST(cli, explain_summary_and_html) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char html[] = "/tmp/loom_explain_XXXXXX";
     int fd = mkstemp(html);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
-    char *argv[] = {"explain", "-m", (char *)stories(), "--devices", "sim:4", "--html", html, NULL};
-    int rc = capture(loom_cli_explain, argv, &out, &err);
+    char *argv[] = {"explain", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--html",
+                    html,      NULL};
+    int rc = loom_test_capture(loom_cli_explain, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "## SPLIT #1: Meta("); /* sim names depend on earlier regs */
     LOOM_CHECK_STR_CONTAINS(out, "SIM3)");
@@ -112,22 +103,22 @@ LOOM_TEST(cli, explain_summary_and_html) {
 }
 
 LOOM_TEST(cli, gguf_plan_and_bench_json) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *argv[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:3", NULL};
-    int rc = capture(loom_cli_gguf, argv, &out, &err);
+    char *argv[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:3", NULL};
+    int rc = loom_test_capture(loom_cli_gguf, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "llama.block_count");
     LOOM_CHECK_STR_CONTAINS(out, "AXIS_1 [58,57,57]"); /* blk.0.ffn_up over 3 devices */
     LOOM_CHECK_STR_CONTAINS(out, "builtin:llama");
     free(out);
     free(err);
-    char *argv2[] = {"bench",     "-m",        (char *)stories(),
+    char *argv2[] = {"bench",     "-m",        (char *)loom_test_stories(),
                      "--devices", "cpu;sim:2", "-p",
                      "8",         "-n",        "4",
                      "-r",        "1",         "-o",
                      "json",      NULL};
-    rc = capture(loom_cli_bench, argv2, &out, &err);
+    rc = loom_test_capture(loom_cli_bench, argv2, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "\"devices\": \"sim:2\", \"n_batch\": ");
     LOOM_CHECK_STR_CONTAINS(out, "\"split_mode\": \"tensor\"");
@@ -139,17 +130,17 @@ LOOM_TEST(cli, gguf_plan_and_bench_json) {
 LOOM_TEST(cli, errors_are_one_clear_line) {
     char *out, *err;
     char *a1[] = {"run", "-m", "/nonexistent/model.gguf", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a1, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a1, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "/nonexistent/model.gguf");
     free(out);
     free(err);
     char *a2[] = {"run", "--devices", "sim:zero", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a2, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a2, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "zero");
     free(out);
     free(err);
     char *a3[] = {"run", "--frobnicate", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a3, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a3, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "--frobnicate");
     free(out);
     free(err);
@@ -159,22 +150,22 @@ LOOM_TEST(cli, errors_are_one_clear_line) {
     LOOM_REQUIRE(write(fd, "ok 1\nbad sideways\n", 18) == 18);
     close(fd);
     char *a4[] = {"run", "--devices", "sim:2", "--split-rules", rules, NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a4, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a4, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, ":2: unknown split 'sideways'");
     unlink(rules);
     free(out);
     free(err);
     char *a5[] = {"run", "--help", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a5, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a5, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "--split-mode");
     free(out);
     free(err);
     char *a6[] = {"gguf", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, a6, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, a6, &out, &err), 2);
     free(out);
     free(err);
     char *a7[] = {"explain", "--split-mode", "diagonal", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_explain, a7, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_explain, a7, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "diagonal");
     free(out);
     free(err);
@@ -191,7 +182,7 @@ static int count(const char *s, const char *needle) {
 
 static char *run_text(char **argv, int want_rc) {
     char *out, *err;
-    int rc = capture(loom_cli_run, argv, &out, &err);
+    int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == want_rc, "rc %d (want %d), stderr: %s", rc, want_rc, err);
     free(err);
     char *end = strstr(out, "\n\nmodel:"); /* the generated text only */
@@ -200,8 +191,8 @@ static char *run_text(char **argv, int want_rc) {
 }
 
 LOOM_TEST(cli_flags, sampling_flags_and_seed) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *g[] = {"run", "-m", m, "-n", "20", NULL};
     char *greedy = run_text(g, 0);
     /* min-p 1 keeps only the top token: hot sampling becomes greedy */
@@ -223,7 +214,7 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     /* the default seed is random and printed; -s with it repeats the run */
     char *out, *err;
     char *a4[] = {"run", "-m", m, "-n", "16", "--temp", "1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a4, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a4, &out, &err), 0);
     const char *sd = strstr(out, "sampling:   seed ");
     LOOM_REQUIRE(sd != NULL);
     LOOM_CHECK_STR_CONTAINS(sd, "(random; -s repeats it)");
@@ -246,12 +237,12 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
 }
 
 LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *out, *err;
     /* -n -1: until the end of text or of the context (-c 40, 5 prompt tokens) */
     char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a1, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a1, &out, &err), 0);
     int n_gen = -1;
     const char *gp = strstr(out, "generation: ");
     LOOM_REQUIRE(gp != NULL);
@@ -276,7 +267,7 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     LOOM_CHECK_STR_EQ(small_batches, from_file);
     LOOM_CHECK_STR_CONTAINS(f16, "Once upon a time, there was a little girl named Lily");
     char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a5, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a5, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "-p and -f");
     free(out);
     free(err);
@@ -287,11 +278,11 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     /* -fa off builds attention as mul_mat + soft_max: no FLASH_ATTN_EXT node */
     char *e1[] = {"explain", "-m", m, "-fa", "off", NULL};
     char *e2[] = {"explain", "-m", m, NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_explain, e2, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_explain, e2, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "FLASH_ATTN_EXT");
     free(out);
     free(err);
-    LOOM_CHECK_EQ_INT(capture(loom_cli_explain, e1, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_explain, e1, &out, &err), 0);
     LOOM_CHECK(strstr(out, "FLASH_ATTN_EXT") == NULL);
     LOOM_CHECK_STR_CONTAINS(out, "SOFT_MAX");
     free(out);
@@ -301,8 +292,8 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
 /* -ctk/-ctv with block types (issue 14): q8_0 K and V on stories260K tell the greedy story of
  * the f32 cache; a q8_0 cache cannot be split by heads of 8 values (refused, naming why). */
 LOOM_TEST(cli_flags, quantised_kv_cache) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", NULL};
     char *q8 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
@@ -313,18 +304,18 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
     char *a3[] = {"run",  "-m",   m,       "-n",  "8",      "-ctk",
                   "q8_0", "-dev", "sim:2", "-sm", "tensor", NULL};
     char *out, *err;
-    LOOM_CHECK(capture(loom_cli_run, a3, &out, &err) != 0);
+    LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
     free(out);
     free(err);
     /* gguf --plan: the same check before the plan; one device plans q8_0 rows */
     char *g1[] = {"gguf", m, "--plan", "--devices", "sim:2", "-ctk", "q8_0", NULL};
-    LOOM_CHECK(capture(loom_cli_gguf, g1, &out, &err) != 0);
+    LOOM_CHECK(loom_test_capture(loom_cli_gguf, g1, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
     free(out);
     free(err);
     char *g2[] = {"gguf", m, "--plan", "--devices", "sim:1", "-ctk", "q8_0", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g2, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g2, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "KV q8_0");
     free(out);
     free(err);
@@ -333,8 +324,8 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
 /* -ts proportions (issue 14): 3,1 over sim:2 (tensor) and 1,0,1 over sim:3 (layer, an empty
  * device) tell the CPU's greedy story; a -ts with more values than devices is refused. */
 LOOM_TEST(cli_flags, uneven_tensor_split) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *m = (char *)stories();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
     char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
     char *t31 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
@@ -346,16 +337,16 @@ LOOM_TEST(cli_flags, uneven_tensor_split) {
     free(t101);
     char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", NULL};
     char *out, *err;
-    LOOM_CHECK(capture(loom_cli_run, a3, &out, &err) != 0);
+    LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "3 proportions for 2 devices");
     free(out);
     free(err);
 }
 
 /* Each refusal: exit 2 and a line naming the flag, the value and the reason. */
-static void refused(cmd_fn fn, char **argv, const char *want) {
+static void refused(loom_test_cmd_fn fn, char **argv, const char *want) {
     char *out, *err;
-    int rc = capture(fn, argv, &out, &err);
+    int rc = loom_test_capture(fn, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 2, "%s %s: rc %d, stderr: %s", argv[0], argv[1], rc, err);
     LOOM_CHECK_MSG(strstr(err, want) != NULL, "%s %s: stderr '%s' lacks '%s'", argv[0], argv[1],
                    err, want);
@@ -406,7 +397,7 @@ LOOM_TEST(cli_flags, refusals_name_the_reason) {
     /* llama.cpp's device names become a loom spec */
     char *out, *err;
     char *d1[] = {"run", "-dev", "CUDA0,CUDA1", "-n", "1", NULL};
-    int rc = capture(loom_cli_run, d1, &out, &err);
+    int rc = loom_test_capture(loom_cli_run, d1, &out, &err);
     if (rc != 0) LOOM_CHECK_STR_CONTAINS(err, "cuda"); /* no CUDA here: the error names it */
     free(out);
     free(err);
@@ -449,7 +440,7 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
                                             NULL};
     char *out, *err;
     char *h[] = {"run", "--help", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, h, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, h, &out, &err), 0);
     for (const char *const *f = run_flags; *f; f++)
         LOOM_CHECK_MSG(strstr(out, *f) != NULL, "run --help lacks %s", *f);
     free(out);
@@ -457,14 +448,14 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
     static const char *const bench_flags[] = {"-p,", "-n,", "-pg",  "-d,", "-r,",  "-o,", "jsonl",
                                               "sql", "-m,", "-sm,", "-t,", "-ngl", NULL};
     char *hb[] = {"bench", "--help", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, hb, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, hb, &out, &err), 0);
     for (const char *const *f = bench_flags; *f; f++)
         LOOM_CHECK_MSG(strstr(out, *f) != NULL, "bench --help lacks %s", *f);
     free(out);
     free(err);
     loom_log_level before = loom_log_get_level();
     char *v[] = {"run", "--verbose", "-n", "2", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, v, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, v, &out, &err), 0);
     LOOM_CHECK_EQ_INT((int)loom_log_get_level(), (int)before);
     free(out);
     free(err);
@@ -473,11 +464,11 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
 /* ---------------------------------------------------------------- memory, paths, errors */
 
 LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:2", "-n", "2", "-c",
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-n", "2", "-c",
                  "256", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
     /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f32, half each */
     char kv[32];
     loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 4 / 2);
@@ -489,45 +480,48 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     LOOM_CHECK_STR_CONTAINS(err, "\n  host ");
     free(out);
     free(err);
-    char *g[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2", "-c", "256", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g, &out, &err), 0);
+    char *g[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2", "-c", "256",
+                 NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "planned memory per device");
     LOOM_CHECK_STR_CONTAINS(out, kv);
     free(out);
     free(err);
     /* a plan that does not fit is refused, naming the device and both numbers */
-    char *g2[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:2,mem=1MiB",
-                  "-c",   "100000",          NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g2, &out, &err), 1);
+    char *g2[] = {"gguf",           (char *)loom_test_stories(),
+                  "--plan",         "--devices",
+                  "sim:2,mem=1MiB", "-c",
+                  "100000",         NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g2, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the plan does not fit ");
     LOOM_CHECK_STR_CONTAINS(err, "SIM0: 61.5 MiB planned"); /* 60 MiB of KV per device */
     LOOM_CHECK_STR_CONTAINS(err, "MiB planned (weights + KV cache), 1.0 MiB free");
     free(out);
     free(err);
     /* issue 9 item 18: more devices than a plan covers is refused, not truncated */
-    char *g3[] = {"gguf", (char *)stories(), "--plan", "--devices", "sim:17", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, g3, &out, &err), 2);
+    char *g3[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:17", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g3, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "gives 17 devices; a tensor-parallel plan covers 1..16");
     free(out);
     free(err);
 }
 
 LOOM_TEST(cli_paths, bazel_run_resolves_against_the_working_directory) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char dir[] = "/tmp/loom_bwd_XXXXXX";
     LOOM_REQUIRE(mkdtemp(dir) != NULL);
     char link[4200], logits[4200], html[4200];
     snprintf(link, sizeof link, "%s/model.gguf", dir);
-    LOOM_REQUIRE(symlink(stories(), link) == 0);
+    LOOM_REQUIRE(symlink(loom_test_stories(), link) == 0);
     setenv("BUILD_WORKING_DIRECTORY", dir, 1);
     char *out, *err;
     char *a[] = {"run", "-m", "model.gguf", "-n", "3", "--logits-out", "logits.txt", NULL};
-    int rc = capture(loom_cli_run, a, &out, &err);
+    int rc = loom_test_capture(loom_cli_run, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     free(out);
     free(err);
     char *e[] = {"explain", "-m", "model.gguf", "-q", "--html", "page.html", NULL};
-    rc = capture(loom_cli_explain, e, &out, &err);
+    rc = loom_test_capture(loom_cli_explain, e, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     free(out);
     free(err);
@@ -545,7 +539,7 @@ LOOM_TEST(cli_paths, bazel_run_resolves_against_the_working_directory) {
 LOOM_TEST(cli_errors, logits_out_to_a_full_device_fails) {
     char *out, *err;
     char *a[] = {"run", "-n", "4", "--logits-out", "/dev/full", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_run, a, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "cannot write '/dev/full'");
     free(out);
     free(err);
@@ -564,7 +558,7 @@ LOOM_TEST(cli_errors, gguf_escapes_control_characters) {
     loom_gguf_writer_free(w);
     char *out, *err;
     char *a[] = {"gguf", path, NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_gguf, a, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, a, &out, &err), 0);
     LOOM_CHECK(strchr(out, '\x1b') == NULL && strchr(out, '\r') == NULL &&
                strchr(out, '\x07') == NULL);
     LOOM_CHECK_STR_CONTAINS(out, "evil\\x1b[2J\\r\\nname\\x07");
@@ -580,7 +574,7 @@ LOOM_TEST(cli_bench, markdown_golden_rows_and_single_device_once) {
     char *out, *err;
     char *a[] = {"bench", "--devices", "cpu;sim:2", "-sm", "layer,tensor", "-p", "4-8+4", "-n",
                  "2",     "-pg",       "4,2",       "-d",  "0,3",          "-r", "2",     NULL};
-    int rc = capture(loom_cli_bench, a, &out, &err);
+    int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     /* llama-bench's columns, then loom's */
     LOOM_CHECK(
@@ -601,7 +595,7 @@ LOOM_TEST(cli_bench, markdown_golden_rows_and_single_device_once) {
     free(err);
     /* a failed configuration: its own line on stderr, the table stays whole, exit 1 */
     char *b[] = {"bench", "--devices", "sim:2;sim:zero", "-p", "4", "-n", "0", "-r", "1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:zero");
     for (const char *p = out; *p; p = strchr(p, '\n') + 1)
         LOOM_CHECK(*p == '|');
@@ -618,7 +612,7 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     char *out, *err;
     char *a[] = {"bench", "--devices", "cpu;sim:2", "-sm", "tensor", "-ts", "1/1;3,1",
                  "-p",    "4",         "-n",        "0",   "-r",     "1",   NULL};
-    int rc = capture(loom_cli_bench, a, &out, &err);
+    int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "| ngl | sm | ts | test | t/s |");
     LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 3);
@@ -629,7 +623,7 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     free(err);
     char *j[] = {"bench", "--devices", "sim:2", "-ts", "1/1;3/1", "-p",   "4",
                  "-n",    "0",         "-r",    "1",   "-o",      "json", NULL};
-    rc = capture(loom_cli_bench, j, &out, &err);
+    rc = loom_test_capture(loom_cli_bench, j, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_EQ_INT(count(out, "\"tensor_split\": "), 2);
     LOOM_CHECK_EQ_INT(count(out, "\"tensor_split\": \"1.00/1.00\""), 1);
@@ -638,7 +632,7 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     free(err);
     char *c[] = {"bench", "--devices", "sim:2", "-ts", "3,1", "-p",  "4",
                  "-n",    "0",         "-r",    "1",   "-o",  "csv", NULL};
-    rc = capture(loom_cli_bench, c, &out, &err);
+    rc = loom_test_capture(loom_cli_bench, c, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, ",\"3.00/1.00\",");
     free(out);
@@ -646,7 +640,7 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     /* three proportions over two devices: that row fails, the other stays, exit 1 */
     char *b[] = {"bench", "--devices", "sim:2", "-ts", "1/1;1/1/1", "-p",
                  "4",     "-n",        "0",     "-r",  "1",         NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:2 | default | ts "
                                  "1.00/1.00/1.00: session: tensor_split has 3 proportions "
                                  "for 2 devices");
@@ -678,7 +672,7 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     char *out, *err;
     char *j[] = {"bench", "--devices", "sim:2", "-p", "4",    "-n",
                  "2",     "-r",        "2",     "-o", "json", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, j, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, j, &out, &err), 0);
     LOOM_CHECK(out[0] == '[' && strstr(out, "}\n]\n") != NULL);
     for (const char *const *f = fields; *f; f++) {
         char key[64];
@@ -695,13 +689,13 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(out);
     free(err);
     char *l[] = {"bench", "-p", "4", "-n", "2", "-r", "1", "-o", "jsonl", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, l, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, l, &out, &err), 0);
     LOOM_CHECK_EQ_INT(count(out, "\n"), 2);
     LOOM_CHECK_EQ_INT(count(out, "{\"model_filename\": "), 2);
     free(out);
     free(err);
     char *c[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "csv", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, c, &out, &err), 0);
     for (const char *const *f = fields; *f; f++) {
         const char *h = strstr(out, *f), *nl = strchr(out, '\n');
         LOOM_CHECK_MSG(h && h < nl, "csv header: %s", *f);
@@ -710,7 +704,7 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(out);
     free(err);
     char *q[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, q, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS test (\n  model_filename TEXT,");
     LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO test (model_filename, model_type, model_size, ");
     LOOM_CHECK_STR_CONTAINS(out, "VALUES ('built-in', 'llama ");
@@ -721,16 +715,18 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
 /* ---------------------------------------------------------------- explain --html */
 
 LOOM_TEST(cli_explain, html_page_lanes_memory_timeline_legend_two_batches) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char html[] = "/tmp/loom_page_XXXXXX";
     int fd = mkstemp(html);
     LOOM_REQUIRE(fd >= 0);
     close(fd);
     char *out, *err;
     /* 4 KV heads over 8 devices: every layer leaves 4 devices without attention heads */
-    char *a[] = {"explain", "-m", (char *)stories(), "--devices", "sim:8", "--batch",
-                 "1,32",    "-q", "--html",          html,        NULL};
-    int rc = capture(loom_cli_explain, a, &out, &err);
+    char *a[] = {"explain",   "-m",    (char *)loom_test_stories(),
+                 "--devices", "sim:8", "--batch",
+                 "1,32",      "-q",    "--html",
+                 html,        NULL};
+    int rc = loom_test_capture(loom_cli_explain, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_EQ_INT(count(out, "\ngraph nodes = "), 2); /* both batches explained */
     LOOM_CHECK_STR_CONTAINS(out, "memory per device");
@@ -835,7 +831,7 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
     LOOM_REQUIRE(write_vocab3_model(path));
     char *out, *err;
     char *a[] = {"bench", "-m", path, "-p", "4", "-n", "3", "-r", "1", "-o", "jsonl", NULL};
-    int rc = capture(loom_cli_bench, a, &out, &err);
+    int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
     LOOM_CHECK_EQ_INT(count(out, "\"model_type\": \"llama "), 2);
     free(out);
@@ -845,8 +841,8 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
 
 /* README's second example: stories260K over sim:4, greedy, tells this story. */
 LOOM_TEST(cli, readme_stories_example) {
-    if (!stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {"run", "-m", (char *)stories(), "--devices", "sim:4", NULL};
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", NULL};
     char *text = run_text(a, 0);
     LOOM_CHECK_STR_CONTAINS(
         text, "Once upon a time, there was a little girl named Lily. She loved to play "
@@ -886,7 +882,7 @@ LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
     LOOM_REQUIRE(write(fd, data, size) == (ssize_t)size);
     char *out, *err;
     char *argv[] = {"gguf", path, "--plan", "--devices", "sim:4", NULL};
-    int rc = capture(loom_cli_gguf, argv, &out, &err);
+    int rc = loom_test_capture(loom_cli_gguf, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Q4_K");
     LOOM_CHECK_STR_CONTAINS(out, "Q6_K");
@@ -903,14 +899,14 @@ LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
     LOOM_REQUIRE(pwrite(fd, data, size, 0) == (ssize_t)size);
     close(fd);
     char *argv2[] = {"gguf", path, NULL};
-    rc = capture(loom_cli_gguf, argv2, &out, &err);
+    rc = loom_test_capture(loom_cli_gguf, argv2, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "IQ2_XXS");
     LOOM_CHECK_STR_CONTAINS(out, "general.architecture");
     free(out);
     free(err);
     char *argv3[] = {"run", "-m", path, "-n", "2", NULL};
-    rc = capture(loom_cli_run, argv3, &out, &err);
+    rc = loom_test_capture(loom_cli_run, argv3, &out, &err);
     LOOM_CHECK(rc != 0);
     LOOM_CHECK_STR_CONTAINS(
         err, "tensor 'blk.0.ffn_up.weight' has type IQ2_XXS (16), which loom does not support");

@@ -20,33 +20,9 @@
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/plan.h"
-
-static const char *stories(void) {
-    static char path[4096];
-    if (!loom_test_models_dir()) return NULL;
-    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
-    return path;
-}
-
-/* A copy of the model cut right after its header: every tensor's data is absent. */
-static const char *header_only_copy(void) {
-    static char out[4096];
-    loom_gguf *g = NULL;
-    if (loom_gguf_open(stories(), &g)) return NULL;
-    size_t n = loom_gguf_data_offset(g);
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(out, sizeof out, "%s/stories-header-h.gguf", dir ? dir : "/tmp");
-    FILE *in = fopen(stories(), "rb"), *f = fopen(out, "wb");
-    char *buf = malloc(n);
-    bool ok = in && f && buf && fread(buf, 1, n, in) == n && fwrite(buf, 1, n, f) == n;
-    if (in) fclose(in);
-    if (f) fclose(f);
-    free(buf);
-    loom_gguf_free(g);
-    return ok ? out : NULL;
-}
 
 typedef struct cfg {
     loom_split_mode mode;
@@ -82,7 +58,7 @@ static bool real_run(const cfg *c, bytes *b) {
     sp.n_tensor_split = c->n_ts;
     if (c->host_layers > 0) sp.n_gpu_layers = 5 - c->host_layers; /* 5 layers: checked below */
     loom_session *s = NULL;
-    if (loom_session_new(stories(), NULL, &sp, &s)) return false;
+    if (loom_session_new(loom_test_stories(), NULL, &sp, &s)) return false;
     const int64_t V = loom_session_model(s)->hp.n_vocab;
     float *logits = malloc((size_t)V * sizeof *logits);
     int32_t *ids = malloc((size_t)c->n_batch * sizeof *ids);
@@ -132,7 +108,7 @@ static bool near(double a, double b) {
 static loom_plan_candidate check_plan_vs_run(const cfg *c) {
     loom_plan_candidate p;
     memset(&p, 0, sizeof p);
-    const char *hdr = header_only_copy();
+    const char *hdr = loom_test_stories_header_only("stories-header-h.gguf");
     loom_gguf *g = NULL;
     if (!hdr || loom_gguf_open_header(hdr, &g)) {
         loom_test_fail(__FILE__, __LINE__, "cannot open the header-only copy");
@@ -166,7 +142,7 @@ static loom_plan_candidate check_plan_vs_run(const cfg *c) {
 }
 
 LOOM_TEST(plan_depth, compute_buffers_equal_a_run_at_the_end_of_its_context) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     static const int64_t ctxs[] = {512, 2048};
     for (size_t i = 0; i < 2; i++) {
         cfg t = {LOOM_SPLIT_MODE_TENSOR, 2,    ctxs[i], 64, LOOM_TYPE_F32,
@@ -181,8 +157,8 @@ LOOM_TEST(plan_depth, compute_buffers_equal_a_run_at_the_end_of_its_context) {
 /* The plan's compute at 2048 is larger than at 512: the attention's buffers span the
  * whole context (the worst case), not the start of the cache. */
 LOOM_TEST(plan_depth, compute_grows_with_the_context) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header-h.gguf");
     LOOM_REQUIRE(hdr != NULL);
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
@@ -198,7 +174,7 @@ LOOM_TEST(plan_depth, compute_grows_with_the_context) {
 }
 
 LOOM_TEST(plan_kv, cache_types_set_the_kv_bytes) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     cfg f32 = {LOOM_SPLIT_MODE_LAYER, 2, 512, 32, LOOM_TYPE_F32, LOOM_TYPE_F32, NULL, 0, 0, false};
     loom_plan_candidate p32 = check_plan_vs_run(&f32);
     cfg f16 = f32;
@@ -219,7 +195,7 @@ LOOM_TEST(plan_kv, cache_types_set_the_kv_bytes) {
 }
 
 LOOM_TEST(plan_ts, proportions_move_bytes_between_devices) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     static const float ts41[] = {4, 1}, ts31[] = {3, 1};
     cfg even = {LOOM_SPLIT_MODE_LAYER, 2, 512, 32, LOOM_TYPE_F32, LOOM_TYPE_F32, NULL, 0, 0, false};
     loom_plan_candidate e = check_plan_vs_run(&even);
@@ -249,7 +225,7 @@ LOOM_TEST(plan_ts, proportions_move_bytes_between_devices) {
 /* A hybrid with h host layers: the devices' and the host's bytes equal a real -ngl run's
  * (which computes the host layers on the CPU; the plan computes nothing: no graph ran). */
 LOOM_TEST(plan_hybrid, bytes_equal_a_real_ngl_run_without_computing) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     for (int h = 1; h <= 3; h += 2) {
         cfg c = {LOOM_SPLIT_MODE_TENSOR, 2,    512, 32, LOOM_TYPE_F32,
                  LOOM_TYPE_F32,          NULL, 0,   h,  false};
@@ -270,8 +246,8 @@ LOOM_TEST(plan_hybrid, bytes_equal_a_real_ngl_run_without_computing) {
  * plus its per-op overhead; a prompt batch of 32 stages them over the link when that is
  * faster. */
 LOOM_TEST(plan_hybrid, host_time_is_accounted_from_the_model) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header-h.gguf");
     LOOM_REQUIRE(hdr != NULL);
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
@@ -317,8 +293,8 @@ LOOM_TEST(plan_hybrid, host_time_is_accounted_from_the_model) {
  * the fewest host layers that fit (one fewer does not), named as the best; the JSON marks
  * it; with enough memory there is no hybrid. */
 LOOM_TEST(plan_hybrid, offered_only_when_the_devices_alone_do_not_fit) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header-h.gguf");
     LOOM_REQUIRE(hdr != NULL);
     char *out, *err;
     char *a[] = {"plan", "-m",   (char *)hdr, "--devices", "sim:2,profile=rtx-3090,mem=1.5MiB",
@@ -381,8 +357,8 @@ LOOM_TEST(plan_hybrid, offered_only_when_the_devices_alone_do_not_fit) {
 
 /* -ctk/-ctv/-ts on the command line: shown in the header, refused by name when wrong. */
 LOOM_TEST(plan_cli, cache_types_and_tensor_split_options) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header-h.gguf");
     LOOM_REQUIRE(hdr != NULL);
     char *out, *err;
     char *a[] = {"plan", "-m",  (char *)hdr, "--devices", "sim:2,profile=rtx-3090",

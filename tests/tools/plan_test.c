@@ -16,40 +16,10 @@
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 #include "tools/plan.h"
-
-static const char *stories(void) {
-    static char path[4096];
-    if (!loom_test_models_dir()) return NULL;
-    snprintf(path, sizeof path, "%s/stories260K.gguf", loom_test_models_dir());
-    return path;
-}
-
-/* A copy of the model cut right after its header: every tensor's data is absent. */
-static const char *header_only_copy(void) {
-    static char out[4096];
-    loom_gguf *g = NULL;
-    if (loom_gguf_open(stories(), &g)) return NULL;
-    size_t n = loom_gguf_data_offset(g);
-    const char *dir = getenv("TEST_TMPDIR");
-    snprintf(out, sizeof out, "%s/stories-header.gguf", dir ? dir : "/tmp");
-    FILE *in = fopen(stories(), "rb"), *f = fopen(out, "wb");
-    char *buf = malloc(n);
-    bool ok = in && f && buf && fread(buf, 1, n, in) == n && fwrite(buf, 1, n, f) == n;
-    if (in) fclose(in);
-    if (f) fclose(f);
-    free(buf);
-    loom_gguf_free(g);
-    return ok ? out : NULL;
-}
-
-typedef int (*cmd_fn)(int, char **);
-
-static int capture(cmd_fn fn, char **argv, char **out, char **err) {
-    return loom_test_capture(fn, argv, out, err);
-}
 
 /* The real run: the full file on sim devices with real memory, the same prompt of n_batch
  * tokens then one token; returns each device's allocated bytes (the device's counter). */
@@ -64,7 +34,7 @@ static int real_run(loom_split_mode mode, int n_dev, int64_t n_ctx, int64_t n_ba
     sp.n_ctx = n_ctx;
     sp.n_batch = n_batch;
     loom_session *s = NULL;
-    if (loom_session_new(stories(), NULL, &sp, &s)) return -1;
+    if (loom_session_new(loom_test_stories(), NULL, &sp, &s)) return -1;
     int64_t V = loom_session_model(s)->hp.n_vocab;
     float *logits = malloc((size_t)V * sizeof *logits);
     int32_t *ids = malloc((size_t)n_batch * sizeof *ids);
@@ -86,7 +56,7 @@ static int real_run(loom_split_mode mode, int n_dev, int64_t n_ctx, int64_t n_ba
 }
 
 static void check_plan_matches_run(loom_split_mode mode, int n_dev) {
-    const char *hdr = header_only_copy();
+    const char *hdr = loom_test_stories_header_only("stories-header.gguf");
     LOOM_REQUIRE(hdr != NULL);
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open_header(hdr, &g) == LOOM_OK);
@@ -111,20 +81,20 @@ static void check_plan_matches_run(loom_split_mode mode, int n_dev) {
 }
 
 LOOM_TEST(plan, tensor_bytes_equal_a_real_run) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     check_plan_matches_run(LOOM_SPLIT_MODE_TENSOR, 2);
     check_plan_matches_run(LOOM_SPLIT_MODE_TENSOR, 4);
 }
 
 LOOM_TEST(plan, layer_bytes_equal_a_real_run) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     check_plan_matches_run(LOOM_SPLIT_MODE_LAYER, 2);
     check_plan_matches_run(LOOM_SPLIT_MODE_NONE, 1);
 }
 
 LOOM_TEST(plan, header_only_file_cannot_run) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header.gguf");
     LOOM_REQUIRE(hdr != NULL);
     loom_gguf *g = NULL;
     LOOM_CHECK_EQ_INT(loom_gguf_open(hdr, &g), LOOM_ERR_FORMAT); /* the strict open refuses */
@@ -139,14 +109,14 @@ LOOM_TEST(plan, header_only_file_cannot_run) {
 }
 
 LOOM_TEST(plan, json_fields_and_best) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header.gguf");
     LOOM_REQUIRE(hdr != NULL);
     char *out, *err;
     char *argv[] = {"plan", "-m",  (char *)hdr, "--devices", "sim:4,profile=rtx-3090,link=pcie4",
                     "-c",   "256", "-b",        "32",        "-o",
                     "json", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv, &out, &err), 0);
     LOOM_CHECK(out[0] == '[');
     static const char *const fields[] = {"\"split_mode\": \"tensor\"",
                                          "\"n_devices\": 4",
@@ -164,7 +134,7 @@ LOOM_TEST(plan, json_fields_and_best) {
     free(err);
 
     char *argv2[] = {"plan", "-m", (char *)hdr, "--devices", "sim:2,profile=rtx-9090", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv2, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv2, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "unknown device profile 'rtx-9090'");
     LOOM_CHECK_STR_CONTAINS(err, "rtx-4090");
     free(out);
@@ -174,13 +144,13 @@ LOOM_TEST(plan, json_fields_and_best) {
 /* With 1.5 MiB per device nothing fits at 4096 positions (the KV cache alone is 2.5 MiB per
  * device over 2); the plan names a context, which fits, while 256 more does not. */
 LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
-    if (!stories()) LOOM_SKIP("shared models not found");
-    const char *hdr = header_only_copy();
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    const char *hdr = loom_test_stories_header_only("stories-header.gguf");
     LOOM_REQUIRE(hdr != NULL);
     char *out, *err;
     char *argv[] = {"plan", "-m",   (char *)hdr, "--devices", "sim:2,profile=rtx-3090,mem=1.5MiB",
                     "-c",   "4096", "-b",        "32",        NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, argv, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, argv, &out, &err), 0);
     const char *p = strstr(out, "the largest context that fits: ");
     LOOM_REQUIRE(p != NULL);
     long long ctx = atoll(p + strlen("the largest context that fits: "));
@@ -214,7 +184,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     char *a[] = {
         "bench", "--devices", "sim:2,profile=rtx-4090", "-p", "8", "-n", "2", "-r", "2", "-o",
         "json",  NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, a, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, a, &out, &err), 0);
     const char *p = strstr(out, "\"proj_avg_ts\": ");
     LOOM_REQUIRE(p != NULL);
     double proj = atof(p + strlen("\"proj_avg_ts\": "));
@@ -225,7 +195,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     free(out);
     free(err);
     char *b[] = {"bench", "--devices", "sim:2", "-p", "8", "-n", "0", "-r", "1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, b, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "| projected t/s |");
     LOOM_CHECK_STR_CONTAINS(out, "| - |\n");
     free(out);
@@ -233,7 +203,7 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
     char *c[] = {
         "bench", "--devices", "sim:2,profile=h100-sxm,link=nvlink4", "-p", "8", "-n", "0", "-r",
         "1",     NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_bench, c, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, c, &out, &err), 0);
     LOOM_CHECK(strstr(out, "| - |\n") == NULL);
     free(out);
     free(err);
@@ -241,29 +211,29 @@ LOOM_TEST(plan, bench_reports_projection_beside_measured) {
 
 /* Refusals: one clear line each, usage errors exit 2, a file that cannot be planned 1. */
 LOOM_TEST(plan, refusals_name_the_problem) {
-    if (!stories()) LOOM_SKIP("shared models not found");
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     char vocab[4096];
     snprintf(vocab, sizeof vocab, "%s/ggml-vocab-llama-spm.gguf", loom_test_models_dir());
     char *out, *err;
-    char *a[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, a, &out, &err), 2);
+    char *a[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, a, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "has no profile=");
     free(out);
     free(err);
-    char *b[] = {"plan", "-m", (char *)stories(), "--devices", "cuda:0,1", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, b, &out, &err), 2);
+    char *b[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "cuda:0,1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, b, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "plans are made on sim device profiles");
     free(out);
     free(err);
     char *c[] = {"plan", "-m", vocab, "--devices", "sim:2,profile=l40s", NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, c, &out, &err), 1);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, c, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "no configuration could be planned");
     LOOM_CHECK_STR_CONTAINS(err, "token_embd.weight");
     free(out);
     free(err);
-    char *d[] = {"plan", "-m", (char *)stories(), "--devices", "sim:2,profile=l40s", "-o",
+    char *d[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2,profile=l40s", "-o",
                  "xml",  NULL};
-    LOOM_CHECK_EQ_INT(capture(loom_cli_plan, d, &out, &err), 2);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, d, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "table or json");
     free(out);
     free(err);
