@@ -162,56 +162,12 @@ LOOM_QD_INLINE float body_iq4_xs(int64_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-#define K_DOTS(sfx, attr)                                                                          \
-    attr static float dot_q2_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q2_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q3_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q3_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q4_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q4_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q6_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q6_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_iq4_xs_##sfx(int64_t n, const void *x, const void *y) {                  \
-        return body_iq4_xs(n, x, y);                                                               \
-    }
+#define K_TYPES(X, sfx, a)                                                                         \
+    X(q2_K, sfx, a)                                                                                \
+    X(q3_K, sfx, a) X(q4_K, sfx, a) X(q5_K, sfx, a) X(q6_K, sfx, a) X(iq4_xs, sfx, a)
 
-K_DOTS(scalar, )
-#if defined(__x86_64__) && defined(__GNUC__)
-K_DOTS(avx2, __attribute__((target("avx2,fma,f16c"))))
-K_DOTS(avx512, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
-#endif
+LOOM_QD_INSTANCES(K_TYPES)
 
 void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa) {
-#define SET(sfx)                                                                                   \
-    do {                                                                                           \
-        s->q2_K = dot_q2_K_##sfx;                                                                  \
-        s->q3_K = dot_q3_K_##sfx;                                                                  \
-        s->q4_K = dot_q4_K_##sfx;                                                                  \
-        s->q5_K = dot_q5_K_##sfx;                                                                  \
-        s->q6_K = dot_q6_K_##sfx;                                                                  \
-        s->iq4_xs = dot_iq4_xs_##sfx;                                                              \
-    } while (0)
-#if HAVE_X86
-    if (isa == 2) {
-        SET(avx512);
-        return;
-    }
-    if (isa == 1) {
-        SET(avx2);
-        return;
-    }
-#endif
-    (void)isa;
-    SET(scalar);
-#undef SET
+    LOOM_QD_SELECT(K_TYPES, s, isa);
 }

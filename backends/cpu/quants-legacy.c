@@ -97,52 +97,11 @@ LOOM_QD_INLINE float body_mxfp4(int64_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-#define LEGACY_DOTS(sfx, attr)                                                                     \
-    attr static float dot_q4_1_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q4_1(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_0_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_0(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_1_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_1(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_iq4_nl_##sfx(int64_t n, const void *x, const void *y) {                  \
-        return body_iq4_nl(n, x, y);                                                               \
-    }                                                                                              \
-    attr static float dot_mxfp4_##sfx(int64_t n, const void *x, const void *y) {                   \
-        return body_mxfp4(n, x, y);                                                                \
-    }
+#define LEGACY_TYPES(X, sfx, a)                                                                    \
+    X(q4_1, sfx, a) X(q5_0, sfx, a) X(q5_1, sfx, a) X(iq4_nl, sfx, a) X(mxfp4, sfx, a)
 
-LEGACY_DOTS(scalar, )
-#if defined(__x86_64__) && defined(__GNUC__)
-LEGACY_DOTS(avx2, __attribute__((target("avx2,fma,f16c"))))
-LEGACY_DOTS(avx512, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
-#endif
+LOOM_QD_INSTANCES(LEGACY_TYPES)
 
 void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa) {
-#define SET(sfx)                                                                                   \
-    do {                                                                                           \
-        s->q4_1 = dot_q4_1_##sfx;                                                                  \
-        s->q5_0 = dot_q5_0_##sfx;                                                                  \
-        s->q5_1 = dot_q5_1_##sfx;                                                                  \
-        s->iq4_nl = dot_iq4_nl_##sfx;                                                              \
-        s->mxfp4 = dot_mxfp4_##sfx;                                                                \
-    } while (0)
-#if HAVE_X86
-    if (isa == 2) {
-        SET(avx512);
-        return;
-    }
-    if (isa == 1) {
-        SET(avx2);
-        return;
-    }
-#endif
-    (void)isa;
-    SET(scalar);
-#undef SET
+    LOOM_QD_SELECT(LEGACY_TYPES, s, isa);
 }
