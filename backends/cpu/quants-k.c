@@ -35,6 +35,19 @@ LOOM_QD_INLINE void unpack_k2(const uint8_t *qs, int8_t *q) {
                 q[128 * h + 32 * g + l] = (int8_t)((qs[32 * h + l] >> (2 * g)) & 3);
 }
 
+/* one Q4_K/Q5_K super-block: q its unpacked weights, scales its 12 packed bytes */
+LOOM_QD_INLINE float k4_block(const int8_t *q, const uint8_t *scales, uint16_t d, uint16_t dmin,
+                              const loom_block_q8_K *y) {
+    int sumi = 0, summ = 0;
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        k4_scale_min(s, scales, &sc, &m);
+        sumi += sc * loom__qd_dot_i8(q + 32 * s, y->qs + 32 * s, 32);
+        summ += m * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
+    }
+    return y->d * (loom__qd_h(d) * (float)sumi - loom__qd_h(dmin) * (float)summ);
+}
+
 LOOM_QD_INLINE float body_q4_K(int64_t n, const void *vx, const void *vy) {
     const loom_block_q4_K *x = vx;
     const loom_block_q8_K *y = vy;
@@ -42,14 +55,7 @@ LOOM_QD_INLINE float body_q4_K(int64_t n, const void *vx, const void *vy) {
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         int8_t q[LOOM_QK_K];
         unpack_k4(x[b].qs, q);
-        int sumi = 0, summ = 0;
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            k4_scale_min(s, x[b].scales, &sc, &m);
-            sumi += sc * loom__qd_dot_i8(q + 32 * s, y[b].qs + 32 * s, 32);
-            summ += m * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-        }
-        sum += y[b].d * (loom__qd_h(x[b].d) * (float)sumi - loom__qd_h(x[b].dmin) * (float)summ);
+        sum += k4_block(q, x[b].scales, x[b].d, x[b].dmin, &y[b]);
     }
     return sum;
 }
@@ -63,14 +69,7 @@ LOOM_QD_INLINE float body_q5_K(int64_t n, const void *vx, const void *vy) {
         unpack_k4(x[b].qs, q);
         for (int e = 0; e < LOOM_QK_K; e++) /* fifth bit: qh[e % 32] bit e / 32 */
             q[e] = (int8_t)(q[e] | (((x[b].qh[e % 32] >> (e / 32)) & 1) << 4));
-        int sumi = 0, summ = 0;
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            k4_scale_min(s, x[b].scales, &sc, &m);
-            sumi += sc * loom__qd_dot_i8(q + 32 * s, y[b].qs + 32 * s, 32);
-            summ += m * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-        }
-        sum += y[b].d * (loom__qd_h(x[b].d) * (float)sumi - loom__qd_h(x[b].dmin) * (float)summ);
+        sum += k4_block(q, x[b].scales, x[b].d, x[b].dmin, &y[b]);
     }
     return sum;
 }
