@@ -73,6 +73,15 @@ LOOM_QD_INLINE float loom__qd_h(uint16_t h) {
     return loom__fp16_to_fp32(h);
 }
 
+/* 32 elements from 16 bytes of nibbles through a 16-entry table: qs[j] low is element j,
+ * high is element j + 16 (IQ4_NL, IQ4_XS, MXFP4) */
+LOOM_QD_INLINE void loom__qd_unpack_lut(const uint8_t *qs, const int8_t *lut, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = lut[qs[j] & 0x0f];
+        q[j + 16] = lut[qs[j] >> 4];
+    }
+}
+
 /* sum of a[i] * b[i] over n int8 pairs, in int32 (n a multiple of 16) */
 LOOM_QD_INLINE int loom__qd_dot_i8(const int8_t *a, const int8_t *b, int n) {
     int s = 0;

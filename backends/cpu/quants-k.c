@@ -146,11 +146,7 @@ LOOM_QD_INLINE float body_iq4_xs(int64_t n, const void *vx, const void *vy) {
         int sumi = 0;
         for (int s = 0; s < 8; s++) {
             int8_t q[32];
-            const uint8_t *qs = x[b].qs + 16 * s;
-            for (int j = 0; j < 16; j++) {
-                q[j] = loom_iq4nl_values[qs[j] & 0x0f];
-                q[j + 16] = loom_iq4nl_values[qs[j] >> 4];
-            }
+            loom__qd_unpack_lut(x[b].qs + 16 * s, loom_iq4nl_values, q);
             const int ls = (((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) |
                             (((x[b].scales_h >> (2 * s)) & 3) << 4)) -
                            32;

@@ -73,10 +73,7 @@ LOOM_QD_INLINE float body_iq4_nl(int64_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK4_NL; b++) {
         int8_t q[32];
-        for (int j = 0; j < 16; j++) {
-            q[j] = loom_iq4nl_values[x[b].qs[j] & 0x0f];
-            q[j + 16] = loom_iq4nl_values[x[b].qs[j] >> 4];
-        }
+        loom__qd_unpack_lut(x[b].qs, loom_iq4nl_values, q);
         sum += loom__qd_h(x[b].d) * loom__qd_h(y[b].d) * (float)loom__qd_dot_i8(q, y[b].qs, 32);
     }
     return sum;
@@ -88,10 +85,7 @@ LOOM_QD_INLINE float body_mxfp4(int64_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_MXFP4; b++) {
         int8_t q[32];
-        for (int j = 0; j < 16; j++) {
-            q[j] = loom_mxfp4_values[x[b].qs[j] & 0x0f];
-            q[j + 16] = loom_mxfp4_values[x[b].qs[j] >> 4];
-        }
+        loom__qd_unpack_lut(x[b].qs, loom_mxfp4_values, q);
         sum += e8m0_half(x[b].e) * loom__qd_h(y[b].d) * (float)loom__qd_dot_i8(q, y[b].qs, 32);
     }
     return sum;
