@@ -84,7 +84,6 @@ typedef struct loom__cpu_simd {
     double (*vec_exp_sum)(int64_t n, float *y, const float *x, float max);
     /* y += x * s */
     void (*vec_mad_f32)(int64_t n, float *y, const float *x, float s);
-    void (*vec_mad_f16)(int64_t n, float *y, const uint16_t *x, float s);
     /* nblk whole blocks -> 32 * nblk floats */
     void (*dequant_q8_0)(const loom_block_q8_0 *x, float *y, int64_t nblk);
     void (*dequant_q4_0)(const loom_block_q4_0 *x, float *y, int64_t nblk);

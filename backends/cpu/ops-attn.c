@@ -87,6 +87,18 @@ static float read_mask(const loom_tensor *mask, const char *row, int64_t i) {
     return v;
 }
 
+/* A row of n elements of an F32/F16 tensor as f32: in place when contiguous F32, else
+ * converted into buf (contiguous F16 through the SIMD table's F16C conversion). */
+static const float *row_f32(const loom_tensor *t, const char *row, int64_t n, float *buf,
+                            const loom__cpu_simd *simd) {
+    if (t->type == LOOM_TYPE_F32 && t->nb[0] == sizeof(float)) return (const float *)row;
+    if (t->type == LOOM_TYPE_F16 && t->nb[0] == sizeof(uint16_t))
+        simd->f16_to_f32((const uint16_t *)row, buf, n);
+    else
+        loom__cpu_row_to_f32(t->type, row, t->nb[0], 0, n, buf);
+    return buf;
+}
+
 /* Rows of one item: query rows (query j, head h) of the heads sharing one KV head, j-major,
  * so a decode step (Nq = 1) takes every query head of a KV group at once and each K/V row
  * is read once per group. Keys are taken FA_KT at a time: scores for every row (dots of
@@ -171,15 +183,8 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
                 live[t] = any;
                 if (!any) continue;
                 tile_any = true;
-                /* the key row as f32: in place, or converted once for all rows (F16C) */
-                const char *kp = loom__at(k, 0, i, hk, s);
-                const float *kr = kbuf;
-                if (k->type == LOOM_TYPE_F32 && k->nb[0] == sizeof(float))
-                    kr = (const float *)kp;
-                else if (k->type == LOOM_TYPE_F16 && k->nb[0] == sizeof(uint16_t))
-                    simd->f16_to_f32((const uint16_t *)kp, kbuf, D);
-                else
-                    loom__cpu_row_to_f32(k->type, kp, k->nb[0], 0, D, kbuf);
+                /* the key row as f32, converted once for all rows */
+                const float *kr = row_f32(k, loom__at(k, 0, i, hk, s), D, kbuf, simd);
                 for (int c0 = 0; c0 < nr; c0 += 4) {
                     const int nc = nr - c0 < 4 ? nr - c0 : 4;
                     float d4[4];
@@ -219,14 +224,7 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
             for (int t = 0; t < nt; t++) {
                 if (!live[t]) continue;
                 /* the value row as f32, converted once for all rows */
-                const char *vp = loom__at(v, 0, i0 + t, hk, s);
-                const float *vr = vbuf;
-                if (v->type == LOOM_TYPE_F32 && v->nb[0] == sizeof(float))
-                    vr = (const float *)vp;
-                else if (v->type == LOOM_TYPE_F16 && v->nb[0] == sizeof(uint16_t))
-                    simd->f16_to_f32((const uint16_t *)vp, vbuf, Dv);
-                else
-                    loom__cpu_row_to_f32(v->type, vp, v->nb[0], 0, Dv, vbuf);
+                const float *vr = row_f32(v, loom__at(v, 0, i0 + t, hk, s), Dv, vbuf, simd);
                 for (int rr = 0; rr < nr; rr++)
                     if (z[rr * FA_KT + t] != -INFINITY)
                         simd->vec_mad_f32(Dv, acc + rr * Dv, vr, pw[rr * FA_KT + t]);

@@ -36,8 +36,50 @@ loom__cpu_qdot_fn loom__cpu_qdot_get(loom_type t, const loom__cpu_simd *simd);
 
 #define LOOM_QD_INLINE static inline __attribute__((always_inline))
 
+/* Instantiation. LIST(X, sfx, attr) applies X(name, sfx, attr) to each type name of a file;
+ * LOOM_QD_INSTANCES(LIST) defines dot_<name>_<sfx> calling body_<name> for each ISA, and
+ * LOOM_QD_SELECT(LIST, s, isa) stores the instances of the given isa into the set s. */
+#define LOOM_QD_DEF(name, sfx, attr)                                                               \
+    attr static float dot_##name##_##sfx(int64_t n, const void *x, const void *y) {                \
+        return body_##name(n, x, y);                                                               \
+    }
+#define LOOM_QD_SET(name, sfx, s) (s)->name = dot_##name##_##sfx;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LOOM_QD_INSTANCES(LIST)                                                                    \
+    LIST(LOOM_QD_DEF, scalar, )                                                                    \
+    LIST(LOOM_QD_DEF, avx2, __attribute__((target("avx2,fma,f16c"))))                              \
+    LIST(LOOM_QD_DEF, avx512, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
+#define LOOM_QD_SELECT(LIST, s, isa)                                                               \
+    do {                                                                                           \
+        if ((isa) == 2) {                                                                          \
+            LIST(LOOM_QD_SET, avx512, s)                                                           \
+        } else if ((isa) == 1) {                                                                   \
+            LIST(LOOM_QD_SET, avx2, s)                                                             \
+        } else {                                                                                   \
+            LIST(LOOM_QD_SET, scalar, s)                                                           \
+        }                                                                                          \
+    } while (0)
+#else
+#define LOOM_QD_INSTANCES(LIST) LIST(LOOM_QD_DEF, scalar, )
+#define LOOM_QD_SELECT(LIST, s, isa)                                                               \
+    do {                                                                                           \
+        (void)(isa);                                                                               \
+        LIST(LOOM_QD_SET, scalar, s)                                                               \
+    } while (0)
+#endif
+
 LOOM_QD_INLINE float loom__qd_h(uint16_t h) {
     return loom__fp16_to_fp32(h);
+}
+
+/* 32 elements from 16 bytes of nibbles through a 16-entry table: qs[j] low is element j,
+ * high is element j + 16 (IQ4_NL, IQ4_XS, MXFP4) */
+LOOM_QD_INLINE void loom__qd_unpack_lut(const uint8_t *qs, const int8_t *lut, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = lut[qs[j] & 0x0f];
+        q[j + 16] = lut[qs[j] >> 4];
+    }
 }
 
 /* sum of a[i] * b[i] over n int8 pairs, in int32 (n a multiple of 16) */

@@ -35,6 +35,19 @@ LOOM_QD_INLINE void unpack_k2(const uint8_t *qs, int8_t *q) {
                 q[128 * h + 32 * g + l] = (int8_t)((qs[32 * h + l] >> (2 * g)) & 3);
 }
 
+/* one Q4_K/Q5_K super-block: q its unpacked weights, scales its 12 packed bytes */
+LOOM_QD_INLINE float k4_block(const int8_t *q, const uint8_t *scales, uint16_t d, uint16_t dmin,
+                              const loom_block_q8_K *y) {
+    int sumi = 0, summ = 0;
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        k4_scale_min(s, scales, &sc, &m);
+        sumi += sc * loom__qd_dot_i8(q + 32 * s, y->qs + 32 * s, 32);
+        summ += m * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
+    }
+    return y->d * (loom__qd_h(d) * (float)sumi - loom__qd_h(dmin) * (float)summ);
+}
+
 LOOM_QD_INLINE float body_q4_K(int64_t n, const void *vx, const void *vy) {
     const loom_block_q4_K *x = vx;
     const loom_block_q8_K *y = vy;
@@ -42,14 +55,7 @@ LOOM_QD_INLINE float body_q4_K(int64_t n, const void *vx, const void *vy) {
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         int8_t q[LOOM_QK_K];
         unpack_k4(x[b].qs, q);
-        int sumi = 0, summ = 0;
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            k4_scale_min(s, x[b].scales, &sc, &m);
-            sumi += sc * loom__qd_dot_i8(q + 32 * s, y[b].qs + 32 * s, 32);
-            summ += m * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-        }
-        sum += y[b].d * (loom__qd_h(x[b].d) * (float)sumi - loom__qd_h(x[b].dmin) * (float)summ);
+        sum += k4_block(q, x[b].scales, x[b].d, x[b].dmin, &y[b]);
     }
     return sum;
 }
@@ -63,14 +69,7 @@ LOOM_QD_INLINE float body_q5_K(int64_t n, const void *vx, const void *vy) {
         unpack_k4(x[b].qs, q);
         for (int e = 0; e < LOOM_QK_K; e++) /* fifth bit: qh[e % 32] bit e / 32 */
             q[e] = (int8_t)(q[e] | (((x[b].qh[e % 32] >> (e / 32)) & 1) << 4));
-        int sumi = 0, summ = 0;
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            k4_scale_min(s, x[b].scales, &sc, &m);
-            sumi += sc * loom__qd_dot_i8(q + 32 * s, y[b].qs + 32 * s, 32);
-            summ += m * (y[b].bsums[2 * s] + y[b].bsums[2 * s + 1]);
-        }
-        sum += y[b].d * (loom__qd_h(x[b].d) * (float)sumi - loom__qd_h(x[b].dmin) * (float)summ);
+        sum += k4_block(q, x[b].scales, x[b].d, x[b].dmin, &y[b]);
     }
     return sum;
 }
@@ -147,11 +146,7 @@ LOOM_QD_INLINE float body_iq4_xs(int64_t n, const void *vx, const void *vy) {
         int sumi = 0;
         for (int s = 0; s < 8; s++) {
             int8_t q[32];
-            const uint8_t *qs = x[b].qs + 16 * s;
-            for (int j = 0; j < 16; j++) {
-                q[j] = loom_iq4nl_values[qs[j] & 0x0f];
-                q[j + 16] = loom_iq4nl_values[qs[j] >> 4];
-            }
+            loom__qd_unpack_lut(x[b].qs + 16 * s, loom_iq4nl_values, q);
             const int ls = (((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) |
                             (((x[b].scales_h >> (2 * s)) & 3) << 4)) -
                            32;
@@ -162,56 +157,12 @@ LOOM_QD_INLINE float body_iq4_xs(int64_t n, const void *vx, const void *vy) {
     return sum;
 }
 
-#define K_DOTS(sfx, attr)                                                                          \
-    attr static float dot_q2_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q2_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q3_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q3_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q4_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q4_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q6_K_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q6_K(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_iq4_xs_##sfx(int64_t n, const void *x, const void *y) {                  \
-        return body_iq4_xs(n, x, y);                                                               \
-    }
+#define K_TYPES(X, sfx, a)                                                                         \
+    X(q2_K, sfx, a)                                                                                \
+    X(q3_K, sfx, a) X(q4_K, sfx, a) X(q5_K, sfx, a) X(q6_K, sfx, a) X(iq4_xs, sfx, a)
 
-K_DOTS(scalar, )
-#if defined(__x86_64__) && defined(__GNUC__)
-K_DOTS(avx2, __attribute__((target("avx2,fma,f16c"))))
-K_DOTS(avx512, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
-#endif
+LOOM_QD_INSTANCES(K_TYPES)
 
 void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa) {
-#define SET(sfx)                                                                                   \
-    do {                                                                                           \
-        s->q2_K = dot_q2_K_##sfx;                                                                  \
-        s->q3_K = dot_q3_K_##sfx;                                                                  \
-        s->q4_K = dot_q4_K_##sfx;                                                                  \
-        s->q5_K = dot_q5_K_##sfx;                                                                  \
-        s->q6_K = dot_q6_K_##sfx;                                                                  \
-        s->iq4_xs = dot_iq4_xs_##sfx;                                                              \
-    } while (0)
-#if HAVE_X86
-    if (isa == 2) {
-        SET(avx512);
-        return;
-    }
-    if (isa == 1) {
-        SET(avx2);
-        return;
-    }
-#endif
-    (void)isa;
-    SET(scalar);
-#undef SET
+    LOOM_QD_SELECT(K_TYPES, s, isa);
 }

@@ -73,10 +73,7 @@ LOOM_QD_INLINE float body_iq4_nl(int64_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK4_NL; b++) {
         int8_t q[32];
-        for (int j = 0; j < 16; j++) {
-            q[j] = loom_iq4nl_values[x[b].qs[j] & 0x0f];
-            q[j + 16] = loom_iq4nl_values[x[b].qs[j] >> 4];
-        }
+        loom__qd_unpack_lut(x[b].qs, loom_iq4nl_values, q);
         sum += loom__qd_h(x[b].d) * loom__qd_h(y[b].d) * (float)loom__qd_dot_i8(q, y[b].qs, 32);
     }
     return sum;
@@ -88,61 +85,17 @@ LOOM_QD_INLINE float body_mxfp4(int64_t n, const void *vx, const void *vy) {
     float sum = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_MXFP4; b++) {
         int8_t q[32];
-        for (int j = 0; j < 16; j++) {
-            q[j] = loom_mxfp4_values[x[b].qs[j] & 0x0f];
-            q[j + 16] = loom_mxfp4_values[x[b].qs[j] >> 4];
-        }
+        loom__qd_unpack_lut(x[b].qs, loom_mxfp4_values, q);
         sum += e8m0_half(x[b].e) * loom__qd_h(y[b].d) * (float)loom__qd_dot_i8(q, y[b].qs, 32);
     }
     return sum;
 }
 
-#define LEGACY_DOTS(sfx, attr)                                                                     \
-    attr static float dot_q4_1_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q4_1(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_0_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_0(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_q5_1_##sfx(int64_t n, const void *x, const void *y) {                    \
-        return body_q5_1(n, x, y);                                                                 \
-    }                                                                                              \
-    attr static float dot_iq4_nl_##sfx(int64_t n, const void *x, const void *y) {                  \
-        return body_iq4_nl(n, x, y);                                                               \
-    }                                                                                              \
-    attr static float dot_mxfp4_##sfx(int64_t n, const void *x, const void *y) {                   \
-        return body_mxfp4(n, x, y);                                                                \
-    }
+#define LEGACY_TYPES(X, sfx, a)                                                                    \
+    X(q4_1, sfx, a) X(q5_0, sfx, a) X(q5_1, sfx, a) X(iq4_nl, sfx, a) X(mxfp4, sfx, a)
 
-LEGACY_DOTS(scalar, )
-#if defined(__x86_64__) && defined(__GNUC__)
-LEGACY_DOTS(avx2, __attribute__((target("avx2,fma,f16c"))))
-LEGACY_DOTS(avx512, __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl"))))
-#define HAVE_X86 1
-#else
-#define HAVE_X86 0
-#endif
+LOOM_QD_INSTANCES(LEGACY_TYPES)
 
 void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa) {
-#define SET(sfx)                                                                                   \
-    do {                                                                                           \
-        s->q4_1 = dot_q4_1_##sfx;                                                                  \
-        s->q5_0 = dot_q5_0_##sfx;                                                                  \
-        s->q5_1 = dot_q5_1_##sfx;                                                                  \
-        s->iq4_nl = dot_iq4_nl_##sfx;                                                              \
-        s->mxfp4 = dot_mxfp4_##sfx;                                                                \
-    } while (0)
-#if HAVE_X86
-    if (isa == 2) {
-        SET(avx512);
-        return;
-    }
-    if (isa == 1) {
-        SET(avx2);
-        return;
-    }
-#endif
-    (void)isa;
-    SET(scalar);
-#undef SET
+    LOOM_QD_SELECT(LEGACY_TYPES, s, isa);
 }

@@ -463,15 +463,6 @@ static T256 void avx2_vec_mad_f32(int64_t n, float *y, const float *x, float s) 
         y[i] += x[i] * s;
 }
 
-static T256 void avx2_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
-    __m256 vs = _mm256_set1_ps(s);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(load_f16(x + i), vs, _mm256_loadu_ps(y + i)));
-    for (; i < n; i++)
-        y[i] += loom__fp16_to_fp32(x[i]) * s;
-}
-
 static T256 void avx2_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
     for (int64_t i = 0; i < nblk; i++) {
         __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d));
@@ -534,7 +525,6 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .vec_swiglu = avx2_vec_swiglu,
     .vec_exp_sum = avx2_vec_exp_sum,
     .vec_mad_f32 = avx2_vec_mad_f32,
-    .vec_mad_f16 = avx2_vec_mad_f16,
     .dequant_q8_0 = avx2_dequant_q8_0,
     .dequant_q4_0 = avx2_dequant_q4_0,
     .f16_to_f32 = avx2_f16_to_f32,

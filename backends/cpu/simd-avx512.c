@@ -569,18 +569,6 @@ static T512 void avx512_vec_mad_f32(int64_t n, float *y, const float *x, float s
     }
 }
 
-static T512 void avx512_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
-    __m512 vs = _mm512_set1_ps(s);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(load_f16(x + i), vs, _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(
-            y + i, m, _mm512_fmadd_ps(maskload_f16(m, x + i), vs, _mm512_maskz_loadu_ps(m, y + i)));
-    }
-}
-
 static T512 void avx512_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
     for (int64_t i = 0; i < nblk; i++) {
         __m512 d = _mm512_set1_ps(fp16_1(x[i].d));
@@ -646,7 +634,6 @@ const loom__cpu_simd loom__cpu_simd_avx512 = {
     .vec_swiglu = avx512_vec_swiglu,
     .vec_exp_sum = avx512_vec_exp_sum,
     .vec_mad_f32 = avx512_vec_mad_f32,
-    .vec_mad_f16 = avx512_vec_mad_f16,
     .dequant_q8_0 = avx512_dequant_q8_0,
     .dequant_q4_0 = avx512_dequant_q4_0,
     .f16_to_f32 = avx512_f16_to_f32,

@@ -147,11 +147,6 @@ static void scalar_vec_mad_f32(int64_t n, float *y, const float *x, float s) {
         y[i] += x[i] * s;
 }
 
-static void scalar_vec_mad_f16(int64_t n, float *y, const uint16_t *x, float s) {
-    for (int64_t i = 0; i < n; i++)
-        y[i] += loom__fp16_to_fp32(x[i]) * s;
-}
-
 static void scalar_dequant_q8_0(const loom_block_q8_0 *x, float *y, int64_t nblk) {
     loom__cpu_dequantize_row_q8_0(x, y, nblk * LOOM_QK8_0);
 }
@@ -188,7 +183,6 @@ const loom__cpu_simd loom__cpu_simd_scalar = {
     .vec_swiglu = scalar_vec_swiglu,
     .vec_exp_sum = scalar_vec_exp_sum,
     .vec_mad_f32 = scalar_vec_mad_f32,
-    .vec_mad_f16 = scalar_vec_mad_f16,
     .dequant_q8_0 = scalar_dequant_q8_0,
     .dequant_q4_0 = scalar_dequant_q4_0,
     .f16_to_f32 = scalar_f16_to_f32,
