@@ -98,13 +98,7 @@ int loom_cli_gguf(int argc, char **argv) {
             fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
             return 2;
         } else {
-            bool known = false;
-            for (const char *const *n = gguf_names; *n && !known; n++)
-                known = !strcmp(a, *n);
-            if (known)
-                fprintf(stderr, "loom gguf: %s needs a value\n", a);
-            else
-                loom_cli_unknown_option("gguf", a, gguf_names, NULL);
+            loom_cli_bad_option("gguf", a, gguf_names, NULL);
             return 2;
         }
     }

@@ -502,13 +502,7 @@ int loom_cli_plan(int argc, char **argv) {
             }
             i++;
         } else {
-            bool known = false;
-            for (const char *const *n = plan_names; *n && !known; n++)
-                known = !strcmp(a, *n);
-            if (known)
-                fprintf(stderr, "loom plan: %s needs a value\n", a);
-            else
-                loom_cli_unknown_option("plan", a, plan_names, NULL);
+            loom_cli_bad_option("plan", a, plan_names, NULL);
             return 2;
         }
     }
