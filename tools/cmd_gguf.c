@@ -223,9 +223,7 @@ int loom_cli_gguf(int argc, char **argv) {
         printf("\nsplit over %d devices (%s)\n", n_dev, devices);
         /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
          * layer (a ring for sliding-window layers), split by the rules */
-        int64_t ctx = n_ctx > 0
-                          ? n_ctx
-                          : (hp.n_ctx_train > 0 && hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
+        int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
         loom_ctx *kc = loom_ctx_new(
             (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
         for (int il = 0; kc && il < hp.n_layer; il++)
