@@ -45,6 +45,10 @@ const char *loom_cli_path(const char *p, char *buf, size_t size);
  * nearest of the names (NULL-terminated lists; `more` may be NULL). */
 void loom_cli_unknown_option(const char *cmd, const char *arg, const char *const *names,
                              const char *const *more);
+/* For an option the parser did not take: "loom CMD: ARG needs a value" when ARG is one of
+ * the names (so it was the last argument), else as loom_cli_unknown_option. */
+void loom_cli_bad_option(const char *cmd, const char *arg, const char *const *names,
+                         const char *const *more);
 /* Parses a float that must be finite and in [min, max]; prints the error if not. */
 bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, double min, double max,
                           float *out);

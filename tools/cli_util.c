@@ -112,6 +112,18 @@ void loom_cli_unknown_option(const char *cmd, const char *arg, const char *const
         fprintf(stderr, "loom %s: unknown option '%s' (see loom %s --help)\n", cmd, arg, cmd);
 }
 
+void loom_cli_bad_option(const char *cmd, const char *arg, const char *const *names,
+                         const char *const *more) {
+    const char *const *lists[2] = {names, more};
+    for (int l = 0; l < 2; l++)
+        for (const char *const *n = lists[l]; n && *n; n++)
+            if (!strcmp(arg, *n)) {
+                fprintf(stderr, "loom %s: %s needs a value\n", cmd, arg);
+                return;
+            }
+    loom_cli_unknown_option(cmd, arg, names, more);
+}
+
 bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, double min, double max,
                           float *out) {
     if (!val) {

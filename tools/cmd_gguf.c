@@ -61,6 +61,12 @@ static void plan_add(double *per_dev, int n_dev, const loom_split_state *st, con
                           : (double)loom_nbytes(t);
 }
 
+/* A context for one tensor's metadata (no data), made afresh for each tensor. */
+static loom_ctx *meta_ctx(void) {
+    return loom_ctx_new(
+        (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+}
+
 int loom_cli_gguf(int argc, char **argv) {
     const char *path = NULL, *devices = NULL, *rules_file = NULL;
     char pbuf[4096], rbuf[4096];
@@ -98,13 +104,7 @@ int loom_cli_gguf(int argc, char **argv) {
             fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
             return 2;
         } else {
-            bool known = false;
-            for (const char *const *n = gguf_names; *n && !known; n++)
-                known = !strcmp(a, *n);
-            if (known)
-                fprintf(stderr, "loom gguf: %s needs a value\n", a);
-            else
-                loom_cli_unknown_option("gguf", a, gguf_names, NULL);
+            loom_cli_bad_option("gguf", a, gguf_names, NULL);
             return 2;
         }
     }
@@ -171,8 +171,7 @@ int loom_cli_gguf(int argc, char **argv) {
         printf("\n");
     }
     printf("\ntensors:\n");
-    loom_ctx *ctx =
-        loom_ctx_new((loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+    loom_ctx *ctx = meta_ctx();
     for (int64_t i = 0; i < loom_gguf_tensor_count(g); i++) {
         int64_t ne[4];
         loom_gguf_tensor_ne(g, i, ne);
@@ -219,8 +218,7 @@ int loom_cli_gguf(int argc, char **argv) {
             } else
                 printf(" (no rule: mirrored)");
             loom_ctx_free(ctx);
-            ctx = loom_ctx_new(
-                (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+            ctx = meta_ctx();
         }
         printf("\n");
     }
@@ -229,11 +227,8 @@ int loom_cli_gguf(int argc, char **argv) {
         printf("\nsplit over %d devices (%s)\n", n_dev, devices);
         /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
          * layer (a ring for sliding-window layers), split by the rules */
-        int64_t ctx = n_ctx > 0
-                          ? n_ctx
-                          : (hp.n_ctx_train > 0 && hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
-        loom_ctx *kc = loom_ctx_new(
-            (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+        int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
+        loom_ctx *kc = meta_ctx();
         for (int il = 0; kc && il < hp.n_layer; il++)
             for (int which = 0; which < 2; which++) {
                 /* a sliding-window layer: its ring for the default batch of 512 */
@@ -247,8 +242,7 @@ int loom_cli_gguf(int argc, char **argv) {
                 else
                     plan_add(kv_dev, n_dev, &(loom_split_state){.axis = LOOM_SPLIT_MIRRORED}, t);
                 loom_ctx_free(kc);
-                kc = loom_ctx_new(
-                    (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
+                kc = meta_ctx();
             }
         loom_ctx_free(kc);
         loom_cli_mem_row rows[LOOM_META_MAX_DEVICES + 1];

@@ -502,13 +502,7 @@ int loom_cli_plan(int argc, char **argv) {
             }
             i++;
         } else {
-            bool known = false;
-            for (const char *const *n = plan_names; *n && !known; n++)
-                known = !strcmp(a, *n);
-            if (known)
-                fprintf(stderr, "loom plan: %s needs a value\n", a);
-            else
-                loom_cli_unknown_option("plan", a, plan_names, NULL);
+            loom_cli_bad_option("plan", a, plan_names, NULL);
             return 2;
         }
     }
@@ -579,8 +573,7 @@ int loom_cli_plan(int argc, char **argv) {
         loom_gguf_free(g);
         return 1;
     }
-    int64_t ctx =
-        n_ctx > 0 ? n_ctx : (hp.n_ctx_train > 0 && hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
+    int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
 
     /* candidates: 1 device; tensor over 2, 4, 8 and N; layer over the same */
     loom_plan_candidate c[13];
