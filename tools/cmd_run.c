@@ -278,18 +278,12 @@ int loom_cli_run(int argc, char **argv) {
     ids = malloc(cap * sizeof *ids);
     ok = ids != NULL;
     if (lead && ids) {
+        /* cap >= n_ctx: a prompt needing more ids (LOOM_ERR_FULL, n_prompt = the count) is
+         * refused below as longer than the context, with its true length */
         loom_status tst =
             loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), ids, cap, &n_prompt);
-        if (tst == LOOM_ERR_FULL && n_prompt > cap) { /* more ids than bytes + 8: grow, retry */
-            int32_t *grown = realloc(ids, n_prompt * sizeof *ids);
-            tst = grown ? loom_tokenize(tok, prompt, plen, loom_tokenizer_add_bos(tok), grown,
-                                        n_prompt, &n_prompt)
-                        : LOOM_ERR_NOMEM;
-            if (grown) ids = grown, cap = n_prompt;
-        }
-        if (tst) {
-            fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n",
-                    tst == LOOM_ERR_NOMEM ? "out of memory" : loom_last_error());
+        if (tst && tst != LOOM_ERR_FULL) {
+            fprintf(stderr, "loom run: cannot tokenize the prompt: %s\n", loom_last_error());
             ok = false;
         }
     }
