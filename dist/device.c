@@ -264,6 +264,64 @@ static void db_reset(loom_buffer_t buf) {
     if (b->inner && b->inner->iface->reset) b->inner->iface->reset(b->inner);
 }
 
+/* ---------------------------------------------------------------- rank communicator */
+
+/* A failure of the rank communicator: kept (the first) until the next compute or
+ * synchronize of a dist backend reports it, since the hooks that meet it (a copy, the
+ * reducer's communicator) cannot fail the graph themselves. */
+static void rank_comm_fail(loom_dist *d, loom_status st, const char *fmt, const char *msg) {
+    if (d->rc_status != LOOM_OK) return;
+    d->rc_status = st ? st : LOOM_ERR_DEVICE;
+    snprintf(d->rc_msg, sizeof d->rc_msg, fmt, msg);
+    LOOM_LOG_ERROR("dist: rank %d: %s", d->rank, d->rc_msg);
+}
+
+/* Point-to-point through the rank communicator: the source's rank sends its device memory,
+ * the destination's receives into its own; every other rank does nothing. */
+static void rank_comm_p2p(loom_dist *d, void *data, size_t n, int from, int to) {
+    if (d->rc_status != LOOM_OK || n == 0 || from == to) return;
+    char err[512] = "";
+    loom_status st;
+    if (d->rank == from) {
+        d->stats.rank_comm_sends++;
+        st = d->rc_api->send(d->rc, data, n, to, err, sizeof err);
+    } else {
+        d->stats.rank_comm_recvs++;
+        st = d->rc_api->recv(d->rc, data, n, from, err, sizeof err);
+    }
+    if (st) rank_comm_fail(d, st, "%s", err);
+}
+
+/* Collective over the rank communicator: the counts are checked first (LOOM_DIST_CHECK,
+ * rank 0's, on by default): ranks summing different counts would hang or sum garbage in
+ * NCCL, so every rank learns every count and all fail together, naming the ranks. */
+static void rank_comm_allreduce(loom_dist *d, loom_tensor *t, size_t ne) {
+    if (d->rc_status != LOOM_OK) return;
+    if (d->check_counts) {
+        int64_t mine[2] = {(int64_t)ne, (int64_t)t->type}, all[2 * LOOM_DIST_MAX_RANKS];
+        loom_status st = loom__dist_allgather(d, mine, all, sizeof mine);
+        if (st) {
+            rank_comm_fail(d, st, "%s", loom_last_error());
+            return;
+        }
+        for (int r = 1; r < d->size; r++) {
+            if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
+            char msg[400];
+            snprintf(msg, sizeof msg,
+                     "the ranks disagree on an AllReduce ('%s'): rank 0 sums %lld values of %s, "
+                     "rank %d %lld values of %s",
+                     t->name, (long long)all[0], loom_type_name((loom_type)all[1]), r,
+                     (long long)all[2 * r], loom_type_name((loom_type)all[2 * r + 1]));
+            rank_comm_fail(d, LOOM_ERR_SHAPE, "%s", msg);
+            return;
+        }
+    }
+    char err[512] = "";
+    d->stats.rank_comm_allreduces++;
+    loom_status st = d->rc_api->allreduce_f32(d->rc, t->data, ne, err, sizeof err);
+    if (st) rank_comm_fail(d, st, "%s", err);
+}
+
 /* A copy between two dist buffers (a pipeline stage's activations crossing ranks): the
  * source's rank sends, the destination's rank receives (MPI point-to-point), every other
  * rank does nothing; on one rank it is a local copy through host memory. A source outside
@@ -276,6 +334,10 @@ static bool db_cpy(loom_buffer_t buf, const loom_tensor *src, loom_tensor *dst) 
     int from = sb->dd->index, to = db->dd->index;
     if (d->rank != from && d->rank != to) return true;
     size_t n = loom_nbytes(src);
+    if (d->path == LOOM__DIST_PATH_RANK) {
+        rank_comm_p2p(d, d->rank == from ? src->data : dst->data, n, from, to);
+        return true;
+    }
     void *tmp = loom_malloc(n ? n : 1);
     if (!tmp) return false; /* the wrapper's staged path reports it */
     inner_view v = {0};
@@ -390,6 +452,8 @@ typedef struct dist_backend {
     loom__dist_dev *dd;
     loom_backend_t inner; /* local only */
     char name[16];
+    loom_status sync_status; /* the inner backend's, from the last synchronize */
+    char sync_msg[640];
 } dist_backend;
 
 static const char *dbe_name(loom_backend_t be) {
@@ -405,7 +469,23 @@ static void dbe_free(loom_backend_t be) {
 
 static void dbe_synchronize(loom_backend_t be) {
     dist_backend *b = be->context;
-    if (b->inner) (void)loom_backend_synchronize(b->inner);
+    if (!b->inner) return;
+    loom_status st = loom_backend_synchronize(b->inner);
+    if (st && b->sync_status == LOOM_OK) {
+        b->sync_status = st;
+        snprintf(b->sync_msg, sizeof b->sync_msg, "%s", loom_last_error());
+    }
+}
+
+/* A failure of the rank communicator (every later call reports it: the ranks are no longer
+ * in step), else the inner backend's asynchronous failure seen by the last synchronize. */
+static loom_status dbe_get_status(loom_backend_t be) {
+    dist_backend *b = be->context;
+    loom_dist *d = b->dd->d;
+    if (d->rc_status) return loom_error(d->rc_status, "%s: %s", b->name, d->rc_msg);
+    loom_status st = b->sync_status;
+    b->sync_status = LOOM_OK;
+    return st ? loom_error(st, "%s: %s", b->name, b->sync_msg) : LOOM_OK;
 }
 
 /* The tensors of a graph whose buffer is a local dist buffer, pointed at its inner buffer
@@ -458,6 +538,8 @@ static void swap_out(swap_list *l) {
 
 static loom_status dbe_compute(loom_backend_t be, loom_graph *g) {
     dist_backend *b = be->context;
+    loom_dist *d = b->dd->d;
+    if (d->rc_status) return loom_error(d->rc_status, "%s: %s", b->name, d->rc_msg);
     if (!b->inner) return LOOM_OK; /* another rank computes it */
     swap_list l = {0};
     loom_status st =
@@ -481,6 +563,7 @@ static const struct loom_backend_i dist_backend_i = {
     .synchronize = dbe_synchronize,
     .graph_compute = dbe_compute,
     .graph_optimize = dbe_optimize,
+    .get_status = dbe_get_status,
 };
 
 loom_backend_t loom_dist_backend_local(loom_backend_t be) {
@@ -612,6 +695,10 @@ static bool dist_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t 
     if (ne == 0) return true;
     dist_buffer *b = t->buffer ? t->buffer->context : NULL;
     loom_buffer_t inner = b ? b->inner : NULL;
+    if (d->path == LOOM__DIST_PATH_RANK) { /* device memory, in place */
+        rank_comm_allreduce(d, t, ne);
+        return true; /* a failure is reported by the next compute (rank_comm_fail) */
+    }
     loom_status st;
     if (inner && loom_buffer_is_host(inner)) {
         st = loom__dist_allreduce_f32(d, t->data, ne);
@@ -663,6 +750,8 @@ static const struct loom_reg_i dist_reg_i = {
 };
 
 void loom__dist_devices_free(loom_dist *d) {
+    if (d->rc && d->rc_api && d->rc_api->free) d->rc_api->free(d->rc);
+    d->rc = NULL;
     for (int j = 0; j < d->n_devs; j++) {
         loom_buffer_free(d->devs[j].proxy);
         d->devs[j].proxy = NULL;
@@ -706,4 +795,135 @@ loom_status loom_dist_devices(loom_dist *d, loom_dev_t local, int n_threads, loo
     d->n_devs = d->size;
     *n_out = d->size;
     return LOOM_OK;
+}
+
+/* ---------------------------------------------------------------- rank communicator setup */
+
+void loom_dist_set_rank_comm(loom_dist *d, const loom_rank_comm_iface *api) {
+    if (!d) return;
+    d->rc_api = api;
+    d->rc_injected = api != NULL;
+}
+
+static const loom_rank_comm_iface *rank_comm_of(loom_dev_t local, char *why, size_t cap) {
+    loom_reg_t reg = loom_dev_reg(local);
+    void *p = reg ? loom_reg_get_proc_address(reg, LOOM_PROC_RANK_COMM) : NULL;
+    if (!p) {
+        snprintf(why, cap, "%s (reg %s) has no communicator between ranks", loom_dev_name(local),
+                 reg ? loom_reg_name(reg) : "?");
+        return NULL;
+    }
+    loom_rank_comm_get_fn get;
+    memcpy(&get, &p, sizeof get);
+    const loom_rank_comm_iface *api = get();
+    if (!api)
+        snprintf(why, cap, "%s: its communicator between ranks is unavailable",
+                 loom_dev_name(local));
+    return api;
+}
+
+/* The mode of LOOM_DIST_NCCL: 0 never (host memory and MPI), 1 required, else automatic. */
+enum { RC_OFF, RC_AUTO, RC_REQUIRED };
+
+loom_status loom_dist_comm_setup(loom_dist *d) {
+    if (!d) return loom_error(LOOM_ERR_INVALID_ARG, "loom_dist_comm_setup: NULL dist");
+    if (d->path != LOOM__DIST_PATH_UNSET) return LOOM_OK; /* every rank set up already */
+    if (!d->n_devs)
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "loom_dist_comm_setup: no dist devices yet (loom_dist_devices first)");
+    loom_dev_t local = d->devs[d->rank].inner;
+    /* rank 0's settings lead, so the ranks cannot disagree on them */
+    const char *env = getenv("LOOM_DIST_NCCL"), *chk = getenv("LOOM_DIST_CHECK");
+    int64_t lead[3] = {!env || !env[0]     ? RC_AUTO
+                       : !strcmp(env, "0") ? RC_OFF
+                       : !strcmp(env, "1") ? RC_REQUIRED
+                                           : RC_AUTO,
+                       !(chk && !strcmp(chk, "0")), 0};
+    if (env && env[0] && strcmp(env, "0") && strcmp(env, "1") && d->rank == 0)
+        LOOM_LOG_WARN("dist: LOOM_DIST_NCCL='%s' is not 0 or 1; automatic choice", env);
+    char why[512] = "";
+    const loom_rank_comm_iface *api = NULL;
+    if (d->rc_injected) {
+        api = d->rc_api;
+    } else {
+        api = rank_comm_of(local, why, sizeof why);
+        d->rc_api = api;
+    }
+    if (api) lead[2] = (int64_t)api->id_size;
+    loom_status st = loom_dist_bcast(d, lead, sizeof lead, 0);
+    if (st) return st;
+    const int mode = (int)lead[0];
+    d->check_counts = lead[1] != 0;
+
+    /* 1. may every rank join? (no rank enters an init that another skips) */
+    if (mode == RC_OFF) {
+        snprintf(d->path_why, sizeof d->path_why,
+                 "LOOM_DIST_NCCL=0 (rank 0's) forces the host path");
+    } else {
+        if (!api) {
+            /* why says it (rank_comm_of) */
+        } else if (api->id_size == 0 || api->id_size > LOOM_RANK_COMM_ID_MAX ||
+                   (int64_t)api->id_size != lead[2]) {
+            snprintf(why, sizeof why, "%s: a bootstrap id of %zu bytes (rank 0's: %lld)", api->name,
+                     api->id_size, (long long)lead[2]);
+        } else if (!api->usable(local, why, sizeof why)) {
+            if (!why[0])
+                snprintf(why, sizeof why, "%s cannot use %s", api->name, loom_dev_name(local));
+        } else {
+            why[0] = 0;
+        }
+        st = why[0] ? loom_error(LOOM_ERR_UNSUPPORTED, "%s", why) : LOOM_OK;
+        st = loom_dist_agree(d, st);
+        if (st != LOOM_OK) {
+            snprintf(d->path_why, sizeof d->path_why, "%s", loom_last_error());
+            if (mode == RC_REQUIRED)
+                return loom_error(LOOM_ERR_UNSUPPORTED,
+                                  "dist: LOOM_DIST_NCCL=1 but no communicator between ranks: %s",
+                                  d->path_why);
+        }
+    }
+    if (mode == RC_OFF || st != LOOM_OK) {
+        d->path = LOOM__DIST_PATH_HOST;
+        snprintf(d->path_desc, sizeof d->path_desc, "MPI through host memory");
+        LOOM_LOG_INFO("dist: rank %d: %s (%s)", d->rank, d->path_desc, d->path_why);
+        return LOOM_OK;
+    }
+
+    /* 2. rank 0 makes the id; 3. every rank gets it; 4. every rank joins */
+    unsigned char id[LOOM_RANK_COMM_ID_MAX] = {0};
+    char err[512] = "";
+    st = d->rank == 0 ? api->get_id(id, err, sizeof err) : LOOM_OK;
+    if (st) loom_error(st, "%s", err);
+    st = loom_dist_agree(d, st);
+    if (st == LOOM_OK) st = loom_dist_bcast(d, id, api->id_size, 0);
+    if (st)
+        return loom_error(st, "dist: %s across %d ranks: %s", api->name, d->size,
+                          loom_last_error());
+    void *rc = NULL;
+    err[0] = 0;
+    st = api->init(local, d->size, d->rank, id, &rc, err, sizeof err);
+    if (st) loom_error(st, "%s", err);
+    st = loom_dist_agree(d, st);
+    if (st) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", loom_last_error());
+        if (rc && api->free) api->free(rc);
+        return loom_error(st, "dist: %s across %d ranks: %s", api->name, d->size, msg);
+    }
+    d->rc = rc;
+    d->path = LOOM__DIST_PATH_RANK;
+    snprintf(d->path_desc, sizeof d->path_desc, "%s across %d ranks", api->name, d->size);
+    LOOM_LOG_INFO("dist: rank %d: %s on %s", d->rank, d->path_desc, loom_dev_name(local));
+    return LOOM_OK;
+}
+
+const char *loom_dist_comm_describe(const loom_dist *d, const char **why) {
+    if (why) *why = d && d->path == LOOM__DIST_PATH_HOST ? d->path_why : "";
+    if (!d) return "none (one process)";
+    if (d->path == LOOM__DIST_PATH_UNSET) return "MPI through host memory (not set up)";
+    return d->path_desc;
+}
+
+bool loom_dist_uses_rank_comm(const loom_dist *d) {
+    return d && d->path == LOOM__DIST_PATH_RANK;
 }

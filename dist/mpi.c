@@ -115,6 +115,14 @@ loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     return LOOM_OK;
 }
 
+loom_status loom__dist_allgather(loom_dist *d, const void *mine, void *all, size_t bytes) {
+    if (bytes > (size_t)INT_MAX)
+        return loom_error(LOOM_ERR_INVALID_ARG, "dist: allgather of %zu bytes", bytes);
+    d->stats.collectives++;
+    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, comm_of(d));
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_error(rc, "MPI_Allgather");
+}
+
 loom_status loom_dist_agree(loom_dist *d, loom_status st) {
     int mine = st != LOOM_OK ? d->rank : d->size, first = d->size;
     d->stats.collectives++;

@@ -34,6 +34,11 @@ loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     return loom_error(LOOM_ERR_UNSUPPORTED, "dist: built without MPI");
 }
 
+loom_status loom__dist_allgather(loom_dist *d, const void *mine, void *all, size_t bytes) {
+    (void)d, (void)mine, (void)all, (void)bytes;
+    return loom_error(LOOM_ERR_UNSUPPORTED, "dist: built without MPI");
+}
+
 loom_status loom_dist_agree(loom_dist *d, loom_status st) {
     (void)d;
     return st;

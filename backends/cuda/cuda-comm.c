@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -413,4 +414,211 @@ bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n
         return false;
     }
     return true;
+}
+
+/* ---------------------------------------------------------------- between ranks */
+
+/* The communicator between processes (LOOM_PROC_RANK_COMM, include/loom/backend-impl.h):
+ * one CUDA device per rank, NCCL's ncclCommInitRank with the id dist/ broadcast over MPI.
+ * Every call is synchronous: its own stream first waits for every live backend of the
+ * device (loom__cuda_dev_order, as a synchronous buffer call does), the NCCL call is
+ * queued on it, and the stream is waited for, so the data has moved when the call returns
+ * and later work of any backend is ordered after it. An NCCL error (returned, or polled
+ * with ncclCommGetAsyncError) aborts the communicator (ncclCommAbort) and fails every later
+ * call: dist/ reports it from the next compute and the run ends. */
+_Static_assert(sizeof(ncclUniqueId) == sizeof(loom__nccl_id), "ncclUniqueId layout");
+
+typedef struct loom__cuda_rc {
+    const loom__nccl_api *api;
+    loom__cuda_dev *cd;
+    void *nccl; /* ncclComm_t; NULL once aborted */
+    cudaStream_t stream;
+    int nranks, rank;
+    char broken[256]; /* why, once an NCCL error aborted it */
+} loom__cuda_rc;
+
+static void rc_put(char *err, size_t cap, const char *msg) {
+    if (err && cap) snprintf(err, cap, "%s", msg);
+}
+
+static bool rc_usable(loom_dev_t local, char *why, size_t cap) {
+    loom__cuda_dev *cd = loom__cuda_dev_of(local);
+    char msg[512];
+    const char *w = NULL;
+    if (!cd) {
+        snprintf(msg, sizeof msg, "%s is not a CUDA device", local ? loom_dev_name(local) : "?");
+    } else if (cd->n_shared > 1) {
+        snprintf(msg, sizeof msg,
+                 "%s shares GPU %d with other loom devices (virtual devices); NCCL between "
+                 "ranks needs a GPU of its own per rank",
+                 cd->name, cd->cuda_id);
+    } else if (!loom__cuda_nccl(&w)) {
+        snprintf(msg, sizeof msg, "%s", w && w[0] ? w : "NCCL is unavailable");
+    } else {
+        return true;
+    }
+    rc_put(why, cap, msg);
+    return false;
+}
+
+static loom_status rc_nccl_fail(const loom__nccl_api *api, int r, const char *call,
+                                const char *where, char *err, size_t cap) {
+    loom_status s = loom__nccl_check(api, r, call, where, __FILE__, __LINE__);
+    rc_put(err, cap, loom_last_error());
+    return s;
+}
+
+static loom_status rc_get_id(void *id, char *err, size_t cap) {
+    const char *w = NULL;
+    const loom__nccl_api *api = loom__cuda_nccl(&w);
+    if (!api) {
+        rc_put(err, cap, w);
+        return LOOM_ERR_UNSUPPORTED;
+    }
+    loom__nccl_id uid;
+    memset(&uid, 0, sizeof uid);
+    int r = api->GetUniqueId(&uid);
+    if (r != ncclSuccess) return rc_nccl_fail(api, r, "GetUniqueId", "CUDA", err, cap);
+    memcpy(id, &uid, sizeof uid);
+    return LOOM_OK;
+}
+
+static void rc_free(void *comm) {
+    loom__cuda_rc *c = comm;
+    if (!c) return;
+    (void)LOOM_CUDA_CHECK(c->cd->name, cudaSetDevice(c->cd->cuda_id));
+    if (c->nccl) (void)LOOM_NCCL_CHECK(c->api, c->cd->name, CommDestroy(c->nccl));
+    if (c->stream) (void)LOOM_CUDA_CHECK(c->cd->name, cudaStreamDestroy(c->stream));
+    loom_free(c);
+}
+
+static loom_status rc_init(loom_dev_t local, int nranks, int rank, const void *id, void **out,
+                           char *err, size_t cap) {
+    *out = NULL;
+    if (!rc_usable(local, err, cap)) return LOOM_ERR_UNSUPPORTED;
+    loom__cuda_rc *c = loom_calloc(1, sizeof *c);
+    if (!c) {
+        rc_put(err, cap, "CUDA: out of host memory");
+        return LOOM_ERR_NOMEM;
+    }
+    c->api = loom__cuda_nccl(NULL);
+    c->cd = loom__cuda_dev_of(local);
+    c->nranks = nranks;
+    c->rank = rank;
+    loom_status s = LOOM_CUDA_CHECK(c->cd->name, cudaSetDevice(c->cd->cuda_id));
+    if (s == LOOM_OK)
+        s = LOOM_CUDA_CHECK(c->cd->name,
+                            cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    if (s != LOOM_OK) {
+        rc_put(err, cap, loom_last_error());
+        rc_free(c);
+        return s;
+    }
+    loom__nccl_id uid;
+    memcpy(&uid, id, sizeof uid);
+    int r = c->api->CommInitRank(&c->nccl, nranks, uid, rank);
+    if (r != ncclSuccess) {
+        c->nccl = NULL;
+        s = rc_nccl_fail(c->api, r, "CommInitRank", c->cd->name, err, cap);
+        char msg[640];
+        snprintf(msg, sizeof msg, "%s (rank %d of %d on GPU %d)", err, rank, nranks,
+                 c->cd->cuda_id);
+        rc_put(err, cap, msg);
+        rc_free(c);
+        return s;
+    }
+    LOOM_LOG_INFO("CUDA: NCCL rank %d of %d on %s (GPU %d)", rank, nranks, c->cd->name,
+                  c->cd->cuda_id);
+    *out = c;
+    return LOOM_OK;
+}
+
+enum { RC_ALLREDUCE, RC_SEND, RC_RECV };
+
+static loom_status rc_call(loom__cuda_rc *c, int kind, void *data, size_t count, int peer,
+                           char *err, size_t cap) {
+    if (c->broken[0]) {
+        rc_put(err, cap, c->broken);
+        return LOOM_ERR_DEVICE;
+    }
+    const char *w = c->cd->name;
+    loom_status s = LOOM_CUDA_CHECK(w, cudaSetDevice(c->cd->cuda_id));
+    if (s == LOOM_OK) s = loom__cuda_dev_order(c->cd, c->stream); /* after earlier work */
+    if (s != LOOM_OK) {
+        rc_put(err, cap, loom_last_error());
+        return s;
+    }
+    const loom__nccl_api *api = c->api;
+    bool nccl_failed = true;
+    if (kind == RC_ALLREDUCE)
+        s = LOOM_NCCL_CHECK(api, w,
+                            AllReduce(data, data, count, ncclFloat, ncclSum, c->nccl, c->stream));
+    else if (kind == RC_SEND)
+        s = LOOM_NCCL_CHECK(api, w, Send(data, count, ncclInt8, peer, c->nccl, c->stream));
+    else
+        s = LOOM_NCCL_CHECK(api, w, Recv(data, count, ncclInt8, peer, c->nccl, c->stream));
+    /* wait polling NCCL's asynchronous error, as NCCL advises: a peer or network failure
+     * would otherwise leave the stream waiting for ever */
+    while (s == LOOM_OK) {
+        cudaError_t q = cudaStreamQuery(c->stream);
+        if (q == cudaSuccess) {
+            nccl_failed = false;
+            break;
+        }
+        if (q != cudaErrorNotReady) {
+            nccl_failed = false;
+            s = LOOM_CUDA_CHECK(w, q);
+            break;
+        }
+        int ae = ncclSuccess;
+        s = LOOM_NCCL_CHECK(api, w, CommGetAsyncError(c->nccl, &ae));
+        if (s == LOOM_OK && ae != ncclSuccess && ae != ncclInProgress)
+            s = loom_error(LOOM_ERR_DEVICE, "%s: NCCL asynchronous error: %s (NCCL result %d)", w,
+                           api->GetErrorString(ae), ae);
+        if (s == LOOM_OK) sched_yield();
+    }
+    if (s == LOOM_OK) return LOOM_OK;
+    snprintf(c->broken, sizeof c->broken, "%s", loom_last_error());
+    rc_put(err, cap, c->broken);
+    if (nccl_failed && c->nccl) { /* nothing may wait on it any more */
+        (void)LOOM_NCCL_CHECK(api, w, CommAbort(c->nccl));
+        c->nccl = NULL;
+    }
+    return s;
+}
+
+static loom_status rc_allreduce(void *comm, void *data, size_t count, char *err, size_t cap) {
+    return rc_call(comm, RC_ALLREDUCE, data, count, -1, err, cap);
+}
+static loom_status rc_send(void *comm, const void *data, size_t bytes, int peer, char *err,
+                           size_t cap) {
+    return rc_call(comm, RC_SEND, (void *)data, bytes, peer, err, cap);
+}
+static loom_status rc_recv(void *comm, void *data, size_t bytes, int peer, char *err, size_t cap) {
+    return rc_call(comm, RC_RECV, data, bytes, peer, err, cap);
+}
+
+static pthread_once_t loom__rc_once = PTHREAD_ONCE_INIT;
+static loom_rank_comm_iface loom__rc_iface;
+
+static void loom__rc_setup(void) {
+    const loom__nccl_api *api = loom__cuda_nccl(NULL);
+    if (api)
+        snprintf(loom__rc_iface.name, sizeof loom__rc_iface.name, "NCCL %d.%d.%d",
+                 api->version / 10000, api->version / 100 % 100, api->version % 100);
+    else
+        snprintf(loom__rc_iface.name, sizeof loom__rc_iface.name, "NCCL");
+    loom__rc_iface.id_size = sizeof(ncclUniqueId);
+    loom__rc_iface.usable = rc_usable;
+    loom__rc_iface.get_id = rc_get_id;
+    loom__rc_iface.init = rc_init;
+    loom__rc_iface.allreduce_f32 = rc_allreduce;
+    loom__rc_iface.send = rc_send;
+    loom__rc_iface.recv = rc_recv;
+    loom__rc_iface.free = rc_free;
+}
+
+const loom_rank_comm_iface *loom__cuda_rank_comm(void) {
+    pthread_once(&loom__rc_once, loom__rc_setup);
+    return &loom__rc_iface;
 }

@@ -50,6 +50,10 @@ loom_status loom__cuda_nccl_load(const char *path, loom__nccl_api *out) {
     LOOM__NCCL_SYM(GroupStart, "ncclGroupStart");
     LOOM__NCCL_SYM(GroupEnd, "ncclGroupEnd");
     LOOM__NCCL_SYM(AllReduce, "ncclAllReduce");
+    LOOM__NCCL_SYM(GetUniqueId, "ncclGetUniqueId");
+    LOOM__NCCL_SYM(CommInitRank, "ncclCommInitRank");
+    LOOM__NCCL_SYM(Send, "ncclSend");
+    LOOM__NCCL_SYM(Recv, "ncclRecv");
 #undef LOOM__NCCL_SYM
     if (missing) {
         dlclose(h);

@@ -16,6 +16,13 @@
 
 #include "loom/core.h"
 
+/* ncclUniqueId's layout (nccl.h: struct { char internal[NCCL_UNIQUE_ID_BYTES = 128]; }),
+ * passed by value to ncclCommInitRank; cuda-comm.c checks the sizes agree. */
+#define LOOM__NCCL_ID_BYTES 128
+typedef struct loom__nccl_id {
+    char internal[LOOM__NCCL_ID_BYTES];
+} loom__nccl_id;
+
 /* Every NCCL entry point the communicator uses, as function pointers (nccl.h's signatures,
  * with NCCL's own types passed as their underlying C types: ncclComm_t is a pointer,
  * ncclResult_t / ncclDataType_t / ncclRedOp_t are ints), plus the library's version. */
@@ -33,6 +40,12 @@ typedef struct loom__nccl_api {
     int (*GroupEnd)(void);
     int (*AllReduce)(const void *sendbuff, void *recvbuff, size_t count, int datatype, int op,
                      void *comm, void *stream);
+    /* across processes (dist/: one rank per process, the id broadcast over MPI) */
+    int (*GetUniqueId)(loom__nccl_id *id);
+    int (*CommInitRank)(void **comm, int nranks, loom__nccl_id id, int rank);
+    int (*Send)(const void *sendbuff, size_t count, int datatype, int peer, void *comm,
+                void *stream);
+    int (*Recv)(void *recvbuff, size_t count, int datatype, int peer, void *comm, void *stream);
 } loom__nccl_api;
 
 /* Loads NCCL from `path` (NULL: "libnccl.so.2") into *out. LOOM_ERR_NOT_FOUND when the
@@ -51,5 +64,10 @@ const loom__nccl_api *loom__cuda_nccl(const char **why);
  * LOOM_CUDA_ALLREDUCE_BF16_MIN (default 1 MiB). Any other LOOM_CUDA_ALLREDUCE_BF16 value
  * is logged and BF16 stays off. */
 void loom__cuda_comm_thresholds(size_t *oneshot_max, size_t *bf16_min);
+
+/* The communicator between processes that the reg exports as LOOM_PROC_RANK_COMM
+ * (include/loom/backend-impl.h; cuda-comm.c): NCCL with one CUDA device per rank. Never
+ * NULL where the toolkit was found; its `usable` says why NCCL cannot be used. */
+const struct loom_rank_comm_iface *loom__cuda_rank_comm(void);
 
 #endif /* LOOM_CUDA_NCCL_H */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backends/cuda/cuda-impl.h"
+#include "backends/cuda/cuda-nccl.h"
 
 /* ---------------------------------------------------------------- checks */
 
@@ -305,6 +306,7 @@ static const struct {
     {LOOM_PROC_COMM_INIT, (loom__cuda_any_fn)loom__cuda_comm_init},
     {LOOM_PROC_COMM_ALLREDUCE, (loom__cuda_any_fn)loom__cuda_comm_allreduce},
     {LOOM_PROC_COMM_FREE, (loom__cuda_any_fn)loom__cuda_comm_free},
+    {LOOM_PROC_RANK_COMM, (loom__cuda_any_fn)loom__cuda_rank_comm},
     {"loom_cuda_comm_init_shared", (loom__cuda_any_fn)loom__cuda_comm_init_shared},
     {"loom_cuda_reg_new_virtual", (loom__cuda_any_fn)loom_cuda_reg_new_virtual},
     {"loom_cuda_reg_free", (loom__cuda_any_fn)loom_cuda_reg_free},

@@ -204,6 +204,36 @@ typedef loom_reg_t (*loom_backend_init_fn)(void);
 #define LOOM_PROC_COMM_ALLREDUCE "loom_comm_allreduce_tensor"
 #define LOOM_PROC_COMM_FREE "loom_comm_free"
 
+/* Optional: a communicator between processes (MPI ranks) for one local device each, which
+ * dist/ uses for its members' device buffers (NCCL for CUDA: ncclGetUniqueId on rank 0,
+ * the id broadcast by dist over MPI, ncclCommInitRank on every rank). The proc
+ * LOOM_PROC_RANK_COMM is a `const loom_rank_comm_iface *(*)(void)`: it may load the library
+ * behind it on the first call. Errors are written into the caller's `err` buffer (a module
+ * has its own core, so loom_last_error would not reach the caller); every call is made by
+ * dist on every rank in the same order. The data calls are synchronous: they wait for
+ * every earlier use of the device and return once the data has moved. */
+#define LOOM_PROC_RANK_COMM "loom_rank_comm"
+#define LOOM_RANK_COMM_ID_MAX 256 /* bytes of the bootstrap id (NCCL's: 128) */
+typedef struct loom_rank_comm_iface {
+    char name[64];  /* what moves the data, for reports: "NCCL 2.28.9" */
+    size_t id_size; /* bytes of the bootstrap id, <= LOOM_RANK_COMM_ID_MAX */
+    /* whether this process can join with device `local`; false writes why */
+    bool (*usable)(loom_dev_t local, char *why, size_t cap);
+    /* rank 0 only: the id every rank joins with */
+    loom_status (*get_id)(void *id, char *err, size_t cap);
+    /* a communicator of nranks ranks in which this process is `rank`, on `local` */
+    loom_status (*init)(loom_dev_t local, int nranks, int rank, const void *id, void **comm,
+                        char *err, size_t cap);
+    /* sums `count` floats at device address `data` over every rank, in place */
+    loom_status (*allreduce_f32)(void *comm, void *data, size_t count, char *err, size_t cap);
+    /* point-to-point between two ranks: `bytes` of device memory */
+    loom_status (*send)(void *comm, const void *data, size_t bytes, int peer, char *err,
+                        size_t cap);
+    loom_status (*recv)(void *comm, void *data, size_t bytes, int peer, char *err, size_t cap);
+    void (*free)(void *comm); /* NULL: no-op */
+} loom_rank_comm_iface;
+typedef const loom_rank_comm_iface *(*loom_rank_comm_get_fn)(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,9 +54,11 @@ LOOM_API loom_status loom_dist_agree(loom_dist *d, loom_status st);
  * sent by the source's rank, received by the destination's) and collectives (broadcasts,
  * allreduces, agreements). */
 typedef struct loom_dist_stats {
-    uint64_t sends, recvs;     /* point-to-point messages of this rank */
+    uint64_t sends, recvs; /* point-to-point messages of this rank */
     uint64_t bytes_sent, bytes_recv;
-    uint64_t collectives;      /* broadcasts + allreduces + agreements this rank took part in */
+    uint64_t collectives; /* broadcasts + allreduces + agreements this rank took part in */
+    /* through the rank communicator (NCCL), not counted above */
+    uint64_t rank_comm_allreduces, rank_comm_sends, rank_comm_recvs;
 } loom_dist_stats;
 LOOM_API void loom_dist_get_stats(const loom_dist *d, loom_dist_stats *out);
 
@@ -76,6 +78,28 @@ LOOM_API bool loom_dev_is_dist(loom_dev_t dev);
 LOOM_API loom_backend_t loom_dist_backend_local(loom_backend_t be);
 /* Whether dev is a dist device of another rank (no memory, no compute here). */
 LOOM_API bool loom_dev_is_remote(loom_dev_t dev);
+
+/* Collective, after loom_dist_devices and before the first evaluation (setup does no
+ * other communication, so call it where every rank is known to have got this far): picks
+ * how the members' memory crosses ranks. When the local device's reg exports a rank
+ * communicator (LOOM_PROC_RANK_COMM, include/loom/backend-impl.h: NCCL for a CUDA device)
+ * and every rank can use it, rank 0 makes its id, every rank receives it (MPI_Bcast) and
+ * joins (ncclCommInitRank with its local device); the AllReduce of the tensor-parallel
+ * members and the point-to-point of the pipeline then move device memory through it.
+ * Otherwise (no such communicator on some rank, a CPU or meta local device, or rank 0's
+ * LOOM_DIST_NCCL=0) they go through host memory and MPI, as without this call, and
+ * loom_dist_comm_describe says why. LOOM_DIST_NCCL=1 makes that fallback an error. A
+ * failure of the id or of the init on any rank fails the call on every rank, with the
+ * lowest failing rank's message. Calling it again does nothing. */
+LOOM_API loom_status loom_dist_comm_setup(loom_dist *d);
+/* What moves the members' memory across ranks ("NCCL 2.28.9 across 2 ranks", "MPI through
+ * host memory"); *why (if given) is why the host path was taken ("" otherwise). */
+LOOM_API const char *loom_dist_comm_describe(const loom_dist *d, const char **why);
+LOOM_API bool loom_dist_uses_rank_comm(const loom_dist *d);
+/* Uses api as the rank communicator instead of the local device's reg's (another library,
+ * or a test's stand-in); before loom_dist_comm_setup. NULL: the reg's again. */
+struct loom_rank_comm_iface;
+LOOM_API void loom_dist_set_rank_comm(loom_dist *d, const struct loom_rank_comm_iface *api);
 
 #ifdef __cplusplus
 }
