@@ -582,7 +582,7 @@ int loom_cli_bench(int argc, char **argv) {
     int n_ts = 0;
     bool p_set = false, n_set = false, dist = false;
     loom_cli_dist cd = {.size = 1};
-    char dist_label[96] = "";
+    char dist_label[192] = "";
     int rc = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -825,6 +825,11 @@ int loom_cli_bench(int argc, char **argv) {
                                 failed++;
                                 continue;
                             }
+                            if (cd.d && loom_dist_uses_rank_comm(cd.d) &&
+                                !strstr(dist_label, " via "))
+                                snprintf(dist_label + strlen(dist_label),
+                                         sizeof dist_label - strlen(dist_label), " via %s",
+                                         loom_dist_comm_describe(cd.d, NULL));
                             ((loom_model *)loom_session_model(s))->no_flash_attn =
                                 o.flash_attn == 0;
                             c.mode = loom_session_split_mode(s);

@@ -136,7 +136,15 @@ bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_m
                         (long long)mine[6], (long long)lead[0], (long long)lead[1],
                         (long long)lead[2], (long long)lead[6]);
     if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
-    return loom_cli_dist_agree(cd, st == LOOM_OK, cmd);
+    if (!loom_cli_dist_agree(cd, st == LOOM_OK, cmd)) return false;
+    /* every rank is here with the same session: how device memory crosses ranks (NCCL for
+     * CUDA members, else host memory and MPI); a failure is the same on every rank */
+    st = loom_dist_comm_setup(cd->d);
+    if (st) {
+        fprintf(stderr, "loom %s: rank %d stops: %s\n", cmd, cd->rank, loom_last_error());
+        return false;
+    }
+    return true;
 }
 
 /* kB fields of /proc/self/status */
@@ -186,6 +194,12 @@ void loom_cli_dist_print_rank_memory(const loom_cli_dist *cd, loom_session *s, F
         cd->rank, cd->size, (unsigned long long)ds.sends, (unsigned long long)ds.bytes_sent,
         (unsigned long long)ds.recvs, (unsigned long long)ds.bytes_recv,
         (unsigned long long)ds.collectives);
+    const char *why = NULL, *via = loom_dist_comm_describe(cd->d, &why);
+    PUT("rank %d/%d: across ranks: %s%s%s%s; through it %llu allreduces, %llu sends, %llu "
+        "receives\n",
+        cd->rank, cd->size, via, why && why[0] ? " (" : "", why ? why : "",
+        why && why[0] ? ")" : "", (unsigned long long)ds.rank_comm_allreduces,
+        (unsigned long long)ds.rank_comm_sends, (unsigned long long)ds.rank_comm_recvs);
     if (cd->meta) {
         /* hybrid: the stage's tensor parallelism over this rank's devices */
         loom_meta_stats ms = {0};

@@ -38,7 +38,8 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
 bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd);
 /* Every rank: whether every rank's session has rank 0's shape (model hyperparameters,
  * context, batch, split mode, KV type and placement), so all build the same graphs in step;
- * a rank that differs is named. Without dist, true. */
+ * a rank that differs is named. Then (loom_dist_comm_setup) picks how device memory
+ * crosses ranks: NCCL for CUDA members, else host memory and MPI. Without dist, true. */
 bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
                                 const char *cmd);
 /* One line on f: this rank's resident memory (anonymous and file-backed, now and peak) and

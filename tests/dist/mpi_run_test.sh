@@ -8,6 +8,9 @@
 #   - failure injection: one rank given a bad model path ends every rank with the error,
 #     within the timeout (no hang);
 #   - --dist mpi outside a launcher, and --dist with another value, are refused clearly;
+#   - every rank reports what crosses ranks (host memory and MPI here, and why: no
+#     communicator between ranks on a CPU or sim device); LOOM_DIST_NCCL=1 then stops
+#     every rank with that reason;
 #   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
 #   - ranks given other options: rank 0's -n leads; another context stops every rank;
 #   - hybrid (--devices sim:2 or sim:3 per rank, -sm layer): stage r on rank r, tensor
@@ -120,6 +123,9 @@ check_run() { # N device label split-mode
     local k
     for ((k = 0; k < n; k++)); do
         grep -q "^rank $k/$n: MPI$k holds weights" "$err" || fail "$tag: no memory line of rank $k"
+        # the choice of what crosses ranks, and why (no rank communicator on a host device)
+        grep -q "^rank $k/$n: across ranks: MPI through host memory (rank 0: .* has no communicator between ranks); through it 0 allreduces, 0 sends, 0 receives" "$err" ||
+            fail "$tag: rank $k does not report the host path: $(grep "^rank $k/$n: across" "$err")"
     done
     echo "ok: $tag ($n ranks, -sm $sm, --devices $dev): text equal, logits max diff $d, rank 0 weights $(weight_mib "$err") MiB, $((SECONDS - t0)) s"
 }
@@ -132,6 +138,20 @@ check_run 2 cpu np2layer layer
 check_run 3 cpu np3layer layer
 check_run 4 cpu np4layer layer
 check_run 3 sim:1 np3simlayer layer
+
+# LOOM_DIST_NCCL=1 (a communicator between ranks required) where there is none: every
+# rank stops with the reason, nothing is printed on stdout
+set +e
+LOOM_DIST_NCCL=1 mpi -np 2 "$loom" "${run_args[@]}" --devices sim:1 --dist mpi >"$tmp/req.out" 2>"$tmp/req.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "LOOM_DIST_NCCL=1 without a communicator: rc $rc"
+for k in 0 1; do
+    grep -q "^loom run: rank $k stops: dist: LOOM_DIST_NCCL=1 but no communicator between ranks: rank 0: SIM0 (reg SIM) has no communicator between ranks" "$tmp/req.err" ||
+        fail "LOOM_DIST_NCCL=1: rank $k's message: $(cat "$tmp/req.err")"
+done
+[ ! -s "$tmp/req.out" ] || fail "LOOM_DIST_NCCL=1: printed on stdout: $(cat "$tmp/req.out")"
+echo "ok: LOOM_DIST_NCCL=1 without a communicator stops both ranks with the reason"
 
 # hybrid: pipeline stages across ranks, tensor parallelism over each rank's sim devices.
 # First the oracle's twin on one process: the same meta device alone (-sm tensor, sim:2).

@@ -7,6 +7,7 @@
 #
 # Layout of .gpu/ (kept well under 60 MiB; the script fails if it grows past that):
 #   run.sh                      the runner (a copy of tests/gpu/run.sh)
+#   dist_nccl.sh                `loom run --dist mpi` over cuda:0 with NCCL (run.sh runs it with mpirun)
 #   bin/cuda_test               //tests/gpu:cuda_test (every op vs the CPU, graphs, models...)
 #   bin/loom                    //tools:loom
 #   runfiles/loom/backends/cuda/libloom-cuda.so   the module (also the test's runfile;
@@ -60,6 +61,7 @@ for so in "$bin"/libloom.so "$bin"/libloom.so.*; do
     [ -f "$so" ] && install -m 0755 "$so" "$dest/runfiles/loom/backends/cuda/"
 done
 install -m 0755 tests/gpu/run.sh "$dest/run.sh"
+install -m 0755 tests/gpu/dist_nccl.sh "$dest/dist_nccl.sh"
 for m in stories260K.gguf llama-2-tiny-random.gguf; do
     if [ -f "$models/$m" ]; then
         install -m 0644 "$models/$m" "$dest/models/$m"

@@ -16,7 +16,8 @@
 # Order: the environment (nvidia-smi, which cuBLAS/cudart/NCCL were found), every test of
 # //tests/gpu:cuda_test (the quick device checks, every op against the CPU, then the
 # graph-replay, model and meta-device checks), `loom devices`, `loom bench` on cpu, cuda:0
-# and a 2-way meta device on GPU 0, then with the time left compute-sanitizer: racecheck
+# and a 2-way meta device on GPU 0, `loom run --dist mpi` over cuda:0 with NCCL between
+# ranks where the image has mpirun (dist_nccl.sh), then with the time left compute-sanitizer: racecheck
 # on the AllReduce and attention tests, memcheck on every op test.
 # Without a GPU (the CPU dry run in CI) the GPU cases skip and the runner still completes.
 #
@@ -250,10 +251,19 @@ if [ "$have_gpu" = 1 ]; then
     run_case loom.bench.meta2-on-gpu0 90 plain env LOOM_CUDA_DEVICES_PER_GPU=2 "$loom" \
         "${bench[@]}" --devices cuda:0,1
     run_case loom.run.cuda0 60 plain "$loom" run ${stories:+-m "$stories"} -n 32 --devices cuda:0
+    # --dist mpi over CUDA members: NCCL between ranks on what one GPU allows (dist_nccl.sh)
+    if ! command -v mpirun >/dev/null 2>&1; then
+        record SKIP dist.nccl-one-gpu 0 "mpirun not in the image (Open MPI's openmpi-bin, the version loom was built with)"
+    elif [ ! -f "$stories" ] || [ ! -f "$here/dist_nccl.sh" ]; then
+        record SKIP dist.nccl-one-gpu 0 "no stories260K or no dist_nccl.sh in the bundle"
+    else
+        run_case dist.nccl-one-gpu 300 plain bash "$here/dist_nccl.sh" "$loom" "$stories"
+    fi
 else
     record SKIP loom.bench.cuda0 0 "no GPU"
     record SKIP loom.bench.meta2-on-gpu0 0 "no GPU"
     record SKIP loom.run.cuda0 0 "no GPU"
+    record SKIP dist.nccl-one-gpu 0 "no GPU"
 fi
 
 # ---------------------------------------------------------------- compute-sanitizer
