@@ -5,7 +5,8 @@
 #     the id over MPI, ncclCommInitRank of one rank) and reported; the text equals cuda:0
 #     alone;
 #   - 2 ranks on cuda:0 (the same GPU): NCCL refuses two ranks of one communicator on one
-#     GPU; every rank must stop with NCCL's message (ncclCommInitRank), none may hang;
+#     GPU; every rank must stop with NCCL's message (ncclCommInitRank), none may hang (a
+#     NCCL that accepts it must give cuda:0's text with its AllReduces through NCCL);
 #   - 2 ranks on cuda:0 with LOOM_DIST_NCCL=0 (host memory and MPI), -sm tensor and layer:
 #     the text equals cuda:0 alone, and the ranks report the host path and why.
 # NCCL's AllReduce and send/recv between two GPUs need a machine with two GPUs (or two nodes):
@@ -42,12 +43,18 @@ timeout 120 mpirun --oversubscribe -np 2 "$loom" "${args[@]}" --dist mpi --devic
     >"$tmp/np2.out" 2>"$tmp/np2.err"
 rc=$?
 [ "$rc" -ne 124 ] || fail "2 ranks on one GPU: timed out (a hang): $(tail -5 "$tmp/np2.err")"
-[ "$rc" -ne 0 ] || fail "2 ranks on one GPU with NCCL succeeded (NCCL should refuse)"
-for k in 0 1; do
-    grep -q "^loom run: rank $k stops: dist: NCCL [0-9.]* across 2 ranks: rank [01]: .*CommInitRank" \
-        "$tmp/np2.err" || fail "2 ranks on one GPU: rank $k's message: $(grep stops "$tmp/np2.err")"
-done
-echo "FIGURE dist 2 ranks on one GPU: $(grep -m1 'rank 0 stops' "$tmp/np2.err" | cut -c1-240)"
+if [ "$rc" -eq 0 ]; then # a NCCL that accepts it: then it must be right
+    text "$tmp/np2.out" | cmp -s - "$tmp/ref.txt" || fail "2 ranks on one GPU, NCCL: text differs"
+    grep -q "^rank 1/2: across ranks: NCCL [0-9.]* across 2 ranks; through it [1-9]" "$tmp/np2.err" ||
+        fail "2 ranks on one GPU: NCCL not used: $(grep across "$tmp/np2.err")"
+    echo "FIGURE dist 2 ranks on one GPU: NCCL accepted them: $(grep -m1 '^rank 1/2: across' "$tmp/np2.err")"
+else
+    for k in 0 1; do
+        grep -q "^loom run: rank $k stops: dist: NCCL [0-9.]* across 2 ranks: rank [01]: .*CommInitRank" \
+            "$tmp/np2.err" || fail "2 ranks on one GPU: rank $k's message: $(grep stops "$tmp/np2.err")"
+    done
+    echo "FIGURE dist 2 ranks on one GPU refused: $(grep -m1 'rank 0 stops' "$tmp/np2.err" | cut -c1-240)"
+fi
 
 # 2 ranks on the same GPU through host memory
 for sm in tensor layer; do
