@@ -269,10 +269,10 @@ static void db_reset(loom_buffer_t buf) {
 /* A failure of the rank communicator: kept (the first) until the next compute or
  * synchronize of a dist backend reports it, since the hooks that meet it (a copy, the
  * reducer's communicator) cannot fail the graph themselves. */
-static void rank_comm_fail(loom_dist *d, loom_status st, const char *fmt, const char *msg) {
+static void rank_comm_fail(loom_dist *d, loom_status st, const char *msg) {
     if (d->rc_status != LOOM_OK) return;
     d->rc_status = st ? st : LOOM_ERR_DEVICE;
-    snprintf(d->rc_msg, sizeof d->rc_msg, fmt, msg);
+    snprintf(d->rc_msg, sizeof d->rc_msg, "%s", msg);
     LOOM_LOG_ERROR("dist: rank %d: %s", d->rank, d->rc_msg);
 }
 
@@ -289,7 +289,7 @@ static void rank_comm_p2p(loom_dist *d, void *data, size_t n, int from, int to) 
         d->stats.rank_comm_recvs++;
         st = d->rc_api->recv(d->rc, data, n, from, err, sizeof err);
     }
-    if (st) rank_comm_fail(d, st, "%s", err);
+    if (st) rank_comm_fail(d, st, err);
 }
 
 /* Collective over the rank communicator: the counts are checked first (LOOM_DIST_CHECK,
@@ -301,7 +301,7 @@ static void rank_comm_allreduce(loom_dist *d, loom_tensor *t, size_t ne) {
         int64_t mine[2] = {(int64_t)ne, (int64_t)t->type}, all[2 * LOOM_DIST_MAX_RANKS];
         loom_status st = loom__dist_allgather(d, mine, all, sizeof mine);
         if (st) {
-            rank_comm_fail(d, st, "%s", loom_last_error());
+            rank_comm_fail(d, st, loom_last_error());
             return;
         }
         for (int r = 1; r < d->size; r++) {
@@ -312,14 +312,14 @@ static void rank_comm_allreduce(loom_dist *d, loom_tensor *t, size_t ne) {
                      "rank %d %lld values of %s",
                      t->name, (long long)all[0], loom_type_name((loom_type)all[1]), r,
                      (long long)all[2 * r], loom_type_name((loom_type)all[2 * r + 1]));
-            rank_comm_fail(d, LOOM_ERR_SHAPE, "%s", msg);
+            rank_comm_fail(d, LOOM_ERR_SHAPE, msg);
             return;
         }
     }
     char err[512] = "";
     d->stats.rank_comm_allreduces++;
     loom_status st = d->rc_api->allreduce_f32(d->rc, t->data, ne, err, sizeof err);
-    if (st) rank_comm_fail(d, st, "%s", err);
+    if (st) rank_comm_fail(d, st, err);
 }
 
 /* A copy between two dist buffers (a pipeline stage's activations crossing ranks): the
@@ -834,11 +834,14 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
     loom_dev_t local = d->devs[d->rank].inner;
     /* rank 0's settings lead, so the ranks cannot disagree on them */
     const char *env = getenv("LOOM_DIST_NCCL"), *chk = getenv("LOOM_DIST_CHECK");
-    int64_t lead[3] = {!env || !env[0]     ? RC_AUTO
-                       : !strcmp(env, "0") ? RC_OFF
-                       : !strcmp(env, "1") ? RC_REQUIRED
-                                           : RC_AUTO,
-                       !(chk && !strcmp(chk, "0")), 0};
+    struct {
+        int64_t mode, check, id_size;
+        char name[64];
+    } lead = {!env || !env[0]     ? RC_AUTO
+              : !strcmp(env, "0") ? RC_OFF
+              : !strcmp(env, "1") ? RC_REQUIRED
+                                  : RC_AUTO,
+              !(chk && !strcmp(chk, "0")), 0, ""};
     if (env && env[0] && strcmp(env, "0") && strcmp(env, "1") && d->rank == 0)
         LOOM_LOG_WARN("dist: LOOM_DIST_NCCL='%s' is not 0 or 1; automatic choice", env);
     char why[512] = "";
@@ -849,11 +852,15 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
         api = rank_comm_of(local, why, sizeof why);
         d->rc_api = api;
     }
-    if (api) lead[2] = (int64_t)api->id_size;
-    loom_status st = loom_dist_bcast(d, lead, sizeof lead, 0);
+    if (api) {
+        lead.id_size = (int64_t)api->id_size;
+        snprintf(lead.name, sizeof lead.name, "%s", api->name);
+    }
+    loom_status st = loom_dist_bcast(d, &lead, sizeof lead, 0);
     if (st) return st;
-    const int mode = (int)lead[0];
-    d->check_counts = lead[1] != 0;
+    lead.name[sizeof lead.name - 1] = 0;
+    const int mode = (int)lead.mode;
+    d->check_counts = lead.check != 0;
 
     /* 1. may every rank join? (no rank enters an init that another skips) */
     if (mode == RC_OFF) {
@@ -863,9 +870,12 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
         if (!api) {
             /* why says it (rank_comm_of) */
         } else if (api->id_size == 0 || api->id_size > LOOM_RANK_COMM_ID_MAX ||
-                   (int64_t)api->id_size != lead[2]) {
+                   (int64_t)api->id_size != lead.id_size) {
             snprintf(why, sizeof why, "%s: a bootstrap id of %zu bytes (rank 0's: %lld)", api->name,
-                     api->id_size, (long long)lead[2]);
+                     api->id_size, (long long)lead.id_size);
+        } else if (strncmp(api->name, lead.name, sizeof lead.name - 1) != 0) {
+            snprintf(why, sizeof why, "%s here, %s on rank 0: every rank needs the same library",
+                     api->name, lead.name);
         } else if (!api->usable(local, why, sizeof why)) {
             if (!why[0])
                 snprintf(why, sizeof why, "%s cannot use %s", api->name, loom_dev_name(local));

@@ -13,6 +13,8 @@
  *               the rank; the ranks whose init succeeded free their communicator
  *   unusable    rank FAKE_UNUSABLE_RANK cannot join: every rank takes the host path, saying
  *               which rank and why; no id, no init anywhere
+ *   other_version  rank FAKE_OTHER_VERSION_RANK has another version of the library: the
+ *               host path on every rank, naming both versions
  *   forced_off  LOOM_DIST_NCCL=0: the host path, without asking the communicator
  *   required    LOOM_DIST_NCCL=1 and an unusable rank: every rank fails
  *   mismatch    the reducer's communicator (LOOM_PROC_COMM_*) sums through the rank
@@ -147,6 +149,19 @@ static void f_free(void *comm) {
 
 static const loom_rank_comm_iface fake = {
     .name = "fake-nccl 9.9.9",
+    .id_size = FAKE_ID_BYTES,
+    .usable = f_usable,
+    .get_id = f_get_id,
+    .init = f_init,
+    .allreduce_f32 = f_allreduce,
+    .send = f_send,
+    .recv = f_recv,
+    .free = f_free,
+};
+
+/* the same, another version (FAKE_OTHER_VERSION_RANK) */
+static const loom_rank_comm_iface fake_other = {
+    .name = "fake-nccl 9.9.8",
     .id_size = FAKE_ID_BYTES,
     .usable = f_usable,
     .get_id = f_get_id,
@@ -335,7 +350,7 @@ int main(int argc, char **argv) {
     int n = 0;
     CHECK(loom_dist_devices(d, loom_cpu_dev(), 1, devs, 16, &n) == LOOM_OK, "devices: %s",
           loom_last_error());
-    loom_dist_set_rank_comm(d, &fake);
+    loom_dist_set_rank_comm(d, env_int("FAKE_OTHER_VERSION_RANK") == my_rank ? &fake_other : &fake);
     loom_status st = loom_dist_comm_setup(d);
     const char *err = loom_last_error();
     char rank_tag[96];
@@ -359,6 +374,12 @@ int main(int argc, char **argv) {
                  env_int("FAKE_UNUSABLE_RANK"));
         check_host_path(d, st, rank_tag);
         CHECK(F.usable_calls == 1, "usable asked %d times", F.usable_calls);
+    } else if (!strcmp(mode, "other_version")) {
+        snprintf(rank_tag, sizeof rank_tag,
+                 "rank %d: fake-nccl 9.9.8 here, fake-nccl 9.9.9 on rank 0: every rank needs the "
+                 "same library",
+                 env_int("FAKE_OTHER_VERSION_RANK"));
+        check_host_path(d, st, rank_tag);
     } else if (!strcmp(mode, "forced_off")) {
         check_host_path(d, st, "LOOM_DIST_NCCL=0");
         CHECK(F.usable_calls == 0, "usable asked although forced off");

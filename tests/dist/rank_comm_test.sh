@@ -2,7 +2,7 @@
 # The rank communicator of dist/ (NCCL's place for CUDA members, here a stand-in table:
 # rank_comm_mpi.c) over 2, 3 and 4 local MPI ranks on loopback: the id bootstrap (rank 0's
 # bytes reach every rank's init with the right nranks and rank), the agreed host fallback
-# (an unusable rank, LOOM_DIST_NCCL=0) saying why, the failures (rank 0's id, one rank's
+# (an unusable rank, another library version on one rank, LOOM_DIST_NCCL=0) saying why, the failures (rank 0's id, one rank's
 # init, LOOM_DIST_NCCL=1 without a communicator, ranks disagreeing on an AllReduce's count)
 # returned on every rank, none hanging (each run bounded by a timeout), and stories260K's
 # logits through it equal the CPU's in tensor and layer mode.
@@ -26,7 +26,8 @@ export TMPDIR="$tmp" HOME="$tmp"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
     OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_base_warn_component_unused=0
-unset LOOM_DIST_NCCL LOOM_DIST_CHECK FAKE_FAIL_ID FAKE_FAIL_INIT_RANK FAKE_UNUSABLE_RANK
+unset LOOM_DIST_NCCL LOOM_DIST_CHECK FAKE_FAIL_ID FAKE_FAIL_INIT_RANK FAKE_UNUSABLE_RANK \
+    FAKE_OTHER_VERSION_RANK
 
 # run NAME NP [VAR=VALUE...] -- ARGS...: every rank must print PASS, within the timeout
 run() {
@@ -61,6 +62,7 @@ for np in 2 3 4; do
     run mismatch "$np" -- mismatch
 done
 run init_fails_rank0 2 FAKE_FAIL_INIT_RANK=0 -- init_fails
+run other_version 3 FAKE_OTHER_VERSION_RANK=1 -- other_version
 run forced_off 2 LOOM_DIST_NCCL=0 -- forced_off
 run required 3 LOOM_DIST_NCCL=1 FAKE_UNUSABLE_RANK=1 -- required
 
