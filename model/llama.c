@@ -476,14 +476,20 @@ static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_mode
 
 loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom_model **out) {
     *out = NULL;
+    loom_hparams hp;
+    loom_status st = loom_hparams_from_gguf(g, &hp);
+    if (st) return st;
+    return loom__model_load_hp(g, &hp, p, out);
+}
+
+loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
+                                const loom_model_params *p, loom_model **out) {
+    *out = NULL;
     int64_t t0 = loom_time_us();
     loom_model *m = loom_calloc(1, sizeof *m);
     if (!m) return loom_error(LOOM_ERR_NOMEM, "model: out of memory");
-    loom_status st = loom_hparams_from_gguf(g, &m->hp);
-    if (st) {
-        loom_free(m);
-        return st;
-    }
+    m->hp = *hparams;
+    loom_status st;
     const loom_hparams *hp = &m->hp;
     int64_t n_tensors = loom_gguf_tensor_count(g);
     m->ctx = loom_ctx_new((loom_ctx_params){

@@ -11,6 +11,7 @@
 
 #include "loom/cpu.h"
 #include "loom/session.h"
+#include "model/arch-impl.h"
 
 #define MAX_DEVS 16
 
@@ -432,7 +433,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                             .no_data = s->p.no_weight_data,
                             .no_mmap = s->p.no_mmap,
                             .load_chunk = s->p.load_chunk};
-    if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
+    if ((st = loom__model_load_hp(g, &s->hp, &mp, &s->model))) return fail(s, st);
     if ((st = loom_kv_cache_new_bounded(s->model, n_ctx, swa_batch(s), s->p.kv_type, kv_type_v(s),
                                         &mp, &s->kv)))
         return fail(s, st);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "loom/session.h"
+#include "model/arch-impl.h"
 #include "tests/shim/loom_test.h"
 
 static loom_synth_params tiny(void) {
@@ -307,6 +308,29 @@ LOOM_TEST(validation, unused_tensor_named) {
     LOOM_REQUIRE(g != NULL);
     loom_model *m = NULL;
     LOOM_CHECK_EQ_INT(loom_model_load(g, NULL, &m), LOOM_OK);
+    loom_model_free(m);
+    loom_gguf_free(g);
+    loom_free(data);
+}
+
+/* The session reads the hyperparameters once and gives them to the loader
+ * (loom__model_load_hp): the model takes the ones it is given, the file is not read again;
+ * loom_model_load reads them itself. */
+LOOM_TEST(validation, model_load_takes_hparams_read_once) {
+    void *data = NULL;
+    loom_gguf *g = open_edited(NULL, NULL, &data);
+    LOOM_REQUIRE(g != NULL);
+    loom_hparams hp;
+    LOOM_REQUIRE(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
+    const float file_eps = hp.rms_eps;
+    hp.rms_eps = 0.25f; /* not the file's: seen in the model only if not read again */
+    loom_model *m = NULL;
+    LOOM_REQUIRE(loom__model_load_hp(g, &hp, NULL, &m) == LOOM_OK);
+    LOOM_CHECK(m->hp.rms_eps == 0.25f);
+    loom_model_free(m);
+    m = NULL;
+    LOOM_REQUIRE(loom_model_load(g, NULL, &m) == LOOM_OK);
+    LOOM_CHECK(m->hp.rms_eps == file_eps && file_eps != 0.25f);
     loom_model_free(m);
     loom_gguf_free(g);
     loom_free(data);
