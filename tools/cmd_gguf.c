@@ -227,7 +227,7 @@ int loom_cli_gguf(int argc, char **argv) {
         printf("\nsplit over %d devices (%s)\n", n_dev, devices);
         /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
          * layer (a ring for sliding-window layers), split by the rules */
-        int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
+        int64_t ctx = loom_session_ctx_for(&hp, n_ctx);
         loom_ctx *kc = meta_ctx();
         for (int il = 0; kc && il < hp.n_layer; il++)
             for (int which = 0; which < 2; which++) {

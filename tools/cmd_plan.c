@@ -573,7 +573,7 @@ int loom_cli_plan(int argc, char **argv) {
         loom_gguf_free(g);
         return 1;
     }
-    int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
+    int64_t ctx = loom_session_ctx_for(&hp, n_ctx);
 
     /* candidates: 1 device; tensor over 2, 4, 8 and N; layer over the same */
     loom_plan_candidate c[13];

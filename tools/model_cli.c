@@ -270,11 +270,6 @@ too_long:
     return -1;
 }
 
-int64_t loom_model_cli_ctx(const loom_hparams *hp, int64_t n_ctx) {
-    if (n_ctx > 0) return n_ctx;
-    return hp->n_ctx_train > 0 && hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
-}
-
 bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out) {
     static const struct {
         const char *name;

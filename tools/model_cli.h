@@ -43,8 +43,6 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd);
 /* A -ctk/-ctv value (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl); false after printing
  * "loom CMD: OPT 'V' is not a cache type (...)" */
 bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out);
-/* The context of -c N: n_ctx when given (> 0), else min(train, 2048) as the session takes. */
-int64_t loom_model_cli_ctx(const loom_hparams *hp, int64_t n_ctx);
 /* A -ts value ("3,1" or "3/1": numbers >= 0, a positive sum, at most cap) into ts[0..*n);
  * false after printing "loom CMD: OPT 'V': ..." naming what is wrong. */
 bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v, float *ts,
