@@ -67,51 +67,9 @@ static loom_ctx *meta_ctx(void) {
         (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
 }
 
-int loom_cli_gguf(int argc, char **argv) {
-    const char *path = NULL, *devices = NULL, *rules_file = NULL;
-    char pbuf[4096], rbuf[4096];
-    bool plan = false;
-    long n_ctx = 0;
-    loom_type kv_type = LOOM_TYPE_F32;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--plan")) {
-            plan = true;
-        } else if ((!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) && v) {
-            if (!v[0]) {
-                fprintf(stderr, "loom gguf: %s is empty\n", a);
-                return 2;
-            }
-            devices = v;
-            i++;
-        } else if (!strcmp(a, "--split-rules") && v) {
-            if (!(rules_file = loom_cli_path(v, rbuf, sizeof rbuf))) return 2;
-            i++;
-        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v) {
-            int x;
-            if (!loom_cli_parse_int("gguf", a, v, 1, 1 << 24, &x)) return 2;
-            n_ctx = x;
-            i++;
-        } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
-            if (!loom_model_cli_kv_type("gguf", a, v, &kv_type)) return 2;
-            i++;
-        } else if (a[0] != '-' && !path) {
-            if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) return 2;
-        } else if (a[0] != '-') {
-            fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
-            return 2;
-        } else {
-            loom_cli_bad_option("gguf", a, gguf_names, NULL);
-            return 2;
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "loom gguf: no file given (see loom gguf --help)\n");
-        return 2;
-    }
+/* The report of `path` (the options parsed); the command's exit code. */
+static int gguf_report(const char *path, bool plan, const char *devices, const char *rules_file,
+                       int64_t n_ctx, loom_type kv_type) {
     loom_gguf *g = NULL;
     if (loom_gguf_open(path, &g)) {
         fprintf(stderr, "loom gguf: %s\n", loom_last_error());
@@ -277,5 +235,46 @@ int loom_cli_gguf(int argc, char **argv) {
 out:
     loom_rules_free(rules);
     loom_gguf_free(g);
+    return rc;
+}
+
+int loom_cli_gguf(int argc, char **argv) {
+    const char *path = NULL;
+    char pbuf[4096];
+    bool plan = false;
+    /* -dev, -c, -ctk, --split-rules: the shared parser's (the same values and errors as
+     * loom run's) */
+    loom_model_opts mo;
+    loom_model_opts_init(&mo);
+    int rc = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        } else if (!strcmp(a, "--plan")) {
+            plan = true;
+        } else if ((r = loom_model_opts_parse_only(&mo, "gguf", gguf_names, argc, argv, &i))) {
+            if (r < 0) goto done;
+        } else if (a[0] != '-' && !path) {
+            if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) goto done;
+        } else if (a[0] != '-') {
+            fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
+            goto done;
+        } else {
+            loom_cli_bad_option("gguf", a, gguf_names, NULL);
+            goto done;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "loom gguf: no file given (see loom gguf --help)\n");
+        goto done;
+    }
+    if (!loom_model_opts_finish(&mo, "gguf")) goto done;
+    rc = gguf_report(path, plan, mo.sp.devices, mo.sp.split_rules, mo.sp.n_ctx, mo.sp.kv_type);
+done:
+    loom_model_opts_free(&mo);
     return rc;
 }

@@ -37,6 +37,10 @@ void loom_model_opts_free(loom_model_opts *o);
 /* Consumes the shared option at argv[*i] (and its value), returning 1 if it was one, 0 if
  * not, -1 on a bad value (message printed, naming the command). */
 int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **argv, int *i);
+/* The same for a command that takes only some of the shared options (gguf, plan): an option
+ * not in `names` (NULL-terminated) is not one of them (0), for the command to refuse. */
+int loom_model_opts_parse_only(loom_model_opts *o, const char *cmd, const char *const *names,
+                               int argc, char **argv, int *i);
 /* Checks the options together once all are parsed (-ctk vs -ctv, -ts, -mg, -b/-ub) and
  * derives the session parameters; prints the error and returns false on a refusal. */
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd);

@@ -238,3 +238,36 @@ LOOM_TEST(plan, refusals_name_the_problem) {
     free(out);
     free(err);
 }
+
+/* plan's model options go through the shared parser: the values and errors of loom run's;
+ * a shared option plan does not take is an unknown one. */
+LOOM_TEST(plan, bad_options_refused_as_loom_run_refuses_them) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    char *m = (char *)loom_test_stories();
+    struct {
+        char *argv[8];
+        const char *want;
+    } bad[] = {
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-c", "lots", NULL},
+         "loom plan: -c needs an integer in 1..16777216 (got 'lots')"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-b", "0", NULL},
+         "loom plan: -b needs an integer in 1..1048576 (got '0')"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ctv", "q9_9", NULL},
+         "loom plan: -ctv 'q9_9' is not a cache type (f32, f16"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ts", "3,x", NULL},
+         "loom plan: -ts '3,x': 'x' is not a proportion"},
+        {{"plan", "-m", m, "--devices", "", NULL}, "loom plan: --devices is empty (cpu, sim:N"},
+        {{"plan", "--devices", "sim:2,profile=l40s", "-m", NULL}, "loom plan: -m needs a value"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ngl", "2", NULL},
+         "loom plan: unknown option '-ngl'"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-c", "1", NULL},
+         "loom plan: -c 1: a plan needs a context of at least 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out, *err;
+        LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, bad[i].argv, &out, &err), 2);
+        LOOM_CHECK_STR_CONTAINS(err, bad[i].want);
+        free(out);
+        free(err);
+    }
+}
