@@ -646,6 +646,9 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 1.00/1.00 | pp4 |"), 1);
     LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 3.00/1.00 | pp4 |"), 1);
     LOOM_CHECK_EQ_INT(count(out, "| cpu |"), 1);
+    /* the one-device row ran once, with no split: llama-bench's ts for none, not the first
+     * -ts value */
+    LOOM_CHECK_EQ_INT(count(out, "| cpu | all | -1 | none | 0.00 | pp4 |"), 1);
     free(out);
     free(err);
     char *j[] = {"bench", "--devices", "sim:2", "-ts", "1/1;3/1", "-p",   "4",
