@@ -12,7 +12,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: loom gguf FILE [--plan [--devices SPEC] [-c N] [-ctk f32|f16]] [--split-rules "
+            "usage: loom gguf FILE [--plan [--devices SPEC] [-c N] [-ctk T]] [--split-rules "
             "FILE]\n\n"
             "Prints the metadata and tensors of a GGUF file (control characters in names and\n"
             "strings escaped). With --plan, also each tensor's split state over the devices\n"
@@ -22,7 +22,8 @@ static void usage(FILE *f) {
             "  --plan                    plan the tensor-parallel split\n"
             "  -dev, --devices SPEC      devices of the plan (default sim:2; at most %d)\n"
             "  -c, --ctx-size N          KV cache positions (default: min(train, 2048))\n"
-            "  -ctk, --cache-type-k T    KV cache type, f32 (default) or f16\n"
+            "  -ctk, --cache-type-k T    KV cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+            "                            q4_1, q5_0, q5_1, iq4_nl\n"
             "  --split-rules FILE        split rules that override/extend the built-in table\n",
             LOOM_META_MAX_DEVICES);
 }

@@ -460,8 +460,7 @@ int loom_cli_plan(int argc, char **argv) {
      * and errors as loom run's) */
     loom_model_opts mo;
     loom_model_opts_init(&mo);
-    mo.n_batch = 512; /* plan's default batch; mo owns nothing here (plan takes no -v or
-                       * --cpu-affinity and opens the file itself): no loom_model_opts_free */
+    mo.n_batch = 512; /* plan's default batch */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r;
@@ -495,7 +494,9 @@ int loom_cli_plan(int argc, char **argv) {
         return 2;
     }
     /* -ctk/-ctv/-ts: checked together as loom run does */
-    if (!loom_model_opts_finish(&mo, "plan")) return 2;
+    bool parsed = loom_model_opts_finish(&mo, "plan");
+    loom_model_opts_free(&mo); /* keeps the parsed values (mo.sp, mo.ts) */
+    if (!parsed) return 2;
     const loom_type kv_type = mo.sp.kv_type, kv_type_v = mo.sp.kv_type_v;
     loom_sim_config cfg;
     if (strncasecmp(devices, "sim", 3) != 0) {
