@@ -19,7 +19,7 @@ static bool is_quant(loom_type t) {
 }
 
 /* Quantised types a copy or SET_ROWS may write (a quantised KV cache). */
-static bool is_quant_dst(loom_type t) {
+bool loom__op_quant_dst(loom_type t) {
     return t == LOOM_TYPE_Q8_0 || t == LOOM_TYPE_Q4_0 || t == LOOM_TYPE_Q4_1 ||
            t == LOOM_TYPE_Q5_0 || t == LOOM_TYPE_Q5_1 || t == LOOM_TYPE_IQ4_NL;
 }
@@ -48,7 +48,8 @@ static bool cpy_types_ok(const loom_tensor *src, const loom_tensor *dst) {
     if (!blocks_ok(src) || !blocks_ok(dst)) return false;
     if (src->type == dst->type) return true;
     if (src->type == LOOM_TYPE_F32)
-        return dst->type == LOOM_TYPE_F16 || dst->type == LOOM_TYPE_BF16 || is_quant_dst(dst->type);
+        return dst->type == LOOM_TYPE_F16 || dst->type == LOOM_TYPE_BF16 ||
+               loom__op_quant_dst(dst->type);
     if (dst->type == LOOM_TYPE_F32)
         return src->type == LOOM_TYPE_F16 || src->type == LOOM_TYPE_BF16 || is_quant(src->type);
     return false;
@@ -112,7 +113,7 @@ bool loom__op_types_ok(const loom_tensor *op) {
     case LOOM_OP_SET_ROWS:
         return a && b && a->type == LOOM_TYPE_F32 &&
                (b->type == LOOM_TYPE_I32 || b->type == LOOM_TYPE_I64) &&
-               (is_float(op->type) || is_quant_dst(op->type)) && blocks_ok(op);
+               (is_float(op->type) || loom__op_quant_dst(op->type)) && blocks_ok(op);
     case LOOM_OP_SOFT_MAX:
         return a && a->type == LOOM_TYPE_F32 && op->type == LOOM_TYPE_F32 &&
                (!b || b->type == LOOM_TYPE_F32 || b->type == LOOM_TYPE_F16) &&

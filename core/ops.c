@@ -153,8 +153,10 @@ loom_tensor *loom_dup(loom_ctx *ctx, loom_tensor *a) {
     return t;
 }
 
-/* The conversions of docs/ops.md (CPY). */
+/* The conversions of docs/ops.md (CPY), and a copy between tensors of one type (raw
+ * bytes, whole blocks), as the op table (backends/op-types.c) allows. */
 static bool loom__cpy_supported(loom_type from, loom_type to) {
+    if (from == to) return true;
     if (from == LOOM_TYPE_F32) /* the quantised targets are the KV-cache types */
         return to == LOOM_TYPE_F32 || to == LOOM_TYPE_F16 || to == LOOM_TYPE_BF16 ||
                to == LOOM_TYPE_Q8_0 || to == LOOM_TYPE_Q4_0 || to == LOOM_TYPE_Q4_1 ||

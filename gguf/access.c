@@ -59,15 +59,8 @@ int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name
     }
 }
 
-static const char *kv_name(const loom_gguf *g, int64_t i) {
-    return g->kv[i].key;
-}
-static const char *tensor_name(const loom_gguf *g, int64_t i) {
-    return g->tensors[i].name;
-}
-
 int64_t loom_gguf_find_kv(const loom_gguf *g, const char *key) {
-    return loom__gguf_index_find(g->kv_index, g->kv_cap, key, kv_name, g);
+    return loom__gguf_index_find(g->kv_index, g->kv_cap, key, loom__gguf_kv_name, g);
 }
 
 static const loom__gguf_kv *kv_at(const loom_gguf *g, int64_t i) {
@@ -266,7 +259,7 @@ void loom_gguf_kv_format(const loom_gguf *g, int64_t i, char *buf, size_t size) 
 int64_t loom_gguf_tensor_count(const loom_gguf *g) { return g->n_tensors; }
 
 int64_t loom_gguf_find_tensor(const loom_gguf *g, const char *name) {
-    return loom__gguf_index_find(g->tensor_index, g->tensor_cap, name, tensor_name, g);
+    return loom__gguf_index_find(g->tensor_index, g->tensor_cap, name, loom__gguf_tensor_name, g);
 }
 
 static const loom__gguf_tensor *tensor_at(const loom_gguf *g, int64_t i) {

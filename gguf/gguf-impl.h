@@ -52,6 +52,10 @@ struct loom_gguf {
     bool header_only; /* loom_gguf_open_header: tensor data may lie past the end */
 };
 
+/* The name of metadata entry i and of tensor i: the name_of of the two index tables. */
+const char *loom__gguf_kv_name(const loom_gguf *g, int64_t i);
+const char *loom__gguf_tensor_name(const loom_gguf *g, int64_t i);
+
 /* The index of `name` in a table built by the reader, or -1. */
 int64_t loom__gguf_index_find(const int64_t *slots, size_t cap, const char *name,
                               const char *(*name_of)(const loom_gguf *, int64_t),

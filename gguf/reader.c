@@ -222,10 +222,10 @@ static loom_status parse_tensor_info(cursor *c, loom__gguf_tensor *t, int64_t in
     return LOOM_OK;
 }
 
-static const char *kv_name(const loom_gguf *g, int64_t i) {
+const char *loom__gguf_kv_name(const loom_gguf *g, int64_t i) {
     return g->kv[i].key;
 }
-static const char *tensor_name(const loom_gguf *g, int64_t i) {
+const char *loom__gguf_tensor_name(const loom_gguf *g, int64_t i) {
     return g->tensors[i].name;
 }
 
@@ -296,7 +296,8 @@ static loom_status parse(loom_gguf *g) {
         g->n_kv = (int64_t)i + 1; /* so that free() releases what was parsed */
         if ((st = parse_kv(&c, &g->kv[i], (int64_t)i))) return st;
     }
-    if ((st = build_index(g, g->n_kv, kv_name, &g->kv_index, &g->kv_cap, "metadata key")))
+    if ((st =
+             build_index(g, g->n_kv, loom__gguf_kv_name, &g->kv_index, &g->kv_cap, "metadata key")))
         return st;
 
     g->alignment = LOOM_GGUF_DEFAULT_ALIGNMENT;
@@ -320,7 +321,7 @@ static loom_status parse(loom_gguf *g) {
         if ((st = parse_tensor_info(&c, &g->tensors[i], (int64_t)i))) return st;
     }
 
-    if ((st = build_index(g, g->n_tensors, tensor_name, &g->tensor_index, &g->tensor_cap,
+    if ((st = build_index(g, g->n_tensors, loom__gguf_tensor_name, &g->tensor_index, &g->tensor_cap,
                           "tensor name")))
         return st;
 

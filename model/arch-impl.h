@@ -29,4 +29,9 @@ loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suff
 loom_status loom__key_float(const loom_gguf *g, const char *arch, const char *suffix, double dflt,
                             double *out);
 
+/* loom_model_load with g's hyperparameters already read by loom_hparams_from_gguf (the
+ * session reads them first, for its checks): hp is copied into the model, not read again. */
+loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hp,
+                                const loom_model_params *p, loom_model **out);
+
 #endif /* LOOM_MODEL_ARCH_IMPL_H */

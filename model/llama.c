@@ -476,14 +476,20 @@ static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_mode
 
 loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom_model **out) {
     *out = NULL;
+    loom_hparams hp;
+    loom_status st = loom_hparams_from_gguf(g, &hp);
+    if (st) return st;
+    return loom__model_load_hp(g, &hp, p, out);
+}
+
+loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
+                                const loom_model_params *p, loom_model **out) {
+    *out = NULL;
     int64_t t0 = loom_time_us();
     loom_model *m = loom_calloc(1, sizeof *m);
     if (!m) return loom_error(LOOM_ERR_NOMEM, "model: out of memory");
-    loom_status st = loom_hparams_from_gguf(g, &m->hp);
-    if (st) {
-        loom_free(m);
-        return st;
-    }
+    m->hp = *hparams;
+    loom_status st;
     const loom_hparams *hp = &m->hp;
     int64_t n_tensors = loom_gguf_tensor_count(g);
     m->ctx = loom_ctx_new((loom_ctx_params){
@@ -607,23 +613,26 @@ loom_status loom_model_load(const loom_gguf *g, const loom_model_params *p, loom
 #undef N
     }
 #undef W
-    /* a tensor the graph would not use is a part of the model loom does not understand */
-    int n_from_file = 0;
+    /* a tensor the graph would not use is a part of the model loom does not understand:
+     * the file's tensors marked by index (linear in tensors + weights), the first unmarked
+     * one named */
+    bool *used = loom_calloc((size_t)n_tensors + 1, sizeof *used);
+    if (!used) {
+        st = loom_error(LOOM_ERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
     for (int i = 0; i < n_list; i++)
-        n_from_file += list[i].gi >= 0;
-    if (n_from_file < n_tensors) {
-        for (int64_t gi = 0; gi < n_tensors; gi++) {
-            bool used = false;
-            for (int i = 0; i < n_list && !used; i++)
-                used = list[i].gi == gi;
-            if (!used) {
-                st = loom_error(LOOM_ERR_UNSUPPORTED,
-                                "model: tensor '%s' is not used by loom's %s graph (refusing "
-                                "rather than ignoring it)",
-                                loom_gguf_tensor_name(g, gi), hp->arch);
-                goto fail;
-            }
-        }
+        if (list[i].gi >= 0) used[list[i].gi] = true;
+    int64_t unused = 0;
+    while (unused < n_tensors && used[unused])
+        unused++;
+    loom_free(used);
+    if (unused < n_tensors) {
+        st = loom_error(LOOM_ERR_UNSUPPORTED,
+                        "model: tensor '%s' is not used by loom's %s graph (refusing rather than "
+                        "ignoring it)",
+                        loom_gguf_tensor_name(g, unused), hp->arch);
+        goto fail;
     }
     /* CPU weights at a suitable offset are used in place from a mapping of the file the
      * model owns (so the gguf may be freed after loading); any other weight is copied */

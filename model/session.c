@@ -11,6 +11,7 @@
 
 #include "loom/cpu.h"
 #include "loom/session.h"
+#include "model/arch-impl.h"
 
 #define MAX_DEVS 16
 
@@ -334,6 +335,11 @@ static loom_status with_rules(loom_session *s, loom_status st) {
 
 static loom_status reserve(loom_session *s, int64_t n, bool all_logits);
 
+int64_t loom_session_ctx_for(const loom_hparams *hp, int64_t n_ctx) {
+    if (n_ctx > 0) return n_ctx;
+    return hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048; /* n_ctx_train > 0: validated */
+}
+
 static loom_status fail(loom_session *s, loom_status st) {
     loom_session_free(s);
     return st;
@@ -417,8 +423,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                                   loom_tokenizer_n_vocab(s->tok), (long long)s->hp.n_vocab));
 
     /* weights, cache: checked against the memory there is before allocating */
-    int64_t n_ctx =
-        s->p.n_ctx > 0 ? s->p.n_ctx : (s->hp.n_ctx_train < 2048 ? s->hp.n_ctx_train : 2048);
+    int64_t n_ctx = loom_session_ctx_for(&s->hp, s->p.n_ctx);
     /* a cache split by heads (tensor mode) needs whole blocks per head */
     const bool kv_split = s->mode == LOOM_SPLIT_MODE_TENSOR && s->n_dev > 1 && !s->p.no_kv_offload;
     if ((st = loom_kv_cache_check_type(&s->hp, "K (-ctk)", s->p.kv_type, kv_split)) ||
@@ -432,7 +437,7 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
                             .no_data = s->p.no_weight_data,
                             .no_mmap = s->p.no_mmap,
                             .load_chunk = s->p.load_chunk};
-    if ((st = loom_model_load(g, &mp, &s->model))) return fail(s, st);
+    if ((st = loom__model_load_hp(g, &s->hp, &mp, &s->model))) return fail(s, st);
     if ((st = loom_kv_cache_new_bounded(s->model, n_ctx, swa_batch(s), s->p.kv_type, kv_type_v(s),
                                         &mp, &s->kv)))
         return fail(s, st);

@@ -788,14 +788,16 @@ int loom_cli_bench(int argc, char **argv) {
         for (int si = 0; si < n_specs; si++)
             for (int mo = 0; mo < n_modes; mo++)
                 for (int xi = 0; xi < n_ts; xi++) {
-                    /* a one-device spec: every split mode and -ts is the same run */
-                    if ((mo > 0 || xi > 0) && !cd.d && single_device(specs[si])) continue;
+                    /* a one-device spec: every split mode and -ts is the same run, with no
+                     * split (its ts is llama-bench's for none, "0.00") */
+                    const bool one = !cd.d && single_device(specs[si]);
+                    if ((mo > 0 || xi > 0) && one) continue;
                     for (int ti = 0; ti < n_tl; ti++)
                         for (int gi = 0; gi < n_gl; gi++) {
                             config c = {.model = models[mi],
                                         .devices = specs[si],
                                         .mode = mlist[mo],
-                                        .ts = tsl[xi].n ? tsl[xi].str : NULL,
+                                        .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
                                         .threads = (int)tl[ti],
                                         .ngl = (int)gl[gi]};
                             loom_session_params sp = o.sp;

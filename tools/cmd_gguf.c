@@ -12,7 +12,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: loom gguf FILE [--plan [--devices SPEC] [-c N] [-ctk f32|f16]] [--split-rules "
+            "usage: loom gguf FILE [--plan [--devices SPEC] [-c N] [-ctk T]] [--split-rules "
             "FILE]\n\n"
             "Prints the metadata and tensors of a GGUF file (control characters in names and\n"
             "strings escaped). With --plan, also each tensor's split state over the devices\n"
@@ -22,7 +22,8 @@ static void usage(FILE *f) {
             "  --plan                    plan the tensor-parallel split\n"
             "  -dev, --devices SPEC      devices of the plan (default sim:2; at most %d)\n"
             "  -c, --ctx-size N          KV cache positions (default: min(train, 2048))\n"
-            "  -ctk, --cache-type-k T    KV cache type, f32 (default) or f16\n"
+            "  -ctk, --cache-type-k T    KV cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+            "                            q4_1, q5_0, q5_1, iq4_nl\n"
             "  --split-rules FILE        split rules that override/extend the built-in table\n",
             LOOM_META_MAX_DEVICES);
 }
@@ -67,51 +68,9 @@ static loom_ctx *meta_ctx(void) {
         (loom_ctx_params){.mem_size = 4 * loom_tensor_overhead(), .no_alloc = true});
 }
 
-int loom_cli_gguf(int argc, char **argv) {
-    const char *path = NULL, *devices = NULL, *rules_file = NULL;
-    char pbuf[4096], rbuf[4096];
-    bool plan = false;
-    long n_ctx = 0;
-    loom_type kv_type = LOOM_TYPE_F32;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--plan")) {
-            plan = true;
-        } else if ((!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) && v) {
-            if (!v[0]) {
-                fprintf(stderr, "loom gguf: %s is empty\n", a);
-                return 2;
-            }
-            devices = v;
-            i++;
-        } else if (!strcmp(a, "--split-rules") && v) {
-            if (!(rules_file = loom_cli_path(v, rbuf, sizeof rbuf))) return 2;
-            i++;
-        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v) {
-            int x;
-            if (!loom_cli_parse_int("gguf", a, v, 1, 1 << 24, &x)) return 2;
-            n_ctx = x;
-            i++;
-        } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
-            if (!loom_model_cli_kv_type("gguf", a, v, &kv_type)) return 2;
-            i++;
-        } else if (a[0] != '-' && !path) {
-            if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) return 2;
-        } else if (a[0] != '-') {
-            fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
-            return 2;
-        } else {
-            loom_cli_bad_option("gguf", a, gguf_names, NULL);
-            return 2;
-        }
-    }
-    if (!path) {
-        fprintf(stderr, "loom gguf: no file given (see loom gguf --help)\n");
-        return 2;
-    }
+/* The report of `path` (the options parsed); the command's exit code. */
+static int gguf_report(const char *path, bool plan, const char *devices, const char *rules_file,
+                       int64_t n_ctx, loom_type kv_type) {
     loom_gguf *g = NULL;
     if (loom_gguf_open(path, &g)) {
         fprintf(stderr, "loom gguf: %s\n", loom_last_error());
@@ -227,7 +186,7 @@ int loom_cli_gguf(int argc, char **argv) {
         printf("\nsplit over %d devices (%s)\n", n_dev, devices);
         /* the KV cache as the session makes it: K and V [n_head_kv * head_dim, n_ctx] per
          * layer (a ring for sliding-window layers), split by the rules */
-        int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
+        int64_t ctx = loom_session_ctx_for(&hp, n_ctx);
         loom_ctx *kc = meta_ctx();
         for (int il = 0; kc && il < hp.n_layer; il++)
             for (int which = 0; which < 2; which++) {
@@ -277,5 +236,46 @@ int loom_cli_gguf(int argc, char **argv) {
 out:
     loom_rules_free(rules);
     loom_gguf_free(g);
+    return rc;
+}
+
+int loom_cli_gguf(int argc, char **argv) {
+    const char *path = NULL;
+    char pbuf[4096];
+    bool plan = false;
+    /* -dev, -c, -ctk, --split-rules: the shared parser's (the same values and errors as
+     * loom run's) */
+    loom_model_opts mo;
+    loom_model_opts_init(&mo);
+    int rc = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            rc = 0;
+            goto done;
+        } else if (!strcmp(a, "--plan")) {
+            plan = true;
+        } else if ((r = loom_model_opts_parse_only(&mo, "gguf", gguf_names, argc, argv, &i))) {
+            if (r < 0) goto done;
+        } else if (a[0] != '-' && !path) {
+            if (!(path = loom_cli_path(a, pbuf, sizeof pbuf))) goto done;
+        } else if (a[0] != '-') {
+            fprintf(stderr, "loom gguf: a second file '%s' (one at a time)\n", a);
+            goto done;
+        } else {
+            loom_cli_bad_option("gguf", a, gguf_names, NULL);
+            goto done;
+        }
+    }
+    if (!path) {
+        fprintf(stderr, "loom gguf: no file given (see loom gguf --help)\n");
+        goto done;
+    }
+    if (!loom_model_opts_finish(&mo, "gguf")) goto done;
+    rc = gguf_report(path, plan, mo.sp.devices, mo.sp.split_rules, mo.sp.n_ctx, mo.sp.kv_type);
+done:
+    loom_model_opts_free(&mo);
     return rc;
 }

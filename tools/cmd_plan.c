@@ -455,44 +455,20 @@ static int64_t largest_ctx(const loom_gguf *g, const loom_plan_opts *o,
 }
 
 int loom_cli_plan(int argc, char **argv) {
-    const char *path = NULL, *devices = "sim:8,profile=h100-sxm,link=nvlink4", *rules = NULL;
-    char pbuf[4096], rbuf[4096];
-    long n_ctx = 0, n_batch = 512;
     bool json = false;
-    const char *ctk = NULL, *ctv = NULL, *ts = NULL;
+    /* -m, -dev, -c, -b, -ctk, -ctv, -ts, --split-rules: the shared parser's (the same values
+     * and errors as loom run's) */
+    loom_model_opts mo;
+    loom_model_opts_init(&mo);
+    mo.n_batch = 512; /* plan's default batch */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && v) {
-            if (!(path = loom_cli_path(v, pbuf, sizeof pbuf))) return 2;
-            i++;
-        } else if ((!strcmp(a, "--devices") || !strcmp(a, "-dev") || !strcmp(a, "--device")) && v) {
-            devices = v;
-            i++;
-        } else if (!strcmp(a, "--split-rules") && v) {
-            if (!(rules = loom_cli_path(v, rbuf, sizeof rbuf))) return 2;
-            i++;
-        } else if ((!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) && v) {
-            int x;
-            if (!loom_cli_parse_int("plan", a, v, 2, 1 << 24, &x)) return 2;
-            n_ctx = x;
-            i++;
-        } else if ((!strcmp(a, "-b") || !strcmp(a, "--batch-size")) && v) {
-            int x;
-            if (!loom_cli_parse_int("plan", a, v, 1, 1 << 20, &x)) return 2;
-            n_batch = x;
-            i++;
-        } else if ((!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) && v) {
-            ctk = v;
-            i++;
-        } else if ((!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) && v) {
-            ctv = v;
-            i++;
-        } else if ((!strcmp(a, "-ts") || !strcmp(a, "--tensor-split")) && v) {
-            ts = v;
-            i++;
+        } else if ((r = loom_model_opts_parse_only(&mo, "plan", plan_names, argc, argv, &i))) {
+            if (r < 0) return 2;
         } else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) {
             if (!strcmp(v, "json"))
                 json = true;
@@ -506,18 +482,20 @@ int loom_cli_plan(int argc, char **argv) {
             return 2;
         }
     }
+    const char *path = mo.model, *rules = mo.sp.split_rules, *ts = mo.tensor_split;
+    const char *devices = mo.sp.devices ? mo.sp.devices : "sim:8,profile=h100-sxm,link=nvlink4";
+    const int64_t n_ctx = mo.sp.n_ctx, n_batch = mo.n_batch;
     if (!path) {
         fprintf(stderr, "loom plan: no model given (-m FILE; see loom plan --help)\n");
         return 2;
     }
-    /* -ctk/-ctv/-ts: parsed and checked as loom run does */
-    loom_model_opts mo;
-    loom_model_opts_init(&mo);
-    mo.ctk = ctk;
-    mo.ctv = ctv;
-    mo.tensor_split = ts;
+    if (n_ctx == 1) { /* a plan times a prompt token and a generated one */
+        fprintf(stderr, "loom plan: -c 1: a plan needs a context of at least 2\n");
+        return 2;
+    }
+    /* -ctk/-ctv/-ts: checked together as loom run does */
     bool parsed = loom_model_opts_finish(&mo, "plan");
-    loom_model_opts_free(&mo);
+    loom_model_opts_free(&mo); /* keeps the parsed values (mo.sp, mo.ts) */
     if (!parsed) return 2;
     const loom_type kv_type = mo.sp.kv_type, kv_type_v = mo.sp.kv_type_v;
     loom_sim_config cfg;
@@ -573,7 +551,7 @@ int loom_cli_plan(int argc, char **argv) {
         loom_gguf_free(g);
         return 1;
     }
-    int64_t ctx = loom_model_cli_ctx(&hp, n_ctx);
+    int64_t ctx = loom_session_ctx_for(&hp, n_ctx);
 
     /* candidates: 1 device; tensor over 2, 4, 8 and N; layer over the same */
     loom_plan_candidate c[13];
@@ -627,11 +605,11 @@ int loom_cli_plan(int argc, char **argv) {
     } else {
         char mem[32];
         mib(mem, sizeof mem, (double)o.dev_mem);
-        printf("plan: %s (%s, %lld layers), context %lld, batch %ld, KV %s/%s%s%s\n"
+        printf("plan: %s (%s, %lld layers), context %lld, batch %lld, KV %s/%s%s%s\n"
                "devices: up to %d x %s (%s each), link %s (%.0f GB/s, %.1f us%s)\n"
                "bytes per device are those of a real run (the fullest device); speeds are "
                "projections (docs/projection.md)\n",
-               path, hp.arch, (long long)hp.n_layer, (long long)ctx, n_batch,
+               path, hp.arch, (long long)hp.n_layer, (long long)ctx, (long long)n_batch,
                loom_type_name(kv_type), loom_type_name(kv_type_v), ts ? ", -ts " : "", ts ? ts : "",
                cfg.n_devices, cfg.profile, mem, cfg.link_name, cfg.link.bandwidth_gbps,
                cfg.link.latency_us, cfg.p2p ? ", P2P" : ", no P2P");

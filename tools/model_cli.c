@@ -270,9 +270,11 @@ too_long:
     return -1;
 }
 
-int64_t loom_model_cli_ctx(const loom_hparams *hp, int64_t n_ctx) {
-    if (n_ctx > 0) return n_ctx;
-    return hp->n_ctx_train > 0 && hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048;
+int loom_model_opts_parse_only(loom_model_opts *o, const char *cmd, const char *const *names,
+                               int argc, char **argv, int *i) {
+    for (const char *const *n = names; *n; n++)
+        if (!strcmp(argv[*i], *n)) return loom_model_opts_parse(o, cmd, argc, argv, i);
+    return 0;
 }
 
 bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out) {

@@ -37,14 +37,16 @@ void loom_model_opts_free(loom_model_opts *o);
 /* Consumes the shared option at argv[*i] (and its value), returning 1 if it was one, 0 if
  * not, -1 on a bad value (message printed, naming the command). */
 int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **argv, int *i);
+/* The same for a command that takes only some of the shared options (gguf, plan): an option
+ * not in `names` (NULL-terminated) is not one of them (0), for the command to refuse. */
+int loom_model_opts_parse_only(loom_model_opts *o, const char *cmd, const char *const *names,
+                               int argc, char **argv, int *i);
 /* Checks the options together once all are parsed (-ctk vs -ctv, -ts, -mg, -b/-ub) and
  * derives the session parameters; prints the error and returns false on a refusal. */
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd);
 /* A -ctk/-ctv value (f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 iq4_nl); false after printing
  * "loom CMD: OPT 'V' is not a cache type (...)" */
 bool loom_model_cli_kv_type(const char *cmd, const char *opt, const char *v, loom_type *out);
-/* The context of -c N: n_ctx when given (> 0), else min(train, 2048) as the session takes. */
-int64_t loom_model_cli_ctx(const loom_hparams *hp, int64_t n_ctx);
 /* A -ts value ("3,1" or "3/1": numbers >= 0, a positive sum, at most cap) into ts[0..*n);
  * false after printing "loom CMD: OPT 'V': ..." naming what is wrong. */
 bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v, float *ts,

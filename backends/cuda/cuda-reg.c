@@ -141,23 +141,13 @@ static bool cuda_type_known(loom_type t) {
     }
 }
 
-/* Quantised results the kernels write: the KV-cache types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and
- * IQ4_NL quantised from F32 (CPY, SET_ROWS: the CPU contract's quantised results), and any
- * block type copied from the same type (raw blocks). */
+/* Quantised results the kernels write: the KV-cache types quantised from F32 (CPY,
+ * SET_ROWS: the CPU contract's quantised results, loom__op_quant_dst), and any block type
+ * copied from the same type (raw blocks). */
 static bool cuda_result_ok(const loom_tensor *op) {
     const loom_type_traits *tr = loom_type_traits_get((int)op->type);
     if (!tr || !tr->is_quantized) return true;
-    switch (op->type) {
-    case LOOM_TYPE_Q8_0:
-    case LOOM_TYPE_Q4_0:
-    case LOOM_TYPE_Q4_1:
-    case LOOM_TYPE_Q5_0:
-    case LOOM_TYPE_Q5_1:
-    case LOOM_TYPE_IQ4_NL:
-        return true;
-    default:
-        break;
-    }
+    if (loom__op_quant_dst(op->type)) return true;
     return (op->op == LOOM_OP_DUP || op->op == LOOM_OP_CONT || op->op == LOOM_OP_CPY) &&
            op->src[0] && op->src[0]->type == op->type;
 }

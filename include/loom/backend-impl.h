@@ -176,6 +176,9 @@ struct loom_reg {
 /* Whether op's types fit the op contract of docs/ops.md (what the CPU oracle implements);
  * backends narrow it further as they need (backends/op-types.c). */
 LOOM_API bool loom__op_types_ok(const loom_tensor *op);
+/* The quantised types a copy or SET_ROWS may write from F32 (a quantised KV cache: Q8_0,
+ * Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), the one list of them (backends/op-types.c). */
+LOOM_API bool loom__op_quant_dst(loom_type t);
 
 /* The entry points every backend module exports: loom_backend_init returns the module's
  * reg (NULL: no backend), loom_backend_api_version the LOOM_BACKEND_API_VERSION it was

@@ -80,6 +80,9 @@ typedef struct loom_session_params {
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
+/* The context a session over a model with hyperparameters hp takes for a requested n_ctx
+ * (loom_session_params.n_ctx): n_ctx when > 0, else min(the training context, 2048). */
+LOOM_API int64_t loom_session_ctx_for(const loom_hparams *hp, int64_t n_ctx);
 
 typedef struct loom_session loom_session;
 

@@ -75,8 +75,19 @@ LOOM_TEST(ops, copies) {
     loom_tensor *bq = t4(ctx, LOOM_TYPE_F32, 32, 6, 1, 1, "bq");
     CHECK_T(loom_cpy(ctx, bq, q), LOOM_TYPE_Q8_0, 64, 3, 1, 1);
     CHECK_T(loom_cpy(ctx, q, bq), LOOM_TYPE_F32, 32, 6, 1, 1);
-    EXPECT_FAIL(loom_cpy(ctx, a, t4(ctx, LOOM_TYPE_F16, 48, 1, 1, 1, "h")), LOOM_ERR_TYPE,
-                "cpy: no conversion from f16 to f16", "'a'", "'h'");
+    /* same-type copies (the op table allows them): f16, bf16, block types */
+    CHECK_T(loom_cpy(ctx, a, t4(ctx, LOOM_TYPE_F16, 48, 1, 1, 1, "h")), LOOM_TYPE_F16, 48, 1, 1, 1);
+    CHECK_T(loom_cpy(ctx, t4(ctx, LOOM_TYPE_BF16, 48, 1, 1, 1, "x"),
+                     t4(ctx, LOOM_TYPE_BF16, 6, 8, 1, 1, "y")),
+            LOOM_TYPE_BF16, 6, 8, 1, 1);
+    CHECK_T(loom_cpy(ctx, q, t4(ctx, LOOM_TYPE_Q8_0, 32, 6, 1, 1, "q2")), LOOM_TYPE_Q8_0, 32, 6, 1,
+            1);
+    CHECK_T(loom_cpy(ctx, t4(ctx, LOOM_TYPE_Q4_K, 256, 2, 1, 1, "k"),
+                     t4(ctx, LOOM_TYPE_Q4_K, 512, 1, 1, 1, "k2")),
+            LOOM_TYPE_Q4_K, 512, 1, 1, 1);
+    EXPECT_FAIL(loom_cpy(ctx, t4(ctx, LOOM_TYPE_F16, 256, 1, 1, 1, "hk"),
+                         t4(ctx, LOOM_TYPE_Q4_K, 256, 1, 1, 1, "kq")),
+                LOOM_ERR_TYPE, "cpy: no conversion from f16 to q4_K", "'hk'", "'kq'");
     EXPECT_FAIL(loom_cpy(ctx, t4(ctx, LOOM_TYPE_I32, 48, 1, 1, 1, "i"), b), LOOM_ERR_TYPE,
                 "cpy: no conversion from i32 to f32");
     CHECK_T(loom_cpy(ctx, t4(ctx, LOOM_TYPE_I32, 48, 1, 1, 1, "i"),

@@ -12,6 +12,7 @@
 #include "loom/dist.h"
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 LOOM_TEST(dist, init_outside_a_launcher_is_refused) {
     unsetenv("OMPI_COMM_WORLD_SIZE");
@@ -43,10 +44,8 @@ static loom_status eval_prompt(loom_session *s, float *logits) {
 }
 
 LOOM_TEST(dist, session_over_explicit_devices_matches_the_spec) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     float ref[512], got[512];
 
     loom_session_params p = loom_session_params_default();

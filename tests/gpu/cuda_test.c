@@ -31,6 +31,7 @@
 #include "loom/session.h"
 #include "model/run-simple.h"
 #include "tests/gpu/gpu_util.h"
+#include "tests/tools/stories.h"
 
 /* ---------------------------------------------------------------- no devices, registry */
 
@@ -1200,10 +1201,8 @@ LOOM_TEST(cuda, meta_model_q4_K_split_k_on_virtual_devices) {
 
 LOOM_TEST(cuda, stories260k_if_available) {
     GPU_DEVICE_OR_SKIP(dev);
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_gguf *g = NULL;
     if (loom_gguf_open(path, &g) != LOOM_OK) LOOM_SKIP("stories260K.gguf not found");
     loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
@@ -1335,10 +1334,8 @@ static bool generate(const char *path, const char *spec, int n, float *out, int6
 LOOM_TEST(cuda, graph_replay_matches_eager_over_32_tokens) {
     GPU_DEVICE_OR_SKIP(dev);
     (void)dev;
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     struct stat sb;
     if (stat(path, &sb) != 0) LOOM_SKIP("stories260K.gguf not found");
     if (!loom_registry_reg_by_name("CUDA")) (void)loom_registry_add(loom_cuda_reg());

@@ -17,6 +17,7 @@
 #include "loom/sim.h"
 #include "model/run-simple.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 typedef struct rules_ud {
     loom_rules *rules;
@@ -135,10 +136,8 @@ static void compare(loom_gguf *g, int n_dev, bool no_fa, double tol, int reducti
 }
 
 static void check_stories(int n_dev) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open(path, &g) == LOOM_OK);
     /* a dense layer costs exactly two reductions per token */

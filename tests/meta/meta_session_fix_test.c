@@ -13,15 +13,9 @@
 
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 static const int32_t k_ids[] = {1, 403, 407, 261, 378, 300, 72, 310, 290, 305, 267, 400};
-
-static bool model_path(char *path, size_t n) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) return false;
-    snprintf(path, n, "%s/stories260K.gguf", dir);
-    return true;
-}
 
 /* Logits of the prompt (5 tokens) and then `steps` single tokens, V floats each. */
 static float *run(const char *path, const loom_session_params *p, int steps, int64_t *V,
@@ -60,8 +54,9 @@ static double max_diff(const float *a, const float *b, int64_t n, double *scale)
 }
 
 LOOM_TEST(meta_session_fix, whole_k_rows_reach_the_split_cache) {
-    char path[4096], rules[4096];
-    if (!model_path(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char rules[4096];
     const char *tmp = getenv("TEST_TMPDIR");
     snprintf(rules, sizeof rules, "%s/mirror_k.rules", tmp ? tmp : "/tmp");
     FILE *f = fopen(rules, "w");
@@ -98,8 +93,8 @@ LOOM_TEST(meta_session_fix, whole_k_rows_reach_the_split_cache) {
 }
 
 LOOM_TEST(meta_session_fix, many_meta_splits_do_not_thrash_the_plan_cache) {
-    char path[4096];
-    if (!model_path(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     enum { STEPS = 40 };
     loom_session_params p = loom_session_params_default();
     p.devices = "sim:2,refuse=rms_norm";

@@ -15,6 +15,7 @@
 #include "loom/cpu.h"
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 #define LOOM_REQUIRE_MSG(cond, ...)                                                                \
     do {                                                                                           \
@@ -74,17 +75,9 @@ static int argmax(const float *x, int64_t n) {
     return (int)b;
 }
 
-static bool stories_path(char *path, size_t n) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) return false;
-    snprintf(path, n, "%s/stories260K.gguf", dir);
-    return true;
-}
-
 LOOM_TEST(kv_quant, stories_quantised_cache_close_to_f16) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     const int64_t V = 512;
     float ref[2 * 512], got[2 * 512];
     loom_session *s =
@@ -189,9 +182,8 @@ LOOM_TEST(kv_quant, tensor_split_quantised_cache_equals_cpu) {
 }
 
 LOOM_TEST(kv_quant, impossible_combinations_are_refused) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     /* head_dim 8: a q8_0 block spans 4 heads, so the cache cannot be split by heads */
     LOOM_CHECK(open_kv(path, NULL, "sim:2", LOOM_SPLIT_MODE_TENSOR, LOOM_TYPE_Q8_0,
                        LOOM_TYPE_Q8_0) == NULL);
@@ -213,9 +205,9 @@ LOOM_TEST(kv_quant, impossible_combinations_are_refused) {
                NULL);
     LOOM_CHECK_MSG(strstr(loom_last_error(), "q4_K is not a cache type"), "%s", loom_last_error());
     /* llama-2-tiny-random: a cache row is 8 values, not one 32-value block */
-    const char *dir = loom_test_models_dir();
-    snprintf(path, sizeof path, "%s/llama-2-tiny-random.gguf", dir);
-    LOOM_CHECK(open_kv(path, NULL, "cpu", LOOM_SPLIT_MODE_NONE, LOOM_TYPE_Q8_0, LOOM_TYPE_F16) ==
+    char tiny[4096];
+    snprintf(tiny, sizeof tiny, "%s/llama-2-tiny-random.gguf", loom_test_models_dir());
+    LOOM_CHECK(open_kv(tiny, NULL, "cpu", LOOM_SPLIT_MODE_NONE, LOOM_TYPE_Q8_0, LOOM_TYPE_F16) ==
                NULL);
     LOOM_CHECK_MSG(strstr(loom_last_error(), "has 8"), "%s", loom_last_error());
 }

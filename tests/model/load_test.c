@@ -14,6 +14,7 @@
 #include "loom/session.h"
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 #define LOOM_REQUIRE_MSG(cond, ...)                                                                \
     do {                                                                                           \
@@ -22,13 +23,6 @@
             return;                                                                                \
         }                                                                                          \
     } while (0)
-
-static bool stories_path(char *path, size_t size) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) return false;
-    snprintf(path, size, "%s/stories260K.gguf", dir);
-    return true;
-}
 
 /* ---------------------------------------------------------------- a counting allocator */
 
@@ -92,9 +86,8 @@ static bool inside(const void *p, size_t n, const void *base, size_t size) {
 }
 
 LOOM_TEST(load, cpu_weights_alias_the_mapping) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open(path, &g) == LOOM_OK);
     LOOM_CHECK(loom_gguf_is_mapped(g));
@@ -153,9 +146,8 @@ static loom_session_params params(const char *devices) {
 }
 
 LOOM_TEST(load, mmap_failure_falls_back_to_read_with_identical_logits) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_session_params p = params("cpu");
     int64_t V = 0, V2 = 0;
     float *ref = eval_logits(path, &p, &V);
@@ -221,9 +213,8 @@ static void count_weight(loom_tensor *t, int layer, void *ud) {
 }
 
 LOOM_TEST(load, sim2_streams_in_bounded_chunks) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_gguf *g = NULL;
     LOOM_REQUIRE(loom_gguf_open(path, &g) == LOOM_OK);
     size_t largest = 0;
@@ -293,9 +284,8 @@ LOOM_TEST(load, sim2_streams_in_bounded_chunks) {
 
 /* A tensor-parallel session streamed through small chunks computes what the CPU does. */
 LOOM_TEST(load, sim2_tensor_split_chunked_load_matches_cpu) {
-    char path[4096];
-    if (!stories_path(path, sizeof path))
-        LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_session_params p = params("sim:2");
     int64_t V = 0, V2 = 0;
     float *ref = eval_logits(path, &p, &V);

@@ -16,25 +16,32 @@
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
 
-/* The tiny synthetic llama (2 layers, GQA), written once into memory. */
-static loom_gguf *tiny_gguf(void) {
-    static loom_gguf *g;
-    static void *data;
-    if (g) return g;
+/* A tiny synthetic llama (GQA) of n_layer layers trained at n_ctx, written into memory
+ * (*data: its bytes, for the caller to free after the gguf). */
+static loom_gguf *synth_gguf(int64_t n_layer, int64_t n_ctx, void **data) {
     loom_synth_params p = loom_synth_params_default();
     p.n_vocab = 300;
     p.n_embd = 32;
-    p.n_layer = 2;
+    p.n_layer = n_layer;
     p.n_head = 4;
     p.n_head_kv = 2;
     p.n_ff = 64;
-    p.n_ctx = 256;
+    p.n_ctx = n_ctx;
     loom_gguf_writer *w = NULL;
+    loom_gguf *g = NULL;
     size_t size = 0;
-    if (loom_model_synth(&p, &w) || loom_gguf_write_memory(w, &data, &size) ||
-        loom_gguf_open_memory(data, size, &g))
+    if (loom_model_synth(&p, &w) || loom_gguf_write_memory(w, data, &size) ||
+        loom_gguf_open_memory(*data, size, &g))
         g = NULL;
     loom_gguf_writer_free(w);
+    return g;
+}
+
+/* The tiny synthetic llama (2 layers), written once into memory. */
+static loom_gguf *tiny_gguf(void) {
+    static loom_gguf *g;
+    static void *data;
+    if (!g) g = synth_gguf(2, 256, &data);
     return g;
 }
 
@@ -286,4 +293,26 @@ LOOM_TEST(session_lifecycle, sim_sessions_free_their_reg) {
     }
     LOOM_CHECK_EQ_INT(ok, 300);
     LOOM_CHECK_EQ_INT(loom_registry_reg_count(), regs);
+}
+
+/* The default context (n_ctx <= 0) is min(the training context, 2048), one rule that the
+ * CLI's reports (loom gguf --plan, loom plan) share through loom_session_ctx_for. */
+LOOM_TEST(session_lifecycle, default_context_is_loom_session_ctx_for) {
+    const int64_t train[] = {256, 4096}, want[] = {256, 2048};
+    for (int i = 0; i < 2; i++) {
+        void *data = NULL;
+        loom_gguf *g = synth_gguf(1, train[i], &data);
+        LOOM_REQUIRE(g != NULL);
+        loom_hparams hp;
+        LOOM_REQUIRE(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
+        LOOM_CHECK_EQ_INT(loom_session_ctx_for(&hp, 0), want[i]);
+        LOOM_CHECK_EQ_INT(loom_session_ctx_for(&hp, 100), 100);
+        loom_session_params sp = params("cpu", LOOM_SPLIT_MODE_NONE, 0);
+        loom_session *s = NULL;
+        LOOM_REQUIRE(loom_session_new(NULL, g, &sp, &s) == LOOM_OK);
+        LOOM_CHECK_EQ_INT(loom_session_n_ctx(s), loom_session_ctx_for(&hp, 0));
+        loom_session_free(s);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
 }

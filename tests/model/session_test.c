@@ -13,6 +13,7 @@
 
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 typedef struct config {
     const char *devices;
@@ -52,10 +53,8 @@ static int argmax(const float *x, int64_t n) {
 }
 
 LOOM_TEST(session, stories_same_tokens_everywhere) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     int32_t ref[40];
     int n_ref = 0;
     for (int c = 0; c < N_CONFIGS; c++) {
@@ -158,10 +157,8 @@ LOOM_TEST(session, synthetic_moe_tensor_split_agrees) {
 }
 
 LOOM_TEST(session, bad_inputs_are_named) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     loom_session_params p = loom_session_params_default();
     loom_session *s = NULL;
     p.devices = "sim:banana";

@@ -12,6 +12,7 @@
 
 #include "loom/session.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 #define LOOM_REQUIRE_MSG(cond, ...)                                                                \
     do {                                                                                           \
@@ -32,13 +33,6 @@ static loom_session *open_ts(const char *path, const char *devices, loom_split_m
     return s;
 }
 
-static bool stories(char *path, size_t n) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) return false;
-    snprintf(path, n, "%s/stories260K.gguf", dir);
-    return true;
-}
-
 enum { V = 512 };
 
 /* logits of a 5-token prompt and one more token */
@@ -57,8 +51,8 @@ static int64_t slice(loom_session *s, const loom_tensor *t, int j) {
 }
 
 LOOM_TEST(tensor_split, uneven_proportions_equal_cpu) {
-    char path[4096];
-    if (!stories(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     float ref[2 * V], got[2 * V];
     loom_session *s = open_ts(path, "cpu", LOOM_SPLIT_MODE_NONE, NULL, 0);
     LOOM_REQUIRE(s && run(s, ref));
@@ -90,8 +84,8 @@ LOOM_TEST(tensor_split, uneven_proportions_equal_cpu) {
 }
 
 LOOM_TEST(tensor_split, slices_are_proportional_in_whole_units) {
-    char path[4096];
-    if (!stories(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     /* stories260K: 8 heads of 8 in 4 query groups of 2, 4 KV heads, n_ff 172 */
     const float ts31[] = {3, 1};
     loom_session *s = open_ts(path, "sim:2", LOOM_SPLIT_MODE_TENSOR, ts31, 2);
@@ -126,8 +120,8 @@ LOOM_TEST(tensor_split, slices_are_proportional_in_whole_units) {
 }
 
 LOOM_TEST(tensor_split, layer_mode_assignment_counts) {
-    char path[4096];
-    if (!stories(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     /* 5 layers by 3,1: floor 3.75 = 3 and floor 1.25 = 1, the leftover layer to device 0 */
     const float ts31[] = {3, 1};
     loom_session *s = open_ts(path, "sim:2", LOOM_SPLIT_MODE_LAYER, ts31, 2);
@@ -154,8 +148,8 @@ LOOM_TEST(tensor_split, layer_mode_assignment_counts) {
 }
 
 LOOM_TEST(tensor_split, bad_proportions_are_refused) {
-    char path[4096];
-    if (!stories(path, sizeof path)) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     const float neg[] = {1, -1}, zero[] = {0, 0}, three[] = {1, 1, 1}, nan_[] = {1, NAN};
     LOOM_CHECK(open_ts(path, "sim:2", LOOM_SPLIT_MODE_TENSOR, neg, 2) == NULL);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "tensor_split[1] = -1");

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "loom/session.h"
+#include "model/arch-impl.h"
 #include "tests/shim/loom_test.h"
 
 static loom_synth_params tiny(void) {
@@ -271,6 +272,66 @@ LOOM_TEST(validation, vocabulary_mismatch_refused_at_load) {
     loom_session *s = NULL;
     LOOM_CHECK_MSG(loom_session_new(NULL, g, &p, &s) == LOOM_OK, "%s", loom_last_error());
     loom_session_free(s);
+    loom_gguf_free(g);
+    loom_free(data);
+}
+
+/* adds *(int *)arg tensors the graph does not use, "blk.0.stray_<i>.weight" */
+static void add_stray(loom_gguf_writer *w, const void *arg) {
+    const float x[4] = {1, 2, 3, 4};
+    for (int i = 0; i < *(const int *)arg; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.0.stray_%d.weight", i);
+        loom_gguf_add_tensor(w, name, LOOM_TYPE_F32, 1, (const int64_t[]){4}, x);
+    }
+}
+
+/* A file tensor the graph would not use is refused by name (the first in file order), also
+ * among many (the check marks the file's tensors by index: linear, not tensors x weights). */
+LOOM_TEST(validation, unused_tensor_named) {
+    const int counts[] = {1, 500};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        void *data = NULL;
+        loom_gguf *g = open_edited(add_stray, &counts[i], &data);
+        LOOM_REQUIRE(g != NULL);
+        loom_model *m = NULL;
+        LOOM_CHECK_EQ_INT(loom_model_load(g, NULL, &m), LOOM_ERR_UNSUPPORTED);
+        LOOM_CHECK(m == NULL);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(),
+                                "tensor 'blk.0.stray_0.weight' is not used by loom's llama graph");
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+    /* without the strays the same model loads */
+    void *data = NULL;
+    loom_gguf *g = open_edited(NULL, NULL, &data);
+    LOOM_REQUIRE(g != NULL);
+    loom_model *m = NULL;
+    LOOM_CHECK_EQ_INT(loom_model_load(g, NULL, &m), LOOM_OK);
+    loom_model_free(m);
+    loom_gguf_free(g);
+    loom_free(data);
+}
+
+/* The session reads the hyperparameters once and gives them to the loader
+ * (loom__model_load_hp): the model takes the ones it is given, the file is not read again;
+ * loom_model_load reads them itself. */
+LOOM_TEST(validation, model_load_takes_hparams_read_once) {
+    void *data = NULL;
+    loom_gguf *g = open_edited(NULL, NULL, &data);
+    LOOM_REQUIRE(g != NULL);
+    loom_hparams hp;
+    LOOM_REQUIRE(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
+    const float file_eps = hp.rms_eps;
+    hp.rms_eps = 0.25f; /* not the file's: seen in the model only if not read again */
+    loom_model *m = NULL;
+    LOOM_REQUIRE(loom__model_load_hp(g, &hp, NULL, &m) == LOOM_OK);
+    LOOM_CHECK(m->hp.rms_eps == 0.25f);
+    loom_model_free(m);
+    m = NULL;
+    LOOM_REQUIRE(loom_model_load(g, NULL, &m) == LOOM_OK);
+    LOOM_CHECK(m->hp.rms_eps == file_eps && file_eps != 0.25f);
+    loom_model_free(m);
     loom_gguf_free(g);
     loom_free(data);
 }

@@ -321,16 +321,29 @@ typedef struct cpy_pair {
 
 /* Every conversion docs/ops.md lists for CPY. */
 static const cpy_pair k_cpy_pairs[] = {
-    {LOOM_TYPE_F32, LOOM_TYPE_F32},  {LOOM_TYPE_F32, LOOM_TYPE_F16},
-    {LOOM_TYPE_F32, LOOM_TYPE_BF16}, {LOOM_TYPE_F16, LOOM_TYPE_F32},
-    {LOOM_TYPE_BF16, LOOM_TYPE_F32}, {LOOM_TYPE_F32, LOOM_TYPE_Q8_0},
-    {LOOM_TYPE_F32, LOOM_TYPE_Q4_0}, {LOOM_TYPE_Q8_0, LOOM_TYPE_F32},
-    {LOOM_TYPE_Q4_0, LOOM_TYPE_F32}, {LOOM_TYPE_I32, LOOM_TYPE_I32},
+    {LOOM_TYPE_F32, LOOM_TYPE_F32},
+    {LOOM_TYPE_F32, LOOM_TYPE_F16},
+    {LOOM_TYPE_F32, LOOM_TYPE_BF16},
+    {LOOM_TYPE_F16, LOOM_TYPE_F32},
+    {LOOM_TYPE_BF16, LOOM_TYPE_F32},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q8_0},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q4_0},
+    {LOOM_TYPE_Q8_0, LOOM_TYPE_F32},
+    {LOOM_TYPE_Q4_0, LOOM_TYPE_F32},
+    {LOOM_TYPE_I32, LOOM_TYPE_I32},
     /* the quantised KV-cache types, and decoding of the other block types */
-    {LOOM_TYPE_F32, LOOM_TYPE_Q4_1}, {LOOM_TYPE_F32, LOOM_TYPE_Q5_0},
-    {LOOM_TYPE_F32, LOOM_TYPE_Q5_1}, {LOOM_TYPE_F32, LOOM_TYPE_IQ4_NL},
-    {LOOM_TYPE_Q5_1, LOOM_TYPE_F32}, {LOOM_TYPE_Q3_K, LOOM_TYPE_F32},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q4_1},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q5_0},
+    {LOOM_TYPE_F32, LOOM_TYPE_Q5_1},
+    {LOOM_TYPE_F32, LOOM_TYPE_IQ4_NL},
+    {LOOM_TYPE_Q5_1, LOOM_TYPE_F32},
+    {LOOM_TYPE_Q3_K, LOOM_TYPE_F32},
     {LOOM_TYPE_IQ4_XS, LOOM_TYPE_F32},
+    /* same-type copies: raw bytes, whole blocks */
+    {LOOM_TYPE_F16, LOOM_TYPE_F16},
+    {LOOM_TYPE_BF16, LOOM_TYPE_BF16},
+    {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0},
+    {LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_0},
 };
 
 /* Per-element conversion tolerance for an expectation of dst's shape (rows of dst). */

@@ -506,6 +506,33 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     free(err);
 }
 
+/* gguf's model options go through the shared parser: the values and errors of loom run's;
+ * a shared option gguf does not take is an unknown one. */
+LOOM_TEST(cli_gguf, bad_options_refused_as_loom_run_refuses_them) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
+    struct {
+        char *argv[8];
+        const char *want;
+    } bad[] = {
+        {{"gguf", m, "--plan", "-c", "0", NULL},
+         "loom gguf: -c needs an integer in 1..16777216 (got '0')"},
+        {{"gguf", m, "--plan", "-ctk", "q9_9", NULL},
+         "loom gguf: -ctk 'q9_9' is not a cache type (f32, f16"},
+        {{"gguf", m, "--plan", "--devices", "", NULL}, "loom gguf: --devices is empty (cpu, sim:N"},
+        {{"gguf", m, "--plan", "-c", NULL},
+         "loom gguf: -c needs an integer in 1..16777216 (got '')"},
+        {{"gguf", m, "--plan", "-ctv", "f16", NULL}, "loom gguf: unknown option '-ctv'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out, *err;
+        LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, bad[i].argv, &out, &err), 2);
+        LOOM_CHECK_STR_CONTAINS(err, bad[i].want);
+        free(out);
+        free(err);
+    }
+}
+
 LOOM_TEST(cli_paths, bazel_run_resolves_against_the_working_directory) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char dir[] = "/tmp/loom_bwd_XXXXXX";
@@ -619,6 +646,9 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 1.00/1.00 | pp4 |"), 1);
     LOOM_CHECK_EQ_INT(count(out, "| sim:2 | all | -1 | tensor | 3.00/1.00 | pp4 |"), 1);
     LOOM_CHECK_EQ_INT(count(out, "| cpu |"), 1);
+    /* the one-device row ran once, with no split: llama-bench's ts for none, not the first
+     * -ts value */
+    LOOM_CHECK_EQ_INT(count(out, "| cpu | all | -1 | none | 0.00 | pp4 |"), 1);
     free(out);
     free(err);
     char *j[] = {"bench", "--devices", "sim:2", "-ts", "1/1;3/1", "-p",   "4",

@@ -20,70 +20,13 @@
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/plan_run.h"
 #include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/plan.h"
 
-typedef struct cfg {
-    loom_split_mode mode;
-    int n_dev;
-    int64_t n_ctx, n_batch;
-    loom_type kv_k, kv_v;
-    const float *ts;
-    int n_ts;
-    int host_layers;
-    bool to_depth; /* fill the context to its last position */
-} cfg;
-
-typedef struct bytes {
-    double dev[16];
-    double host_weights, host_kv, host_compute;
-} bytes;
-
-/* The real run: the full file on sim devices with real memory; a prompt of n_batch tokens,
- * one token, and (to_depth) batches until the context's last position is written. */
-static bool real_run(const cfg *c, bytes *b) {
-    char spec[64];
-    snprintf(spec, sizeof spec, "sim:%d,profile=rtx-3090,link=pcie4", c->n_dev);
-    loom_session_params sp = loom_session_params_default();
-    sp.devices = spec;
-    sp.split_mode = c->mode;
-    sp.threads = 1;
-    sp.n_ctx = c->n_ctx;
-    sp.n_batch = c->n_batch;
-    sp.kv_type = c->kv_k;
-    sp.kv_type_v_set = true;
-    sp.kv_type_v = c->kv_v;
-    sp.tensor_split = c->ts;
-    sp.n_tensor_split = c->n_ts;
-    if (c->host_layers > 0) sp.n_gpu_layers = 5 - c->host_layers; /* 5 layers: checked below */
-    loom_session *s = NULL;
-    if (loom_session_new(loom_test_stories(), NULL, &sp, &s)) return false;
-    const int64_t V = loom_session_model(s)->hp.n_vocab;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    int32_t *ids = malloc((size_t)c->n_batch * sizeof *ids);
-    for (int64_t i = 0; i < c->n_batch; i++)
-        ids[i] = (int32_t)(1 + i % (V - 1));
-    bool ok = loom_session_model(s)->hp.n_layer == 5 &&
-              loom_session_eval(s, ids, c->n_batch, false, logits) == LOOM_OK &&
-              loom_session_eval(s, ids, 1, false, logits) == LOOM_OK;
-    while (ok && c->to_depth && loom_session_n_past(s) < loom_session_n_ctx(s)) {
-        int64_t left = loom_session_n_ctx(s) - loom_session_n_past(s);
-        ok = loom_session_eval(s, ids, left < c->n_batch ? left : c->n_batch, false, logits) ==
-             LOOM_OK;
-    }
-    if (ok && c->to_depth) ok = loom_session_n_past(s) == c->n_ctx;
-    for (int j = 0; ok && j < loom_session_n_devices(s); j++) {
-        loom_sim_stats st;
-        loom_sim_dev_stats(loom_session_device(s, j), &st);
-        b->dev[j] = (double)st.mem_used;
-    }
-    loom_plan_session_host_bytes(s, &b->host_weights, &b->host_kv, &b->host_compute);
-    free(ids);
-    free(logits);
-    loom_session_free(s);
-    return ok;
-}
+typedef loom_test_run_cfg cfg;
+typedef loom_test_run_bytes bytes;
 
 static loom_plan_opts opts_of(const cfg *c) {
     return (loom_plan_opts){.spec_opts = "profile=rtx-3090,link=pcie4",
@@ -126,7 +69,7 @@ static loom_plan_candidate check_plan_vs_run(const cfg *c) {
     LOOM_CHECK_MSG(p.ok, "not planned: %s", p.err);
     bytes b;
     memset(&b, 0, sizeof b);
-    LOOM_CHECK_MSG(real_run(c, &b), "the real run failed: %s", loom_last_error());
+    LOOM_CHECK_MSG(loom_test_plan_real_run(c, &b), "the real run failed: %s", loom_last_error());
     for (int j = 0; j < c->n_dev; j++)
         LOOM_CHECK_MSG(near(p.dev_total[j], b.dev[j]),
                        "%s over %d, ctx %lld, device %d: planned %.0f bytes, the run (%s) "

@@ -16,44 +16,11 @@
 #include "loom/sim.h"
 #include "tests/shim/loom_test.h"
 #include "tests/tools/capture.h"
+#include "tests/tools/plan_run.h"
 #include "tests/tools/stories.h"
 #include "tools/cli.h"
 #include "tools/model_cli.h"
 #include "tools/plan.h"
-
-/* The real run: the full file on sim devices with real memory, the same prompt of n_batch
- * tokens then one token; returns each device's allocated bytes (the device's counter). */
-static int real_run(loom_split_mode mode, int n_dev, int64_t n_ctx, int64_t n_batch,
-                    double *dev_bytes) {
-    char spec[64];
-    snprintf(spec, sizeof spec, "sim:%d,profile=rtx-3090,link=pcie4", n_dev);
-    loom_session_params sp = loom_session_params_default();
-    sp.devices = spec;
-    sp.split_mode = mode;
-    sp.threads = 1;
-    sp.n_ctx = n_ctx;
-    sp.n_batch = n_batch;
-    loom_session *s = NULL;
-    if (loom_session_new(loom_test_stories(), NULL, &sp, &s)) return -1;
-    int64_t V = loom_session_model(s)->hp.n_vocab;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    int32_t *ids = malloc((size_t)n_batch * sizeof *ids);
-    for (int64_t i = 0; i < n_batch; i++)
-        ids[i] = 1;
-    int rc = loom_session_eval(s, ids, n_batch, false, logits) == LOOM_OK &&
-                     loom_session_eval(s, ids, 1, false, logits) == LOOM_OK
-                 ? loom_session_n_devices(s)
-                 : -1;
-    for (int j = 0; rc > 0 && j < rc; j++) {
-        loom_sim_stats st;
-        loom_sim_dev_stats(loom_session_device(s, j), &st);
-        dev_bytes[j] = (double)st.mem_used;
-    }
-    free(ids);
-    free(logits);
-    loom_session_free(s);
-    return rc;
-}
 
 static void check_plan_matches_run(loom_split_mode mode, int n_dev) {
     const char *hdr = loom_test_stories_header_only("stories-header.gguf");
@@ -70,12 +37,14 @@ static void check_plan_matches_run(loom_split_mode mode, int n_dev) {
     LOOM_CHECK(c.fits);
     LOOM_CHECK(c.weights > 0 && c.kv > 0 && c.compute > 0);
     LOOM_CHECK(c.pp_tps > 0 && c.tg_tps > 0);
-    double real[16] = {0};
-    LOOM_REQUIRE(real_run(mode, n_dev, 256, 64, real) == n_dev);
+    const loom_test_run_cfg rc = {mode,          n_dev, 256, 64, LOOM_TYPE_F32,
+                                  LOOM_TYPE_F32, NULL,  0,   0,  false};
+    loom_test_run_bytes real;
+    LOOM_REQUIRE(loom_test_plan_real_run(&rc, &real) && real.n_dev == n_dev);
     for (int j = 0; j < n_dev; j++) {
-        LOOM_CHECK_MSG(fabs(c.dev_total[j] - real[j]) <= 0.01 * real[j],
+        LOOM_CHECK_MSG(fabs(c.dev_total[j] - real.dev[j]) <= 0.01 * real.dev[j],
                        "%s over %d, device %d: planned %.0f bytes, the run allocated %.0f",
-                       loom_split_mode_name(mode), n_dev, j, c.dev_total[j], real[j]);
+                       loom_split_mode_name(mode), n_dev, j, c.dev_total[j], real.dev[j]);
     }
     loom_gguf_free(g);
 }
@@ -237,4 +206,37 @@ LOOM_TEST(plan, refusals_name_the_problem) {
     LOOM_CHECK_STR_CONTAINS(err, "table or json");
     free(out);
     free(err);
+}
+
+/* plan's model options go through the shared parser: the values and errors of loom run's;
+ * a shared option plan does not take is an unknown one. */
+LOOM_TEST(plan, bad_options_refused_as_loom_run_refuses_them) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    char *m = (char *)loom_test_stories();
+    struct {
+        char *argv[8];
+        const char *want;
+    } bad[] = {
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-c", "lots", NULL},
+         "loom plan: -c needs an integer in 1..16777216 (got 'lots')"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-b", "0", NULL},
+         "loom plan: -b needs an integer in 1..1048576 (got '0')"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ctv", "q9_9", NULL},
+         "loom plan: -ctv 'q9_9' is not a cache type (f32, f16"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ts", "3,x", NULL},
+         "loom plan: -ts '3,x': 'x' is not a proportion"},
+        {{"plan", "-m", m, "--devices", "", NULL}, "loom plan: --devices is empty (cpu, sim:N"},
+        {{"plan", "--devices", "sim:2,profile=l40s", "-m", NULL}, "loom plan: -m needs a value"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ngl", "2", NULL},
+         "loom plan: unknown option '-ngl'"},
+        {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-c", "1", NULL},
+         "loom plan: -c 1: a plan needs a context of at least 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out, *err;
+        LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, bad[i].argv, &out, &err), 2);
+        LOOM_CHECK_STR_CONTAINS(err, bad[i].want);
+        free(out);
+        free(err);
+    }
 }

@@ -16,6 +16,7 @@
 #include "loom/tokenizer.h"
 #include "loom/topo.h"
 #include "tests/shim/loom_test.h"
+#include "tests/tools/stories.h"
 
 #define TWO_NODES "synthetic:pack:2 [numa(memory=1GB)] core:2 pu:1"
 
@@ -114,10 +115,8 @@ static int greedy(const char *path, const char *devices, loom_split_mode mode, i
 }
 
 LOOM_TEST(numa, stories_tensor_and_layer_split_match_the_cpu) {
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/stories260K.gguf", dir);
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     int32_t ref[32], got[32];
     float ref_logits[512], got_logits[512];
     char ref_text[1024], text[1024];
