@@ -16,6 +16,9 @@
  * split by output columns; b is walked in blocks that fit L2 so every weight row is read
  * from memory once per block.
  */
+#include <stdlib.h>
+
+#include "backends/cpu/qgemm.h"
 #include "backends/cpu/quants-dot.h"
 
 enum {
@@ -26,7 +29,7 @@ enum {
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM } mm_path;
 
 static size_t align64_size(size_t n) {
     return (n + 63) & ~(size_t)63;
@@ -48,14 +51,30 @@ static size_t qdot_row_bytes(loom_type t, int64_t K) {
     return align64_size(loom_row_size(loom_type_traits_get((int)t)->vec_dot_type, K));
 }
 
+/* LOOM_CPU_QGEMM=0 sends quantised weights to the F32 GEMM instead of the int8 one (to
+ * compare the two); read on every call, like LOOM_CPU_SIMD. */
+static bool qgemm_enabled(void) {
+    const char *e = getenv("LOOM_CPU_QGEMM");
+    return !(e && e[0] == '0');
+}
+
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const bool q = is_quant(a->type) || is_qdot(a->type);
     const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
     if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
-        dst->nb[1] % sizeof(float) == 0)
+        dst->nb[1] % sizeof(float) == 0) {
+        if (q && simd->qgemm_tile && loom__qg_type_get(a->type) &&
+            a->nb[0] == loom_type_size(a->type) && qgemm_enabled())
+            return MM_QGEMM;
         return MM_GEMM;
+    }
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
+}
+
+const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm"};
+    return names[choose_path(dst, simd)];
 }
 
 /* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
@@ -151,6 +170,23 @@ static mm_shape shape_of(const loom_tensor *dst) {
     return s;
 }
 
+/* Per-thread scratch of the int8 GEMM: A panels of one MM_MC x MM_KC block, the unpack
+ * buffer of one row's k-block, one Q8 activation row and one f32 row of b. */
+typedef struct qg_thread_layout {
+    size_t off_tmp, off_q8, off_f32, total;
+} qg_thread_layout;
+
+static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t K) {
+    const int mr = simd->qgemm_mr;
+    qg_thread_layout l;
+    l.off_tmp =
+        align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * loom__qg_ablk_bytes(mr));
+    l.off_q8 = l.off_tmp + align64_size(MM_KC + 2 * (MM_KC / LOOM_QG_BLK) * sizeof(float));
+    l.off_f32 = l.off_q8 + align64_size(loom__q8a_row_bytes(K / LOOM_QG_BLK));
+    l.total = l.off_f32 + align64_size((size_t)K * sizeof(float));
+    return l;
+}
+
 loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     mm_shape s = shape_of(dst);
@@ -176,6 +212,13 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
             (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
         w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) +
                        (size_t)simd->gemm_mr * MM_KC * sizeof(float) + 64;
+        break;
+    }
+    case MM_QGEMM: {
+        const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
+        w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)(s.K / LOOM_QG_BLK) *
+                   loom__qg_bblk_bytes(simd->qgemm_nr);
+        w.per_thread = qg_thread_layout_of(simd, s.K).total;
         break;
     }
     }
@@ -447,6 +490,93 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     }
 }
 
+/* ---------------------------------------------------------------- int8 GEMM */
+
+/* The int8 GEMM of quantised weights (qgemm.h): b quantised once into Q8 blocks and
+ * packed into NR-wide u8 panels (shared), then per unit MM_MC x MM_KC blocks of a
+ * unpacked into canonical MR-row int8 panels and the int8 micro-kernel over them; the
+ * same units and loop order as the F32 GEMM. */
+static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const loom__qg_type *qt = loom__qg_type_get(a->type);
+    const int mr = p->simd->qgemm_mr, nr = p->simd->qgemm_nr;
+    const int64_t nblk = s->K / LOOM_QG_BLK, npan = ceil_div(s->N, nr);
+    const int64_t batches = s->B2 * s->B3;
+    const size_t ablk = loom__qg_ablk_bytes(mr), bblk = loom__qg_bblk_bytes(nr);
+    const size_t panel_bytes = (size_t)nblk * bblk;
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, s->K);
+    char *bp = p->wshared, *wt = p->wthread;
+    char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
+    float *f32 = (float *)(wt + tl.off_f32);
+
+    /* b: panels (batch, panel) across threads, each column quantised once */
+    int64_t p0, p1;
+    loom__range(batches * npan, p->ith, p->nth, &p0, &p1);
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int64_t batch = pi / npan, pn = pi % npan;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        for (int j = 0; j < nr; j++) {
+            const int64_t n = pn * nr + j;
+            if (n >= s->N) {
+                loom__qg_pack_b_col(NULL, nblk, nr, j, bp + (size_t)pi * panel_bytes);
+                continue;
+            }
+            const float *row = loom__at(b, 0, n, i2, i3);
+            if (b->nb[0] != sizeof(float) || (uintptr_t)row % sizeof(float)) {
+                loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, f32);
+                row = f32;
+            }
+            p->simd->quantize_q8a(row, q8, s->K);
+            loom__qg_pack_b_col(q8, nblk, nr, j, bp + (size_t)pi * panel_bytes);
+        }
+    }
+    loom__cpu_barrier(p);
+
+    const size_t ldc = dst->nb[1] / sizeof(float);
+    int64_t mc = MM_MC;
+    while (mc > mr && batches * ceil_div(s->M, mc) < 2 * p->nth)
+        mc /= 2;
+    const int64_t mblocks = ceil_div(s->M, mc);
+    int64_t nchunks = 1;
+    if (batches * mblocks < 2 * p->nth) nchunks = ceil_div(2 * p->nth, batches * mblocks);
+    if (nchunks > npan) nchunks = npan;
+    const int64_t chunk = ceil_div(npan, nchunks);
+
+    int64_t u0, u1;
+    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
+                      batch = u / (nchunks * mblocks);
+        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
+                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        const int64_t mlen = s->M - mc0 < mc ? s->M - mc0 : mc;
+        const int64_t mpan = ceil_div(mlen, mr);
+        const char *bpan = bp + (size_t)(batch * npan) * panel_bytes;
+        if (pn0 >= pn1) continue;
+        for (int64_t k0 = 0; k0 < s->K; k0 += MM_KC) {
+            const int64_t kb = (s->K - k0 < MM_KC ? s->K - k0 : MM_KC) / LOOM_QG_BLK;
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                loom__qg_pack_a(qt, loom__at(a, 0, mc0 + mp * mr, i2 / s->r2, i3 / s->r3), a->nb[1],
+                                rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp);
+            }
+            for (int64_t pn = pn0; pn < pn1; pn++) {
+                const char *bpk =
+                    bpan + (size_t)pn * panel_bytes + (size_t)(k0 / LOOM_QG_BLK) * bblk;
+                const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int64_t m = mc0 + mp * mr;
+                    const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
+                    p->simd->qgemm_tile(kb, ap + (size_t)(mp * kb) * ablk, bpk,
+                                        dst_at(dst, m, pn * nr, i2, i3), ldc, k0 == 0, qt->has_min,
+                                        mvalid, nvalid);
+                }
+            }
+        }
+    }
+}
+
 static void zero_dst(const loom__cpu_params *p, loom_tensor *dst) {
     int64_t r0, r1;
     loom__range(loom_nrows(dst), p->ith, p->nth, &r0, &r1);
@@ -467,6 +597,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     switch (choose_path(dst, p->simd)) {
     case MM_GEMM:
         mm_path_gemm(p, dst, &s);
+        break;
+    case MM_QGEMM:
+        mm_path_qgemm(p, dst, &s);
         break;
     case MM_QUANT:
         mm_path_quant(p, dst, &s);

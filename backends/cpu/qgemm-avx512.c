@@ -1,0 +1,65 @@
+/*
+ * The int8 GEMM micro-kernel (AVX-512 VNNI) over the canonical panels of qgemm.h: a
+ * register tile of QG_MR = 16 rows (one zmm, one int32 lane per row) by QG_NR = 12
+ * columns. Per 32-element block: the int32 accumulators start at the weights' corr (which
+ * cancels the +128 bias of the u8 activations), 8 vpdpbusd per column add four k each,
+ * then one convert and one FMA per column fold the block into float accumulators with
+ * d * db (and, for types with a min, one more FMA with mn * s).
+ */
+#include "backends/cpu/qgemm.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define I512 static inline __attribute__((always_inline)) T512
+
+enum { QG_MR = 16, QG_NR = 12 };
+
+I512 void qg_tile(int64_t nblk, const char *ap, const char *bp, float *c, size_t ldc, int first,
+                  int mvalid, int nvalid, const int has_min) {
+    const size_t ablk = loom__qg_ablk_bytes(QG_MR), bblk = loom__qg_bblk_bytes(QG_NR);
+    __m512 acc[QG_NR];
+    _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++, ap += ablk, bp += bblk) {
+        const __m512i corr = _mm512_load_si512(ap + 36 * QG_MR);
+        __m512i iacc[QG_NR];
+        _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) iacc[j] = corr;
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            const __m512i a = _mm512_load_si512(ap + 64 * g);
+            const char *bg = bp + 4 * QG_NR * g;
+            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) {
+                int32_t w;
+                memcpy(&w, bg + 4 * j, 4);
+                iacc[j] = _mm512_dpbusd_epi32(iacc[j], _mm512_set1_epi32(w), a);
+            }
+        }
+        const __m512 da = _mm512_load_ps((const float *)(ap + 32 * QG_MR));
+        const float *bd = (const float *)(bp + 32 * QG_NR);
+        _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(iacc[j]), _mm512_mul_ps(da, _mm512_set1_ps(bd[j])), acc[j]);
+        if (has_min) {
+            const __m512 mn = _mm512_load_ps((const float *)(ap + 40 * QG_MR));
+            const float *bs = (const float *)(bp + 36 * QG_NR);
+            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] =
+                _mm512_fmadd_ps(mn, _mm512_set1_ps(bs[j]), acc[j]);
+        }
+    }
+    const __mmask16 m = (__mmask16)(mvalid >= 16 ? 0xffff : (1u << mvalid) - 1u);
+    _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) {
+        if (j >= nvalid) break;
+        float *cj = c + j * ldc;
+        if (!first) acc[j] = _mm512_add_ps(acc[j], _mm512_maskz_loadu_ps(m, cj));
+        _mm512_mask_storeu_ps(cj, m, acc[j]);
+    }
+}
+
+T512 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c,
+                                  size_t ldc, int first, int has_min, int mvalid, int nvalid) {
+    if (has_min)
+        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1);
+    else
+        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0);
+}
+
+#endif

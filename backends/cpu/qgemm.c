@@ -1,0 +1,265 @@
+/*
+ * The int8 GEMM's portable half: one unpacker per weight type into the canonical 32-block
+ * form of qgemm.h (never re-quantising: q, d and mn reproduce the type's dequantisation
+ * exactly, up to the float rounding of d * sub-block scale), and the A / B panel packers.
+ * The micro-kernel is in qgemm-avx512.c.
+ */
+#include "backends/cpu/qgemm.h"
+
+static inline float h2f(uint16_t h) {
+    return loom__fp16_to_fp32(h);
+}
+
+/* nibbles of a 32-block: qs[j] low is element j, high is element j + 16, minus off */
+static inline void nibbles(const uint8_t *qs, int off, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)((qs[j] & 0x0f) - off);
+        q[j + 16] = (int8_t)((qs[j] >> 4) - off);
+    }
+}
+
+static inline void nibbles_lut(const uint8_t *qs, const int8_t *lut, int8_t *q) {
+    for (int j = 0; j < 16; j++) {
+        q[j] = lut[qs[j] & 0x0f];
+        q[j + 16] = lut[qs[j] >> 4];
+    }
+}
+
+static inline void fifth_bit(const uint8_t *qhb, int off, int8_t *q) {
+    uint32_t qh;
+    memcpy(&qh, qhb, 4);
+    for (int j = 0; j < 32; j++)
+        q[j] = (int8_t)(q[j] + (int)(((qh >> j) & 1) << 4) - off);
+}
+
+static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q8_0 *x = (const loom_block_q8_0 *)row + blk0;
+    (void)mn;
+    for (int64_t b = 0; b < nblk; b++) {
+        memcpy(q + 32 * b, x[b].qs, 32);
+        d[b] = h2f(x[b].d);
+    }
+}
+
+static void unpack_q4_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q4_0 *x = (const loom_block_q4_0 *)row + blk0;
+    (void)mn;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles(x[b].qs, 8, q + 32 * b);
+        d[b] = h2f(x[b].d);
+    }
+}
+
+static void unpack_q4_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q4_1 *x = (const loom_block_q4_1 *)row + blk0;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles(x[b].qs, 0, q + 32 * b);
+        d[b] = h2f(x[b].d);
+        mn[b] = h2f(x[b].m);
+    }
+}
+
+static void unpack_q5_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q5_0 *x = (const loom_block_q5_0 *)row + blk0;
+    (void)mn;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles(x[b].qs, 0, q + 32 * b);
+        fifth_bit(x[b].qh, 16, q + 32 * b);
+        d[b] = h2f(x[b].d);
+    }
+}
+
+static void unpack_q5_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q5_1 *x = (const loom_block_q5_1 *)row + blk0;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles(x[b].qs, 0, q + 32 * b);
+        fifth_bit(x[b].qh, 0, q + 32 * b);
+        d[b] = h2f(x[b].d);
+        mn[b] = h2f(x[b].m);
+    }
+}
+
+static void unpack_iq4_nl(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                          float *mn) {
+    const loom_block_iq4_nl *x = (const loom_block_iq4_nl *)row + blk0;
+    (void)mn;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles_lut(x[b].qs, loom_iq4nl_values, q + 32 * b);
+        d[b] = h2f(x[b].d);
+    }
+}
+
+/* 2^(e - 128): the scale of MXFP4's doubled e2m1 table */
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return loom__f32_from_bits(bits);
+}
+
+static void unpack_mxfp4(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                         float *mn) {
+    const loom_block_mxfp4 *x = (const loom_block_mxfp4 *)row + blk0;
+    (void)mn;
+    for (int64_t b = 0; b < nblk; b++) {
+        nibbles_lut(x[b].qs, loom_mxfp4_values, q + 32 * b);
+        d[b] = e8m0_half(x[b].e);
+    }
+}
+
+/* scale and min of sub-block j (0..7) of Q4_K/Q5_K from the 12 packed bytes */
+static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K/Q5_K: sub-block j is the low (j even) or high nibbles of qs[32 (j / 2) ..] */
+static inline void k4_sub(const uint8_t *qs, int j, int8_t *q) {
+    const uint8_t *p = qs + 32 * (j / 2);
+    const int sh = 4 * (j % 2);
+    for (int l = 0; l < 32; l++)
+        q[l] = (int8_t)((p[l] >> sh) & 0x0f);
+}
+
+static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q4_K *x = (const loom_block_q4_K *)row + blk0 / 8;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(j, x[sb].scales, &sc, &m);
+            k4_sub(x[sb].qs, j, q + 32 * (8 * sb + j));
+            d[8 * sb + j] = D * (float)sc;
+            mn[8 * sb + j] = -M * (float)m;
+        }
+    }
+}
+
+static void unpack_q5_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q5_K *x = (const loom_block_q5_K *)row + blk0 / 8;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            int8_t *o = q + 32 * (8 * sb + j);
+            k4_scale_min(j, x[sb].scales, &sc, &m);
+            k4_sub(x[sb].qs, j, o);
+            for (int l = 0; l < 32; l++) /* fifth bit of element 32 j + l: qh[l] bit j */
+                o[l] = (int8_t)(o[l] | (((x[sb].qh[l] >> j) & 1) << 4));
+            d[8 * sb + j] = D * (float)sc;
+            mn[8 * sb + j] = -M * (float)m;
+        }
+    }
+}
+
+static void unpack_iq4_xs(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                          float *mn) {
+    const loom_block_iq4_xs *x = (const loom_block_iq4_xs *)row + blk0 / 8;
+    (void)mn;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        const float D = h2f(x[sb].d);
+        for (int j = 0; j < 8; j++) {
+            const int ls = (((x[sb].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) |
+                            (((x[sb].scales_h >> (2 * j)) & 3) << 4)) -
+                           32;
+            nibbles_lut(x[sb].qs + 16 * j, loom_iq4nl_values, q + 32 * (8 * sb + j));
+            d[8 * sb + j] = D * (float)ls;
+        }
+    }
+}
+
+static const loom__qg_type k_q8_0 = {unpack_q8_0, false}, k_q4_0 = {unpack_q4_0, false},
+                           k_q4_1 = {unpack_q4_1, true}, k_q5_0 = {unpack_q5_0, false},
+                           k_q5_1 = {unpack_q5_1, true}, k_iq4_nl = {unpack_iq4_nl, false},
+                           k_mxfp4 = {unpack_mxfp4, false}, k_q4_K = {unpack_q4_K, true},
+                           k_q5_K = {unpack_q5_K, true}, k_iq4_xs = {unpack_iq4_xs, false};
+
+const loom__qg_type *loom__qg_type_get(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_Q8_0:
+        return &k_q8_0;
+    case LOOM_TYPE_Q4_0:
+        return &k_q4_0;
+    case LOOM_TYPE_Q4_1:
+        return &k_q4_1;
+    case LOOM_TYPE_Q5_0:
+        return &k_q5_0;
+    case LOOM_TYPE_Q5_1:
+        return &k_q5_1;
+    case LOOM_TYPE_IQ4_NL:
+        return &k_iq4_nl;
+    case LOOM_TYPE_MXFP4:
+        return &k_mxfp4;
+    case LOOM_TYPE_Q4_K:
+        return &k_q4_K;
+    case LOOM_TYPE_Q5_K:
+        return &k_q5_K;
+    case LOOM_TYPE_IQ4_XS:
+        return &k_iq4_xs;
+    default:
+        return NULL;
+    }
+}
+
+void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
+                     int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp) {
+    int8_t *q = tmp;
+    float *d = (float *)(q + 32 * nblk), *mn = d + nblk;
+    const size_t ablk = loom__qg_ablk_bytes(mr);
+    for (int i = 0; i < mr; i++) {
+        if (i < rows) {
+            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, q, d, mn);
+        } else {
+            memset(q, 0, (size_t)(32 * nblk));
+            for (int64_t b = 0; b < nblk; b++)
+                d[b] = mn[b] = 0.0f;
+        }
+        for (int64_t b = 0; b < nblk; b++) {
+            char *pb = (char *)panel + (size_t)b * ablk;
+            const int8_t *qb = q + 32 * b;
+            int sum = 0;
+            for (int g = 0; g < 8; g++) {
+                memcpy(pb + (size_t)(4 * (g * mr + i)), qb + 4 * g, 4);
+                sum += qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
+            }
+            const int32_t corr = -128 * sum;
+            const float mnv = qt->has_min ? mn[b] : 0.0f;
+            memcpy(pb + 32 * (size_t)mr + 4 * (size_t)i, &d[b], 4);
+            memcpy(pb + 36 * (size_t)mr + 4 * (size_t)i, &corr, 4);
+            memcpy(pb + 40 * (size_t)mr + 4 * (size_t)i, &mnv, 4);
+        }
+    }
+}
+
+void loom__qg_pack_b_col(const void *q8a_row, int64_t nblk, int nr, int j, void *panel) {
+    const size_t bblk = loom__qg_bblk_bytes(nr);
+    void *row = (void *)q8a_row;
+    for (int64_t b = 0; b < nblk; b++) {
+        char *pb = (char *)panel + (size_t)b * bblk;
+        if (!row) {
+            for (int g = 0; g < 8; g++)
+                memset(pb + 4 * (g * nr + j), 0, 4);
+            memset(pb + 32 * (size_t)nr + 4 * (size_t)j, 0, 4);
+            memset(pb + 36 * (size_t)nr + 4 * (size_t)j, 0, 4);
+            continue;
+        }
+        const int8_t *qs = loom__q8a_qs(row, nblk) + 32 * b;
+        for (int g = 0; g < 8; g++) {
+            uint8_t *o = (uint8_t *)pb + 4 * (g * nr + j);
+            for (int l = 0; l < 4; l++)
+                o[l] = (uint8_t)(qs[4 * g + l] ^ 0x80); /* qb + 128 */
+        }
+        memcpy(pb + 32 * (size_t)nr + 4 * (size_t)j, loom__q8a_d(row) + b, 4);
+        memcpy(pb + 36 * (size_t)nr + 4 * (size_t)j, loom__q8a_s(row, nblk) + b, 4);
+    }
+}
