@@ -54,9 +54,10 @@ typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp,
 typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows, float *panel);
 /* Register tile of the int8 GEMM of quantised weights (qgemm.h: canonical A and B panels
  * of nblk 32-element blocks): c[j * ldc + i] (+)= the tile, i < mvalid, j < nvalid;
- * has_min adds the weights' min terms. */
+ * has_min adds the weights' min terms; halves (1 or 2) is the A blocks' scales per block. */
 typedef void (*loom__qgemm_tile_fn)(int64_t nblk, const void *ap, const void *bp, float *c,
-                                    size_t ldc, int first, int has_min, int mvalid, int nvalid);
+                                    size_t ldc, int first, int has_min, int halves, int mvalid,
+                                    int nvalid);
 
 typedef struct loom__cpu_simd {
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -103,7 +104,7 @@ extern const loom__cpu_simd loom__cpu_simd_scalar;
 extern const loom__cpu_simd loom__cpu_simd_avx2;
 extern const loom__cpu_simd loom__cpu_simd_avx512;
 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
-                             int first, int has_min, int mvalid, int nvalid);
+                             int first, int has_min, int halves, int mvalid, int nvalid);
 /* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so
  * a test can switch paths with setenv between graph computes). */
 const loom__cpu_simd *loom__cpu_simd_get(void);

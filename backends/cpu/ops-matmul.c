@@ -178,10 +178,10 @@ typedef struct qg_thread_layout {
 
 static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t K) {
     const int mr = simd->qgemm_mr;
+    const size_t ablk = loom__qg_ablk_bytes(mr, 2); /* the larger, two-halves block */
     qg_thread_layout l;
-    l.off_tmp =
-        align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * loom__qg_ablk_bytes(mr));
-    l.off_q8 = l.off_tmp + align64_size(MM_KC + 2 * (MM_KC / LOOM_QG_BLK) * sizeof(float));
+    l.off_tmp = align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * ablk);
+    l.off_q8 = l.off_tmp + align64_size(loom__qg_tmp_bytes(MM_KC / LOOM_QG_BLK));
     l.off_f32 = l.off_q8 + align64_size(loom__q8a_row_bytes(K / LOOM_QG_BLK));
     l.total = l.off_f32 + align64_size((size_t)K * sizeof(float));
     return l;
@@ -502,7 +502,7 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
     const int mr = p->simd->qgemm_mr, nr = p->simd->qgemm_nr;
     const int64_t nblk = s->K / LOOM_QG_BLK, npan = ceil_div(s->N, nr);
     const int64_t batches = s->B2 * s->B3;
-    const size_t ablk = loom__qg_ablk_bytes(mr), bblk = loom__qg_bblk_bytes(nr);
+    const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
     const size_t panel_bytes = (size_t)nblk * bblk;
     const qg_thread_layout tl = qg_thread_layout_of(p->simd, s->K);
     char *bp = p->wshared, *wt = p->wthread;
@@ -570,7 +570,7 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
                     const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
                     p->simd->qgemm_tile(kb, ap + (size_t)(mp * kb) * ablk, bpk,
                                         dst_at(dst, m, pn * nr, i2, i3), ldc, k0 == 0, qt->has_min,
-                                        mvalid, nvalid);
+                                        qt->halves, mvalid, nvalid);
                 }
             }
         }

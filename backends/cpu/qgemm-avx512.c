@@ -4,7 +4,8 @@
  * columns. Per 32-element block: the int32 accumulators start at the weights' corr (which
  * cancels the +128 bias of the u8 activations), 8 vpdpbusd per column add four k each,
  * then one convert and one FMA per column fold the block into float accumulators with
- * d * db (and, for types with a min, one more FMA with mn * s).
+ * d * db (and, for types with a min, one more FMA with mn * s). Types with 16-element
+ * scales fold each half of the block (4 vpdpbusd per column) on its own.
  */
 #include "backends/cpu/qgemm.h"
 
@@ -17,32 +18,35 @@
 enum { QG_MR = 16, QG_NR = 12 };
 
 I512 void qg_tile(int64_t nblk, const char *ap, const char *bp, float *c, size_t ldc, int first,
-                  int mvalid, int nvalid, const int has_min) {
-    const size_t ablk = loom__qg_ablk_bytes(QG_MR), bblk = loom__qg_bblk_bytes(QG_NR);
+                  int mvalid, int nvalid, const int has_min, const int H) {
+    const size_t ablk = loom__qg_ablk_bytes(QG_MR, H), bblk = loom__qg_bblk_bytes(QG_NR);
     __m512 acc[QG_NR];
     _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nblk; b++, ap += ablk, bp += bblk) {
-        const __m512i corr = _mm512_load_si512(ap + 36 * QG_MR);
-        __m512i iacc[QG_NR];
-        _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) iacc[j] = corr;
-        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
-            const __m512i a = _mm512_load_si512(ap + 64 * g);
-            const char *bg = bp + 4 * QG_NR * g;
-            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) {
-                int32_t w;
-                memcpy(&w, bg + 4 * j, 4);
-                iacc[j] = _mm512_dpbusd_epi32(iacc[j], _mm512_set1_epi32(w), a);
+        const float *bd = (const float *)(bp + loom__qg_b_d(QG_NR));
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; h++) {
+            const __m512i corr = _mm512_load_si512(ap + loom__qg_a_corr(QG_MR, H, h));
+            __m512i iacc[QG_NR];
+            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) iacc[j] = corr;
+            _Pragma("GCC unroll 8") for (int g = h * 8 / H; g < (h + 1) * 8 / H; g++) {
+                const __m512i a = _mm512_load_si512(ap + 64 * g);
+                const char *bg = bp + 4 * QG_NR * g;
+                _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) {
+                    int32_t w;
+                    memcpy(&w, bg + 4 * j, 4);
+                    iacc[j] = _mm512_dpbusd_epi32(iacc[j], _mm512_set1_epi32(w), a);
+                }
             }
-        }
-        const __m512 da = _mm512_load_ps((const float *)(ap + 32 * QG_MR));
-        const float *bd = (const float *)(bp + 32 * QG_NR);
-        _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(iacc[j]), _mm512_mul_ps(da, _mm512_set1_ps(bd[j])), acc[j]);
-        if (has_min) {
-            const __m512 mn = _mm512_load_ps((const float *)(ap + 40 * QG_MR));
-            const float *bs = (const float *)(bp + 36 * QG_NR);
-            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] =
-                _mm512_fmadd_ps(mn, _mm512_set1_ps(bs[j]), acc[j]);
+            const __m512 da = _mm512_load_ps((const float *)(ap + loom__qg_a_d(QG_MR, H, h)));
+            _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(iacc[j]), _mm512_mul_ps(da, _mm512_set1_ps(bd[j])), acc[j]);
+            if (has_min) {
+                const __m512 mn = _mm512_load_ps((const float *)(ap + loom__qg_a_mn(QG_MR, H, h)));
+                const float *bs = (const float *)(bp + (H == 1 ? loom__qg_b_s(QG_NR)
+                                                               : loom__qg_b_shalf(QG_NR, h)));
+                _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) acc[j] =
+                    _mm512_fmadd_ps(mn, _mm512_set1_ps(bs[j]), acc[j]);
+            }
         }
     }
     const __mmask16 m = (__mmask16)(mvalid >= 16 ? 0xffff : (1u << mvalid) - 1u);
@@ -55,11 +59,18 @@ I512 void qg_tile(int64_t nblk, const char *ap, const char *bp, float *c, size_t
 }
 
 T512 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c,
-                                  size_t ldc, int first, int has_min, int mvalid, int nvalid) {
-    if (has_min)
-        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1);
-    else
-        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0);
+                                  size_t ldc, int first, int has_min, int halves, int mvalid,
+                                  int nvalid) {
+    if (halves == 2) {
+        if (has_min)
+            qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1, 2);
+        else
+            qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0, 2);
+    } else if (has_min) {
+        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1, 1);
+    } else {
+        qg_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0, 1);
+    }
 }
 
 #endif

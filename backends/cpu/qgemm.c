@@ -178,14 +178,86 @@ static void unpack_iq4_xs(const void *row, int64_t blk0, int64_t nblk, int8_t *q
     }
 }
 
-static const loom__qg_type k_q8_0 = {unpack_q8_0, false}, k_q4_0 = {unpack_q4_0, false},
-                           k_q4_1 = {unpack_q4_1, true}, k_q5_0 = {unpack_q5_0, false},
-                           k_q5_1 = {unpack_q5_1, true}, k_iq4_nl = {unpack_iq4_nl, false},
-                           k_mxfp4 = {unpack_mxfp4, false}, k_q4_K = {unpack_q4_K, true},
-                           k_q5_K = {unpack_q5_K, true}, k_iq4_xs = {unpack_iq4_xs, false};
+/* Q6_K: element 128 h + 32 g + l from ql/qh as the GGUF layout; 16-element scales */
+static void unpack_q6_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q6_K *x = (const loom_block_q6_K *)row + blk0 / 8;
+    (void)mn;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        const uint8_t *ql = x[sb].ql, *qh = x[sb].qh;
+        const float D = h2f(x[sb].d);
+        for (int h = 0; h < 2; h++) {
+            int8_t *o = q + 256 * sb + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (int8_t)(((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32);
+                o[l + 32] = (int8_t)(((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
+                o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+                o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            }
+            ql += 64;
+            qh += 32;
+        }
+        for (int s = 0; s < 16; s++)
+            d[16 * sb + s] = D * (float)x[sb].scales[s];
+    }
+}
+
+/* Q2_K/Q3_K 2-bit fields: element 128 h + 32 g + l is qs[32 h + l] >> 2 g */
+static inline void k2_fields(const uint8_t *qs, int8_t *q) {
+    for (int h = 0; h < 2; h++)
+        for (int g = 0; g < 4; g++)
+            for (int l = 0; l < 32; l++)
+                q[128 * h + 32 * g + l] = (int8_t)((qs[32 * h + l] >> (2 * g)) & 3);
+}
+
+static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q3_K *x = (const loom_block_q3_K *)row + blk0 / 8;
+    (void)mn;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        int8_t *o = q + 256 * sb;
+        k2_fields(x[sb].qs, o);
+        for (int e = 0; e < 256; e++) /* q - 4 unless hmask[e % 32] bit e / 32 is set */
+            o[e] = (int8_t)(o[e] - (((x[sb].hmask[e % 32] >> (e / 32)) & 1) ? 0 : 4));
+        const uint8_t *in = x[sb].scales;
+        const float D = h2f(x[sb].d);
+        for (int s = 0; s < 16; s++) {
+            const int lo = s < 8 ? in[s] & 0x0f : in[s - 8] >> 4;
+            const int hi = (in[8 + s % 4] >> (2 * (s / 4))) & 3;
+            d[16 * sb + s] = D * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
+static void unpack_q2_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
+                        float *mn) {
+    const loom_block_q2_K *x = (const loom_block_q2_K *)row + blk0 / 8;
+    for (int64_t sb = 0; sb < nblk / 8; sb++) {
+        k2_fields(x[sb].qs, q + 256 * sb);
+        const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
+        for (int s = 0; s < 16; s++) {
+            d[16 * sb + s] = D * (float)(x[sb].scales[s] & 0x0f);
+            mn[16 * sb + s] = -M * (float)(x[sb].scales[s] >> 4);
+        }
+    }
+}
+
+static const loom__qg_type k_q8_0 = {unpack_q8_0, false, 1}, k_q4_0 = {unpack_q4_0, false, 1},
+                           k_q4_1 = {unpack_q4_1, true, 1}, k_q5_0 = {unpack_q5_0, false, 1},
+                           k_q5_1 = {unpack_q5_1, true, 1}, k_iq4_nl = {unpack_iq4_nl, false, 1},
+                           k_mxfp4 = {unpack_mxfp4, false, 1}, k_q4_K = {unpack_q4_K, true, 1},
+                           k_q5_K = {unpack_q5_K, true, 1}, k_iq4_xs = {unpack_iq4_xs, false, 1},
+                           k_q6_K = {unpack_q6_K, false, 2}, k_q3_K = {unpack_q3_K, false, 2},
+                           k_q2_K = {unpack_q2_K, true, 2};
 
 const loom__qg_type *loom__qg_type_get(loom_type t) {
     switch (t) {
+    case LOOM_TYPE_Q6_K:
+        return &k_q6_K;
+    case LOOM_TYPE_Q3_K:
+        return &k_q3_K;
+    case LOOM_TYPE_Q2_K:
+        return &k_q2_K;
     case LOOM_TYPE_Q8_0:
         return &k_q8_0;
     case LOOM_TYPE_Q4_0:
@@ -213,30 +285,33 @@ const loom__qg_type *loom__qg_type_get(loom_type t) {
 
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
                      int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp) {
+    const int H = qt->halves;
     int8_t *q = tmp;
-    float *d = (float *)(q + 32 * nblk), *mn = d + nblk;
-    const size_t ablk = loom__qg_ablk_bytes(mr);
+    float *d = (float *)(q + 32 * nblk), *mn = d + 2 * nblk;
+    const size_t ablk = loom__qg_ablk_bytes(mr, H);
     for (int i = 0; i < mr; i++) {
         if (i < rows) {
             qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, q, d, mn);
         } else {
             memset(q, 0, (size_t)(32 * nblk));
-            for (int64_t b = 0; b < nblk; b++)
+            for (int64_t b = 0; b < H * nblk; b++)
                 d[b] = mn[b] = 0.0f;
         }
         for (int64_t b = 0; b < nblk; b++) {
             char *pb = (char *)panel + (size_t)b * ablk;
             const int8_t *qb = q + 32 * b;
-            int sum = 0;
+            int sum[2] = {0, 0};
             for (int g = 0; g < 8; g++) {
                 memcpy(pb + (size_t)(4 * (g * mr + i)), qb + 4 * g, 4);
-                sum += qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
+                sum[H == 2 && g >= 4] += qb[4 * g] + qb[4 * g + 1] + qb[4 * g + 2] + qb[4 * g + 3];
             }
-            const int32_t corr = -128 * sum;
-            const float mnv = qt->has_min ? mn[b] : 0.0f;
-            memcpy(pb + 32 * (size_t)mr + 4 * (size_t)i, &d[b], 4);
-            memcpy(pb + 36 * (size_t)mr + 4 * (size_t)i, &corr, 4);
-            memcpy(pb + 40 * (size_t)mr + 4 * (size_t)i, &mnv, 4);
+            for (int h = 0; h < H; h++) {
+                const int32_t corr = -128 * sum[h];
+                const float mnv = qt->has_min ? mn[H * b + h] : 0.0f;
+                memcpy(pb + loom__qg_a_d(mr, H, h) + 4 * (size_t)i, &d[H * b + h], 4);
+                memcpy(pb + loom__qg_a_corr(mr, H, h) + 4 * (size_t)i, &corr, 4);
+                memcpy(pb + loom__qg_a_mn(mr, H, h) + 4 * (size_t)i, &mnv, 4);
+            }
         }
     }
 }
@@ -249,17 +324,26 @@ void loom__qg_pack_b_col(const void *q8a_row, int64_t nblk, int nr, int j, void 
         if (!row) {
             for (int g = 0; g < 8; g++)
                 memset(pb + 4 * (g * nr + j), 0, 4);
-            memset(pb + 32 * (size_t)nr + 4 * (size_t)j, 0, 4);
-            memset(pb + 36 * (size_t)nr + 4 * (size_t)j, 0, 4);
+            memset(pb + loom__qg_b_d(nr) + 4 * (size_t)j, 0, 4);
+            memset(pb + loom__qg_b_s(nr) + 4 * (size_t)j, 0, 4);
+            memset(pb + loom__qg_b_shalf(nr, 0) + 4 * (size_t)j, 0, 4);
+            memset(pb + loom__qg_b_shalf(nr, 1) + 4 * (size_t)j, 0, 4);
             continue;
         }
         const int8_t *qs = loom__q8a_qs(row, nblk) + 32 * b;
+        int half[2] = {0, 0};
         for (int g = 0; g < 8; g++) {
             uint8_t *o = (uint8_t *)pb + 4 * (g * nr + j);
-            for (int l = 0; l < 4; l++)
+            for (int l = 0; l < 4; l++) {
                 o[l] = (uint8_t)(qs[4 * g + l] ^ 0x80); /* qb + 128 */
+                half[g >= 4] += qs[4 * g + l];
+            }
         }
-        memcpy(pb + 32 * (size_t)nr + 4 * (size_t)j, loom__q8a_d(row) + b, 4);
-        memcpy(pb + 36 * (size_t)nr + 4 * (size_t)j, loom__q8a_s(row, nblk) + b, 4);
+        const float db = loom__q8a_d(row)[b];
+        const float sh[2] = {db * (float)half[0], db * (float)half[1]};
+        memcpy(pb + loom__qg_b_d(nr) + 4 * (size_t)j, &db, 4);
+        memcpy(pb + loom__qg_b_s(nr) + 4 * (size_t)j, loom__q8a_s(row, nblk) + b, 4);
+        memcpy(pb + loom__qg_b_shalf(nr, 0) + 4 * (size_t)j, &sh[0], 4);
+        memcpy(pb + loom__qg_b_shalf(nr, 1) + 4 * (size_t)j, &sh[1], 4);
     }
 }

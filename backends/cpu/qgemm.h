@@ -11,12 +11,16 @@
  * biased, qb + 128 as u8, and each weight block carries corr = -128 * sum_k q_k, the start
  * value of its int32 accumulator, which cancels the bias exactly.
  *
- * Panels (all offsets in bytes; a panel is one 64-byte aligned run of blocks):
- *   A (weights, MR rows): per block  int8 q[8][MR][4]  (four consecutive k of row i at
- *     [g][i]: one vpdpbusd lane per row), float d[MR], int32 corr[MR], float mn[MR];
- *     rows past the matrix are zero.
+ * Types whose scales cover 16 elements (Q2_K, Q3_K, Q6_K) keep them: their blocks carry
+ * two halves (H = 2), each with its own d, corr and mn, and the kernel folds each half of
+ * the integer sum separately; the activations then also carry s per half.
+ *
+ * Panels (a panel is one 64-byte aligned run of blocks; offsets in bytes):
+ *   A (weights, MR rows, H halves): per block  int8 q[8][MR][4]  (four consecutive k of
+ *     row i at [g][i]: one vpdpbusd lane per row), float d[H][MR], int32 corr[H][MR],
+ *     float mn[H][MR]; rows past the matrix are zero.
  *   B (activations, NR columns): per block  u8 q[8][NR][4] (qb + 128), float d[NR],
- *     float s[NR]; columns past the matrix are zero.
+ *     float s[NR], float s_half[2][NR]; columns past the matrix are zero.
  */
 #ifndef LOOM_CPU_QGEMM_H
 #define LOOM_CPU_QGEMM_H
@@ -25,22 +29,45 @@
 
 enum { LOOM_QG_BLK = 32 };
 
-static inline size_t loom__qg_ablk_bytes(int mr) {
-    return (size_t)mr * (LOOM_QG_BLK + 3 * sizeof(float));
+static inline size_t loom__qg_ablk_bytes(int mr, int halves) {
+    return (size_t)mr * (LOOM_QG_BLK + 3 * sizeof(float) * (size_t)halves);
 }
+/* offsets in an A block of d, corr and mn of half h */
+static inline size_t loom__qg_a_d(int mr, int halves, int h) {
+    (void)halves;
+    return (size_t)mr * (LOOM_QG_BLK + 4 * (size_t)h);
+}
+static inline size_t loom__qg_a_corr(int mr, int halves, int h) {
+    return (size_t)mr * (LOOM_QG_BLK + 4 * (size_t)(halves + h));
+}
+static inline size_t loom__qg_a_mn(int mr, int halves, int h) {
+    return (size_t)mr * (LOOM_QG_BLK + 4 * (size_t)(2 * halves + h));
+}
+
 static inline size_t loom__qg_bblk_bytes(int nr) {
-    return (size_t)nr * (LOOM_QG_BLK + 2 * sizeof(float));
+    return (size_t)nr * (LOOM_QG_BLK + 4 * sizeof(float));
+}
+/* offsets in a B block of d, s and the half sums */
+static inline size_t loom__qg_b_d(int nr) {
+    return (size_t)nr * LOOM_QG_BLK;
+}
+static inline size_t loom__qg_b_s(int nr) {
+    return (size_t)nr * (LOOM_QG_BLK + 4);
+}
+static inline size_t loom__qg_b_shalf(int nr, int h) {
+    return (size_t)nr * (LOOM_QG_BLK + 8 + 4 * (size_t)h);
 }
 
 /* Blocks [blk0, blk0 + nblk) (32-element units) of one weight row -> q[32 * nblk],
- * d[nblk] and mn[nblk] (mn untouched for types without a min). For the 256-element
- * super-block types blk0 and nblk are multiples of 8. */
+ * d[nblk * H] and mn[nblk * H] (block b, half h at b * H + h; mn untouched for types
+ * without a min). For the 256-element super-block types blk0 and nblk are multiples of 8. */
 typedef void (*loom__qg_unpack_fn)(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
                                    float *mn);
 
 typedef struct loom__qg_type {
     loom__qg_unpack_fn unpack;
     bool has_min;
+    int halves; /* H: scales per 32-block (1, or 2 for 16-element sub-blocks) */
 } loom__qg_type;
 
 /* The canonical unpacker of weight type t; NULL when the int8 GEMM does not cover t. */
@@ -48,7 +75,10 @@ const loom__qg_type *loom__qg_type_get(loom_type t);
 
 /* Rows [0, rows) (rows <= mr) of weight type t, row i at rows_base + i * row_stride,
  * blocks [blk0, blk0 + nblk) -> one A panel at panel (64-byte aligned). tmp: scratch of
- * 32 * nblk bytes + 2 * nblk floats (64-byte aligned). */
+ * loom__qg_tmp_bytes(nblk) (64-byte aligned). */
+static inline size_t loom__qg_tmp_bytes(int64_t nblk) {
+    return (size_t)nblk * (LOOM_QG_BLK + 4 * sizeof(float));
+}
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
                      int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp);
 

@@ -1,5 +1,6 @@
 /*
- * The int8 GEMM of quantised weights (MM_QGEMM, qgemm.h) for every type it covers, at odd
+ * The int8 GEMM of quantised weights (MM_QGEMM, qgemm.h) for every type it covers (every
+ * block type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K..Q6_K, IQ4_XS), at odd
  * sizes (M not a multiple of MR, N not of NR, K of one block and beyond one k-block, M
  * beyond one row block), broadcast batches and non-contiguous b (transposed, padded rows).
  *
@@ -243,6 +244,15 @@ LOOM_TEST(qgemm, q5_K) {
 LOOM_TEST(qgemm, iq4_xs) {
     check_type(LOOM_TYPE_IQ4_XS);
 }
+LOOM_TEST(qgemm, q6_K) {
+    check_type(LOOM_TYPE_Q6_K);
+}
+LOOM_TEST(qgemm, q3_K) {
+    check_type(LOOM_TYPE_Q3_K);
+}
+LOOM_TEST(qgemm, q2_K) {
+    check_type(LOOM_TYPE_Q2_K);
+}
 
 /* The int8 GEMM is taken exactly for the covered types on a table with the kernel, from
  * the int8 GEMM's column threshold on; never on the portable table or with
@@ -269,8 +279,8 @@ LOOM_TEST(qgemm, path_choice) {
         LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(d, simd), "qgemm") != 0);
         unsetenv("LOOM_CPU_QGEMM");
     }
-    /* types with 16-element sub-blocks are not covered yet: the F32 GEMM */
-    loom_tensor *f = loom_new_tensor_2d(ctx, LOOM_TYPE_Q6_K, 256, 4);
+    /* float weights keep the F32 GEMM */
+    loom_tensor *f = loom_new_tensor_2d(ctx, LOOM_TYPE_F16, 256, 4);
     loom_tensor *df = loom_mul_mat(ctx, f, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, 64));
     LOOM_REQUIRE(df);
     LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(df, simd), "qgemm") != 0);
