@@ -57,8 +57,8 @@ static void usage(FILE *f) {
                "  --types L    only these types (comma-separated names, e.g. q8_0,q4_0)\n"
                "  --small      quick run for CI: 512x512 weights, fewer repetitions\n"
                "\n"
-               "Quantised types at N > 1 get two rows, timed alternately (best of both\n"
-               "rounds): path int8 (the int8 GEMM) and f32 (LOOM_CPU_QGEMM=0: weights\n"
+               "Quantised types at N > 1 get two rows, timed alternately (best of three\n"
+               "rounds each): path int8 (the int8 GEMM) and f32 (LOOM_CPU_QGEMM=0: weights\n"
                "dequantised to the F32 GEMM). %%peak is GFLOP/s (2*M*N*K, int8 or float\n"
                "multiply-adds alike) over the measured FMA peak.\n");
 }
@@ -319,6 +319,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     loom__bench_measure_fma_peak(tp, runs, &peak);
+    loom__bench_peak i8peak;
+    const bool have_i8 = loom__bench_measure_int8_peak(tp, runs, &i8peak);
     loom_threadpool_free(tp);
 
     loom_backend_t be = loom_cpu_backend_new(o.threads);
@@ -336,11 +338,14 @@ int main(int argc, char **argv) {
            bw.read_gbps, bw.copy_gbps, s1, llc ? s2 : "unknown", bw.runs);
     printf("FMA peak:         %.1f GFLOP/s (%s, %d threads, best of %d)\n", peak.gflops, peak.isa,
            o.threads, peak.runs);
+    if (have_i8)
+        printf("int8 peak:        %.1f GOP/s (%s, %d threads, best of %d)\n", i8peak.gflops,
+               i8peak.isa, o.threads, i8peak.runs);
     printf("\nMUL_MAT %lldx%lld weights (M x K) x activations (K x N); time = best run; "
            "N=1 streams %s of weights\n\n",
            (long long)o.size, (long long)o.size, s1);
-    printf("%-6s %5s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "path", "time(ms)",
-           "GFLOP/s", "GB/s", "%bw", "%peak", "reps", "check");
+    printf("%-6s %5s %5s %11s %10s %9s %8s %8s %7s %6s %5s\n", "type", "N", "path", "time(ms)",
+           "GFLOP/s", "GB/s", "%bw", "%peak", "%i8pk", "reps", "check");
 
     static const loom_type types[] = {
         LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,   LOOM_TYPE_Q4_1,
@@ -363,7 +368,7 @@ int main(int argc, char **argv) {
             const int npaths = quant && ns[k] > 1 ? 2 : 1;
             case_result rs[2];
             loom_status st = LOOM_OK;
-            for (int round = 0; round < (npaths > 1 ? 2 : 1) && st == LOOM_OK; round++) {
+            for (int round = 0; round < (npaths > 1 ? 3 : 1) && st == LOOM_OK; round++) {
                 for (int pi = 0; pi < npaths && st == LOOM_OK; pi++) {
                     case_result r;
                     if (pi == 1) setenv("LOOM_CPU_QGEMM", "0", 1);
@@ -392,24 +397,25 @@ int main(int argc, char **argv) {
                 double gbps = (r.weight_bytes + r.act_bytes) / r.best_s * 1e-9;
                 bool ok = r.max_err_ratio <= 1.0;
                 failed += !ok;
-                char bwf[16] = "", pkf[16] = "";
+                char bwf[16] = "", pkf[16] = "", i8f[16] = "";
+                if (npaths > 1 && pi == 0 && have_i8)
+                    snprintf(i8f, sizeof i8f, "%.1f%%", 100.0 * gflops / i8peak.gflops);
                 double frac = ns[k] == 1 ? gbps / bw.read_gbps : gflops / peak.gflops;
                 over_limit |= frac > 1.0;
                 if (ns[k] == 1)
                     snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * frac);
                 else
                     snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * frac);
-                printf("%-6s %5lld %5s %11.3f %10.1f %9.1f %8s %8s %6d %5s\n",
-                       loom_type_name(types[ti]), (long long)ns[k],
-                       npaths == 1 ? "-"
-                       : pi == 0   ? "int8"
-                                   : "f32",
-                       r.best_s * 1e3, gflops, gbps, bwf, pkf, r.reps, ok ? "ok" : "FAIL");
+                const char *pname = npaths == 1 ? "-" : pi == 0 ? "int8" : "f32";
+                printf("%-6s %5lld %5s %11.3f %10.1f %9.1f %8s %8s %7s %6d %5s\n",
+                       loom_type_name(types[ti]), (long long)ns[k], pname, r.best_s * 1e3, gflops,
+                       gbps, bwf, pkf, i8f, r.reps, ok ? "ok" : "FAIL");
                 fflush(stdout);
             }
         }
     }
-    printf("\n%%bw: GB/s over measured read bandwidth (N=1); %%peak: GFLOP/s over FMA peak.\n");
+    printf("\n%%bw: GB/s over measured read bandwidth (N=1); %%peak: GFLOP/s over FMA peak;\n"
+           "%%i8pk (int8 path): the same 2*M*N*K ops/s over the measured int8 (VNNI) peak.\n");
     if (over_limit)
         printf("note: a fraction above 100%% means a machine limit was measured low (other load "
                "on the machine during its short runs) or the weights stayed in cache.\n");
