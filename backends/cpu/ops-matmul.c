@@ -2,7 +2,11 @@
  * MUL_MAT and MUL_MAT_ID: dst[m, n] = sum_k a[k, m] * b[k, n] (a: weights of any matmul
  * type, b: f32 activations), with batch broadcasting of a over b.
  *
- * Three paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ * Five paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ *   QGEMM quantised weights, N >= MM_QGEMM_MIN_N, a SIMD table with an int8 kernel: b is
+ *         quantised once to Q8 blocks and packed into u8 panels (shared), each thread
+ *         unpacks MC x KC blocks of a into canonical int8 panels and runs the int8
+ *         micro-kernel (qgemm.h), in the GEMM's loop order and work units.
  *   GEMM  N >= MM_GEMM_MIN_N (MM_QGEMM_MIN_N for quantised weights) on a SIMD table with
  *         a micro-kernel: b is packed once into NR-wide panels ([k][NR], shared), each
  *         thread packs MC x KC blocks of a into MR-wide panels ([k][MR], converted or
@@ -10,6 +14,8 @@
  *         loop order: KC, then B panels kept in L1, then A panels from L2).
  *   QUANT Q8_0/Q4_0 weights, smaller N: b is quantised to Q8 activations once (shared),
  *         then integer dot products, each weight row against up to 4 activation rows.
+ *   QDOT  the other block types, smaller N: b quantised to the type's vec_dot_type rows,
+ *         then the type's integer dot (quants-dot.h).
  *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
  *         products, each weight row against up to 4 rows of b.
  * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
