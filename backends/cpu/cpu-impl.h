@@ -52,6 +52,10 @@ typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp,
 /* Packs rows [0, rows) (rows <= MR) of kc floats each, lda floats apart, into one MR-wide
  * panel panel[k * MR + i]; rows past `rows` are zero. panel is 64-byte aligned. */
 typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows, float *panel);
+/* Lays mr unpacked weight rows (q[i * 32 nblk ..], d and mn [i * 2 nblk + H b + h]) out as
+ * one canonical A panel of nblk blocks with H = halves scales per block (qgemm.h). */
+typedef void (*loom__qgemm_scatter_fn)(const int8_t *q, const float *d, const float *mn, int mr,
+                                       int halves, int64_t nblk, void *panel);
 /* Register tile of the int8 GEMM of quantised weights (qgemm.h: canonical A and B panels
  * of nblk 32-element blocks): c[j * ldc + i] (+)= the tile, i < mvalid, j < nvalid;
  * has_min adds the weights' min terms; halves (1 or 2) is the A blocks' scales per block. */
@@ -79,8 +83,10 @@ typedef struct loom__cpu_simd {
     loom__gemm_tile_fn gemm_tile;
     loom__gemm_pack_fn gemm_pack_a;
     int gemm_mr, gemm_nr;
-    /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM). */
+    /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM) and its
+     * A-panel scatter (NULL: the portable one). */
     loom__qgemm_tile_fn qgemm_tile;
+    loom__qgemm_scatter_fn qgemm_scatter;
     int qgemm_mr, qgemm_nr;
 
     /* Elementwise hot paths over contiguous rows (z may alias x). */
@@ -105,6 +111,8 @@ extern const loom__cpu_simd loom__cpu_simd_avx2;
 extern const loom__cpu_simd loom__cpu_simd_avx512;
 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
                              int first, int has_min, int halves, int mvalid, int nvalid);
+void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const float *mn, int mr,
+                                int halves, int64_t nblk, void *panel);
 /* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so
  * a test can switch paths with setenv between graph computes). */
 const loom__cpu_simd *loom__cpu_simd_get(void);

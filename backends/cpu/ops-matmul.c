@@ -187,7 +187,7 @@ static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t 
     const size_t ablk = loom__qg_ablk_bytes(mr, 2); /* the larger, two-halves block */
     qg_thread_layout l;
     l.off_tmp = align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * ablk);
-    l.off_q8 = l.off_tmp + align64_size(loom__qg_tmp_bytes(MM_KC / LOOM_QG_BLK));
+    l.off_q8 = l.off_tmp + align64_size(loom__qg_tmp_bytes(mr, MM_KC / LOOM_QG_BLK));
     l.off_f32 = l.off_q8 + align64_size(loom__q8a_row_bytes(K / LOOM_QG_BLK));
     l.total = l.off_f32 + align64_size((size_t)K * sizeof(float));
     return l;
@@ -565,7 +565,8 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
             for (int64_t mp = 0; mp < mpan; mp++) {
                 const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
                 loom__qg_pack_a(qt, loom__at(a, 0, mc0 + mp * mr, i2 / s->r2, i3 / s->r3), a->nb[1],
-                                rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp);
+                                rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
+                                p->simd->qgemm_scatter);
             }
             for (int64_t pn = pn0; pn < pn1; pn++) {
                 const char *bpk =

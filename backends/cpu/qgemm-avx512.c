@@ -73,4 +73,63 @@ T512 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, 
     }
 }
 
+/* The A-panel scatter for mr = 16: per block the 16 rows' 32 bytes as a 16 x 8 matrix of
+ * dwords, transposed (two 8 x 8 transposes, rows 0-7 and 8-15 in the two 256-bit halves)
+ * so that dword g of every row lands in lane i of zmm g; corr from a vpdpbusd with ones;
+ * d and mn gathered. Other mr: the portable scatter. */
+T512 void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const float *mn, int mr,
+                                     int halves, int64_t nblk, void *panel) {
+    if (mr != QG_MR) {
+        loom__qg_scatter_portable(q, d, mn, mr, halves, nblk, panel);
+        return;
+    }
+    const int H = halves;
+    const size_t ablk = loom__qg_ablk_bytes(QG_MR, H), qrow = (size_t)(32 * nblk);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i rowf =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32((int)(2 * nblk)));
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0),
+                  hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int64_t b = 0; b < nblk; b++) {
+        char *pb = (char *)panel + (size_t)b * ablk;
+        __m512i z[8], t[8], u[8], o[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const int8_t *r0 = q + (size_t)i * qrow + 32 * b, *r1 = r0 + 8 * qrow;
+            z[i] =
+                _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
+                                   _mm256_loadu_si256((const __m256i *)r1), 1);
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+        }
+        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) {
+            u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        /* u[c] (c < 4): columns c and c + 4 of rows 0-3 / 8-11; u[c + 4]: of rows 4-7 / 12-15 */
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            o[c] = _mm512_permutex2var_epi64(u[c], lo, u[c + 4]);
+            o[c + 4] = _mm512_permutex2var_epi64(u[c], hi, u[c + 4]);
+        }
+        __m512i sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            _mm512_store_si512(pb + 64 * g, o[g]);
+            sum[H == 2 && g >= 4] = _mm512_dpbusd_epi32(sum[H == 2 && g >= 4], ones, o[g]);
+        }
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; h++) {
+            const __m512i corr =
+                _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum[h], 7));
+            _mm512_store_si512(pb + loom__qg_a_corr(QG_MR, H, h), corr);
+            _mm512_store_ps(pb + loom__qg_a_d(QG_MR, H, h),
+                            _mm512_i32gather_ps(rowf, d + H * b + h, 4));
+            _mm512_store_ps(pb + loom__qg_a_mn(QG_MR, H, h),
+                            _mm512_i32gather_ps(rowf, mn + H * b + h, 4));
+        }
+    }
+}
+
 #endif

@@ -10,11 +10,22 @@ static inline float h2f(uint16_t h) {
     return loom__fp16_to_fp32(h);
 }
 
-/* nibbles of a 32-block: qs[j] low is element j, high is element j + 16, minus off */
+/* nibbles of a 32-block: qs[j] low is element j, high is element j + 16, minus off (0 or
+ * 8), eight bytes at a time: (v | 0x80) - off never borrows across bytes, ^ 0x80 undoes it */
 static inline void nibbles(const uint8_t *qs, int off, int8_t *q) {
-    for (int j = 0; j < 16; j++) {
-        q[j] = (int8_t)((qs[j] & 0x0f) - off);
-        q[j + 16] = (int8_t)((qs[j] >> 4) - off);
+    const uint64_t m4 = 0x0f0f0f0f0f0f0f0full, hb = 0x8080808080808080ull;
+    const uint64_t o = 0x0101010101010101ull * (uint64_t)off;
+    for (int h = 0; h < 2; h++) {
+        uint64_t x, lo, hi;
+        memcpy(&x, qs + 8 * h, 8);
+        lo = x & m4;
+        hi = (x >> 4) & m4;
+        if (off) {
+            lo = ((lo | hb) - o) ^ hb;
+            hi = ((hi | hb) - o) ^ hb;
+        }
+        memcpy(q + 8 * h, &lo, 8);
+        memcpy(q + 16 + 8 * h, &hi, 8);
     }
 }
 
@@ -283,23 +294,17 @@ const loom__qg_type *loom__qg_type_get(loom_type t) {
     }
 }
 
-void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
-                     int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp) {
-    const int H = qt->halves;
-    int8_t *q = tmp;
-    float *d = (float *)(q + 32 * nblk), *mn = d + 2 * nblk;
+void loom__qg_scatter_portable(const int8_t *q, const float *d, const float *mn, int mr, int halves,
+                               int64_t nblk, void *panel) {
+    const int H = halves;
     const size_t ablk = loom__qg_ablk_bytes(mr, H);
     for (int i = 0; i < mr; i++) {
-        if (i < rows) {
-            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, q, d, mn);
-        } else {
-            memset(q, 0, (size_t)(32 * nblk));
-            for (int64_t b = 0; b < H * nblk; b++)
-                d[b] = mn[b] = 0.0f;
-        }
+        const int8_t *qi = q + (size_t)i * (size_t)(32 * nblk);
+        const float *di = d + (size_t)i * (size_t)(2 * nblk),
+                    *mi = mn + (size_t)i * (size_t)(2 * nblk);
         for (int64_t b = 0; b < nblk; b++) {
             char *pb = (char *)panel + (size_t)b * ablk;
-            const int8_t *qb = q + 32 * b;
+            const int8_t *qb = qi + 32 * b;
             int sum[2] = {0, 0};
             for (int g = 0; g < 8; g++) {
                 memcpy(pb + (size_t)(4 * (g * mr + i)), qb + 4 * g, 4);
@@ -307,13 +312,36 @@ void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_
             }
             for (int h = 0; h < H; h++) {
                 const int32_t corr = -128 * sum[h];
-                const float mnv = qt->has_min ? mn[H * b + h] : 0.0f;
-                memcpy(pb + loom__qg_a_d(mr, H, h) + 4 * (size_t)i, &d[H * b + h], 4);
+                memcpy(pb + loom__qg_a_d(mr, H, h) + 4 * (size_t)i, &di[H * b + h], 4);
                 memcpy(pb + loom__qg_a_corr(mr, H, h) + 4 * (size_t)i, &corr, 4);
-                memcpy(pb + loom__qg_a_mn(mr, H, h) + 4 * (size_t)i, &mnv, 4);
+                memcpy(pb + loom__qg_a_mn(mr, H, h) + 4 * (size_t)i, &mi[H * b + h], 4);
             }
         }
     }
+}
+
+void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
+                     int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp,
+                     loom__qgemm_scatter_fn scatter) {
+    const int H = qt->halves;
+    const size_t qrow = (size_t)(32 * nblk), frow = (size_t)(2 * nblk);
+    int8_t *q = tmp;
+    float *d = (float *)(q + (size_t)mr * qrow), *mn = d + (size_t)mr * frow;
+    for (int i = 0; i < mr; i++) {
+        int8_t *qi = q + (size_t)i * qrow;
+        float *di = d + (size_t)i * frow, *mi = mn + (size_t)i * frow;
+        if (i < rows) {
+            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, qi, di, mi);
+            if (!qt->has_min)
+                for (int64_t b = 0; b < H * nblk; b++)
+                    mi[b] = 0.0f;
+        } else {
+            memset(qi, 0, qrow);
+            for (int64_t b = 0; b < H * nblk; b++)
+                di[b] = mi[b] = 0.0f;
+        }
+    }
+    (scatter ? scatter : loom__qg_scatter_portable)(q, d, mn, mr, H, nblk, panel);
 }
 
 void loom__qg_pack_b_col(const void *q8a_row, int64_t nblk, int nr, int j, void *panel) {
@@ -332,12 +360,15 @@ void loom__qg_pack_b_col(const void *q8a_row, int64_t nblk, int nr, int j, void 
         }
         const int8_t *qs = loom__q8a_qs(row, nblk) + 32 * b;
         int half[2] = {0, 0};
+        for (int l = 0; l < 16; l++) {
+            half[0] += qs[l];
+            half[1] += qs[l + 16];
+        }
         for (int g = 0; g < 8; g++) {
-            uint8_t *o = (uint8_t *)pb + 4 * (g * nr + j);
-            for (int l = 0; l < 4; l++) {
-                o[l] = (uint8_t)(qs[4 * g + l] ^ 0x80); /* qb + 128 */
-                half[g >= 4] += qs[4 * g + l];
-            }
+            uint32_t w;
+            memcpy(&w, qs + 4 * g, 4);
+            w ^= 0x80808080u; /* qb + 128 in each byte */
+            memcpy(pb + 4 * (g * nr + j), &w, 4);
         }
         const float db = loom__q8a_d(row)[b];
         const float sh[2] = {db * (float)half[0], db * (float)half[1]};

@@ -74,13 +74,19 @@ typedef struct loom__qg_type {
 const loom__qg_type *loom__qg_type_get(loom_type t);
 
 /* Rows [0, rows) (rows <= mr) of weight type t, row i at rows_base + i * row_stride,
- * blocks [blk0, blk0 + nblk) -> one A panel at panel (64-byte aligned). tmp: scratch of
- * loom__qg_tmp_bytes(nblk) (64-byte aligned). */
-static inline size_t loom__qg_tmp_bytes(int64_t nblk) {
-    return (size_t)nblk * (LOOM_QG_BLK + 4 * sizeof(float));
+ * blocks [blk0, blk0 + nblk) -> one A panel at panel (64-byte aligned): every row is
+ * unpacked into tmp (loom__qg_tmp_bytes(mr, nblk), 64-byte aligned: q[mr][32 nblk], then
+ * d[mr][2 nblk], mn[mr][2 nblk]), then the table's scatter (or the portable one) lays the
+ * rows out as the panel. */
+static inline size_t loom__qg_tmp_bytes(int mr, int64_t nblk) {
+    return (size_t)mr * (size_t)nblk * (LOOM_QG_BLK + 4 * sizeof(float));
 }
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
-                     int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp);
+                     int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp,
+                     loom__qgemm_scatter_fn scatter);
+/* The portable scatter (loom__qgemm_scatter_fn of cpu-impl.h). */
+void loom__qg_scatter_portable(const int8_t *q, const float *d, const float *mn, int mr, int halves,
+                               int64_t nblk, void *panel);
 
 /* Column j (< nr) of a B panel of nblk blocks from one Q8 activation row (cpu-impl.h);
  * row == NULL writes a zero column. */
