@@ -87,6 +87,7 @@ typedef struct loom__cpu_simd {
      * A-panel scatter (NULL: the portable one). */
     loom__qgemm_tile_fn qgemm_tile;
     loom__qgemm_scatter_fn qgemm_scatter;
+    int qgemm_qmax; /* largest |weight integer| the kernel takes (AVX2: 64, no saturation) */
     int qgemm_mr, qgemm_nr;
 
     /* Elementwise hot paths over contiguous rows (z may alias x). */
@@ -111,6 +112,8 @@ extern const loom__cpu_simd loom__cpu_simd_avx2;
 extern const loom__cpu_simd loom__cpu_simd_avx512;
 void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
                              int first, int has_min, int halves, int mvalid, int nvalid);
+void loom__qgemm_tile_avx2(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
+                           int first, int has_min, int halves, int mvalid, int nvalid);
 void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const float *mn, int mr,
                                 int halves, int64_t nblk, void *panel);
 /* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so

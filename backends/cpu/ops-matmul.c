@@ -70,7 +70,8 @@ static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
     if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
         dst->nb[1] % sizeof(float) == 0) {
-        if (q && simd->qgemm_tile && loom__qg_type_get(a->type) &&
+        const loom__qg_type *qt = q ? loom__qg_type_get(a->type) : NULL;
+        if (qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax &&
             a->nb[0] == loom_type_size(a->type) && qgemm_enabled())
             return MM_QGEMM;
         return MM_GEMM;

@@ -2,7 +2,7 @@
  * The int8 GEMM's portable half: one unpacker per weight type into the canonical 32-block
  * form of qgemm.h (never re-quantising: q, d and mn reproduce the type's dequantisation
  * exactly, up to the float rounding of d * sub-block scale), and the A / B panel packers.
- * The micro-kernel is in qgemm-avx512.c.
+ * The micro-kernels are in qgemm-x86.c.
  */
 #include "backends/cpu/qgemm.h"
 
@@ -253,13 +253,16 @@ static void unpack_q2_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
     }
 }
 
-static const loom__qg_type k_q8_0 = {unpack_q8_0, false, 1}, k_q4_0 = {unpack_q4_0, false, 1},
-                           k_q4_1 = {unpack_q4_1, true, 1}, k_q5_0 = {unpack_q5_0, false, 1},
-                           k_q5_1 = {unpack_q5_1, true, 1}, k_iq4_nl = {unpack_iq4_nl, false, 1},
-                           k_mxfp4 = {unpack_mxfp4, false, 1}, k_q4_K = {unpack_q4_K, true, 1},
-                           k_q5_K = {unpack_q5_K, true, 1}, k_iq4_xs = {unpack_iq4_xs, false, 1},
-                           k_q6_K = {unpack_q6_K, false, 2}, k_q3_K = {unpack_q3_K, false, 2},
-                           k_q2_K = {unpack_q2_K, true, 2};
+static const loom__qg_type k_q8_0 = {unpack_q8_0, false, 1, 128},
+                           k_q4_0 = {unpack_q4_0, false, 1, 8}, k_q4_1 = {unpack_q4_1, true, 1, 15},
+                           k_q5_0 = {unpack_q5_0, false, 1, 16},
+                           k_q5_1 = {unpack_q5_1, true, 1, 31},
+                           k_iq4_nl = {unpack_iq4_nl, false, 1, 127},
+                           k_mxfp4 = {unpack_mxfp4, false, 1, 12},
+                           k_q4_K = {unpack_q4_K, true, 1, 15}, k_q5_K = {unpack_q5_K, true, 1, 31},
+                           k_iq4_xs = {unpack_iq4_xs, false, 1, 127},
+                           k_q6_K = {unpack_q6_K, false, 2, 32},
+                           k_q3_K = {unpack_q3_K, false, 2, 4}, k_q2_K = {unpack_q2_K, true, 2, 3};
 
 const loom__qg_type *loom__qg_type_get(loom_type t) {
     switch (t) {

@@ -68,6 +68,7 @@ typedef struct loom__qg_type {
     loom__qg_unpack_fn unpack;
     bool has_min;
     int halves; /* H: scales per 32-block (1, or 2 for 16-element sub-blocks) */
+    int qmax;   /* largest |q| the unpacked integers take */
 } loom__qg_type;
 
 /* The canonical unpacker of weight type t; NULL when the int8 GEMM does not cover t. */

@@ -31,8 +31,8 @@ typedef struct qg_case {
     b_layout lb;
 } qg_case;
 
-typedef enum run_mode { RUN_QGEMM, RUN_F32GEMM, RUN_SCALAR, RUN_MODES } run_mode;
-static const char *const k_mode_names[] = {"int8 gemm", "f32 gemm", "scalar dots"};
+typedef enum run_mode { RUN_QGEMM, RUN_AVX2, RUN_F32GEMM, RUN_SCALAR, RUN_MODES } run_mode;
+static const char *const k_mode_names[] = {"int8 gemm", "avx2 table", "f32 gemm", "scalar dots"};
 
 static loom_ctx *new_ctx(size_t mb) {
     loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
@@ -57,6 +57,7 @@ static void set_mode(run_mode m) {
     unsetenv("LOOM_CPU_QGEMM");
     if (m == RUN_F32GEMM) setenv("LOOM_CPU_QGEMM", "0", 1);
     if (m == RUN_SCALAR) setenv("LOOM_CPU_SIMD", "scalar", 1);
+    if (m == RUN_AVX2) setenv("LOOM_CPU_SIMD", "avx2", 1);
 }
 
 /* b's column n of batch i2: exact (see the top) or uniform in [-1, 1]. */
@@ -144,14 +145,17 @@ static void check_case(loom_type type, qg_case c, bool exact) {
                 ref[o] = s;
                 /* int8 GEMM: exact integer block sums, a few roundings per block */
                 tol[RUN_QGEMM][o] = (nblk + 8) * 0x1p-22 * mag + (exact ? 0 : 1.0001 * qerr);
+                /* the AVX2 table: its int8 GEMM, or the F32 GEMM for types beyond |q| 64 */
+                tol[RUN_AVX2][o] = tol[RUN_QGEMM][o] + (double)(c.K + 8) * 0x1p-23 * mag;
                 /* float dots over K terms */
                 tol[RUN_F32GEMM][o] = (double)(c.K + 8) * 0x1p-23 * mag;
                 tol[RUN_SCALAR][o] = tol[RUN_F32GEMM][o] + (q8_1 ? s_err : 0);
             }
         }
 
-    const int nmodes = exact ? RUN_MODES : 1;
-    for (int mode = 0; mode < nmodes; mode++) {
+    for (int mode = 0; mode < RUN_MODES; mode++) {
+        if (!exact && mode != RUN_QGEMM && mode != RUN_AVX2) continue;
+        if (mode == RUN_AVX2 && !loom__cpu_has_avx2()) continue;
         set_mode((run_mode)mode);
         const loom__cpu_simd *simd = loom__cpu_simd_get();
         const char *path = loom__cpu_mul_mat_path(d, simd);
@@ -159,6 +163,12 @@ static void check_case(loom_type type, qg_case c, bool exact) {
             LOOM_CHECK_MSG(strcmp(path, "qgemm") == 0, "%s N=%lld: path %s, not qgemm",
                            loom_type_name(type), (long long)c.N, path);
         if (mode == RUN_QGEMM && !simd->qgemm_tile) continue; /* no int8 kernel here */
+        if (mode == RUN_AVX2) {
+            const bool small_q = type != LOOM_TYPE_Q8_0 && type != LOOM_TYPE_IQ4_NL &&
+                                 type != LOOM_TYPE_IQ4_XS; /* |q| <= 64 */
+            LOOM_CHECK_MSG(strcmp(path, small_q ? "qgemm" : "gemm") == 0, "%s on avx2: path %s",
+                           loom_type_name(type), path);
+        }
         if (mode == RUN_F32GEMM)
             LOOM_CHECK_MSG(strcmp(path, "gemm") == 0 || !simd->gemm_tile, "%s: path %s",
                            loom_type_name(type), path);

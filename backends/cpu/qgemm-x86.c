@@ -1,5 +1,6 @@
 /*
- * The int8 GEMM micro-kernel (AVX-512 VNNI) over the canonical panels of qgemm.h: a
+ * The int8 GEMM micro-kernels: AVX-512 VNNI, and an AVX2 one (end of file). The AVX-512
+ * kernel (AVX-512 VNNI) over the canonical panels of qgemm.h: a
  * register tile of QG_MR = 16 rows (one zmm, one int32 lane per row) by QG_NR = 12
  * columns. Per 32-element block: the int32 accumulators start at the weights' corr (which
  * cancels the +128 bias of the u8 activations), 8 vpdpbusd per column add four k each,
@@ -129,6 +130,81 @@ T512 void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const floa
             _mm512_store_ps(pb + loom__qg_a_mn(QG_MR, H, h),
                             _mm512_i32gather_ps(rowf, mn + H * b + h, 4));
         }
+    }
+}
+
+/* ---------------------------------------------------------------- AVX2 */
+
+#define T256 __attribute__((target("avx2,fma,f16c")))
+#define I256 static inline __attribute__((always_inline)) T256
+
+enum { QG2_MR = 8, QG2_NR = 4 };
+
+/* The AVX2 tile, 8 rows (one ymm) by 4 columns: vpmaddubsw (u8 activations x s8 weights,
+ * pairs summed in int16) then vpmaddwd with ones (four k per int32 lane, as vpdpbusd).
+ * The int16 pair sums cannot saturate for weights with |q| <= 64 (2 * 255 * 64 < 2^15),
+ * which is why this table covers only those types (loom__qg_type.qmax). */
+I256 void qg2_tile(int64_t nblk, const char *ap, const char *bp, float *c, size_t ldc, int first,
+                   int mvalid, int nvalid, const int has_min, const int H) {
+    const size_t ablk = loom__qg_ablk_bytes(QG2_MR, H), bblk = loom__qg_bblk_bytes(QG2_NR);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[QG2_NR];
+    _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) acc[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++, ap += ablk, bp += bblk) {
+        const float *bd = (const float *)(bp + loom__qg_b_d(QG2_NR));
+        _Pragma("GCC unroll 2") for (int h = 0; h < H; h++) {
+            const __m256i corr =
+                _mm256_load_si256((const __m256i *)(ap + loom__qg_a_corr(QG2_MR, H, h)));
+            __m256i iacc[QG2_NR];
+            _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) iacc[j] = corr;
+            _Pragma("GCC unroll 8") for (int g = h * 8 / H; g < (h + 1) * 8 / H; g++) {
+                const __m256i a = _mm256_load_si256((const __m256i *)(ap + 32 * g));
+                const char *bg = bp + 4 * QG2_NR * g;
+                _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) {
+                    int32_t w;
+                    memcpy(&w, bg + 4 * j, 4);
+                    const __m256i p16 = _mm256_maddubs_epi16(_mm256_set1_epi32(w), a);
+                    iacc[j] = _mm256_add_epi32(iacc[j], _mm256_madd_epi16(p16, ones));
+                }
+            }
+            const __m256 da = _mm256_load_ps((const float *)(ap + loom__qg_a_d(QG2_MR, H, h)));
+            _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) acc[j] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(iacc[j]), _mm256_mul_ps(da, _mm256_set1_ps(bd[j])), acc[j]);
+            if (has_min) {
+                const __m256 mn = _mm256_load_ps((const float *)(ap + loom__qg_a_mn(QG2_MR, H, h)));
+                const float *bs = (const float *)(bp + (H == 1 ? loom__qg_b_s(QG2_NR)
+                                                               : loom__qg_b_shalf(QG2_NR, h)));
+                _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) acc[j] =
+                    _mm256_fmadd_ps(mn, _mm256_set1_ps(bs[j]), acc[j]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < QG2_NR; j++) {
+        if (j >= nvalid) break;
+        float *cj = c + j * ldc;
+        if (mvalid == QG2_MR) {
+            if (!first) acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(cj));
+            _mm256_storeu_ps(cj, acc[j]);
+            continue;
+        }
+        float t[QG2_MR];
+        _mm256_storeu_ps(t, acc[j]);
+        for (int i = 0; i < mvalid; i++)
+            cj[i] = first ? t[i] : cj[i] + t[i];
+    }
+}
+
+T256 void loom__qgemm_tile_avx2(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
+                                int first, int has_min, int halves, int mvalid, int nvalid) {
+    if (halves == 2) {
+        if (has_min)
+            qg2_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1, 2);
+        else
+            qg2_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0, 2);
+    } else if (has_min) {
+        qg2_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 1, 1);
+    } else {
+        qg2_tile(nblk, ap, bp, c, ldc, first, mvalid, nvalid, 0, 1);
     }
 }
 
