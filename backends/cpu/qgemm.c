@@ -10,22 +10,36 @@ static inline float h2f(uint16_t h) {
     return loom__fp16_to_fp32(h);
 }
 
-/* nibbles of a 32-block: qs[j] low is element j, high is element j + 16, minus off (0 or
- * 8), eight bytes at a time: (v | 0x80) - off never borrows across bytes, ^ 0x80 undoes it */
+/* Eight bytes at a time (SWAR): loads, stores, and per-byte v - off for v < 128 and
+ * off <= 128, which never borrows across bytes: ((v | 0x80) - off) ^ 0x80. */
+#define B01 0x0101010101010101ull
+static inline uint64_t ld64(const void *p) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+static inline void st64(void *p, uint64_t x) {
+    memcpy(p, &x, 8);
+}
+static inline uint64_t sub_bytes(uint64_t v, uint64_t off) {
+    return ((v | 0x80 * B01) - off) ^ (0x80 * B01);
+}
+/* bits 0..7 of b -> bytes 0..7 (0 or 1) */
+static inline uint64_t bits8(uint64_t b) {
+    return ((((b * B01) & 0x8040201008040201ull) + 0x7f * B01) >> 7) & B01;
+}
+
+/* nibbles of a 32-block: qs[j] low is element j, high is element j + 16, minus off */
 static inline void nibbles(const uint8_t *qs, int off, int8_t *q) {
-    const uint64_t m4 = 0x0f0f0f0f0f0f0f0full, hb = 0x8080808080808080ull;
-    const uint64_t o = 0x0101010101010101ull * (uint64_t)off;
     for (int h = 0; h < 2; h++) {
-        uint64_t x, lo, hi;
-        memcpy(&x, qs + 8 * h, 8);
-        lo = x & m4;
-        hi = (x >> 4) & m4;
+        const uint64_t x = ld64(qs + 8 * h);
+        uint64_t lo = x & 0x0f * B01, hi = (x >> 4) & 0x0f * B01;
         if (off) {
-            lo = ((lo | hb) - o) ^ hb;
-            hi = ((hi | hb) - o) ^ hb;
+            lo = sub_bytes(lo, (uint64_t)off * B01);
+            hi = sub_bytes(hi, (uint64_t)off * B01);
         }
-        memcpy(q + 8 * h, &lo, 8);
-        memcpy(q + 16 + 8 * h, &hi, 8);
+        st64(q + 8 * h, lo);
+        st64(q + 16 + 8 * h, hi);
     }
 }
 
@@ -36,11 +50,14 @@ static inline void nibbles_lut(const uint8_t *qs, const int8_t *lut, int8_t *q) 
     }
 }
 
+/* adds bit j of the 32-bit qh as 16 to element j, then subtracts off */
 static inline void fifth_bit(const uint8_t *qhb, int off, int8_t *q) {
     uint32_t qh;
     memcpy(&qh, qhb, 4);
-    for (int j = 0; j < 32; j++)
-        q[j] = (int8_t)(q[j] + (int)(((qh >> j) & 1) << 4) - off);
+    for (int w = 0; w < 4; w++) {
+        const uint64_t v = ld64(q + 8 * w) | (bits8((qh >> (8 * w)) & 0xff) << 4);
+        st64(q + 8 * w, off ? sub_bytes(v, (uint64_t)off * B01) : v);
+    }
 }
 
 static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
@@ -136,8 +153,8 @@ static inline void k4_scale_min(int j, const uint8_t *s, int *sc, int *m) {
 static inline void k4_sub(const uint8_t *qs, int j, int8_t *q) {
     const uint8_t *p = qs + 32 * (j / 2);
     const int sh = 4 * (j % 2);
-    for (int l = 0; l < 32; l++)
-        q[l] = (int8_t)((p[l] >> sh) & 0x0f);
+    for (int w = 0; w < 4; w++)
+        st64(q + 8 * w, (ld64(p + 8 * w) >> sh) & 0x0f * B01);
 }
 
 static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
@@ -165,8 +182,8 @@ static void unpack_q5_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
             int8_t *o = q + 32 * (8 * sb + j);
             k4_scale_min(j, x[sb].scales, &sc, &m);
             k4_sub(x[sb].qs, j, o);
-            for (int l = 0; l < 32; l++) /* fifth bit of element 32 j + l: qh[l] bit j */
-                o[l] = (int8_t)(o[l] | (((x[sb].qh[l] >> j) & 1) << 4));
+            for (int w = 0; w < 4; w++) /* fifth bit of element 32 j + l: qh[l] bit j */
+                st64(o + 8 * w, ld64(o + 8 * w) | (((ld64(x[sb].qh + 8 * w) >> j) & B01) << 4));
             d[8 * sb + j] = D * (float)sc;
             mn[8 * sb + j] = -M * (float)m;
         }
@@ -199,11 +216,13 @@ static void unpack_q6_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
         const float D = h2f(x[sb].d);
         for (int h = 0; h < 2; h++) {
             int8_t *o = q + 256 * sb + 128 * h;
-            for (int l = 0; l < 32; l++) {
-                o[l] = (int8_t)(((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32);
-                o[l + 32] = (int8_t)(((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
-                o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-                o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+            for (int l = 0; l < 32; l += 8) {
+                const uint64_t l0 = ld64(ql + l), l1 = ld64(ql + 32 + l), hw = ld64(qh + l);
+                const uint64_t m4 = 0x0f * B01, m2 = 0x03 * B01, o32 = 32 * B01;
+                st64(o + l, sub_bytes((l0 & m4) | ((hw & m2) << 4), o32));
+                st64(o + l + 32, sub_bytes((l1 & m4) | (((hw >> 2) & m2) << 4), o32));
+                st64(o + l + 64, sub_bytes(((l0 >> 4) & m4) | (((hw >> 4) & m2) << 4), o32));
+                st64(o + l + 96, sub_bytes(((l1 >> 4) & m4) | (((hw >> 6) & m2) << 4), o32));
             }
             ql += 64;
             qh += 32;
@@ -217,8 +236,9 @@ static void unpack_q6_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 static inline void k2_fields(const uint8_t *qs, int8_t *q) {
     for (int h = 0; h < 2; h++)
         for (int g = 0; g < 4; g++)
-            for (int l = 0; l < 32; l++)
-                q[128 * h + 32 * g + l] = (int8_t)((qs[32 * h + l] >> (2 * g)) & 3);
+            for (int w = 0; w < 4; w++)
+                st64(q + 128 * h + 32 * g + 8 * w,
+                     (ld64(qs + 32 * h + 8 * w) >> (2 * g)) & 0x03 * B01);
 }
 
 static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
@@ -228,8 +248,11 @@ static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         int8_t *o = q + 256 * sb;
         k2_fields(x[sb].qs, o);
-        for (int e = 0; e < 256; e++) /* q - 4 unless hmask[e % 32] bit e / 32 is set */
-            o[e] = (int8_t)(o[e] - (((x[sb].hmask[e % 32] >> (e / 32)) & 1) ? 0 : 4));
+        for (int j = 0; j < 8; j++) /* q - 4 unless hmask[e % 32] bit e / 32 is set */
+            for (int w = 0; w < 4; w++) {
+                const uint64_t hb = (ld64(x[sb].hmask + 8 * w) >> j) & B01;
+                st64(o + 32 * j + 8 * w, sub_bytes(ld64(o + 32 * j + 8 * w), (hb ^ B01) << 2));
+            }
         const uint8_t *in = x[sb].scales;
         const float D = h2f(x[sb].d);
         for (int s = 0; s < 16; s++) {
