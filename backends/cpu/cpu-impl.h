@@ -191,7 +191,7 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd);
 
 /* The path MUL_MAT takes for dst on this table: "dot", "quant", "qdot", "gemm" or "qgemm"
- * (the int8 GEMM); for tests and benchmarks. */
+ * (the int8 GEMM); MUL_MAT_ID: "qgemm", "gemm" or "dot" (its dot paths); for tests. */
 const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd);
 
 void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);

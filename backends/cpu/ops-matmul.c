@@ -79,11 +79,6 @@ static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
-const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
-    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm"};
-    return names[choose_path(dst, simd)];
-}
-
 /* b rows are usable in place by the dot kernels (contiguous along k, float-aligned rows). */
 static bool b_in_place(const loom_tensor *b) {
     return b->nb[0] == sizeof(float) && b->nb[1] % sizeof(float) == 0;
@@ -641,6 +636,7 @@ typedef struct mmid_layout {
     size_t off_count, off_start, off_slots, off_rows, off_panels, total;
     size_t row_bytes;
     bool gemm;
+    bool qgemm; /* the GEMM path through the int8 GEMM (quantised experts) */
 } mmid_layout;
 
 static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *simd) {
@@ -648,6 +644,9 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
     l.gemm = mmid_use_gemm(dst, simd);
+    const loom__qg_type *qt = loom__qg_type_get(as->type);
+    l.qgemm = l.gemm && qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax &&
+              as->nb[0] == loom_type_size(as->type) && qgemm_enabled();
     l.row_bytes = l.gemm               ? (size_t)K * sizeof(float)
                   : is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0)
                   : is_qdot(as->type)  ? qdot_row_bytes(as->type, K)
@@ -658,7 +657,10 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *
     l.off_rows = l.off_slots + align64((size_t)slots * 2 * sizeof(int32_t));
     l.off_panels = l.off_rows + align64((size_t)slots * l.row_bytes);
     l.total = l.off_panels;
-    if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
+    if (l.qgemm) /* at most slots + E * (NR - 1) columns, in u8 panels of NR */
+        l.total += (size_t)ceil_div(slots + E * simd->qgemm_nr, simd->qgemm_nr) *
+                   (size_t)(K / LOOM_QG_BLK) * loom__qg_bblk_bytes(simd->qgemm_nr);
+    else if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
         l.total += (size_t)(slots + E * simd->gemm_nr) * (size_t)K * sizeof(float);
     return l;
 }
@@ -673,6 +675,15 @@ static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
     return mmid_gemm_lines_off() + align64((size_t)simd->gemm_mr * MM_KC * sizeof(float));
 }
 
+const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm"};
+    if (dst->op == LOOM_OP_MUL_MAT_ID) {
+        const mmid_layout l = mmid_layout_of(dst, simd);
+        return l.qgemm ? "qgemm" : l.gemm ? "gemm" : "dot";
+    }
+    return names[choose_path(dst, simd)];
+}
+
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd) {
     (void)nth;
@@ -680,7 +691,9 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
     loom__cpu_work w = {l.total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
     if (l.gemm) {
         const int64_t slots = dst->src[2]->ne[0] * dst->src[2]->ne[1];
-        const size_t g = mmid_gemm_cbuf_off(simd) + (size_t)MM_MC * (size_t)slots * sizeof(float);
+        const size_t off = l.qgemm ? align64(qg_thread_layout_of(simd, dst->src[0]->ne[0]).total)
+                                   : mmid_gemm_cbuf_off(simd);
+        const size_t g = off + (size_t)MM_MC * (size_t)slots * sizeof(float);
         if (g > w.per_thread) w.per_thread = g;
     }
     return w;
@@ -744,6 +757,84 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
                     const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
                     p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, cbuf + pn * nr * MM_MC + mp * mr,
                                        MM_MC, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+        for (int64_t j = 0; j < ne_; j++) {
+            const int64_t s = start[e] + j;
+            for (int64_t i = 0; i < mlen; i++)
+                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
+        }
+    }
+}
+
+/* mmid_gemm through the int8 GEMM: b's rows quantised and packed into u8 panels per
+ * expert (shared), then the same (expert, row block) units with the int8 micro-kernel. */
+static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_layout *l,
+                       const int64_t *start, const int32_t *slot, const float *rows) {
+    const loom_tensor *as = dst->src[0];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const loom__qg_type *qt = loom__qg_type_get(as->type);
+    const int mr = p->simd->qgemm_mr, nr = p->simd->qgemm_nr;
+    const int64_t nblk = K / LOOM_QG_BLK;
+    const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
+    const size_t panel_bytes = (size_t)nblk * bblk;
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, K);
+    char *bp = (char *)p->wshared + l->off_panels, *wt = p->wthread;
+    char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
+    float *cbuf = (float *)(wt + align64(tl.total));
+    int64_t npanels = 0, active = 0;
+    for (int64_t e = 0; e < E; e++) {
+        npanels += ceil_div(start[e + 1] - start[e], nr);
+        active += start[e + 1] > start[e];
+    }
+    int64_t p0, p1;
+    loom__range(npanels, p->ith, p->nth, &p0, &p1);
+    for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        for (int64_t pn = 0; pn < np; pn++, gi++) {
+            if (gi < p0 || gi >= p1) continue;
+            for (int j = 0; j < nr; j++) {
+                const int64_t col = pn * nr + j;
+                if (col < ne_) p->simd->quantize_q8a(rows + (start[e] + col) * K, q8, K);
+                loom__qg_pack_b_col(col < ne_ ? q8 : NULL, nblk, nr, j,
+                                    bp + (size_t)gi * panel_bytes);
+            }
+        }
+    }
+    loom__cpu_barrier(p);
+
+    const int64_t mblocks = ceil_div(M, MM_MC);
+    int64_t u0, u1;
+    loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
+    int64_t e = -1, e_rank = -1, pan0 = 0;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t rank = u / mblocks, mb = u % mblocks;
+        while (e_rank < rank) { /* the rank-th active expert and its first panel */
+            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
+            e++;
+            if (start[e + 1] > start[e]) e_rank++;
+        }
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
+        const int64_t mpan = ceil_div(mlen, mr);
+        for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
+            const int64_t kb = (K - k0 < MM_KC ? K - k0 : MM_KC) / LOOM_QG_BLK;
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int rws = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                loom__qg_pack_a(qt, loom__at(as, 0, mc0 + mp * mr, e, 0), as->nb[1], rws, mr,
+                                k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
+                                p->simd->qgemm_scatter);
+            }
+            for (int64_t pn = 0; pn < np; pn++) {
+                const char *bpk =
+                    bp + (size_t)(pan0 + pn) * panel_bytes + (size_t)(k0 / LOOM_QG_BLK) * bblk;
+                const int nvalid = ne_ - pn * nr < nr ? (int)(ne_ - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                    p->simd->qgemm_tile(kb, ap + (size_t)(mp * kb) * ablk, bpk,
+                                        cbuf + pn * nr * MM_MC + mp * mr, MM_MC, k0 == 0,
+                                        qt->has_min, qt->halves, mvalid, nvalid);
                 }
             }
         }
@@ -820,6 +911,10 @@ done:
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
     loom__cpu_barrier(p);
+    if (l.qgemm) {
+        mmid_qgemm(p, dst, &l, start, slot, (const float *)rows);
+        return;
+    }
     if (l.gemm) {
         mmid_gemm(p, dst, &l, start, slot, (const float *)rows);
         return;

@@ -296,3 +296,85 @@ LOOM_TEST(qgemm, path_choice) {
     LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(df, simd), "qgemm") != 0);
     loom_ctx_free(ctx);
 }
+
+/* MUL_MAT_ID with enough slots for its batched path: quantised experts through the int8
+ * GEMM, exact activations, against the double reference (and the F32 GEMM, the dots). */
+static void check_mmid(loom_type type) {
+    const int64_t K = loom_blck_size(type) == 256 ? 512 : 96, M = 37, E = 4, U = 3, T = 30;
+    loom_ctx *ctx = new_ctx(32);
+    LOOM_REQUIRE(ctx);
+    const loom_type_traits *tr = loom_type_traits_get(type);
+    loom_tensor *as = loom_new_tensor_3d(ctx, type, K, M, E);
+    loom_tensor *b = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, K, U, T);
+    loom_tensor *ids = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, U, T);
+    LOOM_REQUIRE(as && b && ids);
+    const size_t arow_bytes = loom_row_size(type, K);
+    float *x = malloc(sizeof(float) * (size_t)K);
+    float *ad = malloc(sizeof(float) * (size_t)(K * M * E));
+    for (int64_t r = 0; r < M * E; r++) {
+        for (int64_t k = 0; k < K; k++)
+            x[k] = loom_test_randf(-1.0f, 1.0f);
+        tr->from_float(x, (char *)as->data + r * arow_bytes, K);
+        tr->to_float((char *)as->data + r * arow_bytes, ad + r * K, K);
+    }
+    for (int64_t r = 0; r < U * T; r++) {
+        fill_col((float *)b->data + r * K, K, true);
+        ((int32_t *)ids->data)[r] = (int32_t)(loom_test_rand() % 3); /* expert 3 unused */
+    }
+    loom_tensor *d = loom_mul_mat_id(ctx, as, b, ids);
+    LOOM_REQUIRE(d);
+    for (int mode = 0; mode < RUN_MODES; mode++) {
+        if (mode == RUN_AVX2 && !loom__cpu_has_avx2()) continue;
+        set_mode((run_mode)mode);
+        const loom__cpu_simd *simd = loom__cpu_simd_get();
+        if (mode == RUN_QGEMM && simd->qgemm_tile)
+            LOOM_CHECK_MSG(strcmp(loom__cpu_mul_mat_path(d, simd), "qgemm") == 0,
+                           "%s MUL_MAT_ID: path %s", loom_type_name(type),
+                           loom__cpu_mul_mat_path(d, simd));
+        memset(d->data, 0xff, loom_nbytes(d));
+        LOOM_CHECK_MSG(compute(d, 3) == LOOM_OK, "%s", loom_last_error());
+        int bad = 0;
+        for (int64_t t = 0; t < T && bad < 3; t++)
+            for (int64_t u = 0; u < U && bad < 3; u++) {
+                const int32_t e = ((int32_t *)ids->data)[u + U * t];
+                const float *bc = (const float *)b->data + (t * U + u) * K;
+                for (int64_t m = 0; m < M && bad < 3; m++) {
+                    const float *ar = ad + (e * M + m) * K;
+                    double s = 0, mag = 0, s_err = 0;
+                    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+                        double amax = 0, bsum = 0;
+                        for (int64_t k = k0; k < k0 + 32; k++) {
+                            s += (double)ar[k] * bc[k];
+                            mag += fabs((double)ar[k] * bc[k]);
+                            amax = fmax(amax, fabs(ar[k]));
+                            bsum += fabs(bc[k]);
+                        }
+                        s_err += amax * bsum * 0x1p-11;
+                    }
+                    double tol = (double)(K + 8) * 0x1p-22 * mag;
+                    if (mode == RUN_SCALAR && tr->vec_dot_type == LOOM_TYPE_Q8_1) tol += s_err;
+                    const float got = ((float *)d->data)[m + M * (u + U * t)];
+                    if (fabs(got - s) <= tol) continue;
+                    bad++;
+                    loom_test_fail(__FILE__, __LINE__,
+                                   "%s MUL_MAT_ID %s: out[%lld, %lld, %lld] = %.9g, reference "
+                                   "%.9g (tol %.3g)",
+                                   loom_type_name(type), k_mode_names[mode], (long long)m,
+                                   (long long)u, (long long)t, got, s, tol);
+                }
+            }
+    }
+    set_mode(RUN_QGEMM);
+    free(x);
+    free(ad);
+    loom_ctx_free(ctx);
+}
+
+LOOM_TEST(qgemm, mul_mat_id_every_type) {
+    static const loom_type types[] = {
+        LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,  LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
+        LOOM_TYPE_IQ4_NL, LOOM_TYPE_MXFP4, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_IQ4_XS,
+        LOOM_TYPE_Q6_K,   LOOM_TYPE_Q3_K,  LOOM_TYPE_Q2_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        check_mmid(types[i]);
+}
