@@ -87,7 +87,8 @@ typedef struct loom__cpu_simd {
      * A-panel scatter (NULL: the portable one). */
     loom__qgemm_tile_fn qgemm_tile;
     loom__qgemm_scatter_fn qgemm_scatter;
-    int qgemm_qmax; /* largest |weight integer| the kernel takes (AVX2: 64, no saturation) */
+    int qgemm_qmax;  /* largest |weight integer| the kernel takes (AVX2: 64, no saturation) */
+    int qgemm_min_n; /* columns from which the int8 GEMM beats the integer dots */
     int qgemm_mr, qgemm_nr;
 
     /* Elementwise hot paths over contiguous rows (z may alias x). */

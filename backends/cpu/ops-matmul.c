@@ -3,7 +3,8 @@
  * type, b: f32 activations), with batch broadcasting of a over b.
  *
  * Five paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
- *   QGEMM quantised weights, N >= MM_QGEMM_MIN_N, a SIMD table with an int8 kernel: b is
+ *   QGEMM quantised weights, N >= the table's qgemm_min_n (and >= MM_QGEMM_MIN_N_Q8 for
+ *         Q8_0/Q4_0), a SIMD table with an int8 kernel for the type: b is
  *         quantised once to Q8 blocks and packed into u8 panels (shared), each thread
  *         unpacks MC x KC blocks of a into canonical int8 panels and runs the int8
  *         micro-kernel (qgemm.h), in the GEMM's loop order and work units.
@@ -28,10 +29,11 @@
 #include "backends/cpu/quants-dot.h"
 
 enum {
-    MM_GEMM_MIN_N = 8,   /* columns (rows of b) from which the tiled GEMM pays */
-    MM_QGEMM_MIN_N = 32, /* the same for quantised weights (dequantised while packing) */
-    MM_KC = 256,         /* k block of the GEMM (a multiple of the quant block) */
-    MM_MC = 256,         /* rows of a per GEMM unit (a multiple of every MR) */
+    MM_GEMM_MIN_N = 8,      /* columns (rows of b) from which the tiled GEMM pays */
+    MM_QGEMM_MIN_N = 32,    /* the same for quantised weights (dequantised while packing) */
+    MM_QGEMM_MIN_N_Q8 = 24, /* the int8 GEMM of Q8_0/Q4_0 (else their QUANT dots) */
+    MM_KC = 256,            /* k block of the GEMM (a multiple of the quant block) */
+    MM_MC = 256,            /* rows of a per GEMM unit (a multiple of every MR) */
     MM_NBLK_BYTES = 256 * 1024,
 };
 
@@ -68,14 +70,18 @@ static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const bool q = is_quant(a->type) || is_qdot(a->type);
     const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
-    if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
-        dst->nb[1] % sizeof(float) == 0) {
-        const loom__qg_type *qt = q ? loom__qg_type_get(a->type) : NULL;
-        if (qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax &&
-            a->nb[0] == loom_type_size(a->type) && qgemm_enabled())
-            return MM_QGEMM;
-        return MM_GEMM;
+    const bool dst_ok = dst->nb[0] == sizeof(float) && dst->nb[1] % sizeof(float) == 0;
+    const loom__qg_type *qt = q ? loom__qg_type_get(a->type) : NULL;
+    if (qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax && dst_ok &&
+        a->nb[0] == loom_type_size(a->type) && qgemm_enabled()) {
+        /* the int8 GEMM beats the QUANT dots (Q8_0/Q4_0) from MM_QGEMM_MIN_N_Q8 columns,
+         * the slower QDOT ones from the table's own threshold (matmul_bench --tokens) */
+        const int64_t qmin = is_quant(a->type) && simd->qgemm_min_n < MM_QGEMM_MIN_N_Q8
+                                 ? MM_QGEMM_MIN_N_Q8
+                                 : simd->qgemm_min_n;
+        if (b->ne[1] >= qmin) return MM_QGEMM;
     }
+    if (simd->gemm_tile && b->ne[1] >= min_n && dst_ok) return MM_GEMM;
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 

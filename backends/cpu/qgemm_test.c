@@ -163,15 +163,18 @@ static void check_case(loom_type type, qg_case c, bool exact) {
             LOOM_CHECK_MSG(strcmp(path, "qgemm") == 0, "%s N=%lld: path %s, not qgemm",
                            loom_type_name(type), (long long)c.N, path);
         if (mode == RUN_QGEMM && !simd->qgemm_tile) continue; /* no int8 kernel here */
-        if (mode == RUN_AVX2) {
+        if (mode == RUN_AVX2 && c.N >= 32) {
             const bool small_q = type != LOOM_TYPE_Q8_0 && type != LOOM_TYPE_IQ4_NL &&
                                  type != LOOM_TYPE_IQ4_XS; /* |q| <= 64 */
             LOOM_CHECK_MSG(strcmp(path, small_q ? "qgemm" : "gemm") == 0, "%s on avx2: path %s",
                            loom_type_name(type), path);
         }
-        if (mode == RUN_F32GEMM)
-            LOOM_CHECK_MSG(strcmp(path, "gemm") == 0 || !simd->gemm_tile, "%s: path %s",
-                           loom_type_name(type), path);
+        if (mode == RUN_F32GEMM) { /* the F32 GEMM from 32 columns, below it the dots */
+            const bool ok =
+                c.N >= 32 ? !strcmp(path, "gemm") : !strcmp(path, "quant") || !strcmp(path, "qdot");
+            LOOM_CHECK_MSG(ok || !simd->gemm_tile, "%s N=%lld: path %s", loom_type_name(type),
+                           (long long)c.N, path);
+        }
         for (int threads = 1; threads <= 3; threads += 2) {
             memset(d->data, 0xff, loom_nbytes(d)); /* NaN: unwritten outputs fail */
             loom_status st = compute(d, threads);
@@ -206,6 +209,7 @@ static const qg_case k_cases_32[] = {
     {544, 37, 45, 1, 3, B_TRANSPOSED}, /* beyond one k-block (kc tail of one block) */
     {96, 16, 36, 2, 2, B_PADDED},      /* whole tiles, batch per weight */
     {288, 300, 32, 1, 1, B_CONTIG},    /* beyond one row block */
+    {64, 21, 25, 1, 1, B_CONTIG},      /* below the F32 GEMM's threshold */
 };
 
 static const qg_case k_cases_256[] = {
@@ -288,6 +292,23 @@ LOOM_TEST(qgemm, path_choice) {
         setenv("LOOM_CPU_QGEMM", "0", 1);
         LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(d, simd), "qgemm") != 0);
         unsetenv("LOOM_CPU_QGEMM");
+    }
+    /* thresholds below the F32 GEMM's: from the table's qgemm_min_n columns, and from
+     * MM_QGEMM_MIN_N_Q8 (24) for Q8_0/Q4_0, whose QUANT dots win below that */
+    if (simd->qgemm_tile) {
+        loom_tensor *a8 = loom_new_tensor_2d(ctx, LOOM_TYPE_Q8_0, 256, 4);
+        loom_tensor *ak = loom_new_tensor_2d(ctx, LOOM_TYPE_Q4_K, 256, 4);
+        const int64_t n0 = simd->qgemm_min_n;
+        loom_tensor *k_lo =
+            loom_mul_mat(ctx, ak, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, n0 - 1));
+        loom_tensor *k_at = loom_mul_mat(ctx, ak, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, n0));
+        loom_tensor *q_lo = loom_mul_mat(ctx, a8, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, 23));
+        loom_tensor *q_at = loom_mul_mat(ctx, a8, loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, 24));
+        LOOM_REQUIRE(k_lo && k_at && q_lo && q_at);
+        LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(k_lo, simd), "qdot") == 0);
+        LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(k_at, simd), "qgemm") == 0);
+        LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(q_lo, simd), "quant") == 0);
+        LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(q_at, simd), n0 <= 24 ? "qgemm" : "quant") == 0);
     }
     /* float weights keep the F32 GEMM */
     loom_tensor *f = loom_new_tensor_2d(ctx, LOOM_TYPE_F16, 256, 4);

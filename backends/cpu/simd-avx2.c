@@ -521,6 +521,7 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .qgemm_tile = loom__qgemm_tile_avx2,
     .qgemm_mr = 8,
     .qgemm_nr = 4,
+    .qgemm_min_n = 32,
     .qgemm_qmax = 64,
     .vec_add = avx2_vec_add,
     .vec_mul = avx2_vec_mul,
