@@ -406,7 +406,11 @@ int main(int argc, char **argv) {
                     snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * frac);
                 else
                     snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * frac);
-                const char *pname = npaths == 1 ? "-" : pi == 0 ? "int8" : "f32";
+                /* LOOM_CPU_QGEMM=0: the F32 GEMM from 32 columns, the integer dots below */
+                const char *pname = npaths == 1   ? "-"
+                                    : pi == 0     ? "int8"
+                                    : ns[k] >= 32 ? "f32"
+                                                  : "dots";
                 printf("%-6s %5lld %5s %11.3f %10.1f %9.1f %8s %8s %7s %6d %5s\n",
                        loom_type_name(types[ti]), (long long)ns[k], pname, r.best_s * 1e3, gflops,
                        gbps, bwf, pkf, i8f, r.reps, ok ? "ok" : "FAIL");
