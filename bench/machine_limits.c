@@ -344,3 +344,83 @@ void loom__bench_measure_fma_peak(loom_threadpool *tp, int runs, loom__bench_pea
     out->isa = isa_name(t.isa);
     out->runs = runs;
 }
+
+/* ---------------------------------------------------------------- int8 peak */
+
+#if LOOM_BENCH_X86
+/* 16 independent vpdpbusd chains: 64 u8 x s8 multiply-adds each (2 ops per pair). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni_avx512(int64_t iters) {
+    const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-1);
+    __m512i a[16];
+    for (int j = 0; j < 16; j++)
+        a[j] = _mm512_set1_epi32(j);
+    for (int64_t i = 0; i < iters; i++) {
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            a[j] = _mm512_dpbusd_epi32(a[j], x, y);
+        __asm__ volatile(""
+                         : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]), "+v"(a[5]),
+                           "+v"(a[6]), "+v"(a[7]));
+        __asm__ volatile(""
+                         : "+v"(a[8]), "+v"(a[9]), "+v"(a[10]), "+v"(a[11]), "+v"(a[12]),
+                           "+v"(a[13]), "+v"(a[14]), "+v"(a[15]));
+    }
+    __m512i s = a[0];
+    for (int j = 1; j < 16; j++)
+        s = _mm512_add_epi32(s, a[j]);
+    SINK_U64((uint64_t)(uint32_t)_mm512_reduce_add_epi32(s));
+    return 2.0 * 64.0 * 16.0 * (double)iters;
+}
+#endif
+
+typedef struct vnni_task {
+    int64_t iters;
+    loom_threadpool *tp;
+    double per_thread_ops;
+    int64_t t0, t1;
+} vnni_task;
+
+static void vnni_worker(int ith, int nth, void *user_data) {
+    vnni_task *t = user_data;
+    (void)nth;
+    loom_threadpool_barrier(t->tp);
+    if (ith == 0) t->t0 = loom_time_ns();
+#if LOOM_BENCH_X86
+    double f = vnni_avx512(t->iters);
+#else
+    double f = 0;
+#endif
+    if (ith == 0) t->per_thread_ops = f;
+    loom_threadpool_barrier(t->tp);
+    if (ith == 0) t->t1 = loom_time_ns();
+}
+
+bool loom__bench_measure_int8_peak(loom_threadpool *tp, int runs, loom__bench_peak *out) {
+    memset(out, 0, sizeof *out);
+#if LOOM_BENCH_X86
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return false;
+    vnni_task t = {.iters = 1 << 16, .tp = tp};
+    for (;;) { /* calibrate to about 50 ms per run */
+        loom_threadpool_run(tp, vnni_worker, &t);
+        int64_t ns = t.t1 - t.t0;
+        if (ns >= 20 * 1000 * 1000 || t.iters >= ((int64_t)1 << 40)) break;
+        t.iters *= ns > 1000000 ? (int64_t)(50e6 / (double)ns) + 1 : 16;
+    }
+    double best = 0;
+    for (int r = 0; r < runs; r++) {
+        loom_threadpool_run(tp, vnni_worker, &t);
+        double s = (double)(t.t1 - t.t0) * 1e-9;
+        double f = t.per_thread_ops * (double)loom_threadpool_size(tp) / s;
+        if (s > 0 && f > best) best = f;
+    }
+    out->gflops = best * 1e-9;
+    out->isa = "avx512-vnni";
+    out->runs = runs;
+    return true;
+#else
+    (void)tp;
+    (void)runs;
+    return false;
+#endif
+}

@@ -36,4 +36,8 @@ loom_status loom__bench_measure_bandwidth(loom_threadpool *tp, size_t bytes, int
 /* FMA peak with the widest ISA this CPU supports. */
 void loom__bench_measure_fma_peak(loom_threadpool *tp, int runs, loom__bench_peak *out);
 
+/* int8 peak: a register-resident loop of independent AVX-512 VNNI vpdpbusd chains (u8 x s8
+ * multiply-adds, 2 ops each, in gflops as GOP/s); false (and zeros) without VNNI. */
+bool loom__bench_measure_int8_peak(loom_threadpool *tp, int runs, loom__bench_peak *out);
+
 #endif /* LOOM_BENCH_MACHINE_LIMITS_H */

@@ -3,9 +3,10 @@
  *
  * First it measures the machine itself (machine_limits.c): streaming read bandwidth and
  * FMA peak on every hardware thread. Then it times MUL_MAT of an M x K weight (F32, F16,
- * Q8_0, Q4_0, the other legacy quants, the K-quants, IQ4_NL/IQ4_XS, MXFP4) by K x N activations for one token (N = 1, a matrix-vector product that is
- * bound by memory bandwidth) and for a batch (N = 512 by default, bound by arithmetic).
- * Each row reports the best time of several runs, GFLOP/s (2*M*N*K per matmul), GB/s
+ * Q8_0, Q4_0, the other legacy quants, the K-quants, IQ4_NL/IQ4_XS, MXFP4) by K x N activations for
+ * one token (N = 1, a matrix-vector product that is bound by memory bandwidth) and for a batch (N =
+ * 512 by default, bound by arithmetic). Each row reports the best time of several runs, GFLOP/s
+ * (2*M*N*K per matmul), GB/s
  * ((weight bytes + activation bytes) / time), and the fraction of the measured read
  * bandwidth (N = 1) or FMA peak (batch). For N = 1 the graph holds enough copies of the
  * weight to exceed the last-level cache several times, so the figure is DRAM streaming,
@@ -14,6 +15,8 @@
  *
  *   matmul_bench [--size K] [--tokens N] [--threads T] [--small]
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@ typedef struct bench_opts {
     int64_t tokens; /* N of the batched row */
     int threads;
     bool small;
+    const char *types; /* comma-separated type names to run, NULL: all */
     double min_time_s; /* keep repeating a case until this much time is spent */
     int min_reps, max_reps;
     size_t stream_bytes; /* working set of the bandwidth test and of N = 1 runs */
@@ -50,7 +54,13 @@ static void usage(FILE *f) {
                "               of 256 for the K-quants and IQ4_XS, which are skipped otherwise)\n"
                "  --tokens N   batch of the second row per type (default 512)\n"
                "  --threads T  threads (default: every hardware thread)\n"
-               "  --small      quick run for CI: 512x512 weights, fewer repetitions\n");
+               "  --types L    only these types (comma-separated names, e.g. q8_0,q4_0)\n"
+               "  --small      quick run for CI: 512x512 weights, fewer repetitions\n"
+               "\n"
+               "Quantised types at N > 1 get two rows, timed alternately (best of three\n"
+               "rounds each): path int8 (the int8 GEMM) and f32 (LOOM_CPU_QGEMM=0: weights\n"
+               "dequantised to the F32 GEMM). %%peak is GFLOP/s (2*M*N*K, int8 or float\n"
+               "multiply-adds alike) over the measured FMA peak.\n");
 }
 
 static bool parse_i64(const char *s, int64_t *out) {
@@ -219,6 +229,20 @@ done:
     return st;
 }
 
+/* name is in the comma-separated list (NULL: every name) */
+static bool type_selected(const char *list, const char *name) {
+    if (!list) return true;
+    const size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ',');
+        const size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        if (!e) break;
+        p = e + 1;
+    }
+    return false;
+}
+
 static void print_size(char *buf, size_t n, double bytes) {
     if (bytes >= 1024.0 * 1024 * 1024)
         snprintf(buf, n, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
@@ -239,6 +263,13 @@ int main(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--small")) {
             o.small = true;
+        } else if (!strcmp(a, "--types")) {
+            if (!v) {
+                fprintf(stderr, "matmul_bench: --types needs a list of type names\n");
+                return 2;
+            }
+            o.types = v;
+            i++;
         } else if (!strcmp(a, "--size") || !strcmp(a, "--tokens") || !strcmp(a, "--threads")) {
             if (!v || !parse_i64(v, &x)) {
                 fprintf(stderr, "matmul_bench: %s needs a positive integer\n", a);
@@ -288,6 +319,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     loom__bench_measure_fma_peak(tp, runs, &peak);
+    loom__bench_peak i8peak;
+    const bool have_i8 = loom__bench_measure_int8_peak(tp, runs, &i8peak);
     loom_threadpool_free(tp);
 
     loom_backend_t be = loom_cpu_backend_new(o.threads);
@@ -305,11 +338,14 @@ int main(int argc, char **argv) {
            bw.read_gbps, bw.copy_gbps, s1, llc ? s2 : "unknown", bw.runs);
     printf("FMA peak:         %.1f GFLOP/s (%s, %d threads, best of %d)\n", peak.gflops, peak.isa,
            o.threads, peak.runs);
+    if (have_i8)
+        printf("int8 peak:        %.1f GOP/s (%s, %d threads, best of %d)\n", i8peak.gflops,
+               i8peak.isa, o.threads, i8peak.runs);
     printf("\nMUL_MAT %lldx%lld weights (M x K) x activations (K x N); time = best run; "
            "N=1 streams %s of weights\n\n",
            (long long)o.size, (long long)o.size, s1);
-    printf("%-6s %5s %11s %10s %9s %8s %8s %6s %5s\n", "type", "N", "time(ms)", "GFLOP/s", "GB/s",
-           "%bw", "%peak", "reps", "check");
+    printf("%-6s %5s %5s %11s %10s %9s %8s %8s %7s %6s %5s\n", "type", "N", "path", "time(ms)",
+           "GFLOP/s", "GB/s", "%bw", "%peak", "%i8pk", "reps", "check");
 
     static const loom_type types[] = {
         LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,   LOOM_TYPE_Q4_1,
@@ -318,6 +354,7 @@ int main(int argc, char **argv) {
     int failed = 0;
     bool over_limit = false;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        if (!type_selected(o.types, loom_type_name(types[ti]))) continue;
         if (o.size % loom_blck_size(types[ti])) {
             printf("%-6s  (skipped: K = %lld is not a multiple of its %lld-element block)\n",
                    loom_type_name(types[ti]), (long long)o.size,
@@ -325,34 +362,64 @@ int main(int argc, char **argv) {
             continue;
         }
         int64_t ns[2] = {1, o.tokens};
+        const bool quant = loom_type_traits_get(types[ti])->is_quantized;
         for (int k = 0; k < (o.tokens == 1 ? 1 : 2); k++) {
-            case_result r;
-            loom_status st = run_case(be, &o, types[ti], ns[k], &r);
+            /* quantised, N > 1: the int8 GEMM and the f32 one, two alternating rounds */
+            const int npaths = quant && ns[k] > 1 ? 2 : 1;
+            case_result rs[2];
+            loom_status st = LOOM_OK;
+            for (int round = 0; round < (npaths > 1 ? 3 : 1) && st == LOOM_OK; round++) {
+                for (int pi = 0; pi < npaths && st == LOOM_OK; pi++) {
+                    case_result r;
+                    if (pi == 1) setenv("LOOM_CPU_QGEMM", "0", 1);
+                    st = run_case(be, &o, types[ti], ns[k], &r);
+                    unsetenv("LOOM_CPU_QGEMM");
+                    if (round == 0 || r.best_s < rs[pi].best_s) {
+                        r.max_err_ratio = round == 0 || r.max_err_ratio > rs[pi].max_err_ratio
+                                              ? r.max_err_ratio
+                                              : rs[pi].max_err_ratio;
+                        rs[pi] = r;
+                    } else if (r.max_err_ratio > rs[pi].max_err_ratio) {
+                        rs[pi].max_err_ratio = r.max_err_ratio;
+                    }
+                }
+            }
             if (st != LOOM_OK) {
                 fprintf(stderr, "matmul_bench: %s N=%lld: %s (%s)\n", loom_type_name(types[ti]),
                         (long long)ns[k], loom_last_error(), loom_status_str(st));
                 failed++;
                 continue;
             }
-            double flops = 2.0 * (double)o.size * (double)o.size * (double)ns[k];
-            double gflops = flops / r.best_s * 1e-9;
-            double gbps = (r.weight_bytes + r.act_bytes) / r.best_s * 1e-9;
-            bool ok = r.max_err_ratio <= 1.0;
-            failed += !ok;
-            char bwf[16] = "", pkf[16] = "";
-            double frac = ns[k] == 1 ? gbps / bw.read_gbps : gflops / peak.gflops;
-            over_limit |= frac > 1.0;
-            if (ns[k] == 1)
-                snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * frac);
-            else
-                snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * frac);
-            printf("%-6s %5lld %11.3f %10.1f %9.1f %8s %8s %6d %5s\n", loom_type_name(types[ti]),
-                   (long long)ns[k], r.best_s * 1e3, gflops, gbps, bwf, pkf, r.reps,
-                   ok ? "ok" : "FAIL");
-            fflush(stdout);
+            for (int pi = 0; pi < npaths; pi++) {
+                const case_result r = rs[pi];
+                double flops = 2.0 * (double)o.size * (double)o.size * (double)ns[k];
+                double gflops = flops / r.best_s * 1e-9;
+                double gbps = (r.weight_bytes + r.act_bytes) / r.best_s * 1e-9;
+                bool ok = r.max_err_ratio <= 1.0;
+                failed += !ok;
+                char bwf[16] = "", pkf[16] = "", i8f[16] = "";
+                if (npaths > 1 && pi == 0 && have_i8)
+                    snprintf(i8f, sizeof i8f, "%.1f%%", 100.0 * gflops / i8peak.gflops);
+                double frac = ns[k] == 1 ? gbps / bw.read_gbps : gflops / peak.gflops;
+                over_limit |= frac > 1.0;
+                if (ns[k] == 1)
+                    snprintf(bwf, sizeof bwf, "%.0f%%", 100.0 * frac);
+                else
+                    snprintf(pkf, sizeof pkf, "%.1f%%", 100.0 * frac);
+                /* LOOM_CPU_QGEMM=0: the F32 GEMM from 32 columns, the integer dots below */
+                const char *pname = npaths == 1   ? "-"
+                                    : pi == 0     ? "int8"
+                                    : ns[k] >= 32 ? "f32"
+                                                  : "dots";
+                printf("%-6s %5lld %5s %11.3f %10.1f %9.1f %8s %8s %7s %6d %5s\n",
+                       loom_type_name(types[ti]), (long long)ns[k], pname, r.best_s * 1e3, gflops,
+                       gbps, bwf, pkf, i8f, r.reps, ok ? "ok" : "FAIL");
+                fflush(stdout);
+            }
         }
     }
-    printf("\n%%bw: GB/s over measured read bandwidth (N=1); %%peak: GFLOP/s over FMA peak.\n");
+    printf("\n%%bw: GB/s over measured read bandwidth (N=1); %%peak: GFLOP/s over FMA peak;\n"
+           "%%i8pk (int8 path): the same 2*M*N*K ops/s over the measured int8 (VNNI) peak.\n");
     if (over_limit)
         printf("note: a fraction above 100%% means a machine limit was measured low (other load "
                "on the machine during its short runs) or the weights stayed in cache.\n");

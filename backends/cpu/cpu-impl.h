@@ -52,6 +52,16 @@ typedef void (*loom__gemm_tile_fn)(int64_t kc, const float *ap, const float *bp,
 /* Packs rows [0, rows) (rows <= MR) of kc floats each, lda floats apart, into one MR-wide
  * panel panel[k * MR + i]; rows past `rows` are zero. panel is 64-byte aligned. */
 typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int rows, float *panel);
+/* Lays mr unpacked weight rows (q[i * 32 nblk ..], d and mn [i * 2 nblk + H b + h]) out as
+ * one canonical A panel of nblk blocks with H = halves scales per block (qgemm.h). */
+typedef void (*loom__qgemm_scatter_fn)(const int8_t *q, const float *d, const float *mn, int mr,
+                                       int halves, int64_t nblk, void *panel);
+/* Register tile of the int8 GEMM of quantised weights (qgemm.h: canonical A and B panels
+ * of nblk 32-element blocks): c[j * ldc + i] (+)= the tile, i < mvalid, j < nvalid;
+ * has_min adds the weights' min terms; halves (1 or 2) is the A blocks' scales per block. */
+typedef void (*loom__qgemm_tile_fn)(int64_t nblk, const void *ap, const void *bp, float *c,
+                                    size_t ldc, int first, int has_min, int halves, int mvalid,
+                                    int nvalid);
 
 typedef struct loom__cpu_simd {
     const char *name; /* "scalar", "avx2", "avx512" */
@@ -73,6 +83,13 @@ typedef struct loom__cpu_simd {
     loom__gemm_tile_fn gemm_tile;
     loom__gemm_pack_fn gemm_pack_a;
     int gemm_mr, gemm_nr;
+    /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM) and its
+     * A-panel scatter (NULL: the portable one). */
+    loom__qgemm_tile_fn qgemm_tile;
+    loom__qgemm_scatter_fn qgemm_scatter;
+    int qgemm_qmax;  /* largest |weight integer| the kernel takes (AVX2: 64, no saturation) */
+    int qgemm_min_n; /* columns from which the int8 GEMM beats the integer dots */
+    int qgemm_mr, qgemm_nr;
 
     /* Elementwise hot paths over contiguous rows (z may alias x). */
     void (*vec_add)(int64_t n, float *z, const float *x, const float *y);
@@ -94,6 +111,12 @@ typedef struct loom__cpu_simd {
 extern const loom__cpu_simd loom__cpu_simd_scalar;
 extern const loom__cpu_simd loom__cpu_simd_avx2;
 extern const loom__cpu_simd loom__cpu_simd_avx512;
+void loom__qgemm_tile_avx512(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
+                             int first, int has_min, int halves, int mvalid, int nvalid);
+void loom__qgemm_tile_avx2(int64_t nblk, const void *ap, const void *bp, float *c, size_t ldc,
+                           int first, int has_min, int halves, int mvalid, int nvalid);
+void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const float *mn, int mr,
+                                int halves, int64_t nblk, void *panel);
 /* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so
  * a test can switch paths with setenv between graph computes). */
 const loom__cpu_simd *loom__cpu_simd_get(void);
@@ -167,6 +190,10 @@ void loom__cpu_op_mul_mat_id(const loom__cpu_params *p, loom_tensor *dst);
 loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd);
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd);
+
+/* The path MUL_MAT takes for dst on this table: "dot", "quant", "qdot", "gemm" or "qgemm"
+ * (the int8 GEMM); MUL_MAT_ID: "qgemm", "gemm" or "dot" (its dot paths); for tests. */
+const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd);
 
 void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst);

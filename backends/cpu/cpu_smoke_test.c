@@ -144,8 +144,9 @@ static void check_mul_mat(loom_type type, mm_case c, bool transpose_b) {
                 const int64_t o = m + c.M * (n + c.N * i2);
                 ref[o] = s;
                 tol[o] = 2e-5 * mag + 1.02 * qerr + 1e-6;
-                /* quantised weights with many columns go through the f32 GEMM on SIMD
-                 * paths (no activation rounding), through Q8 dots on the portable one */
+                /* quantised weights with many columns go through the int8 GEMM on SIMD
+                 * paths (the F32 GEMM, without activation rounding, on a table without an
+                 * int8 kernel for the type), through Q8 dots on the portable one */
                 tol_paths[o] = 2e-5 * mag + (quant && c.N >= 32 ? 2.04 * qerr : 0) + 1e-6;
             }
         }

@@ -2,7 +2,12 @@
  * MUL_MAT and MUL_MAT_ID: dst[m, n] = sum_k a[k, m] * b[k, n] (a: weights of any matmul
  * type, b: f32 activations), with batch broadcasting of a over b.
  *
- * Three paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ * Five paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ *   QGEMM quantised weights, N >= the table's qgemm_min_n (and >= MM_QGEMM_MIN_N_Q8 for
+ *         Q8_0/Q4_0), a SIMD table with an int8 kernel for the type: b is
+ *         quantised once to Q8 blocks and packed into u8 panels (shared), each thread
+ *         unpacks MC x KC blocks of a into canonical int8 panels and runs the int8
+ *         micro-kernel (qgemm.h), in the GEMM's loop order and work units.
  *   GEMM  N >= MM_GEMM_MIN_N (MM_QGEMM_MIN_N for quantised weights) on a SIMD table with
  *         a micro-kernel: b is packed once into NR-wide panels ([k][NR], shared), each
  *         thread packs MC x KC blocks of a into MR-wide panels ([k][MR], converted or
@@ -10,23 +15,29 @@
  *         loop order: KC, then B panels kept in L1, then A panels from L2).
  *   QUANT Q8_0/Q4_0 weights, smaller N: b is quantised to Q8 activations once (shared),
  *         then integer dot products, each weight row against up to 4 activation rows.
+ *   QDOT  the other block types, smaller N: b quantised to the type's vec_dot_type rows,
+ *         then the type's integer dot (quants-dot.h).
  *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
  *         products, each weight row against up to 4 rows of b.
  * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
  * split by output columns; b is walked in blocks that fit L2 so every weight row is read
  * from memory once per block.
  */
+#include <stdlib.h>
+
+#include "backends/cpu/qgemm.h"
 #include "backends/cpu/quants-dot.h"
 
 enum {
-    MM_GEMM_MIN_N = 8,   /* columns (rows of b) from which the tiled GEMM pays */
-    MM_QGEMM_MIN_N = 32, /* the same for quantised weights (dequantised while packing) */
-    MM_KC = 256,         /* k block of the GEMM (a multiple of the quant block) */
-    MM_MC = 256,         /* rows of a per GEMM unit (a multiple of every MR) */
+    MM_GEMM_MIN_N = 8,      /* columns (rows of b) from which the tiled GEMM pays */
+    MM_QGEMM_MIN_N = 32,    /* the same for quantised weights (dequantised while packing) */
+    MM_QGEMM_MIN_N_Q8 = 24, /* the int8 GEMM of Q8_0/Q4_0 (else their QUANT dots) */
+    MM_KC = 256,            /* k block of the GEMM (a multiple of the quant block) */
+    MM_MC = 256,            /* rows of a per GEMM unit (a multiple of every MR) */
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM } mm_path;
 
 static size_t align64_size(size_t n) {
     return (n + 63) & ~(size_t)63;
@@ -48,13 +59,29 @@ static size_t qdot_row_bytes(loom_type t, int64_t K) {
     return align64_size(loom_row_size(loom_type_traits_get((int)t)->vec_dot_type, K));
 }
 
+/* LOOM_CPU_QGEMM=0 sends quantised weights to the F32 GEMM instead of the int8 one (to
+ * compare the two); read on every call, like LOOM_CPU_SIMD. */
+static bool qgemm_enabled(void) {
+    const char *e = getenv("LOOM_CPU_QGEMM");
+    return !(e && e[0] == '0');
+}
+
 static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const bool q = is_quant(a->type) || is_qdot(a->type);
     const int64_t min_n = q ? MM_QGEMM_MIN_N : MM_GEMM_MIN_N;
-    if (simd->gemm_tile && b->ne[1] >= min_n && dst->nb[0] == sizeof(float) &&
-        dst->nb[1] % sizeof(float) == 0)
-        return MM_GEMM;
+    const bool dst_ok = dst->nb[0] == sizeof(float) && dst->nb[1] % sizeof(float) == 0;
+    const loom__qg_type *qt = q ? loom__qg_type_get(a->type) : NULL;
+    if (qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax && dst_ok &&
+        a->nb[0] == loom_type_size(a->type) && qgemm_enabled()) {
+        /* the int8 GEMM beats the QUANT dots (Q8_0/Q4_0) from MM_QGEMM_MIN_N_Q8 columns,
+         * the slower QDOT ones from the table's own threshold (matmul_bench --tokens) */
+        const int64_t qmin = is_quant(a->type) && simd->qgemm_min_n < MM_QGEMM_MIN_N_Q8
+                                 ? MM_QGEMM_MIN_N_Q8
+                                 : simd->qgemm_min_n;
+        if (b->ne[1] >= qmin) return MM_QGEMM;
+    }
+    if (simd->gemm_tile && b->ne[1] >= min_n && dst_ok) return MM_GEMM;
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
@@ -151,6 +178,23 @@ static mm_shape shape_of(const loom_tensor *dst) {
     return s;
 }
 
+/* Per-thread scratch of the int8 GEMM: A panels of one MM_MC x MM_KC block, the unpack
+ * buffer of one row's k-block, one Q8 activation row and one f32 row of b. */
+typedef struct qg_thread_layout {
+    size_t off_tmp, off_q8, off_f32, total;
+} qg_thread_layout;
+
+static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t K) {
+    const int mr = simd->qgemm_mr;
+    const size_t ablk = loom__qg_ablk_bytes(mr, 2); /* the larger, two-halves block */
+    qg_thread_layout l;
+    l.off_tmp = align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * ablk);
+    l.off_q8 = l.off_tmp + align64_size(loom__qg_tmp_bytes(mr, MM_KC / LOOM_QG_BLK));
+    l.off_f32 = l.off_q8 + align64_size(loom__q8a_row_bytes(K / LOOM_QG_BLK));
+    l.total = l.off_f32 + align64_size((size_t)K * sizeof(float));
+    return l;
+}
+
 loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     mm_shape s = shape_of(dst);
@@ -176,6 +220,13 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
             (size_t)(npan * s.B2 * s.B3) * (size_t)s.K * (size_t)simd->gemm_nr * sizeof(float);
         w.per_thread = align64((size_t)MM_MC * MM_KC * sizeof(float)) +
                        (size_t)simd->gemm_mr * MM_KC * sizeof(float) + 64;
+        break;
+    }
+    case MM_QGEMM: {
+        const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
+        w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)(s.K / LOOM_QG_BLK) *
+                   loom__qg_bblk_bytes(simd->qgemm_nr);
+        w.per_thread = qg_thread_layout_of(simd, s.K).total;
         break;
     }
     }
@@ -447,6 +498,94 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     }
 }
 
+/* ---------------------------------------------------------------- int8 GEMM */
+
+/* The int8 GEMM of quantised weights (qgemm.h): b quantised once into Q8 blocks and
+ * packed into NR-wide u8 panels (shared), then per unit MM_MC x MM_KC blocks of a
+ * unpacked into canonical MR-row int8 panels and the int8 micro-kernel over them; the
+ * same units and loop order as the F32 GEMM. */
+static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const loom__qg_type *qt = loom__qg_type_get(a->type);
+    const int mr = p->simd->qgemm_mr, nr = p->simd->qgemm_nr;
+    const int64_t nblk = s->K / LOOM_QG_BLK, npan = ceil_div(s->N, nr);
+    const int64_t batches = s->B2 * s->B3;
+    const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
+    const size_t panel_bytes = (size_t)nblk * bblk;
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, s->K);
+    char *bp = p->wshared, *wt = p->wthread;
+    char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
+    float *f32 = (float *)(wt + tl.off_f32);
+
+    /* b: panels (batch, panel) across threads, each column quantised once */
+    int64_t p0, p1;
+    loom__range(batches * npan, p->ith, p->nth, &p0, &p1);
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int64_t batch = pi / npan, pn = pi % npan;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        for (int j = 0; j < nr; j++) {
+            const int64_t n = pn * nr + j;
+            if (n >= s->N) {
+                loom__qg_pack_b_col(NULL, nblk, nr, j, bp + (size_t)pi * panel_bytes);
+                continue;
+            }
+            const float *row = loom__at(b, 0, n, i2, i3);
+            if (b->nb[0] != sizeof(float) || (uintptr_t)row % sizeof(float)) {
+                loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, f32);
+                row = f32;
+            }
+            p->simd->quantize_q8a(row, q8, s->K);
+            loom__qg_pack_b_col(q8, nblk, nr, j, bp + (size_t)pi * panel_bytes);
+        }
+    }
+    loom__cpu_barrier(p);
+
+    const size_t ldc = dst->nb[1] / sizeof(float);
+    int64_t mc = MM_MC;
+    while (mc > mr && batches * ceil_div(s->M, mc) < 2 * p->nth)
+        mc /= 2;
+    const int64_t mblocks = ceil_div(s->M, mc);
+    int64_t nchunks = 1;
+    if (batches * mblocks < 2 * p->nth) nchunks = ceil_div(2 * p->nth, batches * mblocks);
+    if (nchunks > npan) nchunks = npan;
+    const int64_t chunk = ceil_div(npan, nchunks);
+
+    int64_t u0, u1;
+    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
+                      batch = u / (nchunks * mblocks);
+        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
+                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
+        const int64_t mlen = s->M - mc0 < mc ? s->M - mc0 : mc;
+        const int64_t mpan = ceil_div(mlen, mr);
+        const char *bpan = bp + (size_t)(batch * npan) * panel_bytes;
+        if (pn0 >= pn1) continue;
+        for (int64_t k0 = 0; k0 < s->K; k0 += MM_KC) {
+            const int64_t kb = (s->K - k0 < MM_KC ? s->K - k0 : MM_KC) / LOOM_QG_BLK;
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                loom__qg_pack_a(qt, loom__at(a, 0, mc0 + mp * mr, i2 / s->r2, i3 / s->r3), a->nb[1],
+                                rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
+                                p->simd->qgemm_scatter);
+            }
+            for (int64_t pn = pn0; pn < pn1; pn++) {
+                const char *bpk =
+                    bpan + (size_t)pn * panel_bytes + (size_t)(k0 / LOOM_QG_BLK) * bblk;
+                const int nvalid = s->N - pn * nr < nr ? (int)(s->N - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int64_t m = mc0 + mp * mr;
+                    const int mvalid = s->M - m < mr ? (int)(s->M - m) : mr;
+                    p->simd->qgemm_tile(kb, ap + (size_t)(mp * kb) * ablk, bpk,
+                                        dst_at(dst, m, pn * nr, i2, i3), ldc, k0 == 0, qt->has_min,
+                                        qt->halves, mvalid, nvalid);
+                }
+            }
+        }
+    }
+}
+
 static void zero_dst(const loom__cpu_params *p, loom_tensor *dst) {
     int64_t r0, r1;
     loom__range(loom_nrows(dst), p->ith, p->nth, &r0, &r1);
@@ -467,6 +606,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     switch (choose_path(dst, p->simd)) {
     case MM_GEMM:
         mm_path_gemm(p, dst, &s);
+        break;
+    case MM_QGEMM:
+        mm_path_qgemm(p, dst, &s);
         break;
     case MM_QUANT:
         mm_path_quant(p, dst, &s);
@@ -500,6 +642,7 @@ typedef struct mmid_layout {
     size_t off_count, off_start, off_slots, off_rows, off_panels, total;
     size_t row_bytes;
     bool gemm;
+    bool qgemm; /* the GEMM path through the int8 GEMM (quantised experts) */
 } mmid_layout;
 
 static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *simd) {
@@ -507,6 +650,9 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *
     const int64_t K = as->ne[0], E = as->ne[2], slots = ids->ne[0] * ids->ne[1];
     mmid_layout l;
     l.gemm = mmid_use_gemm(dst, simd);
+    const loom__qg_type *qt = loom__qg_type_get(as->type);
+    l.qgemm = l.gemm && qt && simd->qgemm_tile && qt->qmax <= simd->qgemm_qmax &&
+              as->nb[0] == loom_type_size(as->type) && qgemm_enabled();
     l.row_bytes = l.gemm               ? (size_t)K * sizeof(float)
                   : is_quant(as->type) ? loom__q8a_row_bytes(K / LOOM_QK8_0)
                   : is_qdot(as->type)  ? qdot_row_bytes(as->type, K)
@@ -517,7 +663,10 @@ static mmid_layout mmid_layout_of(const loom_tensor *dst, const loom__cpu_simd *
     l.off_rows = l.off_slots + align64((size_t)slots * 2 * sizeof(int32_t));
     l.off_panels = l.off_rows + align64((size_t)slots * l.row_bytes);
     l.total = l.off_panels;
-    if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
+    if (l.qgemm) /* at most slots + E * (NR - 1) columns, in u8 panels of NR */
+        l.total += (size_t)ceil_div(slots + E * simd->qgemm_nr, simd->qgemm_nr) *
+                   (size_t)(K / LOOM_QG_BLK) * loom__qg_bblk_bytes(simd->qgemm_nr);
+    else if (l.gemm) /* at most slots + E * (NR - 1) panel columns */
         l.total += (size_t)(slots + E * simd->gemm_nr) * (size_t)K * sizeof(float);
     return l;
 }
@@ -532,6 +681,15 @@ static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
     return mmid_gemm_lines_off() + align64((size_t)simd->gemm_mr * MM_KC * sizeof(float));
 }
 
+const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm"};
+    if (dst->op == LOOM_OP_MUL_MAT_ID) {
+        const mmid_layout l = mmid_layout_of(dst, simd);
+        return l.qgemm ? "qgemm" : l.gemm ? "gemm" : "dot";
+    }
+    return names[choose_path(dst, simd)];
+}
+
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd) {
     (void)nth;
@@ -539,7 +697,9 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
     loom__cpu_work w = {l.total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
     if (l.gemm) {
         const int64_t slots = dst->src[2]->ne[0] * dst->src[2]->ne[1];
-        const size_t g = mmid_gemm_cbuf_off(simd) + (size_t)MM_MC * (size_t)slots * sizeof(float);
+        const size_t off = l.qgemm ? align64(qg_thread_layout_of(simd, dst->src[0]->ne[0]).total)
+                                   : mmid_gemm_cbuf_off(simd);
+        const size_t g = off + (size_t)MM_MC * (size_t)slots * sizeof(float);
         if (g > w.per_thread) w.per_thread = g;
     }
     return w;
@@ -603,6 +763,84 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
                     const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
                     p->simd->gemm_tile(kc, ap + mp * kc * mr, bpk, cbuf + pn * nr * MM_MC + mp * mr,
                                        MM_MC, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+        for (int64_t j = 0; j < ne_; j++) {
+            const int64_t s = start[e] + j;
+            for (int64_t i = 0; i < mlen; i++)
+                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
+        }
+    }
+}
+
+/* mmid_gemm through the int8 GEMM: b's rows quantised and packed into u8 panels per
+ * expert (shared), then the same (expert, row block) units with the int8 micro-kernel. */
+static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_layout *l,
+                       const int64_t *start, const int32_t *slot, const float *rows) {
+    const loom_tensor *as = dst->src[0];
+    const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
+    const loom__qg_type *qt = loom__qg_type_get(as->type);
+    const int mr = p->simd->qgemm_mr, nr = p->simd->qgemm_nr;
+    const int64_t nblk = K / LOOM_QG_BLK;
+    const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
+    const size_t panel_bytes = (size_t)nblk * bblk;
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, K);
+    char *bp = (char *)p->wshared + l->off_panels, *wt = p->wthread;
+    char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
+    float *cbuf = (float *)(wt + align64(tl.total));
+    int64_t npanels = 0, active = 0;
+    for (int64_t e = 0; e < E; e++) {
+        npanels += ceil_div(start[e + 1] - start[e], nr);
+        active += start[e + 1] > start[e];
+    }
+    int64_t p0, p1;
+    loom__range(npanels, p->ith, p->nth, &p0, &p1);
+    for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        for (int64_t pn = 0; pn < np; pn++, gi++) {
+            if (gi < p0 || gi >= p1) continue;
+            for (int j = 0; j < nr; j++) {
+                const int64_t col = pn * nr + j;
+                if (col < ne_) p->simd->quantize_q8a(rows + (start[e] + col) * K, q8, K);
+                loom__qg_pack_b_col(col < ne_ ? q8 : NULL, nblk, nr, j,
+                                    bp + (size_t)gi * panel_bytes);
+            }
+        }
+    }
+    loom__cpu_barrier(p);
+
+    const int64_t mblocks = ceil_div(M, MM_MC);
+    int64_t u0, u1;
+    loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
+    int64_t e = -1, e_rank = -1, pan0 = 0;
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t rank = u / mblocks, mb = u % mblocks;
+        while (e_rank < rank) { /* the rank-th active expert and its first panel */
+            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
+            e++;
+            if (start[e + 1] > start[e]) e_rank++;
+        }
+        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
+        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
+        const int64_t mpan = ceil_div(mlen, mr);
+        for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
+            const int64_t kb = (K - k0 < MM_KC ? K - k0 : MM_KC) / LOOM_QG_BLK;
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int rws = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                loom__qg_pack_a(qt, loom__at(as, 0, mc0 + mp * mr, e, 0), as->nb[1], rws, mr,
+                                k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
+                                p->simd->qgemm_scatter);
+            }
+            for (int64_t pn = 0; pn < np; pn++) {
+                const char *bpk =
+                    bp + (size_t)(pan0 + pn) * panel_bytes + (size_t)(k0 / LOOM_QG_BLK) * bblk;
+                const int nvalid = ne_ - pn * nr < nr ? (int)(ne_ - pn * nr) : nr;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int mvalid = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                    p->simd->qgemm_tile(kb, ap + (size_t)(mp * kb) * ablk, bpk,
+                                        cbuf + pn * nr * MM_MC + mp * mr, MM_MC, k0 == 0,
+                                        qt->has_min, qt->halves, mvalid, nvalid);
                 }
             }
         }
@@ -679,6 +917,10 @@ done:
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }
     loom__cpu_barrier(p);
+    if (l.qgemm) {
+        mmid_qgemm(p, dst, &l, start, slot, (const float *)rows);
+        return;
+    }
     if (l.gemm) {
         mmid_gemm(p, dst, &l, start, slot, (const float *)rows);
         return;
