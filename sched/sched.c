@@ -451,6 +451,10 @@ static bool is_current(const loom_sched *s, const loom_graph *g) {
     return s->cur_graph == g && s->cur_uid == g->uid;
 }
 
+bool loom_sched_is_allocated(const loom_sched *s, const loom_graph *g) {
+    return s && g && s->is_alloc && is_current(s, g);
+}
+
 static void rotate_copy(loom_sched *s) {
     s->cur_copy = s->next_copy;
     s->next_copy = (s->next_copy + 1) % s->n_copies;
