@@ -674,6 +674,8 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->async_reported = false;
         if (!reported) return loom_error(pending, "%s: an earlier graph failed: %s", mb->name, mb->async_msg);
     }
+    const int64_t t_start = loom_time_ns();
+    int64_t t_reduce = 0;
     uint64_t key = graph_key(mb, g);
     plan *p = NULL;
     int victim = 0;
@@ -715,7 +717,9 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.subgraphs++;
         mb->stats.last_subgraphs++;
         if (sub->reduce < 0) continue;
+        const int64_t t_r = loom_time_ns();
         loom_status st = loom_reducer_allreduce(mb->reducer, sub->red, sub->empty);
+        t_reduce += loom_time_ns() - t_r;
         if (st) return loom_error(st, "%s: reducing '%s': %s", mb->name, g->nodes[sub->reduce]->name, loom_last_error());
         size_t bytes = loom_nbytes(g->nodes[sub->reduce]);
         mb->stats.reductions++;
@@ -724,6 +728,8 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.last_bytes_reduced += bytes;
     }
     mb->stats.delayed += (uint64_t)p->n_delayed;
+    mb->stats.reduce_ns += (uint64_t)t_reduce;
+    mb->stats.issue_ns += (uint64_t)(loom_time_ns() - t_start - t_reduce);
     loom_reducer_stats rs;
     loom_reducer_get_stats(mb->reducer, &rs);
     mb->stats.last_algo = rs.last_algo;

@@ -660,6 +660,8 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
             s->stats.last_reductions = (int)ms.reductions; /* over every meta split */
             s->stats.last_bytes_reduced = ms.bytes_reduced;
             s->stats.last_subgraphs = (int)ms.subgraphs;
+            s->stats.last_issue_ns = ms.issue_ns;
+            s->stats.last_reduce_ns = ms.reduce_ns;
         }
     }
     if (st) {

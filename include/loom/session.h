@@ -147,6 +147,9 @@ typedef struct loom_session_stats {
     /* batches whose graph was built and scheduled, and batches that reused the previous
      * graph and schedule (loom_session_params.no_graph_reuse) */
     uint64_t graphs_built, graphs_reused;
+    /* meta device, the last eval: host time issuing subgraphs and reductions
+     * (loom_meta_stats.issue_ns, reduce_ns) */
+    uint64_t last_issue_ns, last_reduce_ns;
 } loom_session_stats;
 
 LOOM_API void loom_session_get_stats(const loom_session *s, loom_session_stats *out);
