@@ -45,6 +45,11 @@ typedef struct plan {
     plan_sub *subs;
     int n_subs;
     int n_delayed;
+    /* the graph's OUTPUT nodes (by node index) and the states their data is laid out by,
+     * published to the device after each compute (meta_out) */
+    int n_outs;
+    int *out_node;
+    loom_split_state *out_state;
 } plan;
 
 typedef struct meta_backend {
@@ -84,6 +89,8 @@ static void plan_free(plan *p, int n) {
     }
     loom_free(p->meta);
     loom_free(p->slot);
+    loom_free(p->out_node);
+    loom_free(p->out_state);
     loom_free(p);
 }
 
@@ -490,6 +497,26 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
             st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
     }
     for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
+    /* the layout of each OUTPUT node's data once computed (as meta/buffer.c's true_state
+     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply */
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
+            !t->buffer || t->buffer->iface != &loom__meta_buffer_i)
+            continue;
+        if (!p->out_node) {
+            p->out_node = loom_malloc((size_t)g->n_nodes * sizeof *p->out_node);
+            p->out_state = loom_malloc((size_t)g->n_nodes * sizeof *p->out_state);
+            if (!p->out_node || !p->out_state) {
+                st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+                break;
+            }
+        }
+        loom_split_state *os = &p->out_state[p->n_outs];
+        if ((st = loom__meta_state(mb->md, t, false, os))) break;
+        if (os->axis == LOOM_SPLIT_PARTIAL) loom_split_state_assume_sync(t, os);
+        p->out_node[p->n_outs++] = i;
+    }
 
     /* cut into subgraphs */
     int start = 0;
@@ -727,6 +754,8 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.bytes_reduced += bytes;
         mb->stats.last_bytes_reduced += bytes;
     }
+    for (int k = 0; k < p->n_outs; k++)
+        loom__meta_out_publish(mb->md, g->nodes[p->out_node[k]], &p->out_state[k]);
     mb->stats.delayed += (uint64_t)p->n_delayed;
     mb->stats.reduce_ns += (uint64_t)t_reduce;
     mb->stats.issue_ns += (uint64_t)(loom_time_ns() - t_start - t_reduce);
