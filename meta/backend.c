@@ -336,6 +336,16 @@ static bool reads(const loom_tensor *n, const loom_tensor *t) {
     return false;
 }
 
+/* Whether node y adds a PARTIAL bias to the partial sum y->src[0] (the split-state rule,
+ * loom_split_partial_bias_add, on both addends' true states). */
+static bool partial_bias_add(meta_backend *mb, const loom_tensor *y) {
+    if ((y->op != LOOM_OP_ADD && y->op != LOOM_OP_ADD_ID) || !y->src[0] || !y->src[1]) return false;
+    loom_split_state a, b;
+    return loom__meta_state(mb->md, y->src[0], false, &a) == LOOM_OK &&
+           loom__meta_state(mb->md, y->src[1], false, &b) == LOOM_OK &&
+           loom_split_partial_bias_add(y, &a, &b);
+}
+
 static bool is_partial_node(meta_backend *mb, const loom_tensor *t) {
     return t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
            state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
@@ -397,8 +407,7 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *m
             continue;
         }
         /* a bias stored as PARTIAL (b/N per device) belongs before the sum */
-        if (single && (n->op == LOOM_OP_ADD_ID || n->op == LOOM_OP_ADD) && n->src[0] == cur &&
-            state_is(mb, n->src[1], false, LOOM_SPLIT_PARTIAL) && n->src[1]->op == LOOM_OP_NONE &&
+        if (single && n->src[0] == cur && partial_bias_add(mb, n) &&
             (n->op == LOOM_OP_ADD || state_is(mb, n->src[2], true, LOOM_SPLIT_MIRRORED))) {
             cur = n;
             r = k;
@@ -535,15 +544,23 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     }
     /* a PARTIAL bias added to a partial sum is exact only if that sum is reduced after the
      * add (delayed past it): otherwise every device would add the bias to the whole sum */
+    int *node_at = NULL; /* tensor index -> the node index computing it (or -1) */
     for (int i = 0; i < g->n_nodes && st == LOOM_OK && n > 1; i++) {
         const loom_tensor *y = g->nodes[i], *a = y->src[0], *b = y->src[1];
-        if ((y->op != LOOM_OP_ADD && y->op != LOOM_OP_ADD_ID) || !a || !b || a->op == LOOM_OP_NONE) continue;
-        const loom_tensor *bl = b->view_src ? b->view_src : b;
-        if (bl->op != LOOM_OP_NONE || !state_is(mb, b, false, LOOM_SPLIT_PARTIAL) ||
-            !state_is(mb, a, false, LOOM_SPLIT_PARTIAL))
-            continue;
-        int k = -1;
-        for (int q = 0; q < i && k < 0; q++) if (g->nodes[q] == a) k = q;
+        if (!partial_bias_add(mb, y)) continue;
+        if (!node_at) {
+            node_at = loom_malloc(((size_t)p->n_tensors + 1) * sizeof *node_at);
+            if (!node_at) {
+                st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+                break;
+            }
+            for (int x = 0; x < p->n_tensors; x++)
+                node_at[x] = -1;
+            for (int q = 0; q < g->n_nodes; q++)
+                if (idx[q] >= 0) node_at[idx[q]] = q;
+        }
+        int ax = plan_find(p, a), k = ax >= 0 ? node_at[ax] : -1;
+        if (k >= i) k = -1; /* computed here, before the add */
         bool ok = false;
         for (int q = 0; q < p->n_subs && k >= 0; q++)
             if (p->subs[q].first <= k && k <= p->subs[q].last) ok = p->subs[q].reduce >= i;
@@ -554,6 +571,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                             "it cannot be reduced after the add; store the bias MIRRORED",
                             y->name, b->name, a->name);
     }
+    loom_free(node_at);
     loom_split_ctx_end(mb->md->split);
 
     /* per-device node lists, skipping what a device has no data for */
@@ -647,12 +665,10 @@ static const char *mbe_name(loom_backend_t backend) {
 static void mbe_synchronize(loom_backend_t backend) {
     meta_backend *mb = backend->context;
     for (int j = 0; j < mb->md->n; j++) {
-        loom_status st = loom_backend_synchronize(mb->be[j]);
-        if (st != LOOM_OK && mb->async_status == LOOM_OK) {
-            mb->async_status = st;
-            mb->async_reported = false;
-            snprintf(mb->async_msg, sizeof mb->async_msg, "%s", loom_last_error());
-        }
+        const bool had = mb->async_status != LOOM_OK;
+        loom_backend_synchronize_keep(mb->be[j], &mb->async_status, mb->async_msg,
+                                      sizeof mb->async_msg);
+        if (!had && mb->async_status != LOOM_OK) mb->async_reported = false;
     }
 }
 
