@@ -11,6 +11,7 @@
  * allocation, backend init, graph compute), the wrapper imports the module's message
  * through its reg's "loom_last_error"/"loom_last_status" proc addresses.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -481,6 +482,16 @@ loom_status loom_backend_synchronize(loom_backend_t backend) {
     if (backend->iface->synchronize) backend->iface->synchronize(backend);
     /* the hook records its own message (loom_error) */
     return backend->iface->get_status ? backend->iface->get_status(backend) : LOOM_OK;
+}
+
+loom_status loom_backend_synchronize_keep(loom_backend_t backend, loom_status *first, char *msg,
+                                          size_t msg_size) {
+    loom_status st = loom_backend_synchronize(backend);
+    if (st != LOOM_OK && *first == LOOM_OK) {
+        *first = st;
+        if (msg && msg_size) snprintf(msg, msg_size, "%s", loom_last_error());
+    }
+    return st;
 }
 
 loom_status loom_backend_graph_compute_async(loom_backend_t backend, loom_graph *g) {

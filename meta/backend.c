@@ -45,6 +45,11 @@ typedef struct plan {
     plan_sub *subs;
     int n_subs;
     int n_delayed;
+    /* the graph's OUTPUT nodes (by node index) and the states their data is laid out by,
+     * published to the device after each compute (meta_out) */
+    int n_outs;
+    int *out_node;
+    loom_split_state *out_state;
 } plan;
 
 typedef struct meta_backend {
@@ -84,6 +89,8 @@ static void plan_free(plan *p, int n) {
     }
     loom_free(p->meta);
     loom_free(p->slot);
+    loom_free(p->out_node);
+    loom_free(p->out_state);
     loom_free(p);
 }
 
@@ -329,6 +336,16 @@ static bool reads(const loom_tensor *n, const loom_tensor *t) {
     return false;
 }
 
+/* Whether node y adds a PARTIAL bias to the partial sum y->src[0] (the split-state rule,
+ * loom_split_partial_bias_add, on both addends' true states). */
+static bool partial_bias_add(meta_backend *mb, const loom_tensor *y) {
+    if ((y->op != LOOM_OP_ADD && y->op != LOOM_OP_ADD_ID) || !y->src[0] || !y->src[1]) return false;
+    loom_split_state a, b;
+    return loom__meta_state(mb->md, y->src[0], false, &a) == LOOM_OK &&
+           loom__meta_state(mb->md, y->src[1], false, &b) == LOOM_OK &&
+           loom_split_partial_bias_add(y, &a, &b);
+}
+
 static bool is_partial_node(meta_backend *mb, const loom_tensor *t) {
     return t->op != LOOM_OP_NONE && !loom_op_is_view(t->op) &&
            state_is(mb, t, false, LOOM_SPLIT_PARTIAL);
@@ -390,8 +407,7 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *m
             continue;
         }
         /* a bias stored as PARTIAL (b/N per device) belongs before the sum */
-        if (single && (n->op == LOOM_OP_ADD_ID || n->op == LOOM_OP_ADD) && n->src[0] == cur &&
-            state_is(mb, n->src[1], false, LOOM_SPLIT_PARTIAL) && n->src[1]->op == LOOM_OP_NONE &&
+        if (single && n->src[0] == cur && partial_bias_add(mb, n) &&
             (n->op == LOOM_OP_ADD || state_is(mb, n->src[2], true, LOOM_SPLIT_MIRRORED))) {
             cur = n;
             r = k;
@@ -490,6 +506,26 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
             st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
     }
     for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
+    /* the layout of each OUTPUT node's data once computed (as meta/buffer.c's true_state
+     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply */
+    for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
+            !t->buffer || t->buffer->iface != &loom__meta_buffer_i)
+            continue;
+        if (!p->out_node) {
+            p->out_node = loom_malloc((size_t)g->n_nodes * sizeof *p->out_node);
+            p->out_state = loom_malloc((size_t)g->n_nodes * sizeof *p->out_state);
+            if (!p->out_node || !p->out_state) {
+                st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+                break;
+            }
+        }
+        loom_split_state *os = &p->out_state[p->n_outs];
+        if ((st = loom__meta_state(mb->md, t, false, os))) break;
+        if (os->axis == LOOM_SPLIT_PARTIAL) loom_split_state_assume_sync(t, os);
+        p->out_node[p->n_outs++] = i;
+    }
 
     /* cut into subgraphs */
     int start = 0;
@@ -508,15 +544,23 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     }
     /* a PARTIAL bias added to a partial sum is exact only if that sum is reduced after the
      * add (delayed past it): otherwise every device would add the bias to the whole sum */
+    int *node_at = NULL; /* tensor index -> the node index computing it (or -1) */
     for (int i = 0; i < g->n_nodes && st == LOOM_OK && n > 1; i++) {
         const loom_tensor *y = g->nodes[i], *a = y->src[0], *b = y->src[1];
-        if ((y->op != LOOM_OP_ADD && y->op != LOOM_OP_ADD_ID) || !a || !b || a->op == LOOM_OP_NONE) continue;
-        const loom_tensor *bl = b->view_src ? b->view_src : b;
-        if (bl->op != LOOM_OP_NONE || !state_is(mb, b, false, LOOM_SPLIT_PARTIAL) ||
-            !state_is(mb, a, false, LOOM_SPLIT_PARTIAL))
-            continue;
-        int k = -1;
-        for (int q = 0; q < i && k < 0; q++) if (g->nodes[q] == a) k = q;
+        if (!partial_bias_add(mb, y)) continue;
+        if (!node_at) {
+            node_at = loom_malloc(((size_t)p->n_tensors + 1) * sizeof *node_at);
+            if (!node_at) {
+                st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+                break;
+            }
+            for (int x = 0; x < p->n_tensors; x++)
+                node_at[x] = -1;
+            for (int q = 0; q < g->n_nodes; q++)
+                if (idx[q] >= 0) node_at[idx[q]] = q;
+        }
+        int ax = plan_find(p, a), k = ax >= 0 ? node_at[ax] : -1;
+        if (k >= i) k = -1; /* computed here, before the add */
         bool ok = false;
         for (int q = 0; q < p->n_subs && k >= 0; q++)
             if (p->subs[q].first <= k && k <= p->subs[q].last) ok = p->subs[q].reduce >= i;
@@ -527,6 +571,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                             "it cannot be reduced after the add; store the bias MIRRORED",
                             y->name, b->name, a->name);
     }
+    loom_free(node_at);
     loom_split_ctx_end(mb->md->split);
 
     /* per-device node lists, skipping what a device has no data for */
@@ -620,12 +665,10 @@ static const char *mbe_name(loom_backend_t backend) {
 static void mbe_synchronize(loom_backend_t backend) {
     meta_backend *mb = backend->context;
     for (int j = 0; j < mb->md->n; j++) {
-        loom_status st = loom_backend_synchronize(mb->be[j]);
-        if (st != LOOM_OK && mb->async_status == LOOM_OK) {
-            mb->async_status = st;
-            mb->async_reported = false;
-            snprintf(mb->async_msg, sizeof mb->async_msg, "%s", loom_last_error());
-        }
+        const bool had = mb->async_status != LOOM_OK;
+        loom_backend_synchronize_keep(mb->be[j], &mb->async_status, mb->async_msg,
+                                      sizeof mb->async_msg);
+        if (!had && mb->async_status != LOOM_OK) mb->async_reported = false;
     }
 }
 
@@ -674,6 +717,8 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->async_reported = false;
         if (!reported) return loom_error(pending, "%s: an earlier graph failed: %s", mb->name, mb->async_msg);
     }
+    const int64_t t_start = loom_time_ns();
+    int64_t t_reduce = 0;
     uint64_t key = graph_key(mb, g);
     plan *p = NULL;
     int victim = 0;
@@ -715,7 +760,9 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.subgraphs++;
         mb->stats.last_subgraphs++;
         if (sub->reduce < 0) continue;
+        const int64_t t_r = loom_time_ns();
         loom_status st = loom_reducer_allreduce(mb->reducer, sub->red, sub->empty);
+        t_reduce += loom_time_ns() - t_r;
         if (st) return loom_error(st, "%s: reducing '%s': %s", mb->name, g->nodes[sub->reduce]->name, loom_last_error());
         size_t bytes = loom_nbytes(g->nodes[sub->reduce]);
         mb->stats.reductions++;
@@ -723,7 +770,11 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.bytes_reduced += bytes;
         mb->stats.last_bytes_reduced += bytes;
     }
+    for (int k = 0; k < p->n_outs; k++)
+        loom__meta_out_publish(mb->md, g->nodes[p->out_node[k]], &p->out_state[k]);
     mb->stats.delayed += (uint64_t)p->n_delayed;
+    mb->stats.reduce_ns += (uint64_t)t_reduce;
+    mb->stats.issue_ns += (uint64_t)(loom_time_ns() - t_start - t_reduce);
     loom_reducer_stats rs;
     loom_reducer_get_stats(mb->reducer, &rs);
     mb->stats.last_algo = rs.last_algo;

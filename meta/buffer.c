@@ -16,6 +16,7 @@ static char g_empty_base[64]; /* the base of a zero-size meta buffer */
 
 static void mb_free(loom_buffer_t buf) {
     meta_buffer *mb = buf->context;
+    memset(mb->md->outs, 0, sizeof mb->md->outs); /* its memory may be handed out again */
     for (int j = 0; j < mb->md->n; j++) loom_buffer_free(mb->bufs[j]);
     loom_free(mb);
 }
@@ -95,6 +96,46 @@ static void run_memset(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off,
     loom_tensor_memset(dev, x->value, dev_off, n);
 }
 
+static bool out_matches(const meta_out *o, const loom_tensor *t) {
+    return o->t == t && o->data == t->data && o->type == t->type && o->op == t->op &&
+           memcmp(o->ne, t->ne, sizeof o->ne) == 0 && memcmp(o->nb, t->nb, sizeof o->nb) == 0;
+}
+
+void loom__meta_out_publish(meta_dev *md, const loom_tensor *t, const loom_split_state *s) {
+    meta_out *slot = &md->outs[0];
+    for (int i = 0; i < LOOM_META_OUT_CACHE; i++) {
+        meta_out *o = &md->outs[i];
+        if (o->t == t) { /* this header's entry, whatever it held */
+            slot = o;
+            break;
+        }
+        if (!o->t || (slot->t && o->stamp < slot->stamp)) slot = o;
+    }
+    *slot = (meta_out){.t = t,
+                       .data = t->data,
+                       .type = t->type,
+                       .op = t->op,
+                       .state = *s,
+                       .stamp = ++md->out_clock};
+    memcpy(slot->ne, t->ne, sizeof slot->ne);
+    memcpy(slot->nb, t->nb, sizeof slot->nb);
+}
+
+bool loom__meta_out_find(meta_dev *md, const loom_tensor *t, loom_split_state *s) {
+    for (int i = 0; i < LOOM_META_OUT_CACHE; i++) {
+        if (md->outs[i].t && out_matches(&md->outs[i], t)) {
+            *s = md->outs[i].state;
+            return true;
+        }
+    }
+    return false;
+}
+
+void loom__meta_out_forget(meta_dev *md, const loom_tensor *t) {
+    for (int i = 0; i < LOOM_META_OUT_CACHE; i++)
+        if (md->outs[i].t == t) md->outs[i].t = NULL;
+}
+
 static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *s) {
     loom__meta_end_phase(mb->md);
     loom_status st = loom__meta_state(mb->md, t, false, s);
@@ -123,6 +164,7 @@ static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t o
         mb_set(buf, t->view_src, data, t->view_offs + offset, size);
         return;
     }
+    loom__meta_out_forget(mb->md, t); /* a host write: its layout is the true state's */
     loom_split_state s;
     if (!true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {
@@ -145,7 +187,8 @@ static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t o
         return;
     }
     loom_split_state s;
-    if (!true_state(mb, t, &s)) return;
+    /* what the last graph_compute of t laid it out by, or derived from its graph */
+    if (!loom__meta_out_find(mb->md, t, &s) && !true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {
         io x = {.dst = data, .offset = offset};
         for_each_run(mb, t, &s, offset, size, run_get, &x);
@@ -176,6 +219,7 @@ static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t o
         mb_memset(buf, t->view_src, value, t->view_offs + offset, size);
         return;
     }
+    loom__meta_out_forget(mb->md, t);
     loom_split_state s;
     if (!true_state(mb, t, &s)) return;
     if (loom_split_axis_is_dim(s.axis)) {
@@ -192,6 +236,7 @@ static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t o
 
 static void mb_clear(loom_buffer_t buf, uint8_t value) {
     meta_buffer *mb = buf->context;
+    memset(mb->md->outs, 0, sizeof mb->md->outs); /* every layout it held is gone */
     for (int j = 0; j < mb->md->n; j++) loom_buffer_clear(mb->bufs[j], value);
 }
 

@@ -8,6 +8,22 @@
 #include "backends/backend-impl.h"
 #include "loom/meta.h"
 
+/* The state a graph_compute laid a computed OUTPUT tensor's data out by, so reading it
+ * back (the logits, every token) need not re-derive its state from the whole graph above
+ * it. Valid for that header while its address, type, op and shape are unchanged; a host
+ * write into the tensor forgets it (loom__meta_out_forget). */
+#define LOOM_META_OUT_CACHE 8
+typedef struct meta_out {
+    const loom_tensor *t; /* NULL: free */
+    const void *data;
+    loom_type type;
+    loom_op op;
+    int64_t ne[LOOM_MAX_DIMS];
+    size_t nb[LOOM_MAX_DIMS];
+    loom_split_state state; /* the true state, a computed PARTIAL taken as reduced */
+    uint64_t stamp;         /* LRU */
+} meta_out;
+
 typedef struct meta_dev {
     int n;
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
@@ -19,7 +35,13 @@ typedef struct meta_dev {
     char name[256];
     struct loom_dev dev;
     struct loom_buft buft;
+    meta_out outs[LOOM_META_OUT_CACHE];
+    uint64_t out_clock;
 } meta_dev;
+
+void loom__meta_out_publish(meta_dev *md, const loom_tensor *t, const loom_split_state *s);
+bool loom__meta_out_find(meta_dev *md, const loom_tensor *t, loom_split_state *s);
+void loom__meta_out_forget(meta_dev *md, const loom_tensor *t);
 
 typedef struct meta_buffer {
     meta_dev *md;

@@ -457,11 +457,18 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
 
 loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tokens) {
     const int64_t T = bg->n_tokens, K = bg->n_kv;
-    int32_t *pos = loom_malloc((size_t)T * sizeof *pos);
-    float *mask = loom_malloc((size_t)(T * K) * sizeof *mask);
+    /* a generated token's inputs (one position, a mask row of up to 1024 cells) on the
+     * stack: no allocation per token; larger batches allocate */
+    int32_t pos_small[16];
+    float mask_small[1024];
+    const bool small = T <= 16 && T * K <= 1024;
+    int32_t *pos = small ? pos_small : loom_malloc((size_t)T * sizeof *pos);
+    float *mask = small ? mask_small : loom_malloc((size_t)(T * K) * sizeof *mask);
     if (!pos || !mask) {
-        loom_free(pos);
-        loom_free(mask);
+        if (!small) {
+            loom_free(pos);
+            loom_free(mask);
+        }
         return loom_error(LOOM_ERR_NOMEM, "model: out of memory for the inputs of %lld tokens", (long long)T);
     }
     for (int64_t t = 0; t < T; t++) {
@@ -493,7 +500,9 @@ loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int32_t *tok
             pos[t] = (int32_t)((bg->n_past + t) % bg->n_swa_cells);
         loom_tensor_set(bg->pos_swa, pos, 0, (size_t)T * sizeof(int32_t));
     }
-    loom_free(pos);
-    loom_free(mask);
+    if (!small) {
+        loom_free(pos);
+        loom_free(mask);
+    }
     return LOOM_OK;
 }

@@ -50,6 +50,9 @@ struct loom_session {
     bool reserved; /* the scheduler holds the worst-case plan of (res_n, res_all) */
     int64_t res_n;
     bool res_all;
+    /* the shape class of graph_ctx's graph (bg): reused while a batch has the same one */
+    bool bg_all, bg_flash;
+    bool bg_ok; /* ... and it was computed without a failure since it was built */
 };
 
 const char *loom_split_mode_name(loom_split_mode m) {
@@ -509,6 +512,7 @@ void loom_session_get_stats(const loom_session *s, loom_session_stats *out) { *o
  * no_kv_offload pins applied. */
 static loom_status build(loom_session *s, int64_t n, int64_t n_past, bool all_logits) {
     loom_sched_reset(s->sched);
+    s->bg_ok = false;
     loom_ctx_free(s->graph_ctx);
     s->graph_ctx = loom_ctx_new(
         (loom_ctx_params){.mem_size = loom_model_graph_ctx_size(s->model), .no_alloc = true});
@@ -554,15 +558,45 @@ static loom_status reserve(loom_session *s, int64_t n, bool all_logits) {
     return LOOM_OK;
 }
 
-/* Builds and allocates the graph of n tokens at n_past. */
+/* The KV positions a graph of n tokens at n_past attends over (loom_model_build_graph's
+ * n_kv): its shape class together with n and the logits it keeps. */
+static int64_t graph_n_kv(const loom_session *s, int64_t n, int64_t n_past) {
+    int64_t n_kv = (n_past + n + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
+    return n_kv < s->kv->n_ctx ? n_kv : s->kv->n_ctx;
+}
+
+/* Whether the graph the scheduler holds serves a batch of n tokens at n_past as it is:
+ * the same shape class (tokens, KV bucket, logits kept, attention kind), computed without
+ * a failure, still the scheduler's allocated graph (nothing reserved, split, reset or
+ * queued since: a queued graph's context moved to inflight), under the plan reserved for
+ * its kind. Only the inputs differ then (positions, cache rows written, masks), which
+ * loom_batch_set_inputs writes. */
+static bool can_reuse(const loom_session *s, int64_t n, bool all_logits) {
+    const bool all = all_logits && n > 1;
+    return !s->p.no_graph_reuse && s->graph_ctx && s->bg.graph && s->bg_ok && s->reserved &&
+           s->res_n == n && s->res_all == all && s->bg.n_tokens == n && s->bg_all == all &&
+           s->bg_flash == !s->model->no_flash_attn && s->bg.n_kv == graph_n_kv(s, n, s->n_past) &&
+           loom_sched_is_allocated(s->sched, s->bg.graph);
+}
+
+/* Builds and allocates the graph of n tokens at n_past, or keeps the one it has when
+ * that one serves (can_reuse). */
 static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
+    loom_status st;
+    if (can_reuse(s, n, all_logits)) {
+        s->bg.n_past = s->n_past;
+        s->stats.graphs_reused++;
+        return LOOM_OK;
+    }
     /* another kind of graph than the plan held: plan its worst case first, so the actual
      * graph (and every later one of its kind) fits without reallocating */
-    loom_status st;
     if (!s->reserved || s->res_n != n || s->res_all != (all_logits && n > 1))
         if ((st = reserve(s, n, all_logits))) return st;
     if ((st = build(s, n, s->n_past, all_logits))) return st;
+    s->bg_all = all_logits && n > 1;
+    s->bg_flash = !s->model->no_flash_attn;
     if ((st = loom_sched_alloc_graph(s->sched, s->bg.graph))) return st;
+    s->stats.graphs_built++;
     loom_sched_stats ss;
     loom_sched_get_stats(s->sched, &ss);
     if (n > 1) {
@@ -621,6 +655,7 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
         }
         if ((st = loom_sched_graph_compute(s->sched, s->bg.graph))) break;
         if ((st = sync_inflight(s))) break;
+        s->bg_ok = true;
         if (all_logits) loom_tensor_get(s->bg.logits, out + i0 * V, 0, (size_t)(nb * V) * sizeof(float));
         else if (last) loom_tensor_get(s->bg.logits, out, 0, (size_t)V * sizeof(float));
         s->n_past += nb;
@@ -630,9 +665,12 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
             s->stats.last_reductions = (int)ms.reductions; /* over every meta split */
             s->stats.last_bytes_reduced = ms.bytes_reduced;
             s->stats.last_subgraphs = (int)ms.subgraphs;
+            s->stats.last_issue_ns = ms.issue_ns;
+            s->stats.last_reduce_ns = ms.reduce_ns;
         }
     }
     if (st) {
+        s->bg_ok = false; /* a failed batch's graph is built again */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", loom_last_error());
         sync_inflight(s);

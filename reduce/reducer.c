@@ -83,11 +83,7 @@ size_t loom_reducer_butterfly_max_bytes(int n) {
 /* ---------------------------------------------------------------- helpers */
 
 void loom__rd_sync(loom_reducer *r, int j) {
-    loom_status s = loom_backend_synchronize(r->backends[j]);
-    if (s != LOOM_OK && r->sync_status == LOOM_OK) {
-        r->sync_status = s;
-        snprintf(r->sync_msg, sizeof r->sync_msg, "%s", loom_last_error());
-    }
+    loom_backend_synchronize_keep(r->backends[j], &r->sync_status, r->sync_msg, sizeof r->sync_msg);
 }
 
 void loom__rd_sync_all(loom_reducer *r) {

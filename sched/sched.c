@@ -361,12 +361,9 @@ void loom_sched_reset(loom_sched *s) {
 }
 
 void loom__sched_sync(loom_sched *s, int b) {
-    loom_status st = loom_backend_synchronize(s->backends[b]);
+    loom_backend_synchronize_keep(s->backends[b], &s->async_status, s->async_msg,
+                                  sizeof s->async_msg);
     s->pending_reads[b] = 0; /* its stream is idle: its copies are done */
-    if (st != LOOM_OK && s->async_status == LOOM_OK) {
-        s->async_status = st;
-        snprintf(s->async_msg, sizeof s->async_msg, "%s", loom_last_error());
-    }
 }
 
 loom_status loom__sched_take_status(loom_sched *s) {
@@ -449,6 +446,10 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
 /* Whether g is the graph of the current round (same object, not rebuilt since). */
 static bool is_current(const loom_sched *s, const loom_graph *g) {
     return s->cur_graph == g && s->cur_uid == g->uid;
+}
+
+bool loom_sched_is_allocated(const loom_sched *s, const loom_graph *g) {
+    return s && g && s->is_alloc && is_current(s, g);
 }
 
 static void rotate_copy(loom_sched *s) {

@@ -148,17 +148,14 @@ static void clear_entries(loom_split_ctx *ctx) {
     ctx->n_entries = 0;
 }
 
-/* A bias stored PARTIAL (b/N per device, or b on one device) added to a computed partial
- * sum: the sum is read unreduced (its true PARTIAL state), so the result is PARTIAL and
- * the bias is counted once when the result is reduced. The meta device delays the
- * reduction of src0 past the add (and refuses the graph when it cannot). */
-static bool partial_bias_add(const loom_tensor *t, const loom_tensor *const *deps,
-                             const loom_split_state *true0, const loom_split_state *st1) {
-    if (t->op != LOOM_OP_ADD && t->op != LOOM_OP_ADD_ID) return false;
-    if (!deps[0] || !deps[1] || deps[0] == deps[1]) return false;
-    const loom_tensor *b = deps[1], *bl = b->view_src ? b->view_src : b;
-    if (bl->op != LOOM_OP_NONE || st1->axis != LOOM_SPLIT_PARTIAL) return false;
-    return deps[0]->op != LOOM_OP_NONE && true0->axis == LOOM_SPLIT_PARTIAL;
+bool loom_split_partial_bias_add(const loom_tensor *t, const loom_split_state *a_true,
+                                 const loom_split_state *b_state) {
+    if (!t || (t->op != LOOM_OP_ADD && t->op != LOOM_OP_ADD_ID)) return false;
+    const loom_tensor *a = t->src[0], *b = t->src[1];
+    if (!a || !b || a == b || !a_true || !b_state) return false;
+    const loom_tensor *bl = b->view_src ? b->view_src : b;
+    if (bl->op != LOOM_OP_NONE || b_state->axis != LOOM_SPLIT_PARTIAL) return false;
+    return a->op != LOOM_OP_NONE && a_true->axis == LOOM_SPLIT_PARTIAL;
 }
 
 /* ---------------------------------------------------------------- dependencies, snapshot */
@@ -262,7 +259,7 @@ static void derive(loom_split_ctx *ctx, entry *e, const loom_tensor *t) {
         else
             dst = &states[i];
     }
-    if (src[0] && src[1] && partial_bias_add(t, deps, &true0, src[1])) states[0] = true0;
+    if (src[0] && src[1] && loom_split_partial_bias_add(t, &true0, src[1])) states[0] = true0;
     loom_status st = loom_split_rule_apply(t, src, dst, ctx->n_devices, &res);
     set_result(ctx, e, st, st == LOOM_OK ? NULL : loom_last_error(), &res);
 }
@@ -478,7 +475,7 @@ bool loom_split_ctx_can_split(loom_split_ctx *ctx, const loom_tensor *op) {
             dst = &states[i];
     }
     if (st == LOOM_OK) {
-        if (src[0] && src[1] && partial_bias_add(op, deps, &true0, src[1])) states[0] = true0;
+        if (src[0] && src[1] && loom_split_partial_bias_add(op, &true0, src[1])) states[0] = true0;
         loom_split_state res;
         st = loom_split_rule_apply(op, src, dst, ctx->n_devices, &res);
     }

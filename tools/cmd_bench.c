@@ -134,6 +134,12 @@ typedef struct result {
     double red_per_tok, bytes_per_tok, proj_nvlink_us, proj_pcie_us;
     double proj_ts; /* profiled sim devices: (prompt + generated) / projected time, mean over
                      * the repetitions; 0 without a profile */
+    /* tensor parallelism's measured host cost of generated tokens (tg rows, a meta device;
+     * 0 otherwise), separate from the link model's projections: subgraphs per token, host
+     * us to issue one (fingerprint, plan lookup, members' queueing), us per reduction
+     * (issuing it, plus the sim devices' threads synchronising: waiting for the peers,
+     * copying, summing; averaged over the devices), and their total per token */
+    double sub_per_tok, us_per_sub, us_per_red, host_us_per_tok;
 } result;
 
 typedef struct config {
@@ -179,8 +185,13 @@ static loom_status eval_prompt(loom_session *s, int n, int64_t V, float *logits,
     return n > 0 ? loom_session_eval(s, ids, n, false, logits) : LOOM_OK;
 }
 
+/* The meta device's host figures of generated tokens (loom_session_stats' last_*). */
+typedef struct gen_host {
+    double subgraphs, issue_ns, reduce_ns;
+} gen_host;
+
 static loom_status eval_gen(loom_session *s, int n, int64_t V, float *logits, uint64_t *seed,
-                            double *red, double *bytes) {
+                            double *red, double *bytes, gen_host *h) {
     for (int i = 0; i < n; i++) {
         int32_t tok = bench_token(seed, V);
         loom_status st = loom_session_eval(s, &tok, 1, false, logits);
@@ -189,8 +200,26 @@ static loom_status eval_gen(loom_session *s, int n, int64_t V, float *logits, ui
         loom_session_get_stats(s, &ss);
         *red += ss.last_reductions;
         *bytes += (double)ss.last_bytes_reduced;
+        h->subgraphs += ss.last_subgraphs;
+        h->issue_ns += (double)ss.last_issue_ns;
+        h->reduce_ns += (double)ss.last_reduce_ns;
     }
     return LOOM_OK;
+}
+
+/* Sim member devices: their worker threads' synchronisation time (event waits, device
+ * copies, AllReduce), averaged over the devices, in ns since the last stats reset. */
+static double sim_sync_ns(loom_session *s) {
+    int n = loom_session_n_devices(s), k = 0;
+    double sum = 0;
+    for (int j = 0; j < n; j++) {
+        if (!loom_dev_is_sim(loom_session_device(s, j))) continue;
+        loom_sim_stats st;
+        loom_sim_dev_stats(loom_session_device(s, j), &st);
+        sum += (double)st.host_sync_ns;
+        k++;
+    }
+    return k ? sum / k : 0;
 }
 
 static void run_test(loom_session *s, const test *t, int reps, result *r) {
@@ -204,21 +233,25 @@ static void run_test(loom_session *s, const test *t, int reps, result *r) {
         goto out;
     }
     uint64_t seed = 7;
-    double red = 0, bytes = 0;
+    double red = 0, bytes = 0, sync_ns = 0;
+    gen_host gh = {0};
     loom_status st = LOOM_OK;
     /* warm-up as llama-bench: a prompt batch and one generated token */
     loom_session_clear(s);
     if (t->n_prompt > 0) st = eval_prompt(s, t->n_prompt, V, logits, &seed, ids);
-    if (!st && t->n_gen > 0) st = eval_gen(s, 1, V, logits, &seed, &red, &bytes);
+    if (!st && t->n_gen > 0) st = eval_gen(s, 1, V, logits, &seed, &red, &bytes, &gh);
     for (int k = 0; k < reps && !st; k++) {
         loom_session_clear(s);
         if ((st = eval_prompt(s, t->n_depth, V, logits, &seed, ids))) break;
         red = bytes = 0;
+        gh = (gen_host){0};
         loom_plan_session_time_us(s); /* the projection counts the timed part only */
         int64_t t0 = loom_time_us();
         st = eval_prompt(s, t->n_prompt, V, logits, &seed, ids);
-        if (!st) st = eval_gen(s, t->n_gen, V, logits, &seed, &red, &bytes);
+        double sync0 = sim_sync_ns(s);
+        if (!st) st = eval_gen(s, t->n_gen, V, logits, &seed, &red, &bytes, &gh);
         int64_t dt = loom_time_us() - t0;
+        sync_ns += (sim_sync_ns(s) - sync0) / reps;
         double proj_us = loom_plan_session_time_us(s);
         if (proj_us > 0) r->proj_ts += (double)(t->n_prompt + t->n_gen) * 1e6 / proj_us / reps;
         if (dt < 1) dt = 1;
@@ -236,6 +269,14 @@ static void run_test(loom_session *s, const test *t, int reps, result *r) {
     if (t->n_gen > 0) {
         r->red_per_tok = red / t->n_gen;
         r->bytes_per_tok = bytes / t->n_gen;
+        /* the last repetition's meta figures, the mean synchronisation of all */
+        if (gh.subgraphs > 0) {
+            const double sync_last = r->red_per_tok > 0 ? sync_ns : 0;
+            r->sub_per_tok = gh.subgraphs / t->n_gen;
+            r->us_per_sub = gh.issue_ns / gh.subgraphs / 1000.0;
+            r->us_per_red = red > 0 ? (gh.reduce_ns + sync_last) / red / 1000.0 : 0;
+            r->host_us_per_tok = (gh.issue_ns + gh.reduce_ns + sync_last) / t->n_gen / 1000.0;
+        }
     }
     bool sim = loom_session_n_devices(s) > 0 && loom_dev_is_sim(loom_session_device(s, 0));
     if (sim && r->red_per_tok > 0 && loom_session_meta_backend(s)) {
@@ -328,21 +369,31 @@ static const char *const FIELDS[N_FIELDS] = {"model_filename",
                                              "allreduces_per_token",
                                              "bytes_reduced_per_token",
                                              "proj_nvlink_us_per_token"};
-/* (and proj_pcie4_us_per_token, samples_ns, samples_ts: written after these) */
+/* (and proj_pcie4_us_per_token, proj_avg_ts, the HOST_FIELDS, samples_ns, samples_ts:
+ * written after these) */
+
+/* Tensor parallelism's measured host cost (result.sub_per_tok ...), after proj_avg_ts. */
+#define N_HOST_FIELDS 4
+static const char *const HOST_FIELDS[N_HOST_FIELDS] = {
+    "subgraphs_per_token", "host_us_per_subgraph", "host_us_per_reduction", "host_us_per_token"};
 
 static void header(printer *p) {
     if (!strcmp(p->fmt, "md")) {
         printf("| model | size | params | backend | devices | threads | ngl | sm |%s test | t/s | "
-               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s |\n",
+               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s | "
+               "host us/tok (sub, red) |\n",
                p->show_ts ? " ts |" : "");
         printf(
             "| --- | ---: | ---: | --- | --- | ---: | ---: | --- |%s ---: | ---: | ---: | ---: | "
-            "---: | ---: | ---: |\n",
+            "---: | ---: | ---: | ---: |\n",
             p->show_ts ? " --- |" : "");
     } else if (!strcmp(p->fmt, "csv")) {
         for (int i = 0; i < N_FIELDS; i++)
             printf("%s,", FIELDS[i]);
-        printf("proj_pcie4_us_per_token,proj_avg_ts\n");
+        printf("proj_pcie4_us_per_token,proj_avg_ts");
+        for (int i = 0; i < N_HOST_FIELDS; i++)
+            printf(",%s", HOST_FIELDS[i]);
+        printf("\n");
     } else if (!strcmp(p->fmt, "json")) {
         printf("[\n");
     } else if (!strcmp(p->fmt, "sql")) {
@@ -354,7 +405,10 @@ static void header(printer *p) {
                                  : (i >= 21 ? "REAL" : "INTEGER");
             printf("  %s %s,\n", FIELDS[i], ty);
         }
-        printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL\n);\n");
+        printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL,\n");
+        for (int i = 0; i < N_HOST_FIELDS; i++)
+            printf("  %s REAL%s\n", HOST_FIELDS[i], i + 1 < N_HOST_FIELDS ? "," : "");
+        printf(");\n");
     }
     fflush(stdout);
 }
@@ -379,11 +433,15 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         if (r->proj_ts > 0) snprintf(proj, sizeof proj, "%.2f", r->proj_ts);
         char tscol[192] = "";
         if (p->show_ts) snprintf(tscol, sizeof tscol, " %s |", ts);
+        char host[64] = "-";
+        if (r->sub_per_tok > 0)
+            snprintf(host, sizeof host, "%.0f (%.1f, %.1f)", r->host_us_per_tok, r->us_per_sub,
+                     r->us_per_red);
         printf("| %s | %s | %s | %s | %s | %s | %d | %s |%s %s | %.2f ± %.2f | %.2f | %.0f | "
-               "%.1f | %.1f | %s |\n",
+               "%.1f | %.1f | %s | %s |\n",
                c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, tscol,
                t->name, r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
-               r->proj_pcie_us, proj);
+               r->proj_pcie_us, proj, host);
     } else {
         bool json = !strcmp(p->fmt, "json") || !strcmp(p->fmt, "jsonl");
         bool sql = !strcmp(p->fmt, "sql");
@@ -396,9 +454,14 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
             printf("INSERT INTO test (");
             for (int i = 0; i < N_FIELDS; i++)
                 printf("%s, ", FIELDS[i]);
-            printf("proj_pcie4_us_per_token, proj_avg_ts) VALUES (");
+            printf("proj_pcie4_us_per_token, proj_avg_ts");
+            for (int i = 0; i < N_HOST_FIELDS; i++)
+                printf(", %s", HOST_FIELDS[i]);
+            printf(") VALUES (");
         }
         const char *sep = json ? ", " : (sql ? ", " : ",");
+        const double host_vals[N_HOST_FIELDS] = {r->sub_per_tok, r->us_per_sub, r->us_per_red,
+                                                 r->host_us_per_tok};
 #define KEY(i)                                                                                     \
     (json ? (printf("%s\"%s\": ", (i) ? sep : "", FIELDS[i]), 0)                                   \
           : (printf("%s", (i) ? sep : ""), 0))
@@ -438,6 +501,8 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                 printf(", \"proj_avg_ts\": %.6f", r->proj_ts);
             else
                 printf(", \"proj_avg_ts\": null");
+            for (int i = 0; i < N_HOST_FIELDS; i++)
+                printf(", \"%s\": %.3f", HOST_FIELDS[i], host_vals[i]);
             printf(", \"samples_ns\": [");
             for (int k = 0; k < r->n_samples; k++)
                 printf("%s%.0f", k ? ", " : "", r->samples_ns[k]);
@@ -448,12 +513,17 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         } else if (sql) {
             printf(", %.3f, ", r->proj_pcie_us);
             if (r->proj_ts > 0)
-                printf("%.6f);\n", r->proj_ts);
+                printf("%.6f", r->proj_ts);
             else
-                printf("NULL);\n");
+                printf("NULL");
+            for (int i = 0; i < N_HOST_FIELDS; i++)
+                printf(", %.3f", host_vals[i]);
+            printf(");\n");
         } else {
             printf(",%.3f,", r->proj_pcie_us);
             if (r->proj_ts > 0) printf("%.6f", r->proj_ts);
+            for (int i = 0; i < N_HOST_FIELDS; i++)
+                printf(",%.3f", host_vals[i]);
             printf("\n");
         }
     }

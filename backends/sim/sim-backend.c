@@ -16,6 +16,7 @@
  * command runs on the calling thread: same result, only not asynchronous.
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, pthread */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +140,10 @@ typedef enum {
     LOOM__SIM_COMPUTE,
     LOOM__SIM_RECORD,
     LOOM__SIM_WAIT,
+    LOOM__SIM_ALLREDUCE, /* rank n of the native communicator's AllReduce rdv */
 } loom__sim_cmd_kind;
+
+typedef struct loom__sim_rdv loom__sim_rdv;
 
 typedef struct loom__sim_cmd {
     struct loom__sim_cmd *next;
@@ -152,6 +156,7 @@ typedef struct loom__sim_cmd {
     loom_graph *graph;
     loom__sim_event *ev; /* holds a reference while queued */
     uint64_t n;
+    loom__sim_rdv *rdv; /* ALLREDUCE: holds a reference while queued */
 } loom__sim_cmd;
 
 typedef struct loom__sim_backend {
@@ -201,8 +206,13 @@ static void loom__sim_release(const void *stream) {
     pthread_mutex_unlock(&g_held_mu);
 }
 
+static void loom__sim_allreduce_rank(loom__sim_rdv *r, int rank);
+
 static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
     loom__sim_dev *sd = sb->sd;
+    const bool sync =
+        c->kind == LOOM__SIM_WAIT || c->kind == LOOM__SIM_COPY || c->kind == LOOM__SIM_ALLREDUCE;
+    const int64_t t0 = sync || c->kind == LOOM__SIM_COMPUTE ? loom_time_ns() : 0;
     switch (c->kind) {
     case LOOM__SIM_SET:
         if (!sd->sreg->cfg.virtual_memory) memcpy((char *)c->dst->data + c->offset, c->in, c->size);
@@ -257,6 +267,18 @@ static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
     case LOOM__SIM_WAIT:
         loom__sim_event_block(c->ev, c->n);
         break;
+    case LOOM__SIM_ALLREDUCE:
+        loom__sim_allreduce_rank(c->rdv, (int)c->n);
+        break;
+    }
+    if (t0) {
+        const uint64_t dt = (uint64_t)(loom_time_ns() - t0);
+        pthread_mutex_lock(&sd->mu);
+        if (sync)
+            sd->stats.host_sync_ns += dt;
+        else
+            sd->stats.host_compute_ns += dt;
+        pthread_mutex_unlock(&sd->mu);
     }
     if (c->ev) loom__sim_event_unref(c->ev);
 }
@@ -305,6 +327,8 @@ static void loom__sim_drain(loom__sim_backend *sb) {
     pthread_mutex_unlock(&sb->mu);
 }
 
+static void loom__sim_enqueue(loom__sim_backend *sb, loom__sim_cmd *q);
+
 /* Queues a copy of *c (taking over its event reference); runs it inline when the queue
  * entry cannot be allocated. */
 static void loom__sim_submit(loom__sim_backend *sb, const loom__sim_cmd *c) {
@@ -317,6 +341,11 @@ static void loom__sim_submit(loom__sim_backend *sb, const loom__sim_cmd *c) {
         return;
     }
     *q = *c;
+    loom__sim_enqueue(sb, q);
+}
+
+/* Appends the allocated command q to the stream. */
+static void loom__sim_enqueue(loom__sim_backend *sb, loom__sim_cmd *q) {
     q->next = NULL;
     pthread_mutex_lock(&sb->mu);
     if (sb->tail) {
@@ -538,6 +567,178 @@ void loom_sim_backend_hold(loom_backend_t backend) {
         pthread_mutex_unlock(&sb->mu);
     }
     pthread_mutex_unlock(&g_held_mu);
+}
+
+/* ---------------------------------------------------------------- native communicator */
+
+/* What the reg exports as LOOM_PROC_COMM_INIT / _ALLREDUCE / _FREE (include/loom/reduce.h):
+ * an AllReduce that is one command per stream instead of the reducer's dozen (events,
+ * marker events, copies into scratch, add graphs), the way a GPU's one-shot kernel reads
+ * its peers' memory. Rank j's command waits at a rendezvous until every rank's stream
+ * has reached it (all partial sums final), sums chunk j of the tensor over every device
+ * in device order 0..N-1 and writes it into every device's tensor (so every device holds
+ * bit-identical sums), then waits until every rank has written its chunk. The chunks are
+ * summed concurrently on the N device threads and nothing is copied into scratch. The link
+ * model is charged what a ring moves: each rank receives N-1 partial chunks and sends its
+ * summed chunk to N-1 peers.
+ *
+ * Offered (init returns non-NULL) only where it changes nothing but host time: devices of
+ * one reg with p2p, private memory, no profile and not virtual (the timing model and
+ * `loom plan` keep the reducer's calibrated steps), and comm=0 not given. */
+
+typedef struct loom__sim_comm {
+    int n;
+    loom__sim_backend *sb[LOOM_SIM_MAX_DEVICES];
+} loom__sim_comm;
+
+struct loom__sim_rdv {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+    atomic_int refs;
+    atomic_int arrived[2]; /* ranks past the inputs-ready and the sums-written points */
+    int64_t n_elem;
+    float *data[LOOM_SIM_MAX_DEVICES];
+    loom__sim_dev *dev[LOOM_SIM_MAX_DEVICES];
+};
+
+/* Spins before a rank sleeps at a rendezvous: the peers are device threads of the same
+ * token's work, usually a few microseconds apart. */
+#define LOOM__SIM_RDV_SPINS 256
+
+static void loom__sim_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void loom__sim_rdv_unref(loom__sim_rdv *r) {
+    if (atomic_fetch_sub(&r->refs, 1) != 1) return;
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    loom_free(r);
+}
+
+/* Arrives at point `phase` and returns once every rank has. The last to arrive wakes the
+ * sleepers under the mutex, and a sleeper re-checks the count under it: no lost wake-up. */
+static void loom__sim_rdv_arrive(loom__sim_rdv *r, int phase) {
+    if (atomic_fetch_add(&r->arrived[phase], 1) + 1 == r->n) {
+        pthread_mutex_lock(&r->mu);
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        return;
+    }
+    for (int i = 0; i < LOOM__SIM_RDV_SPINS; i++) {
+        if (atomic_load_explicit(&r->arrived[phase], memory_order_acquire) == r->n) return;
+        loom__sim_relax();
+    }
+    pthread_mutex_lock(&r->mu);
+    while (atomic_load(&r->arrived[phase]) < r->n)
+        pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void loom__sim_allreduce_rank(loom__sim_rdv *r, int rank) {
+    const int n = r->n;
+    const int64_t lo = r->n_elem * rank / n, hi = r->n_elem * (rank + 1) / n;
+    loom__sim_rdv_arrive(r, 0);
+    enum { BLOCK = 256 };
+    float acc[BLOCK];
+    for (int64_t i0 = lo; i0 < hi; i0 += BLOCK) {
+        const int64_t m = hi - i0 < BLOCK ? hi - i0 : BLOCK;
+        memcpy(acc, r->data[0] + i0, (size_t)m * sizeof(float));
+        for (int k = 1; k < n; k++) {
+            const float *x = r->data[k] + i0;
+            for (int64_t i = 0; i < m; i++)
+                acc[i] += x[i];
+        }
+        for (int k = 0; k < n; k++)
+            memcpy(r->data[k] + i0, acc, (size_t)m * sizeof(float));
+    }
+    const size_t bytes = (size_t)(hi - lo) * sizeof(float);
+    for (int k = 0; k < n && bytes > 0; k++) {
+        if (k == rank) continue;
+        loom__sim_account(r->dev[k], r->dev[rank], bytes); /* k's partial chunk in */
+        loom__sim_account(r->dev[rank], r->dev[k], bytes); /* the sum out to k */
+    }
+    loom__sim_rdv_arrive(r, 1);
+    loom__sim_rdv_unref(r);
+}
+
+void *loom__sim_comm_init(loom_backend_t *backends, size_t n) {
+    if (!backends || n < 2 || n > LOOM_SIM_MAX_DEVICES) return NULL;
+    loom__sim_comm *c = loom_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->n = (int)n;
+    for (size_t j = 0; j < n; j++) {
+        loom_backend_t b = backends[j];
+        bool ok = b && b->iface == &loom__sim_backend_i;
+        loom__sim_backend *sb = ok ? b->context : NULL;
+        const loom_sim_config *cfg = ok ? &sb->sd->sreg->cfg : NULL;
+        ok = ok && sb->sd->sreg == ((loom__sim_backend *)backends[0]->context)->sd->sreg &&
+             !cfg->no_comm && cfg->p2p && !cfg->host_memory && !cfg->virtual_memory &&
+             !sb->sd->sreg->profile;
+        for (size_t k = 0; ok && k < j; k++)
+            ok = c->sb[k]->sd != sb->sd; /* distinct devices */
+        if (!ok) {
+            loom_free(c);
+            return NULL;
+        }
+        c->sb[j] = sb;
+    }
+    return c;
+}
+
+/* Declines (false, nothing queued) tensors that are not contiguous F32 of one shape, each
+ * in its own rank's device memory, or when the host is out of memory. */
+bool loom__sim_comm_allreduce(void *comm, loom_tensor *const *t, size_t n) {
+    loom__sim_comm *c = comm;
+    if (!c || !t || (int)n != c->n) return false;
+    const int64_t n_elem = t[0] ? loom_nelements(t[0]) : 0;
+    for (int j = 0; j < c->n; j++) {
+        const loom_tensor *x = t[j];
+        if (!x || x->type != LOOM_TYPE_F32 || !loom_is_contiguous(x) || !x->buffer || !x->data ||
+            loom_nelements(x) != n_elem || loom__sim_buffer_dev(x->buffer) != c->sb[j]->sd)
+            return false;
+    }
+    if (n_elem == 0) return true;
+    loom__sim_rdv *r = loom_calloc(1, sizeof *r);
+    loom__sim_cmd *q[LOOM_SIM_MAX_DEVICES] = {0};
+    bool ok = r != NULL;
+    for (int j = 0; j < c->n && ok; j++)
+        ok = (q[j] = loom_calloc(1, sizeof *q[j])) != NULL;
+    if (ok && pthread_mutex_init(&r->mu, NULL) != 0) ok = false;
+    if (ok && pthread_cond_init(&r->cv, NULL) != 0) {
+        pthread_mutex_destroy(&r->mu);
+        ok = false;
+    }
+    if (!ok) {
+        for (int j = 0; j < c->n; j++)
+            loom_free(q[j]);
+        loom_free(r);
+        return false;
+    }
+    r->n = c->n;
+    r->n_elem = n_elem;
+    atomic_init(&r->refs, c->n);
+    atomic_init(&r->arrived[0], 0);
+    atomic_init(&r->arrived[1], 0);
+    for (int j = 0; j < c->n; j++) {
+        r->data[j] = t[j]->data;
+        r->dev[j] = c->sb[j]->sd;
+    }
+    /* every rank is queued before any may run alone: all or nothing */
+    for (int j = 0; j < c->n; j++) {
+        *q[j] = (loom__sim_cmd){.kind = LOOM__SIM_ALLREDUCE, .rdv = r, .n = (uint64_t)j};
+        loom__sim_enqueue(c->sb[j], q[j]);
+    }
+    return true;
+}
+
+void loom__sim_comm_free(void *comm) {
+    loom_free(comm);
 }
 
 /* ---------------------------------------------------------------- constructor */

@@ -336,6 +336,12 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
                 return loom__sim_fail(spec, "%s", msg);
             }
             snprintf(cfg.profile, sizeof cfg.profile, "%s", prof->name);
+        } else if (strcasecmp(key, "comm") == 0) {
+            bool on = true;
+            if (!loom__sim_parse_bool(val, &on)) {
+                return loom__sim_fail(spec, "comm: '%s' is not 0 or 1", val);
+            }
+            cfg.no_comm = !on;
         } else if (strcasecmp(key, "virtual") == 0) {
             if (!loom__sim_parse_bool(val, &cfg.virtual_memory)) {
                 return loom__sim_fail(spec, "virtual: '%s' is not 0 or 1", val);
@@ -343,7 +349,7 @@ loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out) {
         } else {
             return loom__sim_fail(spec,
                                   "unknown option '%s' (expected mem, link, bw, lat, refuse, "
-                                  "offload, threads, hostmem, p2p, profile or virtual)",
+                                  "offload, threads, hostmem, p2p, profile, virtual or comm)",
                                   key);
         }
     }

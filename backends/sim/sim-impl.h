@@ -72,5 +72,9 @@ loom_backend_t loom__sim_backend_new(loom__sim_dev *sd, const char *params);
 loom_event_t loom__sim_event_new(loom_dev_t dev);
 void loom__sim_event_free(loom_dev_t dev, loom_event_t ev);
 void loom__sim_event_synchronize(loom_dev_t dev, loom_event_t ev);
+/* The native communicator (LOOM_PROC_COMM_*, include/loom/reduce.h). */
+void *loom__sim_comm_init(loom_backend_t *backends, size_t n);
+bool loom__sim_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n);
+void loom__sim_comm_free(void *comm);
 
 #endif /* LOOM_SIM_IMPL_H */

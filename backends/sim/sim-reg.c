@@ -195,6 +195,9 @@ static const struct {
     {"loom_sim_dev_reset_stats", (loom__sim_any_fn)loom_sim_dev_reset_stats},
     {"loom_sim_backend_hold", (loom__sim_any_fn)loom_sim_backend_hold},
     {"loom_dev_is_sim", (loom__sim_any_fn)loom_dev_is_sim},
+    {LOOM_PROC_COMM_INIT, (loom__sim_any_fn)loom__sim_comm_init},
+    {LOOM_PROC_COMM_ALLREDUCE, (loom__sim_any_fn)loom__sim_comm_allreduce},
+    {LOOM_PROC_COMM_FREE, (loom__sim_any_fn)loom__sim_comm_free},
     /* this module's own core: callers with another copy import its errors */
     {"loom_last_error", (loom__sim_any_fn)loom_last_error},
     {"loom_last_status", (loom__sim_any_fn)loom_last_status},

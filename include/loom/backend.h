@@ -125,6 +125,11 @@ LOOM_API loom_status loom_backend_tensor_copy_async(loom_backend_t backend_src,
  * asynchronously (a graph that failed on the device), with its message, until the next
  * graph_compute: a failure is reported by the call that waits for the failed work. */
 LOOM_API loom_status loom_backend_synchronize(loom_backend_t backend);
+/* loom_backend_synchronize, keeping the first failure seen over several calls: when it
+ * fails and *first is LOOM_OK, *first and msg (msg_size bytes) take its status and
+ * message (a later failure leaves them). Returns this call's status. */
+LOOM_API loom_status loom_backend_synchronize_keep(loom_backend_t backend, loom_status *first,
+                                                   char *msg, size_t msg_size);
 /* Runs a graph whose tensors are all allocated in buffers this backend can use. May
  * return before completion on async backends (synchronize to wait, and to learn whether
  * the work succeeded); a failure of earlier asynchronous work that nobody waited for is

@@ -67,6 +67,11 @@ typedef struct loom_meta_stats {
     int last_reductions;
     uint64_t last_bytes_reduced;
     loom_allreduce_algo last_algo;
+    /* measured host time (wall clock) in graph_compute: issuing subgraphs (fingerprint,
+     * plan lookup, the members' graph_compute_async) and issuing reductions (the
+     * reducer's calls); with asynchronous members the devices' own time is theirs */
+    uint64_t issue_ns;
+    uint64_t reduce_ns;
 } loom_meta_stats;
 
 LOOM_API void loom_meta_backend_get_stats(loom_backend_t backend, loom_meta_stats *out);

@@ -145,6 +145,9 @@ LOOM_API loom_status loom_sched_graph_compute(loom_sched *sched, loom_graph *g);
 LOOM_API loom_status loom_sched_synchronize(loom_sched *sched);
 /* Forgets assignments and copies; the previous graph must be discarded. */
 LOOM_API void loom_sched_reset(loom_sched *sched);
+/* Whether g is the scheduler's allocated graph (the same object, not rebuilt, split or
+ * reset since): computing it again needs no split or allocation, only its inputs set. */
+LOOM_API bool loom_sched_is_allocated(const loom_sched *sched, const loom_graph *g);
 
 /* Pins t to backend (cause "usr"); survives all passes. Call after reset, before split. */
 LOOM_API loom_status loom_sched_set_tensor_backend(loom_sched *sched, loom_tensor *t,

@@ -77,6 +77,11 @@ typedef struct loom_session_params {
     bool no_mmap;               /* read the weights instead of using CPU ones in place from a
                                  * mapping of the file (loom_model_params.no_mmap) */
     size_t load_chunk;          /* bytes per device-weight copy (loom_model_params.load_chunk) */
+    /* Graph reuse (default on): a batch of the same shape class as the previous one (same
+     * n_tokens, same KV bucket n_kv, same logits, same attention kind) computes the graph
+     * and schedule it already has, with only its inputs (tokens, positions, masks) set
+     * again. true: build and schedule every batch afresh. */
+    bool no_graph_reuse;
 } loom_session_params;
 
 LOOM_API loom_session_params loom_session_params_default(void);
@@ -142,6 +147,12 @@ typedef struct loom_session_stats {
     /* scheduler copies the last eval's graphs used (bit c: copy c): with pipeline
      * parallelism a prompt of several batches rotates through them */
     unsigned last_copy_mask;
+    /* batches whose graph was built and scheduled, and batches that reused the previous
+     * graph and schedule (loom_session_params.no_graph_reuse) */
+    uint64_t graphs_built, graphs_reused;
+    /* meta device, the last eval: host time issuing subgraphs and reductions
+     * (loom_meta_stats.issue_ns, reduce_ns) */
+    uint64_t last_issue_ns, last_reduce_ns;
 } loom_session_stats;
 
 LOOM_API void loom_session_get_stats(const loom_session *s, loom_session_stats *out);

@@ -30,6 +30,9 @@
  *   virtual=1       memory is reserved address space only and nothing is copied or
  *                   computed: transfers and ops only account bytes and virtual time (for
  *                   planning a model from its header alone; results are meaningless)
+ *   comm=0          no native communicator: the reducer's ring/butterfly steps instead of
+ *                   the reg's one-command AllReduce (which is only offered with p2p, private
+ *                   memory, no profile and not virtual; see backends/sim/README.md)
  * Bad specs get LOOM_ERR_FORMAT naming the offending part.
  */
 #ifndef LOOM_SIM_H
@@ -58,6 +61,7 @@ typedef struct loom_sim_config {
     bool p2p;
     char profile[24];    /* "" or a profile name (loom_sim_profile_find) */
     bool virtual_memory; /* virtual=1 */
+    bool no_comm;        /* comm=0: no native communicator (the reducer's own steps) */
 } loom_sim_config;
 
 /* A GPU's figures for the timing model (one table in backends/sim/sim-profiles.c). */
@@ -134,6 +138,11 @@ typedef struct loom_sim_stats {
     double link_wait_us;    /* link time this device waits for with full-duplex links: its
                              * host transfers, and device-to-device copies into it (a
                              * sender's DMA runs while it works) */
+    /* measured host time (wall clock) of the device's worker thread, not the link model:
+     * in graph computes, and in synchronisation with other devices (event waits, device
+     * copies, the native AllReduce: waiting for the peers and summing) */
+    uint64_t host_compute_ns;
+    uint64_t host_sync_ns;
 } loom_sim_stats;
 
 LOOM_API void loom_sim_dev_stats(loom_dev_t dev, loom_sim_stats *out);

@@ -178,6 +178,15 @@ LOOM_API loom_status loom_split_rule_apply(const loom_tensor *t, const loom_spli
  * leaf) PARTIAL tensor is reduced before use, so it reads as MIRRORED; otherwise s. */
 LOOM_API void loom_split_state_assume_sync(const loom_tensor *t, loom_split_state *s);
 
+/* Whether t adds a PARTIAL bias to a partial sum: an ADD or ADD_ID of a computed tensor
+ * src[0] whose true state a_true is PARTIAL and a leaf (or a view of one) src[1], another
+ * tensor, whose state b_state is PARTIAL (b/N per device, or b on one device). The sum is
+ * then read unreduced, the result is PARTIAL and the bias counts once when it is reduced:
+ * the rule the split-state cache applies, and the one the meta device delays the sum's
+ * reduction past the add for (refusing the graph when it cannot). */
+LOOM_API bool loom_split_partial_bias_add(const loom_tensor *t, const loom_split_state *a_true,
+                                          const loom_split_state *b_state);
+
 /* ---------------------------------------------------------------- context and cache */
 
 /* The state of a leaf (op NONE: a weight, a KV cache, a graph input). `out` arrives set

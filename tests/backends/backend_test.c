@@ -611,3 +611,32 @@ LOOM_TEST(backend, op_batch_size) {
     LOOM_CHECK_EQ_INT(loom_op_batch_size(add), 15);
     loom_ctx_free(ctx);
 }
+
+/* loom_backend_synchronize_keep: the first failure over several synchronizes is kept with
+ * its message; later failures and successes leave it. */
+static int g_sync_calls;
+static loom_status failing_status(loom_backend_t b) {
+    (void)b;
+    g_sync_calls++;
+    return g_sync_calls == 1   ? LOOM_OK
+           : g_sync_calls == 2 ? loom_error(LOOM_ERR_DEVICE, "first failure")
+                               : loom_error(LOOM_ERR_NOMEM, "second failure");
+}
+static const struct loom_backend_i failing_backend_i = {
+    .free = fake_backend_free, .graph_compute = fake_compute, .get_status = failing_status};
+
+LOOM_TEST(backend, synchronize_keep_keeps_the_first_failure) {
+    loom_backend_t b = loom_malloc(sizeof *b);
+    LOOM_REQUIRE(b != NULL);
+    *b = (struct loom_backend){.iface = &failing_backend_i, .device = &fake_dev};
+    loom_status first = LOOM_OK;
+    char msg[64] = "";
+    g_sync_calls = 0;
+    LOOM_CHECK_EQ_INT(loom_backend_synchronize_keep(b, &first, msg, sizeof msg), LOOM_OK);
+    LOOM_CHECK_EQ_INT(first, LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_backend_synchronize_keep(b, &first, msg, sizeof msg), LOOM_ERR_DEVICE);
+    LOOM_CHECK_EQ_INT(loom_backend_synchronize_keep(b, &first, msg, sizeof msg), LOOM_ERR_NOMEM);
+    LOOM_CHECK_EQ_INT(first, LOOM_ERR_DEVICE);
+    LOOM_CHECK_STR_CONTAINS(msg, "first failure");
+    loom_backend_free(b);
+}

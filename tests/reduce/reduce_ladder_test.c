@@ -625,3 +625,88 @@ LOOM_TEST(reduce_ladder, host_out_of_memory_everywhere) {
     rt_set_free(&s);
     rt_devs_close(&d);
 }
+
+/* The sim reg's native communicator (backends/sim/sim-backend.c): one command per stream.
+ * AUTO picks it on default sim devices; sums are exact (rt_check: bit for bit against the
+ * double reference) and bit-identical on every device, with guards intact, for sizes
+ * from 1 element to more than a block per rank, with empty devices counting as zeros;
+ * the link model is charged what a ring moves. */
+LOOM_TEST(reduce_ladder, sim_native_communicator_sums_in_one_command_per_device) {
+    static const int64_t shapes[][2] = {{1, 1}, {3, 1}, {1000, 1}, {257, 255}};
+    for (int n = 2; n <= 5; n++) {
+        char spec[32];
+        snprintf(spec, sizeof spec, "sim:%d,comm=1", n);
+        rt_devs d;
+        if (!rt_devs_open(&d, spec)) return;
+        loom_reducer *r = rt_reducer(&d, LOOM_ALLREDUCE_AUTO);
+        LOOM_REQUIRE(r != NULL);
+        LOOM_CHECK_MSG(loom_reducer_has_comm(r), "%s: no communicator", spec);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            rt_set s;
+            LOOM_REQUIRE(rt_set_alloc(&s, &d, shapes[si][0], shapes[si][1]));
+            bool empty[RT_MAX] = {false};
+            empty[n - 1] = si % 2 == 1; /* a device with nothing to add, every other shape */
+            loom_sim_stats before[RT_MAX], after[RT_MAX];
+            char tag[64];
+            snprintf(tag, sizeof tag, "sim comm, %d devices, %lld elements", n, (long long)s.ne);
+            rt_fill(&s, 77 + si, empty);
+            float *expected = rt_expected(&s, 77 + si, empty);
+            for (int j = 0; j < n; j++)
+                loom_sim_dev_stats(loom_reg_dev_get(d.reg, (size_t)j), &before[j]);
+            LOOM_CHECK(loom_reducer_allreduce(r, s.t, empty) == LOOM_OK);
+            loom_reducer_synchronize(r);
+            loom_reducer_stats rs;
+            loom_reducer_get_stats(r, &rs);
+            LOOM_CHECK_EQ_INT(rs.last_algo, LOOM_ALLREDUCE_NATIVE);
+            /* a ring's volume: device j takes in the N-1 partials of its chunk and the N-1
+             * other chunks' sums, and sends as much (its partials, its sum) */
+            for (int j = 0; j < n; j++) {
+                loom_sim_dev_stats(loom_reg_dev_get(d.reg, (size_t)j), &after[j]);
+                uint64_t want = 0;
+                for (int k = 0; k < n; k++) {
+                    uint64_t chunk = (uint64_t)(s.ne * (k + 1) / n - s.ne * k / n) * 4;
+                    want += k == j ? (uint64_t)(n - 1) * chunk : chunk;
+                }
+                LOOM_CHECK_EQ_INT(after[j].bytes_in - before[j].bytes_in, want);
+                LOOM_CHECK_EQ_INT(after[j].bytes_out - before[j].bytes_out, want);
+                /* the device thread's time in it is measured (host_sync_ns) */
+                LOOM_CHECK(after[j].host_sync_ns > before[j].host_sync_ns);
+            }
+            LOOM_CHECK_EQ_INT(rt_check(&s, expected, tag), 0);
+            free(expected);
+            float *first = malloc((size_t)s.ne * sizeof(float));
+            float *other = malloc((size_t)s.ne * sizeof(float));
+            rt_read(&s, 0, first);
+            for (int j = 1; j < n; j++) {
+                rt_read(&s, j, other);
+                LOOM_CHECK_MSG(memcmp(first, other, (size_t)s.ne * sizeof(float)) == 0,
+                               "%s: device %d differs from device 0", tag, j);
+            }
+            free(first);
+            free(other);
+            rt_set_free(&s);
+        }
+        loom_reducer_free(r);
+        rt_devs_close(&d);
+    }
+}
+
+/* Offered only where it changes nothing but host time: comm=0, no p2p, host memory, a
+ * timing profile and virtual devices keep the reducer's own (calibrated) steps. */
+LOOM_TEST(reduce_ladder, sim_native_communicator_only_where_it_changes_nothing_else) {
+    static const char *const specs[] = {"sim:2,comm=0", "sim:2,comm=1,p2p=0",
+                                        "sim:2,comm=1,hostmem=1", "sim:2,comm=1,profile=h200",
+                                        "sim:2,comm=1,virtual=1"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        rt_devs d;
+        if (!rt_devs_open(&d, specs[i])) return;
+        loom_reducer *r = rt_reducer(&d, LOOM_ALLREDUCE_AUTO);
+        LOOM_REQUIRE(r != NULL);
+        LOOM_CHECK_MSG(!loom_reducer_has_comm(r), "%s: a communicator", specs[i]);
+        loom_reducer_free(r);
+        rt_devs_close(&d);
+    }
+    loom_sim_config cfg;
+    LOOM_CHECK(loom_sim_config_parse("sim:2,comm=2", &cfg) == LOOM_ERR_FORMAT);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "comm");
+}

@@ -27,7 +27,8 @@ typedef struct rt_devs {
     loom_backend_t be[RT_MAX];
 } rt_devs;
 
-/* Opens "sim:N,..." and a backend per device. false (with a test failure) on error. */
+/* Opens "sim:N,..." and a backend per device. false (with a test failure) on error.
+ * comm=0 is added unless the spec says comm= itself (the reducer's own algorithms). */
 bool rt_devs_open(rt_devs *d, const char *spec);
 void rt_devs_close(rt_devs *d);
 

@@ -696,9 +696,10 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
         "n_gpu_layers",   "split_mode", "main_gpu",   "no_kv_offload",  "flash_attn",
         "tensor_split",   "n_prompt",   "n_gen",      "n_depth",        "test_time",
         "avg_ns",         "stddev_ns",  "avg_ts",     "stddev_ts",      NULL};
-    static const char *const loom_fields[] = {"allreduces_per_token", "bytes_reduced_per_token",
-                                              "proj_nvlink_us_per_token", "proj_pcie4_us_per_token",
-                                              NULL};
+    static const char *const loom_fields[] = {
+        "allreduces_per_token",    "bytes_reduced_per_token", "proj_nvlink_us_per_token",
+        "proj_pcie4_us_per_token", "subgraphs_per_token",     "host_us_per_subgraph",
+        "host_us_per_reduction",   "host_us_per_token",       NULL};
     char *out, *err;
     char *j[] = {"bench", "--devices", "sim:2", "-p", "4",    "-n",
                  "2",     "-r",        "2",     "-o", "json", NULL};
@@ -715,6 +716,15 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
         LOOM_CHECK_MSG(count(out, key) == 2, "json: %s", *f);
     }
     LOOM_CHECK_EQ_INT(count(out, "\"samples_ts\": ["), 2);
+    /* the tg row of the tensor split measures its host cost; the pp row has none */
+    const char *tg = strstr(out, "\"n_gen\": 2");
+    LOOM_REQUIRE(tg != NULL);
+    const char *sub = strstr(tg, "\"subgraphs_per_token\": "),
+               *hu = strstr(tg, "\"host_us_per_token\": ");
+    LOOM_REQUIRE(sub && hu);
+    LOOM_CHECK(atof(sub + strlen("\"subgraphs_per_token\": ")) >= 2);
+    LOOM_CHECK(atof(hu + strlen("\"host_us_per_token\": ")) > 0);
+    LOOM_CHECK_STR_CONTAINS(out, "\"subgraphs_per_token\": 0.000");
     LOOM_CHECK_STR_CONTAINS(out, "\"n_prompt\": 0, \"n_gen\": 2, \"n_depth\": 0");
     free(out);
     free(err);
