@@ -14,6 +14,7 @@ static void qdot_init(void) {
         loom__cpu_qdot_legacy(&qdot_sets[isa], isa);
         loom__cpu_qdot_k(&qdot_sets[isa], isa);
         if (isa > 0) loom__cpu_qdot_avx2(&qdot_sets[isa]);
+        if (isa == 2) loom__cpu_qdot_avx512(&qdot_sets[isa]);
     }
 }
 

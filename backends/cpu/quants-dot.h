@@ -29,6 +29,8 @@ void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa); /* isa: 0 portable, 
 void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa);
 /* Overrides with the hand-written AVX2 kernels (quants-avx2.c) where there are some. */
 void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s);
+/* Then, in the AVX-512 table, with the AVX-512 (VNNI) kernels (quants-avx512.c). */
+void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s);
 
 /* The dot of weight type t for the given SIMD table; NULL for types without one (float types,
  * Q8_0/Q4_0, which have their own paths, and the activation types). */

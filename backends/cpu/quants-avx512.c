@@ -1,0 +1,200 @@
+/*
+ * AVX-512 (F, BW, VL, VNNI) dot products of the block types whose AVX2 kernels are furthest from
+ * the memory bandwidth at N = 1: Q2_K, Q3_K and IQ4_XS against Q8_K activations. They replace the
+ * AVX2 ones in the AVX-512 table (quants-dot.c). A zmm holds 64 weights: the 2-bit fields of a
+ * 32-byte group are broadcast to both halves and shifted per 64-bit lane, the Q3_K high bits are
+ * rotated into place the same way, the IQ4_XS grid is looked up with pshufb. Products:
+ *   - Q2_K/Q3_K: unsigned fields (Q3_K as q2 | hbit << 2, 0..7; its -4 goes through the
+ *     activations' bsums) times the activations with maddubs (no saturation: 7 * 128 * 2 < 2^15),
+ *     times the 16-bit sub-block scales (spread with vpermw) summed into int32 with vpdpwssd;
+ *   - IQ4_XS: the grid plus 128 (unsigned) times the activations with vpdpbusd, the 128 * sum of
+ *     the activations taken back through bsums, times the scale per sub-block of 32 in int32.
+ * Every sum is exactly the integer the portable body (quants-k.c) computes; the float scaling per
+ * super-block is the same, summed in another order.
+ */
+#include "backends/cpu/quants-dot.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define I512 static inline __attribute__((always_inline)) T512
+
+#define H(h) _cvtsh_ss(h)
+
+/* the 32 bytes at p in both 256-bit halves */
+I512 __m512i bcast256(const void *p) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+I512 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* int16 lane i -> i / 8: with + 4 j, the sub-block of 16 (of four in a zmm) each maddubs
+ * pair of zmm j of a super-block belongs to */
+static const uint16_t k_sub16[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+
+/* Q2_K/Q3_K: zmm j (0..3) of a super-block holds elements 64 j .. 64 j + 63, i.e. half
+ * h = j / 2, 2-bit groups g = 2 (j % 2) and + 1 of the 32 bytes qs[32 h ..]: lanes 0-3 shifted by
+ * 2 g, lanes 4-7 by 2 g + 2. */
+I512 __m512i k2_shift(int j) {
+    const long long s = 4 * (j % 2);
+    return _mm512_set_epi64(s + 2, s + 2, s + 2, s + 2, s, s, s, s);
+}
+
+/* sum over the 16 sub-blocks of 16 of sc[s] * field . y, fields from get(j) for zmm j */
+#define K2_SUMI(sumi, scz, idx, y, get)                                                            \
+    do {                                                                                           \
+        for (int j = 0; j < 4; j++) {                                                              \
+            const __m512i p_ = _mm512_maddubs_epi16(get(j), _mm512_loadu_si512((y)->qs + 64 * j)); \
+            (sumi) = _mm512_dpwssd_epi32((sumi), p_, _mm512_permutexvar_epi16((idx)[j], (scz)));   \
+        }                                                                                          \
+    } while (0)
+
+T512 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q2_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    const __m512i base = _mm512_loadu_si512(k_sub16);
+    __m512i idx[4], sh[4];
+    for (int j = 0; j < 4; j++) {
+        idx[j] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j)));
+        sh[j] = k2_shift(j);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
+        const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s8, _mm_set1_epi8(0x0f)));
+        const __m256i mn16 =
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0x0f)));
+        const __m512i scz = _mm512_castsi256_si512(sc16);
+        const __m512i q0 = bcast256(x[b].qs), q1 = bcast256(x[b].qs + 32);
+        __m512i sumi = _mm512_setzero_si512();
+#define Q2_FIELD(j) _mm512_and_si512(_mm512_srlv_epi64((j) < 2 ? q0 : q1, sh[j]), m3)
+        K2_SUMI(sumi, scz, idx, &y[b], Q2_FIELD);
+#undef Q2_FIELD
+        const __m256i mins =
+            _mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)y[b].bsums));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(x[b].d)), _mm512_cvtepi32_ps(sumi), acc);
+        accm =
+            _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * H(x[b].dmin)), _mm256_cvtepi32_ps(mins), accm);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum8(accm);
+}
+
+/* the 16 six-bit scales of a Q3_K block, minus 32, as int8: low 4 bits of scale j in byte j
+ * (j < 8, low nibble) or j - 8 (high nibble), high 2 bits in byte 8 + j % 4 at bit 2 (j / 4) */
+I512 __m128i q3_scales(const uint8_t *in) {
+    uint32_t w[3];
+    memcpy(w, in, sizeof w);
+    const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
+    const __m128i u = _mm_set_epi32((int)(((w[1] >> 4) & lo4) | (((w[2] >> 6) & lo2) << 4)),
+                                    (int)(((w[0] >> 4) & lo4) | (((w[2] >> 4) & lo2) << 4)),
+                                    (int)((w[1] & lo4) | (((w[2] >> 2) & lo2) << 4)),
+                                    (int)((w[0] & lo4) | ((w[2] & lo2) << 4)));
+    return _mm_sub_epi8(u, _mm_set1_epi8(32));
+}
+
+T512 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q3_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi8(4);
+    const __m512i base = _mm512_loadu_si512(k_sub16);
+    __m512i idx[4], sh[4], rot[4];
+    for (int j = 0; j < 4; j++) {
+        idx[j] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j)));
+        sh[j] = k2_shift(j);
+        /* hmask bit 4 h + g of each byte to bit 2: rotate right by (4 h + g - 2) mod 64 */
+        const long long bit = 4 * (j / 2) + 2 * (j % 2);
+        rot[j] =
+            _mm512_set_epi64((bit + 63) % 64, (bit + 63) % 64, (bit + 63) % 64, (bit + 63) % 64,
+                             (bit + 62) % 64, (bit + 62) % 64, (bit + 62) % 64, (bit + 62) % 64);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(x[b].scales));
+        const __m512i scz = _mm512_castsi256_si512(sc16);
+        const __m512i hm = bcast256(x[b].hmask);
+        const __m512i q0 = bcast256(x[b].qs), q1 = bcast256(x[b].qs + 32);
+        __m512i sumi = _mm512_setzero_si512();
+#define Q3_FIELD(j)                                                                                \
+    _mm512_ternarylogic_epi64(_mm512_srlv_epi64((j) < 2 ? q0 : q1, sh[j]), m3,                     \
+                              _mm512_and_si512(_mm512_rorv_epi64(hm, rot[j]), m4), 0xea)
+        K2_SUMI(sumi, scz, idx, &y[b], Q3_FIELD);
+#undef Q3_FIELD
+        /* the -4 of every element with its high bit clear: 4 * sum sc[s] * bsums[s] */
+        const __m256i off =
+            _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[b].bsums));
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 2)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(x[b].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+T512 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
+    const loom_block_iq4_xs *x = vx;
+    const loom_block_q8_K *y = vy;
+    /* the grid plus 128, unsigned (1..241), in every 128-bit lane */
+    const __m512i tab =
+        _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)loom_iq4nl_values)),
+                        _mm512_set1_epi8((char)0x80));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* 32 bytes of nibbles (two sub-blocks of 32) -> 64-bit lanes [0, 1, 0, 1, 2, 3, 2, 3], the
+     * second copy of each 16 bytes shifted by 4: elements in order */
+    const __m512i spread = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+    const __m512i nsh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    const __m256i lsh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i lsh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    __m512i sidx[4];
+    for (int t = 0; t < 4; t++)
+        sidx[t] = _mm512_set_epi32(2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1,
+                                   2 * t + 1, 2 * t + 1, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t,
+                                   2 * t, 2 * t);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        uint32_t sl;
+        memcpy(&sl, x[b].scales_l, 4);
+        const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), lsh_lo),
+                                            _mm256_set1_epi32(0x0f));
+        const __m256i hi = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_set1_epi32((int)x[b].scales_h), lsh_hi), _mm256_set1_epi32(3));
+        const __m256i ls =
+            _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+        const __m512i lsz = _mm512_castsi256_si512(ls);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int t = 0; t < 4; t++) {
+            const __m512i v = _mm512_permutexvar_epi64(
+                spread,
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * t))));
+            const __m512i w =
+                _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srlv_epi64(v, nsh), m4));
+            const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w,
+                                                   _mm512_loadu_si512(y[b].qs + 64 * t));
+            sumi = _mm512_add_epi32(sumi,
+                                    _mm512_mullo_epi32(dp, _mm512_permutexvar_epi32(sidx[t], lsz)));
+        }
+        /* 128 * sum ls[s] * (sum of the activations of sub-block s) */
+        const __m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums),
+                                             _mm256_set1_epi16(1));
+        sumi = _mm512_sub_epi32(
+            sumi, _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_mullo_epi32(bs, ls), 7)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(x[b].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
+    s->q2_K = dot_q2_K;
+    s->q3_K = dot_q3_K;
+    s->iq4_xs = dot_iq4_xs;
+}
+#else
+void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
+    (void)s;
+}
+#endif
