@@ -188,6 +188,120 @@ T512 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
     return _mm512_reduce_add_ps(acc);
 }
 
+/* Q4_K/Q5_K scales and mins (as k4_scales_bytes in quants-avx2.c): word operations on the 12
+ * packed bytes, scales to sc[0..7], mins to m[0..7] */
+static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w[3], u[4];
+    memcpy(w, q, sizeof w);
+    u[0] = w[0] & 0x3f3f3f3fu;
+    u[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+    u[2] = w[1] & 0x3f3f3f3fu;
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    memcpy(sc, u, 8);
+    memcpy(m, u + 2, 8);
+}
+
+/* int16 lane i -> i / 16: with + 2 c, the sub-block of 32 of each maddubs pair of chunk c */
+static const uint16_t k_sub32[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* Q4_K/Q5_K: chunk c (64 elements) is qs[32 c .. 32 c + 31] broadcast to both halves, lanes 4-7
+ * shifted by 4 (low nibbles, then high: elements in order); Q5_K's fifth bit of element
+ * 64 c + 32 half + l is qh[l] bit 2 c + half, rotated to bit 4 */
+I512 float k45_dot(const bool five, int64_t n, const void *vx, const void *vy) {
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
+    const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i base = _mm512_loadu_si512(k_sub32);
+    __m512i idx[4], rot[4];
+    for (int c = 0; c < 4; c++) {
+        idx[c] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
+        const long long lo = (2 * c + 60) % 64, hi = (2 * c + 61) % 64; /* (bit - 4) mod 64 */
+        rot[c] = _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
+        const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
+        const uint8_t *scales = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
+        const uint16_t d = five ? x5->d : x4->d, dmin = five ? x5->dmin : x4->dmin;
+        uint8_t sc[8], m[8];
+        k4_scales(scales, sc, m);
+        const __m512i scz =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m512i qh = five ? bcast256(x5->qh) : _mm512_setzero_si512();
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i u = _mm512_srlv_epi64(bcast256(qs + 32 * c), nsh);
+            if (five)
+                u = _mm512_ternarylogic_epi64(
+                    u, m4, _mm512_and_si512(_mm512_rorv_epi64(qh, rot[c]), m16), 0xea);
+            else
+                u = _mm512_and_si512(u, m4);
+            const __m512i p = _mm512_maddubs_epi16(u, _mm512_loadu_si512(y[b].qs + 64 * c));
+            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[c], scz));
+        }
+        /* sum of m[s] * (bsums[2 s] + bsums[2 s + 1]), four int32 lanes */
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[b].bsums),
+                                          _mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
+        const __m128i mins =
+            _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(d)), _mm512_cvtepi32_ps(sumi), acc);
+        accm = _mm_fmadd_ps(_mm_set1_ps(y[b].d * H(dmin)), _mm_cvtepi32_ps(mins), accm);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+T512 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(false, n, vx, vy);
+}
+
+T512 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(true, n, vx, vy);
+}
+
+/* Q6_K: zmm j = 2 h + k holds elements 128 h + 64 k .. + 63: the 64 bytes ql[64 h ..] (low
+ * nibbles for k = 0, high for k = 1), or-ed with bits 4 k + 2 half .. + 1 of qh[32 h + l] moved to
+ * bits 4-5 (half: which 32 of the 64); q - 32 through bsums */
+T512 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q6_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m48 = _mm512_set1_epi8(0x30);
+    const __m512i base = _mm512_loadu_si512(k_sub16);
+    const __m512i shl0 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+    const __m512i shr1 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++)
+        idx[j] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j)));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
+        const __m512i scz = _mm512_castsi256_si512(sc16);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * h);
+            const __m512i qh = bcast256(x[b].qh + 32 * h);
+            const __m512i u0 = _mm512_ternarylogic_epi64(
+                ql, m4, _mm512_and_si512(_mm512_sllv_epi64(qh, shl0), m48), 0xea);
+            const __m512i u1 =
+                _mm512_ternarylogic_epi64(_mm512_srli_epi16(ql, 4), m4,
+                                          _mm512_and_si512(_mm512_srlv_epi64(qh, shr1), m48), 0xea);
+            const __m512i p0 = _mm512_maddubs_epi16(u0, _mm512_loadu_si512(y[b].qs + 128 * h));
+            const __m512i p1 = _mm512_maddubs_epi16(u1, _mm512_loadu_si512(y[b].qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, p0, _mm512_permutexvar_epi16(idx[2 * h], scz));
+            sumi = _mm512_dpwssd_epi32(sumi, p1, _mm512_permutexvar_epi16(idx[2 * h + 1], scz));
+        }
+        const __m256i off =
+            _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[b].bsums));
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(x[b].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 /* ---------------------------------------------------------------- 32-element blocks */
 
 /* Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, four blocks per step, two per zmm: the nibbles of each block
@@ -332,10 +446,127 @@ void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     s->iq4_nl = dot_iq4_nl;
     s->mxfp4 = dot_mxfp4;
     s->q2_K = dot_q2_K;
+    s->q4_K = dot_q4_K;
+    s->q5_K = dot_q5_K;
+    s->q6_K = dot_q6_K;
     s->q3_K = dot_q3_K;
     s->iq4_xs = dot_iq4_xs;
 }
 #else
+/* Q4_K/Q5_K scales and mins (as k4_scales_bytes in quants-avx2.c): word operations on the 12
+ * packed bytes, scales to sc[0..7], mins to m[0..7] */
+static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w[3], u[4];
+    memcpy(w, q, sizeof w);
+    u[0] = w[0] & 0x3f3f3f3fu;
+    u[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+    u[2] = w[1] & 0x3f3f3f3fu;
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    memcpy(sc, u, 8);
+    memcpy(m, u + 2, 8);
+}
+
+/* int16 lane i -> i / 16: with + 2 c, the sub-block of 32 of each maddubs pair of chunk c */
+static const uint16_t k_sub32[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                     1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+/* Q4_K/Q5_K: chunk c (64 elements) is qs[32 c .. 32 c + 31] broadcast to both halves, lanes 4-7
+ * shifted by 4 (low nibbles, then high: elements in order); Q5_K's fifth bit of element
+ * 64 c + 32 half + l is qh[l] bit 2 c + half, rotated to bit 4 */
+I512 float k45_dot(const bool five, int64_t n, const void *vx, const void *vy) {
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m16 = _mm512_set1_epi8(0x10);
+    const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i base = _mm512_loadu_si512(k_sub32);
+    __m512i idx[4], rot[4];
+    for (int c = 0; c < 4; c++) {
+        idx[c] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
+        const long long lo = (2 * c + 60) % 64, hi = (2 * c + 61) % 64; /* (bit - 4) mod 64 */
+        rot[c] = _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
+        const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
+        const uint8_t *scales = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
+        const uint16_t d = five ? x5->d : x4->d, dmin = five ? x5->dmin : x4->dmin;
+        uint8_t sc[8], m[8];
+        k4_scales(scales, sc, m);
+        const __m512i scz =
+            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m512i qh = five ? bcast256(x5->qh) : _mm512_setzero_si512();
+        __m512i sumi = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i u = _mm512_srlv_epi64(bcast256(qs + 32 * c), nsh);
+            if (five)
+                u = _mm512_ternarylogic_epi64(
+                    u, m4, _mm512_and_si512(_mm512_rorv_epi64(qh, rot[c]), m16), 0xea);
+            else
+                u = _mm512_and_si512(u, m4);
+            const __m512i p = _mm512_maddubs_epi16(u, _mm512_loadu_si512(y[b].qs + 64 * c));
+            sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[c], scz));
+        }
+        /* sum of m[s] * (bsums[2 s] + bsums[2 s + 1]), four int32 lanes */
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[b].bsums),
+                                          _mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
+        const __m128i mins =
+            _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(d)), _mm512_cvtepi32_ps(sumi), acc);
+        accm = _mm_fmadd_ps(_mm_set1_ps(y[b].d * H(dmin)), _mm_cvtepi32_ps(mins), accm);
+    }
+    accm = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    accm = _mm_add_ss(accm, _mm_movehdup_ps(accm));
+    return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(accm);
+}
+
+T512 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(false, n, vx, vy);
+}
+
+T512 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(true, n, vx, vy);
+}
+
+/* Q6_K: zmm j = 2 h + k holds elements 128 h + 64 k .. + 63: the 64 bytes ql[64 h ..] (low
+ * nibbles for k = 0, high for k = 1), or-ed with bits 4 k + 2 half .. + 1 of qh[32 h + l] moved to
+ * bits 4-5 (half: which 32 of the 64); q - 32 through bsums */
+T512 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
+    const loom_block_q6_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m48 = _mm512_set1_epi8(0x30);
+    const __m512i base = _mm512_loadu_si512(k_sub16);
+    const __m512i shl0 = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
+    const __m512i shr1 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++)
+        idx[j] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j)));
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
+        const __m512i scz = _mm512_castsi256_si512(sc16);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const __m512i ql = _mm512_loadu_si512(x[b].ql + 64 * h);
+            const __m512i qh = bcast256(x[b].qh + 32 * h);
+            const __m512i u0 = _mm512_ternarylogic_epi64(
+                ql, m4, _mm512_and_si512(_mm512_sllv_epi64(qh, shl0), m48), 0xea);
+            const __m512i u1 =
+                _mm512_ternarylogic_epi64(_mm512_srli_epi16(ql, 4), m4,
+                                          _mm512_and_si512(_mm512_srlv_epi64(qh, shr1), m48), 0xea);
+            const __m512i p0 = _mm512_maddubs_epi16(u0, _mm512_loadu_si512(y[b].qs + 128 * h));
+            const __m512i p1 = _mm512_maddubs_epi16(u1, _mm512_loadu_si512(y[b].qs + 128 * h + 64));
+            sumi = _mm512_dpwssd_epi32(sumi, p0, _mm512_permutexvar_epi16(idx[2 * h], scz));
+            sumi = _mm512_dpwssd_epi32(sumi, p1, _mm512_permutexvar_epi16(idx[2 * h + 1], scz));
+        }
+        const __m256i off =
+            _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[b].bsums));
+        sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(_mm256_slli_epi32(off, 5)));
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(x[b].d)), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 /* ---------------------------------------------------------------- 32-element blocks */
 
 /* Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, four blocks per step, two per zmm: the nibbles of each block
