@@ -103,6 +103,31 @@ int main(int argc, char **argv) {
         free(w);
         free(y);
     }
+    /* the activations are quantised once per matmul, by one thread when N = 1 */
+    const loom__cpu_simd *best = loom__cpu_simd_get();
+    printf("\nactivation quantisation, one row of K floats, one core (us/row):\n");
+    printf("%-7s %12s %12s\n", "type", "from_float", best->name);
+    static const loom_type acts[] = {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_1, LOOM_TYPE_Q8_K};
+    for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++) {
+        const loom__cpu_qact_fn fns[2] = {loom_type_traits_get(acts[a])->from_float,
+                                          loom__cpu_qact_get(acts[a], best)};
+        char *y = malloc(loom_row_size(acts[a], K));
+        double us[2];
+        for (int v = 0; v < 2; v++) {
+            double bt = INFINITY, spent = 0;
+            for (int reps = 0; spent < min_s || reps < 3; reps++) {
+                int64_t t0 = loom_time_ns();
+                for (int it = 0; it < 16; it++)
+                    fns[v](f + (it % rows) * K, y, K);
+                double dt = (double)(loom_time_ns() - t0) * 1e-9 / 16.0;
+                spent += dt * 16;
+                if (dt < bt) bt = dt;
+            }
+            us[v] = bt * 1e6;
+        }
+        printf("%-7s %12.2f %12.2f\n", loom_type_name(acts[a]), us[0], us[1]);
+        free(y);
+    }
     free(f);
     if (failed) {
         fprintf(stderr, "qdot_bench: %d kernel(s) differ from the portable one\n", failed);

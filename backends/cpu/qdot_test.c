@@ -216,3 +216,59 @@ LOOM_TEST(cpu_qdot, avx512_matches_portable_and_double) {
     if (!loom__cpu_has_avx512()) LOOM_SKIP("no AVX-512 (F/BW/VL/VNNI) on this CPU");
     check_table(&loom__cpu_simd_avx512, "avx512");
 }
+
+/* A row of n floats for the activation quantisers: random magnitudes, plus blocks whose
+ * extremes tie (+a and -a, first one wins the sign in Q8_K) and blocks of exact halves
+ * (amax 127: d = 1, so x / d and x * id land on k + 0.5 where roundf and lrintf differ). */
+static void act_row(uint64_t *s, float *x, int64_t n) {
+    rng_floats(s, x, n);
+    for (int64_t b = 0; b < n; b += 32) {
+        const uint64_t kind = rng_next(s) % 4;
+        if (kind == 0) { /* tie of the extremes, either order */
+            const float a = x[b] == 0.0f ? 1.0f : fabsf(x[b]) * 3.0f;
+            const bool neg_first = rng_next(s) & 1;
+            x[b + 3] = neg_first ? -a : a;
+            x[b + 17] = neg_first ? a : -a;
+        } else if (kind == 1) { /* halves */
+            for (int j = 0; j < 32; j++)
+                x[b + j] = (float)((int)(rng_next(s) % 253) - 126) + 0.5f;
+            x[b + (int64_t)(rng_next(s) % 32)] = (rng_next(s) & 1) ? 127.0f : -127.0f;
+        }
+    }
+}
+
+static void check_quantisers(const loom__cpu_simd *simd, const char *name) {
+    static const loom_type acts[] = {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_1, LOOM_TYPE_Q8_K};
+    uint64_t rng = 0xac7;
+    for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++) {
+        const loom__cpu_qact_fn q = loom__cpu_qact_get(acts[a], simd);
+        const loom_from_float_fn ref = loom_type_traits_get(acts[a])->from_float;
+        LOOM_REQUIRE(q != NULL && ref != NULL);
+        for (int64_t nblk = 1; nblk <= 5; nblk++)
+            for (int trial = 0; trial < 40; trial++) {
+                const int64_t n = nblk * 256;
+                const size_t bytes = loom_row_size(acts[a], n);
+                float *x = malloc(sizeof(float) * (size_t)n);
+                uint8_t *got = malloc(bytes), *want = malloc(bytes);
+                act_row(&rng, x, n);
+                memset(got, 0xa5, bytes);
+                memset(want, 0x5a, bytes);
+                q(x, got, n);
+                ref(x, want, n);
+                size_t diff = 0;
+                while (diff < bytes && got[diff] == want[diff])
+                    diff++;
+                LOOM_CHECK_MSG(diff == bytes, "%s %s, %lld values, trial %d: byte %zu differs",
+                               name, loom_type_name(acts[a]), (long long)n, trial, diff);
+                free(x);
+                free(got);
+                free(want);
+            }
+    }
+}
+
+LOOM_TEST(cpu_qdot, activation_quantisers_match_from_float) {
+    check_quantisers(&loom__cpu_simd_scalar, "portable");
+    if (loom__cpu_has_avx2()) check_quantisers(&loom__cpu_simd_avx2, "avx2");
+    if (loom__cpu_has_avx512()) check_quantisers(&loom__cpu_simd_avx512, "avx512");
+}

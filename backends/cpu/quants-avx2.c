@@ -371,8 +371,143 @@ void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
     s->q6_K = dot_q6_K;
     s->iq4_xs = dot_iq4_xs;
 }
+/* ---------------------------------------------------------------- activation quantisers */
+
+/* The activation rows of the dots above (Q8_0, Q8_1, Q8_K), byte for byte what the types'
+ * from_float (core/) writes: the same maxima, the same float operations per element (cvtps
+ * rounds to nearest even like lrintf; roundf's half away from zero rebuilt from the truncation),
+ * int8 saturation as the clamp. */
+
+AVX2 static inline float hmax8(__m256 x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline int hsum8i(__m256i x) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 32 int32 (four vectors, in order) -> 32 int8 with saturation, in order */
+AVX2 static inline void pack32(__m256i a, __m256i b, __m256i c, __m256i d, int8_t *out) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256((__m256i *)out,
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+AVX2 static inline __m256 absmax32(const float *x, const __m256 sign) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    return m;
+}
+
+/* roundf: half away from zero */
+AVX2 static inline __m256i roundf8(__m256 v, __m256 sign) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    return _mm256_cvtps_epi32(_mm256_add_ps(t, up));
+}
+
+AVX2 static void quantize_q8_0(const float *x, void *vy, int64_t n) {
+    loom_block_q8_0 *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        const float amax = hmax8(absmax32(x, sign));
+        const float d = amax / 127.0f;
+        y[b].d = loom__fp32_to_fp16(d);
+        if (d == 0.0f) {
+            memset(y[b].qs, 0, 32);
+            continue;
+        }
+        const __m256 vd = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = roundf8(_mm256_div_ps(_mm256_loadu_ps(x + 8 * j), vd), sign);
+        pack32(q[0], q[1], q[2], q[3], y[b].qs);
+    }
+}
+
+AVX2 static void quantize_q8_1(const float *x, void *vy, int64_t n) {
+    loom_block_q8_1 *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        const float amax = hmax8(absmax32(x, sign));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), vid));
+        pack32(q[0], q[1], q[2], q[3], y[b].qs);
+        const int sum =
+            hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        y[b].d = loom__fp32_to_fp16(d);
+        y[b].s = loom__fp32_to_fp16(d * (float)sum);
+    }
+}
+
+AVX2 static void quantize_q8_K(const float *x, void *vy, int64_t n) {
+    loom_block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
+        __m256 mv = _mm256_setzero_ps();
+        for (int j = 0; j < LOOM_QK_K; j += 32)
+            mv = _mm256_max_ps(mv, absmax32(x + j, sign));
+        const float amax = hmax8(mv);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        /* the first x of largest |x|, sign kept */
+        const __m256 va = _mm256_set1_ps(amax);
+        float m = 0.0f;
+        for (int j = 0; j < LOOM_QK_K; j += 8) {
+            const int k = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+            if (k) {
+                m = x[j + __builtin_ctz((unsigned)k)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / m;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int j = 0; j < LOOM_QK_K; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)));
+            pack32(q[0], q[1], q[2], q[3], y[b].qs + j);
+            /* the unclamped values sum as the stored ones: |iscale x| <= 127 */
+            y[b].bsums[j / 16] = (int16_t)hsum8i(_mm256_add_epi32(q[0], q[1]));
+            y[b].bsums[j / 16 + 1] = (int16_t)hsum8i(_mm256_add_epi32(q[2], q[3]));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+loom__cpu_qact_fn loom__cpu_qact_avx2(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_Q8_0:
+        return quantize_q8_0;
+    case LOOM_TYPE_Q8_1:
+        return quantize_q8_1;
+    case LOOM_TYPE_Q8_K:
+        return quantize_q8_K;
+    default:
+        return NULL;
+    }
+}
 #else
 void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
     (void)s;
+}
+loom__cpu_qact_fn loom__cpu_qact_avx2(loom_type t) {
+    (void)t;
+    return NULL;
 }
 #endif

@@ -49,3 +49,8 @@ loom__cpu_qdot_fn loom__cpu_qdot_get(loom_type t, const loom__cpu_simd *simd) {
         return NULL;
     }
 }
+
+loom__cpu_qact_fn loom__cpu_qact_get(loom_type t, const loom__cpu_simd *simd) {
+    loom__cpu_qact_fn f = simd == &loom__cpu_simd_scalar ? NULL : loom__cpu_qact_avx2(t);
+    return f ? f : loom_type_traits_get(t)->from_float;
+}
