@@ -1,9 +1,10 @@
 /*
- * qdot_bench: the integer dot kernels of the block types beyond Q8_0/Q4_0 (quants-*.c), one
- * core, weights resident in L2, for every SIMD table the CPU has: ns and bytes of weights per
- * block, and the in-cache GB/s one core reaches. This is the compute ceiling of the N = 1
- * matvec: the matvec reaches the memory bandwidth only when this figure, times the threads,
- * exceeds it. Every kernel's result is checked against the portable instance.
+ * qdot_bench: the dot kernels of the N = 1 matvec (F16, BF16, Q8_0, Q4_0 from the SIMD
+ * table, every other block type from quants-*.c), one core, weights resident in L2, for every
+ * SIMD table the CPU has: bytes of weights and ns per block, and the in-cache GB/s one core
+ * reaches. This is the compute ceiling of the N = 1 matvec: the matvec reaches the memory
+ * bandwidth only when this figure, times the threads, exceeds it. Every kernel's result is
+ * checked against the portable instance. Then the activation quantisers, per row.
  *
  *   qdot_bench [--size K] [--small]
  */
@@ -26,6 +27,29 @@ static float rng_uniform(uint64_t *s) {
     return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
+/* one weight row against the activations: the SIMD table's own dots for F16, BF16 (f32
+ * activations), Q8_0 and Q4_0 (Q8 activation rows), the quants-*.c dots otherwise */
+static float dot_one(loom_type t, const loom__cpu_simd *simd, int64_t K, const void *w,
+                     const void *y) {
+    float out = 0.0f;
+    switch (t) {
+    case LOOM_TYPE_F16:
+        simd->dot_f16(K, w, y, (size_t)K, 1, &out);
+        return out;
+    case LOOM_TYPE_BF16:
+        simd->dot_bf16(K, w, y, (size_t)K, 1, &out);
+        return out;
+    case LOOM_TYPE_Q8_0:
+        simd->dot_q8_0(K / 32, w, y, 0, 1, &out);
+        return out;
+    case LOOM_TYPE_Q4_0:
+        simd->dot_q4_0(K / 32, w, y, 0, 1, &out);
+        return out;
+    default:
+        return loom__cpu_qdot_get(t, simd)(K, w, y);
+    }
+}
+
 int main(int argc, char **argv) {
     int64_t K = 4096;
     bool small = false;
@@ -43,10 +67,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "qdot_bench: --size must be a positive multiple of 256\n");
         return 2;
     }
-    static const loom_type types[] = {LOOM_TYPE_Q4_1,   LOOM_TYPE_Q5_0,  LOOM_TYPE_Q5_1,
-                                      LOOM_TYPE_IQ4_NL, LOOM_TYPE_MXFP4, LOOM_TYPE_Q2_K,
-                                      LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K,  LOOM_TYPE_Q5_K,
-                                      LOOM_TYPE_Q6_K,   LOOM_TYPE_IQ4_XS};
+    static const loom_type types[] = {
+        LOOM_TYPE_F16,  LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,  LOOM_TYPE_Q4_1,
+        LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_IQ4_NL, LOOM_TYPE_MXFP4, LOOM_TYPE_Q2_K,
+        LOOM_TYPE_Q3_K, LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K,   LOOM_TYPE_Q6_K,  LOOM_TYPE_IQ4_XS};
     const struct {
         const char *name;
         const loom__cpu_simd *simd;
@@ -66,17 +90,26 @@ int main(int argc, char **argv) {
         f[i] = rng_uniform(&rng);
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         const loom_type_traits *tr = loom_type_traits_get(types[t]);
-        const loom_type_traits *vt = loom_type_traits_get(tr->vec_dot_type);
-        const size_t rb = loom_row_size(types[t], K), yb = loom_row_size(tr->vec_dot_type, K);
+        const bool fl = types[t] == LOOM_TYPE_F16 || types[t] == LOOM_TYPE_BF16;
+        const bool q8a = types[t] == LOOM_TYPE_Q8_0 || types[t] == LOOM_TYPE_Q4_0;
+        const size_t rb = loom_row_size(types[t], K);
+        const size_t yb = fl    ? sizeof(float) * (size_t)K
+                          : q8a ? loom__q8a_row_bytes(K / 32)
+                                : loom_row_size(tr->vec_dot_type, K);
         char *w = malloc(rb * rows), *y = malloc(yb);
         tr->from_float(f, w, K * rows);
-        vt->from_float(f + K, y, K); /* any row of the same range */
+        if (fl) /* any row of the same range */
+            memcpy(y, f + K, yb);
+        else if (q8a)
+            loom__cpu_simd_scalar.quantize_q8a(f + K, y, K);
+        else
+            loom_type_traits_get(tr->vec_dot_type)->from_float(f + K, y, K);
         const int64_t nblk = K / loom_blck_size(types[t]);
         float ref = 0.0f;
         for (size_t s = 0; s < sizeof isas / sizeof isas[0]; s++) {
             if (!isas[s].ok) continue;
-            loom__cpu_qdot_fn fn = loom__cpu_qdot_get(types[t], isas[s].simd);
-            float r0 = fn(K, w, y);
+            const loom__cpu_simd *simd = isas[s].simd;
+            float r0 = dot_one(types[t], simd, K, w, y);
             if (s == 0) ref = r0;
             bool ok = fabsf(r0 - ref) <= 1e-4f * (fabsf(ref) + 1.0f);
             failed += !ok;
@@ -88,7 +121,7 @@ int main(int argc, char **argv) {
                 float acc = 0;
                 for (int it = 0; it < 8; it++)
                     for (int r = 0; r < rows; r++)
-                        acc += fn(K, w + (size_t)r * rb, y);
+                        acc += dot_one(types[t], simd, K, w + (size_t)r * rb, y);
                 sink += acc;
                 double dt = (double)(loom_time_ns() - t0) * 1e-9 / (8.0 * rows);
                 spent += dt * 8 * rows;
