@@ -6,7 +6,10 @@
  * bandwidth only when this figure, times the threads, exceeds it. Every kernel's result is
  * checked against the portable instance. Then the activation quantisers, per row.
  *
- *   qdot_bench [--size K] [--small]
+ *   qdot_bench [--size K] [--reps R] [--small]
+ *
+ * --reps R: exactly R timed passes of 8 x 64 rows per kernel (1 + 512 R calls, e.g. to count
+ * instructions per block under callgrind, which runs the AVX2 and portable tables).
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,13 +56,16 @@ static float dot_one(loom_type t, const loom__cpu_simd *simd, int64_t K, const v
 int main(int argc, char **argv) {
     int64_t K = 4096;
     bool small = false;
+    int fixed_reps = 0; /* > 0: exactly that many timed passes (for instruction counts) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small")) {
             small = true;
         } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             K = atoll(argv[++i]);
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            fixed_reps = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: qdot_bench [--size K] [--small]\n");
+            fprintf(stderr, "usage: qdot_bench [--size K] [--reps R] [--small]\n");
             return 2;
         }
     }
@@ -116,7 +122,7 @@ int main(int argc, char **argv) {
             double best = INFINITY, spent = 0;
             volatile float sink = 0;
             int reps = 0;
-            while (spent < min_s || reps < 3) {
+            while (fixed_reps > 0 ? reps < fixed_reps : spent < min_s || reps < 3) {
                 int64_t t0 = loom_time_ns();
                 float acc = 0;
                 for (int it = 0; it < 8; it++)

@@ -91,16 +91,18 @@ T512 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
 }
 
 /* the 16 six-bit scales of a Q3_K block, minus 32, as int8: low 4 bits of scale j in byte j
- * (j < 8, low nibble) or j - 8 (high nibble), high 2 bits in byte 8 + j % 4 at bit 2 (j / 4) */
-I512 __m128i q3_scales(const uint8_t *in) {
-    uint32_t w[3];
-    memcpy(w, in, sizeof w);
-    const uint32_t lo4 = 0x0f0f0f0fu, lo2 = 0x03030303u;
-    const __m128i u = _mm_set_epi32((int)(((w[1] >> 4) & lo4) | (((w[2] >> 6) & lo2) << 4)),
-                                    (int)(((w[0] >> 4) & lo4) | (((w[2] >> 4) & lo2) << 4)),
-                                    (int)((w[1] & lo4) | (((w[2] >> 2) & lo2) << 4)),
-                                    (int)((w[0] & lo4) | ((w[2] & lo2) << 4)));
-    return _mm_sub_epi8(u, _mm_set1_epi8(32));
+ * (j < 8, low nibble) or j - 8 (high nibble), high 2 bits in byte 8 + j % 4 at bit 2 (j / 4). One
+ * 16-byte load ending with the 12 packed bytes (the 4 before are the block's last qs): dwords
+ * [-, w0, w1, w2]; low parts [w0, w1, w0 >> 4, w1 >> 4] & 0x0f, high parts w2 >> 0, 2, 4, 6 & 3. */
+I512 __m128i q3_scales(const uint8_t *scales) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(scales - 4));
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 1)), _mm_setr_epi32(0, 0, 4, 4)),
+        _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 3, 3)), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
 
 T512 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
@@ -191,17 +193,18 @@ T512 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
     return _mm512_reduce_add_ps(acc);
 }
 
-/* Q4_K/Q5_K scales and mins (as k4_scales_bytes in quants-avx2.c): word operations on the 12
- * packed bytes, scales to sc[0..7], mins to m[0..7] */
-static inline void k4_scales(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
-    uint32_t w[3], u[4];
-    memcpy(w, q, sizeof w);
-    u[0] = w[0] & 0x3f3f3f3fu;
-    u[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
-    u[2] = w[1] & 0x3f3f3f3fu;
-    u[3] = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
-    memcpy(sc, u, 8);
-    memcpy(m, u + 2, 8);
+/* Q4_K/Q5_K scales (bytes 0-7) and mins (8-15), as k4_scales_bytes in quants-avx2.c, from the
+ * block's first 16 bytes: dwords [d dmin, w0, w1, w2] -> [w0 & 0x3f.., (w2 & 0x0f..) | (w0 >> 2 &
+ * 0x30..), w1 & 0x3f.., (w2 >> 4 & 0x0f..) | (w1 >> 2 & 0x30..)] */
+I512 __m128i k4_scales(const void *block) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)block);
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 2, 3, 1)), _mm_setr_epi32(0, 0, 0, 4)),
+        _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i hi =
+        _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 0, 1, 0)), 2),
+                      _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
 /* int16 lane i -> i / 16: with + 2 c, the sub-block of 32 of each maddubs pair of chunk c */
@@ -227,12 +230,10 @@ I512 float k45_dot(const bool five, int64_t n, const void *vx, const void *vy) {
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
         const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
-        const uint8_t *scales = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
+        const uint8_t *qs = five ? x5->qs : x4->qs;
         const uint16_t d = five ? x5->d : x4->d, dmin = five ? x5->dmin : x4->dmin;
-        uint8_t sc[8], m[8];
-        k4_scales(scales, sc, m);
-        const __m512i scz =
-            _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m128i scm = k4_scales(five ? (const void *)x5 : (const void *)x4);
+        const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
         const __m512i qh = five ? bcast256(x5->qh) : _mm512_setzero_si512();
         __m512i sumi = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
@@ -248,8 +249,7 @@ I512 float k45_dot(const bool five, int64_t n, const void *vx, const void *vy) {
         /* sum of m[s] * (bsums[2 s] + bsums[2 s + 1]), four int32 lanes */
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[b].bsums),
                                           _mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
-        const __m128i mins =
-            _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m)));
+        const __m128i mins = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
         acc = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(d)), _mm512_cvtepi32_ps(sumi), acc);
         accm = _mm_fmadd_ps(_mm_set1_ps(y[b].d * H(dmin)), _mm_cvtepi32_ps(mins), accm);
     }
