@@ -1,16 +1,19 @@
 /*
- * AVX-512 (F, BW, VL, VNNI) dot products of the block types whose AVX2 kernels are furthest from
- * the memory bandwidth at N = 1: Q2_K, Q3_K and IQ4_XS against Q8_K activations. They replace the
- * AVX2 ones in the AVX-512 table (quants-dot.c). A zmm holds 64 weights: the 2-bit fields of a
- * 32-byte group are broadcast to both halves and shifted per 64-bit lane, the Q3_K high bits are
- * rotated into place the same way, the IQ4_XS grid is looked up with pshufb. Products:
- *   - Q2_K/Q3_K: unsigned fields (Q3_K as q2 | hbit << 2, 0..7; its -4 goes through the
- *     activations' bsums) times the activations with maddubs (no saturation: 7 * 128 * 2 < 2^15),
- *     times the 16-bit sub-block scales (spread with vpermw) summed into int32 with vpdpwssd;
- *   - IQ4_XS: the grid plus 128 (unsigned) times the activations with vpdpbusd, the 128 * sum of
- *     the activations taken back through bsums, times the scale per sub-block of 32 in int32.
- * Every sum is exactly the integer the portable body (quants-k.c) computes; the float scaling per
- * super-block is the same, summed in another order.
+ * AVX-512 (F, BW, VL, VNNI) dot products of every block type beyond Q8_0/Q4_0, for the N = 1
+ * matvec (token generation), where the AVX2 kernels (quants-avx2.c) could not keep up with the
+ * memory bandwidth on two cores. They replace the AVX2 ones in the AVX-512 table (quants-dot.c).
+ * A zmm holds 64 weights: 2-bit fields, nibbles and fifth/high bits of a 32-byte group are
+ * broadcast to both 256-bit halves and shifted or rotated per 64-bit lane into place, the
+ * non-linear grids looked up with pshufb. Products:
+ *   - Q2_K..Q6_K: unsigned fields (Q3_K as q2 | hbit << 2, 0..7, Q6_K as 0..63; their -4 / -32
+ *     go through the activations' bsums) times the activations with maddubs (no saturation:
+ *     63 * 128 * 2 < 2^15), times the 16-bit sub-block scales (spread with vpermw) summed into
+ *     int32 with vpdpwssd;
+ *   - IQ4_XS and the 32-element types: unsigned values (grids plus 128, Q5_0 with its +16) times
+ *     the activations with vpdpbusd, the offset times the activations' sum taken back (bsums, or
+ *     a second vpdpbusd), sub-block scales in int32 (IQ4_XS) or per block in float.
+ * Every sum is exactly the integer the portable body (quants-k.c, quants-legacy.c) computes; the
+ * float scaling per block is the same, summed in another order.
  */
 #include "backends/cpu/quants-dot.h"
 
