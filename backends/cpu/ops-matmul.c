@@ -349,8 +349,8 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
  * integer dots. */
 static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    const loom_type_traits *vt =
-        loom_type_traits_get((int)loom_type_traits_get((int)a->type)->vec_dot_type);
+    const loom__cpu_qact_fn quant =
+        loom__cpu_qact_get(loom_type_traits_get((int)a->type)->vec_dot_type, p->simd);
     const size_t rb = qdot_row_bytes(a->type, s->K);
     char *qb = p->wshared;
     float *tmp = p->wthread;
@@ -363,7 +363,7 @@ static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
             loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, tmp);
             row = tmp;
         }
-        vt->from_float(row, qb + r * (int64_t)rb, s->K);
+        quant(row, qb + r * (int64_t)rb, s->K);
     }
     loom__cpu_barrier(p);
     mm_dot_args x = {
@@ -911,8 +911,8 @@ done:
         else if (is_quant(as->type))
             p->simd->quantize_q8a(tmp, rows + r * l.row_bytes, K);
         else if (is_qdot(as->type))
-            loom_type_traits_get((int)loom_type_traits_get((int)as->type)->vec_dot_type)
-                ->from_float(tmp, rows + r * l.row_bytes, K);
+            loom__cpu_qact_get(loom_type_traits_get((int)as->type)->vec_dot_type,
+                               p->simd)(tmp, rows + r * l.row_bytes, K);
         else
             memcpy(rows + r * l.row_bytes, tmp, (size_t)K * sizeof(float));
     }

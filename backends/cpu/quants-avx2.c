@@ -174,7 +174,7 @@ AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
         uint8_t sc[8], m[8];
         k4_scales_bytes(x[b].scales, sc, m);
         __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
             const __m256i q4 = load32(x[b].qs + 32 * j);
             const __m256i lo = _mm256_and_si256(q4, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
@@ -203,7 +203,7 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
         k4_scales_bytes(x[b].scales, sc, m);
         const __m256i qh = load32(x[b].qh);
         __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
             const __m256i q4 = load32(x[b].qs + 32 * j);
             /* fifth bit of element 64 j + l is qh[l] bit 2 j (low half), 2 j + 1 (high) */
             const __m256i hlo =
@@ -233,7 +233,7 @@ AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h, *qhp = x[b].qh + 32 * h;
             const int8_t *sc = x[b].scales + 8 * h;
             const __m256i l0 = load32(ql), l1 = load32(ql + 32), qh = load32(qhp);
@@ -249,7 +249,7 @@ AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
             q[3] = _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int g = 0; g < 4; g++) {
+            _Pragma("GCC unroll 8") for (int g = 0; g < 4; g++) {
                 const __m256i xs = _mm256_sub_epi8(q[g], off);
                 const __m256i yv = load32(y[b].qs + 128 * h + 32 * g);
                 const __m256i p =
@@ -270,13 +270,30 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
     const loom_block_iq4_xs *x = vx;
     const loom_block_q8_K *y = vy;
     const __m256i tab = grid_table(loom_iq4nl_values);
+    const __m256i lsh_lo = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i lsh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         __m256i sumi = _mm256_setzero_si256();
+        /* the 8 six-bit scales minus 32: low 4 bits at bit 4 s of scales_l, high 2 at 2 s of
+         * scales_h */
+        uint32_t sl;
+        memcpy(&sl, x[b].scales_l, 4);
+        int32_t lsv[8];
+        _mm256_storeu_si256(
+            (__m256i *)lsv,
+            _mm256_sub_epi32(
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), lsh_lo),
+                                     _mm256_set1_epi32(0x0f)),
+                    _mm256_slli_epi32(
+                        _mm256_and_si256(
+                            _mm256_srlv_epi32(_mm256_set1_epi32((int)x[b].scales_h), lsh_hi),
+                            _mm256_set1_epi32(3)),
+                        4)),
+                _mm256_set1_epi32(32)));
         for (int s = 0; s < 8; s++) {
-            const int ls = (((x[b].scales_l[s / 2] >> (4 * (s % 2))) & 0x0f) |
-                            (((x[b].scales_h >> (2 * s)) & 3) << 4)) -
-                           32;
+            const int ls = lsv[s];
             const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs + 16 * s));
             const __m256i yv = load32(y[b].qs + 32 * s);
             const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
@@ -286,6 +303,27 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
+}
+
+/* the 16 six-bit scales of a Q3_K block, minus 32, as int8: one 16-byte load ending with the
+ * 12 packed bytes (the 4 before are the block's last qs): dwords [-, w0, w1, w2]; low 4 bits
+ * [w0, w1, w0 >> 4, w1 >> 4] & 0x0f, high 2 bits w2 >> 0, 2, 4, 6 & 3 */
+AVX2 static inline __m128i q3_scales(const uint8_t *scales) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(scales - 4));
+    const __m128i lo = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 1)), _mm_setr_epi32(0, 0, 4, 4)),
+        _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 3, 3)), _mm_setr_epi32(0, 2, 4, 6)),
+        _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
+}
+
+AVX2 static inline int hsum8i(__m256i x) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
 
 /* Q2_K/Q3_K: element 128 h + 32 g + l is (qs[32 h + l] >> 2 g) & 3; its 16-element
@@ -303,9 +341,9 @@ AVX2 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
         const uint8_t *sc = x[b].scales;
         __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
             const __m256i q2 = load32(x[b].qs + 32 * h);
-            for (int g = 0; g < 4; g++) {
+            _Pragma("GCC unroll 8") for (int g = 0; g < 4; g++) {
                 const int sb = 8 * h + 2 * g;
                 const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * g), m2);
                 const __m256i p = _mm256_maddubs_epi16(q, load32(y[b].qs + 128 * h + 32 * g));
@@ -313,9 +351,11 @@ AVX2 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
                     sumi, _mm256_madd_epi16(p, k2_scales(sc[sb] & 0x0f, sc[sb + 1] & 0x0f)));
             }
         }
-        int summ = 0;
-        for (int j = 0; j < 16; j++)
-            summ += (sc[j] >> 4) * y[b].bsums[j];
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i mn16 =
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0x0f)));
+        const int summ =
+            hsum8i(_mm256_madd_epi16(mn16, _mm256_loadu_si256((const __m256i *)y[b].bsums)));
         const float d = y[b].d * H(x[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
         accm += y[b].d * H(x[b].dmin) * (float)summ;
@@ -329,18 +369,13 @@ AVX2 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
     const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
-        const uint8_t *in = x[b].scales;
-        int sc[16];
-        for (int j = 0; j < 16; j++) {
-            int lo = j < 8 ? in[j] & 0x0f : in[j - 8] >> 4;
-            int hi = (in[8 + j % 4] >> (2 * (j / 4))) & 3;
-            sc[j] = (lo | (hi << 4)) - 32;
-        }
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)sc, q3_scales(x[b].scales));
         const __m256i hm = load32(x[b].hmask);
         __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
             const __m256i q2 = load32(x[b].qs + 32 * h);
-            for (int g = 0; g < 4; g++) {
+            _Pragma("GCC unroll 8") for (int g = 0; g < 4; g++) {
                 const int sb = 8 * h + 2 * g;
                 /* q - 4 unless hmask[l] bit 4 h + g is set */
                 const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + g), one);
@@ -371,8 +406,136 @@ void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
     s->q6_K = dot_q6_K;
     s->iq4_xs = dot_iq4_xs;
 }
+/* ---------------------------------------------------------------- activation quantisers */
+
+/* The activation rows of the dots above (Q8_0, Q8_1, Q8_K), byte for byte what the types'
+ * from_float (core/) writes: the same maxima, the same float operations per element (cvtps
+ * rounds to nearest even like lrintf; roundf's half away from zero rebuilt from the truncation),
+ * int8 saturation as the clamp. */
+
+AVX2 static inline float hmax8(__m256 x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 int32 (four vectors, in order) -> 32 int8 with saturation, in order */
+AVX2 static inline void pack32(__m256i a, __m256i b, __m256i c, __m256i d, int8_t *out) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    _mm256_storeu_si256((__m256i *)out,
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+AVX2 static inline __m256 absmax32(const float *x, const __m256 sign) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < 32; j += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    return m;
+}
+
+/* roundf: half away from zero */
+AVX2 static inline __m256i roundf8(__m256 v, __m256 sign) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+    const __m256 one = _mm256_or_ps(_mm256_and_ps(v, sign), _mm256_set1_ps(1.0f));
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    return _mm256_cvtps_epi32(_mm256_add_ps(t, up));
+}
+
+AVX2 static void quantize_q8_0(const float *x, void *vy, int64_t n) {
+    loom_block_q8_0 *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        const float amax = hmax8(absmax32(x, sign));
+        const float d = amax / 127.0f;
+        y[b].d = loom__fp32_to_fp16(d);
+        if (d == 0.0f) {
+            memset(y[b].qs, 0, 32);
+            continue;
+        }
+        const __m256 vd = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = roundf8(_mm256_div_ps(_mm256_loadu_ps(x + 8 * j), vd), sign);
+        pack32(q[0], q[1], q[2], q[3], y[b].qs);
+    }
+}
+
+AVX2 static void quantize_q8_1(const float *x, void *vy, int64_t n) {
+    loom_block_q8_1 *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        const float amax = hmax8(absmax32(x, sign));
+        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), vid));
+        pack32(q[0], q[1], q[2], q[3], y[b].qs);
+        const int sum =
+            hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        y[b].d = loom__fp32_to_fp16(d);
+        y[b].s = loom__fp32_to_fp16(d * (float)sum);
+    }
+}
+
+AVX2 static void quantize_q8_K(const float *x, void *vy, int64_t n) {
+    loom_block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
+        __m256 mv = _mm256_setzero_ps();
+        for (int j = 0; j < LOOM_QK_K; j += 32)
+            mv = _mm256_max_ps(mv, absmax32(x + j, sign));
+        const float amax = hmax8(mv);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        /* the first x of largest |x|, sign kept */
+        const __m256 va = _mm256_set1_ps(amax);
+        float m = 0.0f;
+        for (int j = 0; j < LOOM_QK_K; j += 8) {
+            const int k = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+            if (k) {
+                m = x[j + __builtin_ctz((unsigned)k)];
+                break;
+            }
+        }
+        const float iscale = -127.0f / m;
+        const __m256 vs = _mm256_set1_ps(iscale);
+        for (int j = 0; j < LOOM_QK_K; j += 32) {
+            __m256i q[4];
+            for (int k = 0; k < 4; k++)
+                q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(x + j + 8 * k)));
+            pack32(q[0], q[1], q[2], q[3], y[b].qs + j);
+            /* the unclamped values sum as the stored ones: |iscale x| <= 127 */
+            y[b].bsums[j / 16] = (int16_t)hsum8i(_mm256_add_epi32(q[0], q[1]));
+            y[b].bsums[j / 16 + 1] = (int16_t)hsum8i(_mm256_add_epi32(q[2], q[3]));
+        }
+        y[b].d = 1.0f / iscale;
+    }
+}
+
+loom__cpu_qact_fn loom__cpu_qact_avx2(loom_type t) {
+    switch (t) {
+    case LOOM_TYPE_Q8_0:
+        return quantize_q8_0;
+    case LOOM_TYPE_Q8_1:
+        return quantize_q8_1;
+    case LOOM_TYPE_Q8_K:
+        return quantize_q8_K;
+    default:
+        return NULL;
+    }
+}
 #else
 void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s) {
     (void)s;
+}
+loom__cpu_qact_fn loom__cpu_qact_avx2(loom_type t) {
+    (void)t;
+    return NULL;
 }
 #endif

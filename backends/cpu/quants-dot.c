@@ -14,6 +14,7 @@ static void qdot_init(void) {
         loom__cpu_qdot_legacy(&qdot_sets[isa], isa);
         loom__cpu_qdot_k(&qdot_sets[isa], isa);
         if (isa > 0) loom__cpu_qdot_avx2(&qdot_sets[isa]);
+        if (isa == 2) loom__cpu_qdot_avx512(&qdot_sets[isa]);
     }
 }
 
@@ -47,4 +48,9 @@ loom__cpu_qdot_fn loom__cpu_qdot_get(loom_type t, const loom__cpu_simd *simd) {
     default:
         return NULL;
     }
+}
+
+loom__cpu_qact_fn loom__cpu_qact_get(loom_type t, const loom__cpu_simd *simd) {
+    loom__cpu_qact_fn f = simd == &loom__cpu_simd_scalar ? NULL : loom__cpu_qact_avx2(t);
+    return f ? f : loom_type_traits_get(t)->from_float;
 }

@@ -29,6 +29,17 @@ void loom__cpu_qdot_legacy(loom__cpu_qdot_set *s, int isa); /* isa: 0 portable, 
 void loom__cpu_qdot_k(loom__cpu_qdot_set *s, int isa);
 /* Overrides with the hand-written AVX2 kernels (quants-avx2.c) where there are some. */
 void loom__cpu_qdot_avx2(loom__cpu_qdot_set *s);
+/* Then, in the AVX-512 table, with the AVX-512 (VNNI) kernels (quants-avx512.c). */
+void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s);
+
+/* Quantises n floats (a multiple of the block) to activation rows of type Q8_0, Q8_1 or Q8_K,
+ * byte for byte what the type's from_float writes. */
+typedef void (*loom__cpu_qact_fn)(const float *x, void *y, int64_t n);
+/* The AVX2 ones (quants-avx2.c), NULL for other types or without AVX2 support in the build. */
+loom__cpu_qact_fn loom__cpu_qact_avx2(loom_type t);
+/* The quantiser of activation type t for the given SIMD table (the traits' from_float on the
+ * portable table). */
+loom__cpu_qact_fn loom__cpu_qact_get(loom_type t, const loom__cpu_simd *simd);
 
 /* The dot of weight type t for the given SIMD table; NULL for types without one (float types,
  * Q8_0/Q4_0, which have their own paths, and the activation types). */
