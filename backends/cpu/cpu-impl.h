@@ -191,9 +191,19 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
 loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd);
 
-/* The path MUL_MAT takes for dst on this table: "dot", "quant", "qdot", "gemm" or "qgemm"
- * (the int8 GEMM); MUL_MAT_ID: "qgemm", "gemm" or "dot" (its dot paths); for tests. */
+/* The path MUL_MAT takes for dst on this table: "dot", "quant", "qdot", "gemm", "qgemm"
+ * (the int8 GEMM) or "bgemm" (the BF16 GEMM); MUL_MAT_ID: "qgemm", "gemm" or "dot" (its
+ * dot paths); for tests. */
 const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd);
+
+/* The BF16 GEMM (gemm-bf16.c) of BF16 weights with AVX512_BF16: usable for dst (BF16
+ * weights with contiguous rows, the AVX-512 table, the CPU has AVX512_BF16, and
+ * LOOM_CPU_BGEMM is not "0"; the caller checks N and dst's layout), its scratch and
+ * kernel. */
+bool loom__cpu_has_avx512bf16(void);
+bool loom__cpu_bgemm_usable(const loom_tensor *dst, const loom__cpu_simd *simd);
+loom__cpu_work loom__cpu_bgemm_work(const loom_tensor *dst);
+void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst);
 
 void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst);

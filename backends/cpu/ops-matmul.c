@@ -2,7 +2,7 @@
  * MUL_MAT and MUL_MAT_ID: dst[m, n] = sum_k a[k, m] * b[k, n] (a: weights of any matmul
  * type, b: f32 activations), with batch broadcasting of a over b.
  *
- * Five paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
+ * Six paths, chosen from the shapes alone (so scratch sizing and the kernel agree):
  *   QGEMM quantised weights, N >= the table's qgemm_min_n (and >= MM_QGEMM_MIN_N_Q8 for
  *         Q8_0/Q4_0), a SIMD table with an int8 kernel for the type: b is
  *         quantised once to Q8 blocks and packed into u8 panels (shared), each thread
@@ -17,6 +17,8 @@
  *         then integer dot products, each weight row against up to 4 activation rows.
  *   QDOT  the other block types, smaller N: b quantised to the type's vec_dot_type rows,
  *         then the type's integer dot (quants-dot.h).
+ *   BGEMM BF16 weights where GEMM would run, on the AVX-512 table of a CPU with
+ *         AVX512_BF16: b rounded to bf16 once, vdpbf16ps micro-kernel (gemm-bf16.c).
  *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
  *         products, each weight row against up to 4 rows of b.
  * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
@@ -37,7 +39,7 @@ enum {
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM, MM_BGEMM } mm_path;
 
 static size_t align64_size(size_t n) {
     return (n + 63) & ~(size_t)63;
@@ -81,7 +83,8 @@ static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
                                  : simd->qgemm_min_n;
         if (b->ne[1] >= qmin) return MM_QGEMM;
     }
-    if (simd->gemm_tile && b->ne[1] >= min_n && dst_ok) return MM_GEMM;
+    if (simd->gemm_tile && b->ne[1] >= min_n && dst_ok)
+        return loom__cpu_bgemm_usable(dst, simd) ? MM_BGEMM : MM_GEMM;
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
@@ -222,6 +225,9 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
                        (size_t)simd->gemm_mr * MM_KC * sizeof(float) + 64;
         break;
     }
+    case MM_BGEMM:
+        w = loom__cpu_bgemm_work(dst);
+        break;
     case MM_QGEMM: {
         const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
         w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)(s.K / LOOM_QG_BLK) *
@@ -610,6 +616,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     case MM_QGEMM:
         mm_path_qgemm(p, dst, &s);
         break;
+    case MM_BGEMM:
+        loom__cpu_op_mul_mat_bgemm(p, dst);
+        break;
     case MM_QUANT:
         mm_path_quant(p, dst, &s);
         break;
@@ -682,7 +691,7 @@ static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
 }
 
 const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
-    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm"};
+    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm", "bgemm"};
     if (dst->op == LOOM_OP_MUL_MAT_ID) {
         const mmid_layout l = mmid_layout_of(dst, simd);
         return l.qgemm ? "qgemm" : l.gemm ? "gemm" : "dot";

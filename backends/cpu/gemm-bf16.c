@@ -1,0 +1,264 @@
+/*
+ * The BF16 GEMM of MUL_MAT with BF16 weights (AVX512_BF16, `vdpbf16ps`): the BGEMM path
+ * of ops-matmul.c.
+ *
+ * b (f32 activations) is rounded once per matmul to bf16 (round to nearest even, as the
+ * reference engines' vec_dot_type for BF16 weights) and packed into NR-wide panels of
+ * k pairs, uint32 bp[K/2][NR] (low half k even, high half k odd; an odd K's last pair
+ * has a zero high half), shared by all threads. Each thread packs MC x KC blocks of a
+ * (already bf16: no conversion, a 32-bit transpose) into MR-wide panels uint32
+ * ap[kc/2][MR] and runs the MR x NR micro-kernel: per k pair two A loads, NR broadcasts of
+ * one b pair and 2 NR `vdpbf16ps` (each lane: c += a_k b_k + a_k+1 b_k+1, the bf16
+ * products exact in f32). Loop order and work units are the F32 GEMM's.
+ *
+ * `vdpbf16ps` treats bf16 subnormal inputs as zero and flushes subnormal results (DAZ/FTZ,
+ * round to nearest even); see backends/cpu/README.md for the accuracy choice.
+ */
+#include <stdlib.h>
+
+#include "backends/cpu/cpu-impl.h"
+
+enum {
+    BG_MR = 32, /* rows of a per tile: two zmm of 16 f32 lanes */
+    BG_NR = 12, /* columns per tile: 24 accumulators */
+    BG_KC = 256,
+    BG_MC = 256,
+};
+
+static int64_t bg_ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+static bool bgemm_enabled(void) {
+    const char *e = getenv("LOOM_CPU_BGEMM");
+    return !(e && e[0] == '0');
+}
+
+bool loom__cpu_has_avx512bf16(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return loom__cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+bool loom__cpu_bgemm_usable(const loom_tensor *dst, const loom__cpu_simd *simd) {
+    const loom_tensor *a = dst->src[0];
+    return a->type == LOOM_TYPE_BF16 && a->nb[0] == sizeof(uint16_t) &&
+           simd == &loom__cpu_simd_avx512 && loom__cpu_has_avx512bf16() && bgemm_enabled();
+}
+
+loom__cpu_work loom__cpu_bgemm_work(const loom_tensor *dst) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t K = a->ne[0], N = b->ne[1];
+    const int64_t npan = bg_ceil_div(N, BG_NR), kp = bg_ceil_div(K, 2);
+    loom__cpu_work w;
+    w.shared = (size_t)(npan * b->ne[2] * b->ne[3]) * (size_t)kp * BG_NR * sizeof(uint32_t);
+    w.per_thread = (size_t)BG_MC * (BG_KC / 2) * sizeof(uint32_t) + 64;
+    return w;
+}
+
+/* One bf16 pair (k, k + 1) of b's row; k + 1 == K: a zero high half. */
+static uint32_t b_pair(const char *row, size_t nb0, int64_t k, int64_t K) {
+    float x[2] = {0.0f, 0.0f};
+    memcpy(&x[0], row + k * (int64_t)nb0, sizeof(float));
+    if (k + 1 < K) memcpy(&x[1], row + (k + 1) * (int64_t)nb0, sizeof(float));
+    return (uint32_t)loom__fp32_to_bf16(x[0]) | (uint32_t)loom__fp32_to_bf16(x[1]) << 16;
+}
+
+/* Panels [p0, p1) of b (flat over batch, panel) -> uint32 [K/2][NR], zero past N. */
+static void bg_pack_b(const loom_tensor *b, int64_t K, int64_t N, int64_t p0, int64_t p1,
+                      uint32_t *bp) {
+    const int64_t npan = bg_ceil_div(N, BG_NR), kp = bg_ceil_div(K, 2), B2 = b->ne[2];
+    for (int64_t pi = p0; pi < p1; pi++) {
+        const int64_t batch = pi / npan, pn = pi % npan;
+        uint32_t *dstp = bp + pi * kp * BG_NR;
+        for (int j = 0; j < BG_NR; j++) {
+            const int64_t n = pn * BG_NR + j;
+            if (n >= N) {
+                for (int64_t q = 0; q < kp; q++)
+                    dstp[q * BG_NR + j] = 0;
+                continue;
+            }
+            const char *row = loom__at(b, 0, n, batch % B2, batch / B2);
+            if (b->nb[0] == sizeof(float) && (uintptr_t)row % sizeof(float) == 0) {
+                const float *r = (const float *)row;
+                const int64_t kv = K & ~(int64_t)1;
+                for (int64_t k = 0; k < kv; k += 2)
+                    dstp[k / 2 * BG_NR + j] = (uint32_t)loom__fp32_to_bf16(r[k]) |
+                                              (uint32_t)loom__fp32_to_bf16(r[k + 1]) << 16;
+                if (kv < K) dstp[kv / 2 * BG_NR + j] = loom__fp32_to_bf16(r[kv]);
+            } else {
+                for (int64_t q = 0; q < kp; q++)
+                    dstp[q * BG_NR + j] = b_pair(row, b->nb[0], 2 * q, K);
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+#define IBF static inline __attribute__((always_inline)) TBF
+
+IBF __mmask16 bg_tail_mask(int n) {
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+}
+
+/* c[j * ldc + i] (+)= sum over kp pairs of ap[q][i] . bp[q][j] (bf16 pairs), i < mvalid,
+ * j < nvalid. */
+static TBF void bg_tile(int64_t kp, const uint32_t *ap, const uint32_t *bp, float *c, size_t ldc,
+                        int first, int mvalid, int nvalid) {
+    __m512 c0[BG_NR], c1[BG_NR];
+    _Pragma("GCC unroll 12") for (int j = 0; j < BG_NR; j++) {
+        c0[j] = _mm512_setzero_ps();
+        c1[j] = _mm512_setzero_ps();
+    }
+    for (int64_t q = 0; q < kp; q++) {
+        const __m512bh a0 = (__m512bh)_mm512_load_si512(ap);
+        const __m512bh a1 = (__m512bh)_mm512_load_si512(ap + 16);
+        _Pragma("GCC unroll 12") for (int j = 0; j < BG_NR; j++) {
+            const __m512bh bj = (__m512bh)_mm512_set1_epi32((int)bp[j]);
+            c0[j] = _mm512_dpbf16_ps(c0[j], a0, bj);
+            c1[j] = _mm512_dpbf16_ps(c1[j], a1, bj);
+        }
+        ap += BG_MR;
+        bp += BG_NR;
+    }
+    const __mmask16 m0 = bg_tail_mask(mvalid), m1 = bg_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
+    _Pragma("GCC unroll 12") for (int j = 0; j < BG_NR; j++) {
+        if (j >= nvalid) break;
+        float *cj = c + j * ldc;
+        if (!first) {
+            c0[j] = _mm512_add_ps(c0[j], _mm512_maskz_loadu_ps(m0, cj));
+            c1[j] = _mm512_add_ps(c1[j], _mm512_maskz_loadu_ps(m1, cj + 16));
+        }
+        _mm512_mask_storeu_ps(cj, m0, c0[j]);
+        _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
+    }
+}
+
+/* 16 x 16 transpose of 32-bit words in registers. */
+IBF void bg_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+        r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            t[8 * h + i] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+            t[8 * h + i + 4] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* rows (<= MR) bf16 rows at a (lda bytes apart), elements [0, kc) -> one panel
+ * uint32 panel[kc/2][MR] of pairs; rows past `rows` and an odd kc's last high half zero. */
+static TBF void bg_pack_a(const char *a, size_t lda, int64_t kc, int rows, uint32_t *panel) {
+    const int64_t kp = (kc + 1) / 2, pv = (kc / 2) & ~(int64_t)15; /* full 16-pair groups */
+    for (int h = 0; h < BG_MR / 16; h++) {
+        for (int64_t q0 = 0; q0 < pv; q0 += 16) {
+            __m512i r[16];
+            _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =
+                16 * h + i < rows ? _mm512_loadu_si512(a + (size_t)(16 * h + i) * lda + q0 * 4)
+                                  : _mm512_setzero_si512();
+            bg_transpose16(r);
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
+                _mm512_store_si512(panel + (q0 + j) * BG_MR + 16 * h, r[j]);
+        }
+    }
+    for (int64_t q = pv; q < kp; q++) {
+        for (int i = 0; i < BG_MR; i++) {
+            uint32_t w = 0;
+            if (i < rows) {
+                const char *e = a + (size_t)i * lda + q * 4;
+                uint16_t lo, hi = 0;
+                memcpy(&lo, e, sizeof lo);
+                if (2 * q + 1 < kc) memcpy(&hi, e + 2, sizeof hi);
+                w = (uint32_t)lo | (uint32_t)hi << 16;
+            }
+            panel[q * BG_MR + i] = w;
+        }
+    }
+}
+
+void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
+    const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3];
+    const int64_t npan = bg_ceil_div(N, BG_NR), kp = bg_ceil_div(K, 2);
+    const int64_t batches = B2 * B3;
+    uint32_t *bp = p->wshared;
+    int64_t p0, p1;
+    loom__range(batches * npan, p->ith, p->nth, &p0, &p1);
+    bg_pack_b(b, K, N, p0, p1, bp);
+    loom__cpu_barrier(p);
+
+    uint32_t *ap = (uint32_t *)(((uintptr_t)p->wthread + 63) & ~(uintptr_t)63);
+    const size_t ldc = dst->nb[1] / sizeof(float);
+
+    /* Work units: (batch, row block, column chunk), as the F32 GEMM's. */
+    int64_t mc = BG_MC;
+    while (mc > BG_MR && batches * bg_ceil_div(M, mc) < 2 * p->nth)
+        mc /= 2;
+    const int64_t mblocks = bg_ceil_div(M, mc);
+    int64_t nchunks = 1;
+    if (batches * mblocks < 2 * p->nth) nchunks = bg_ceil_div(2 * p->nth, batches * mblocks);
+    if (nchunks > npan) nchunks = npan;
+    const int64_t chunk = bg_ceil_div(npan, nchunks);
+
+    int64_t u0, u1;
+    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
+                      batch = u / (nchunks * mblocks);
+        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
+                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const int64_t i2 = batch % B2, i3 = batch / B2;
+        const int64_t mlen = M - mc0 < mc ? M - mc0 : mc;
+        const int64_t mpan = bg_ceil_div(mlen, BG_MR);
+        const uint32_t *bpan = bp + batch * npan * kp * BG_NR;
+        if (pn0 >= pn1) continue;
+        for (int64_t k0 = 0; k0 < K; k0 += BG_KC) {
+            const int64_t kc = K - k0 < BG_KC ? K - k0 : BG_KC, kcp = (kc + 1) / 2;
+            for (int64_t mp = 0; mp < mpan; mp++) {
+                const int rows = mlen - mp * BG_MR < BG_MR ? (int)(mlen - mp * BG_MR) : BG_MR;
+                const char *arow = loom__at(a, k0, mc0 + mp * BG_MR, i2 / r2, i3 / r3);
+                bg_pack_a(arow, a->nb[1], kc, rows, ap + mp * kcp * BG_MR);
+            }
+            for (int64_t pn = pn0; pn < pn1; pn++) {
+                const uint32_t *bpk = bpan + pn * kp * BG_NR + k0 / 2 * BG_NR;
+                const int nvalid = N - pn * BG_NR < BG_NR ? (int)(N - pn * BG_NR) : BG_NR;
+                for (int64_t mp = 0; mp < mpan; mp++) {
+                    const int64_t m = mc0 + mp * BG_MR;
+                    const int mvalid = M - m < BG_MR ? (int)(M - m) : BG_MR;
+                    bg_tile(kcp, ap + mp * kcp * BG_MR, bpk, loom__at(dst, m, pn * BG_NR, i2, i3),
+                            ldc, k0 == 0, mvalid, nvalid);
+                }
+            }
+        }
+    }
+}
+
+#else /* not x86-64 GCC/Clang: loom__cpu_has_avx512bf16() is false, never called */
+
+void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
+    (void)p;
+    (void)dst;
+    LOOM_ASSERT(0 && "BF16 GEMM without AVX512_BF16");
+}
+
+#endif
