@@ -8,7 +8,9 @@
 
 #include "meta/meta-impl.h"
 
-meta_dev *loom__meta_dev(loom_dev_t dev) { return (meta_dev *)dev->context; }
+meta_dev *loom__meta_dev(loom_dev_t dev) {
+    return (meta_dev *)dev->context;
+}
 
 static void begin_phase(meta_dev *md, int phase) {
     if (md->phase == phase) return;
@@ -17,12 +19,21 @@ static void begin_phase(meta_dev *md, int phase) {
     md->phase = phase;
 }
 
-void loom__meta_split_phase(meta_dev *md) { begin_phase(md, 1); }
-void loom__meta_alloc_phase(meta_dev *md) { begin_phase(md, 2); }
+void loom__meta_split_phase(meta_dev *md) {
+    begin_phase(md, 1);
+}
+void loom__meta_alloc_phase(meta_dev *md) {
+    begin_phase(md, 2);
+}
+
+void loom__meta_pend_reset(meta_dev *md) {
+    md->n_pend = 0;
+}
 
 void loom__meta_end_phase(meta_dev *md) {
     if (!md->phase) return;
     md->phase = 0;
+    loom__meta_pend_reset(md); /* queries of one allocation window only */
     loom_split_ctx_end(md->split);
 }
 
@@ -33,7 +44,9 @@ loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_syn
 
 /* ---------------------------------------------------------------- buffer type */
 
-static const char *buft_name(loom_buft_t buft) { return ((meta_dev *)buft->context)->name; }
+static const char *buft_name(loom_buft_t buft) {
+    return ((meta_dev *)buft->context)->name;
+}
 
 static loom_buffer_t buft_alloc(loom_buft_t buft, size_t size) {
     return loom__meta_buffer_new((meta_dev *)buft->context, size);
@@ -59,16 +72,40 @@ static size_t buft_max_size(loom_buft_t buft) {
     return m;
 }
 
+/* Remembers an unplaced storage owner the allocator sized, with its slice per member (a
+ * tensor asked again starts the list afresh: a new pass of the allocator). */
+static void pend_add(meta_dev *md, const loom_tensor *t, size_t size, const size_t *dev) {
+    for (int i = 0; i < md->n_pend; i++)
+        if (md->pend[i].t == t) {
+            md->n_pend = 0;
+            break;
+        }
+    if (md->n_pend == md->cap_pend) {
+        int cap = md->cap_pend ? 2 * md->cap_pend : 64;
+        meta_pend *p = cap <= (1 << 20) ? loom_realloc(md->pend, (size_t)cap * sizeof *p) : NULL;
+        if (!p) { /* no packed layout for this buffer: it is laid out shared */
+            md->n_pend = 0;
+            return;
+        }
+        md->pend = p;
+        md->cap_pend = cap;
+    }
+    meta_pend *e = &md->pend[md->n_pend++];
+    e->t = t;
+    e->size = size;
+    memcpy(e->dev, dev, sizeof e->dev);
+}
+
 size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t) {
     loom__meta_alloc_phase(md);
     loom_split_state s;
-    if (loom__meta_state(md, t, true, &s) != LOOM_OK || !loom_split_axis_is_dim(s.axis))
-        return loom_nbytes(t);
-    size_t best = 0;
+    size_t dev[LOOM_META_MAX_DEVICES] = {0}, best = 0;
+    bool split = loom__meta_state(md, t, true, &s) == LOOM_OK && loom_split_axis_is_dim(s.axis);
     for (int j = 0; j < md->n; j++) {
-        size_t b = loom_split_state_slice_nbytes(&s, t, j);
-        if (b > best) best = b;
+        dev[j] = split ? loom_split_state_slice_nbytes(&s, t, j) : loom_nbytes(t);
+        if (dev[j] > best) best = dev[j];
     }
+    if (!t->view_src && !t->data) pend_add(md, t, best, dev);
     return best;
 }
 
@@ -86,7 +123,9 @@ static const struct loom_buft_i meta_buft_i = {
 
 /* ---------------------------------------------------------------- device */
 
-static const char *dev_name(loom_dev_t dev) { return loom__meta_dev(dev)->name; }
+static const char *dev_name(loom_dev_t dev) {
+    return loom__meta_dev(dev)->name;
+}
 
 static void dev_memory(loom_dev_t dev, size_t *free_b, size_t *total_b) {
     meta_dev *md = loom__meta_dev(dev);
@@ -128,7 +167,8 @@ static loom_event_t dev_event_new(loom_dev_t dev) {
     for (int j = 0; j < md->n; j++) {
         me->m[j] = loom_event_new(md->devs[j]);
         if (!me->m[j]) {
-            for (int k = 0; k < j; k++) loom_event_free(me->m[k]);
+            for (int k = 0; k < j; k++)
+                loom_event_free(me->m[k]);
             loom_free(me);
             return NULL;
         }
@@ -138,13 +178,15 @@ static loom_event_t dev_event_new(loom_dev_t dev) {
 
 static void dev_event_free(loom_dev_t dev, loom_event_t ev) {
     meta_event *me = ev->context;
-    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_free(me->m[j]);
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++)
+        loom_event_free(me->m[j]);
     loom_free(me);
 }
 
 static void dev_event_synchronize(loom_dev_t dev, loom_event_t ev) {
     meta_event *me = ev->context;
-    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_synchronize(me->m[j]);
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++)
+        loom_event_synchronize(me->m[j]);
 }
 
 static void dev_props(loom_dev_t dev, loom_dev_props *p) {
@@ -169,7 +211,9 @@ static loom_backend_t dev_init(loom_dev_t dev, const char *params) {
     return loom__meta_backend_new(loom__meta_dev(dev), params);
 }
 
-static loom_buft_t dev_buft(loom_dev_t dev) { return &loom__meta_dev(dev)->buft; }
+static loom_buft_t dev_buft(loom_dev_t dev) {
+    return &loom__meta_dev(dev)->buft;
+}
 
 static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     meta_dev *md = loom__meta_dev(dev);
@@ -224,7 +268,8 @@ loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get
     for (int j = 0; j < n; j++) {
         if (!devs[j]) return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %d is NULL", j);
         if (loom_dev_get_type(devs[j]) == LOOM_DEV_TYPE_META)
-            return loom_error(LOOM_ERR_INVALID_ARG, "meta device: member %d is itself a meta device", j);
+            return loom_error(LOOM_ERR_INVALID_ARG,
+                              "meta device: member %d is itself a meta device", j);
         for (int k = 0; k < j; k++)
             if (devs[k] == devs[j])
                 return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %s listed twice",
@@ -257,12 +302,19 @@ void loom_meta_device_free(loom_dev_t dev) {
     meta_dev *md = loom__meta_dev(dev);
     loom__meta_end_phase(md);
     loom_split_ctx_free(md->split);
+    loom_free(md->pend);
     loom_free(md);
 }
 
-bool loom_dev_is_meta(loom_dev_t dev) { return dev && dev->iface == &meta_dev_i; }
-int loom_meta_n_devices(loom_dev_t dev) { return loom__meta_dev(dev)->n; }
-loom_dev_t loom_meta_member(loom_dev_t dev, int i) { return loom__meta_dev(dev)->devs[i]; }
+bool loom_dev_is_meta(loom_dev_t dev) {
+    return dev && dev->iface == &meta_dev_i;
+}
+int loom_meta_n_devices(loom_dev_t dev) {
+    return loom__meta_dev(dev)->n;
+}
+loom_dev_t loom_meta_member(loom_dev_t dev, int i) {
+    return loom__meta_dev(dev)->devs[i];
+}
 
 loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t, bool assume_sync,
                                    loom_split_state *out) {

@@ -38,7 +38,8 @@ static bool decompose(size_t bytes, const int64_t ne[4], const size_t nb[4], int
 
 static size_t recompose(const int64_t c[4], const size_t nb[4]) {
     size_t s = 0;
-    for (int k = 0; k < 4; k++) s += (size_t)c[k] * nb[k];
+    for (int k = 0; k < 4; k++)
+        s += (size_t)c[k] * nb[k];
     return s;
 }
 
@@ -67,6 +68,11 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
                               loom_buffer_name(t->buffer), md->name);
         meta_buffer *mb = t->buffer->context;
         size_t off = (size_t)((const char *)t->data - (const char *)loom_buffer_base(t->buffer));
+        size_t bytes = loom_split_axis_is_dim(state->axis)
+                           ? loom_split_state_slice_nbytes(state, t, j)
+                           : loom_nbytes(t);
+        loom_status st = loom__meta_member_offset(mb, t, off, j, bytes, &off);
+        if (st) return st;
         out->buffer = mb->bufs[j];
         out->data = (char *)loom_buffer_base(mb->bufs[j]) + off;
         return LOOM_OK;
@@ -114,7 +120,8 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
     loom_split_state sub;
     int64_t dev_start[LOOM_SPLIT_MAX_DEVICES];
     st = loom_split_state_sub(&ss, start, extent, &sub, dev_start);
-    if (st) return loom_error(st, "meta: view '%s' of '%s': %s", t->name, src->name, loom_last_error());
+    if (st)
+        return loom_error(st, "meta: view '%s' of '%s': %s", t->name, src->name, loom_last_error());
     i[a] = dev_start[j] / blck;
     out->data = (char *)vsrc_dev->data + recompose(i, vsrc_dev->nb);
     return LOOM_OK;
