@@ -218,3 +218,22 @@ LOOM_TEST(meta_uneven, session_ts_3_1_saves_memory_and_matches_cpu) {
     loom_session_free(cpu);
     free(want);
 }
+
+/* The memory check before loading counts each device's own -ts share: with -ts 1/3 the
+ * first device's quarter fits in 2 MiB and the refusal names the second device. */
+LOOM_TEST(meta_uneven, memory_check_counts_each_devices_own_share) {
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    static const float ts[2] = {1, 3};
+    loom_session_params p = loom_session_params_default();
+    p.devices = "sim:2,mem=2MiB";
+    p.split_mode = LOOM_SPLIT_MODE_TENSOR;
+    p.n_ctx = 4096; /* about 5 MiB of KV cache in all */
+    p.threads = 1;
+    p.tensor_split = ts;
+    p.n_tensor_split = 2;
+    loom_session *s = NULL;
+    LOOM_CHECK(loom_session_new(path, NULL, &p, &s) == LOOM_ERR_DEVICE_OOM);
+    LOOM_CHECK(s == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "SIM1, which has 2.0 MiB free");
+}
