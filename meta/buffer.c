@@ -146,7 +146,7 @@ typedef struct io {
     const char *src; /* set: caller's bytes for [offset, offset+size) */
     char *dst;       /* get */
     size_t offset;
-    uint8_t value; /* memset */
+    uint8_t value;   /* memset */
 } io;
 
 static void run_set(meta_buffer *mb, int j, loom_tensor *dev, size_t dev_off, size_t full_off,
@@ -236,8 +236,7 @@ static void whole(meta_buffer *mb, const loom_tensor *t, int j, loom_tensor *dev
 
 /* Bytes of a view are bytes of its storage owner at view_offs + offset, whatever the
  * view's shape: raw spans are addressed through the owner, which knows its layout. */
-static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t offset,
-                   size_t size) {
+static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
     if (t->view_src) {
         mb_set(buf, t->view_src, data, t->view_offs + offset, size);
@@ -254,15 +253,12 @@ static void mb_set(loom_buffer_t buf, loom_tensor *t, const void *data, size_t o
     for (int j = 0; j < mb->md->n; j++) {
         loom_tensor dev;
         whole(mb, t, j, &dev);
-        if (s.axis == LOOM_SPLIT_PARTIAL && j > 0)
-            loom_tensor_memset(&dev, 0, offset, size);
-        else
-            loom_tensor_set(&dev, data, offset, size);
+        if (s.axis == LOOM_SPLIT_PARTIAL && j > 0) loom_tensor_memset(&dev, 0, offset, size);
+        else loom_tensor_set(&dev, data, offset, size);
     }
 }
 
-static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t offset,
-                   size_t size) {
+static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
     if (t->view_src) {
         mb_get(buf, t->view_src, data, t->view_offs + offset, size);
@@ -290,14 +286,12 @@ static void mb_get(loom_buffer_t buf, const loom_tensor *t, void *data, size_t o
     for (int j = 1; j < mb->md->n; j++) {
         whole(mb, t, j, &dev);
         loom_tensor_get(&dev, tmp, offset, size);
-        for (size_t i = 0; i < size / 4; i++)
-            acc[i] += tmp[i];
+        for (size_t i = 0; i < size / 4; i++) acc[i] += tmp[i];
     }
     loom_free(tmp);
 }
 
-static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t offset,
-                      size_t size) {
+static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t offset, size_t size) {
     meta_buffer *mb = buf->context;
     if (t->view_src) {
         mb_memset(buf, t->view_src, value, t->view_offs + offset, size);
@@ -321,8 +315,7 @@ static void mb_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value, size_t o
 static void mb_clear(loom_buffer_t buf, uint8_t value) {
     meta_buffer *mb = buf->context;
     memset(mb->md->outs, 0, sizeof mb->md->outs); /* every layout it held is gone */
-    for (int j = 0; j < mb->md->n; j++)
-        loom_buffer_clear(mb->bufs[j], value);
+    for (int j = 0; j < mb->md->n; j++) loom_buffer_clear(mb->bufs[j], value);
 }
 
 static void mb_reset(loom_buffer_t buf) {

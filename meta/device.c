@@ -8,9 +8,7 @@
 
 #include "meta/meta-impl.h"
 
-meta_dev *loom__meta_dev(loom_dev_t dev) {
-    return (meta_dev *)dev->context;
-}
+meta_dev *loom__meta_dev(loom_dev_t dev) { return (meta_dev *)dev->context; }
 
 static void begin_phase(meta_dev *md, int phase) {
     if (md->phase == phase) return;
@@ -19,16 +17,10 @@ static void begin_phase(meta_dev *md, int phase) {
     md->phase = phase;
 }
 
-void loom__meta_split_phase(meta_dev *md) {
-    begin_phase(md, 1);
-}
-void loom__meta_alloc_phase(meta_dev *md) {
-    begin_phase(md, 2);
-}
+void loom__meta_split_phase(meta_dev *md) { begin_phase(md, 1); }
+void loom__meta_alloc_phase(meta_dev *md) { begin_phase(md, 2); }
 
-void loom__meta_pend_reset(meta_dev *md) {
-    md->n_pend = 0;
-}
+void loom__meta_pend_reset(meta_dev *md) { md->n_pend = 0; }
 
 void loom__meta_end_phase(meta_dev *md) {
     if (!md->phase) return;
@@ -44,9 +36,7 @@ loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_syn
 
 /* ---------------------------------------------------------------- buffer type */
 
-static const char *buft_name(loom_buft_t buft) {
-    return ((meta_dev *)buft->context)->name;
-}
+static const char *buft_name(loom_buft_t buft) { return ((meta_dev *)buft->context)->name; }
 
 static loom_buffer_t buft_alloc(loom_buft_t buft, size_t size) {
     return loom__meta_buffer_new((meta_dev *)buft->context, size);
@@ -123,9 +113,7 @@ static const struct loom_buft_i meta_buft_i = {
 
 /* ---------------------------------------------------------------- device */
 
-static const char *dev_name(loom_dev_t dev) {
-    return loom__meta_dev(dev)->name;
-}
+static const char *dev_name(loom_dev_t dev) { return loom__meta_dev(dev)->name; }
 
 static void dev_memory(loom_dev_t dev, size_t *free_b, size_t *total_b) {
     meta_dev *md = loom__meta_dev(dev);
@@ -167,8 +155,7 @@ static loom_event_t dev_event_new(loom_dev_t dev) {
     for (int j = 0; j < md->n; j++) {
         me->m[j] = loom_event_new(md->devs[j]);
         if (!me->m[j]) {
-            for (int k = 0; k < j; k++)
-                loom_event_free(me->m[k]);
+            for (int k = 0; k < j; k++) loom_event_free(me->m[k]);
             loom_free(me);
             return NULL;
         }
@@ -178,15 +165,13 @@ static loom_event_t dev_event_new(loom_dev_t dev) {
 
 static void dev_event_free(loom_dev_t dev, loom_event_t ev) {
     meta_event *me = ev->context;
-    for (int j = 0; j < loom__meta_dev(dev)->n; j++)
-        loom_event_free(me->m[j]);
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_free(me->m[j]);
     loom_free(me);
 }
 
 static void dev_event_synchronize(loom_dev_t dev, loom_event_t ev) {
     meta_event *me = ev->context;
-    for (int j = 0; j < loom__meta_dev(dev)->n; j++)
-        loom_event_synchronize(me->m[j]);
+    for (int j = 0; j < loom__meta_dev(dev)->n; j++) loom_event_synchronize(me->m[j]);
 }
 
 static void dev_props(loom_dev_t dev, loom_dev_props *p) {
@@ -211,9 +196,7 @@ static loom_backend_t dev_init(loom_dev_t dev, const char *params) {
     return loom__meta_backend_new(loom__meta_dev(dev), params);
 }
 
-static loom_buft_t dev_buft(loom_dev_t dev) {
-    return &loom__meta_dev(dev)->buft;
-}
+static loom_buft_t dev_buft(loom_dev_t dev) { return &loom__meta_dev(dev)->buft; }
 
 static bool dev_supports_op(loom_dev_t dev, const loom_tensor *op) {
     meta_dev *md = loom__meta_dev(dev);
@@ -268,8 +251,7 @@ loom_status loom_meta_device_new(loom_dev_t *devs, int n, loom_split_leaf_fn get
     for (int j = 0; j < n; j++) {
         if (!devs[j]) return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %d is NULL", j);
         if (loom_dev_get_type(devs[j]) == LOOM_DEV_TYPE_META)
-            return loom_error(LOOM_ERR_INVALID_ARG,
-                              "meta device: member %d is itself a meta device", j);
+            return loom_error(LOOM_ERR_INVALID_ARG, "meta device: member %d is itself a meta device", j);
         for (int k = 0; k < j; k++)
             if (devs[k] == devs[j])
                 return loom_error(LOOM_ERR_INVALID_ARG, "meta device: device %s listed twice",
@@ -306,15 +288,9 @@ void loom_meta_device_free(loom_dev_t dev) {
     loom_free(md);
 }
 
-bool loom_dev_is_meta(loom_dev_t dev) {
-    return dev && dev->iface == &meta_dev_i;
-}
-int loom_meta_n_devices(loom_dev_t dev) {
-    return loom__meta_dev(dev)->n;
-}
-loom_dev_t loom_meta_member(loom_dev_t dev, int i) {
-    return loom__meta_dev(dev)->devs[i];
-}
+bool loom_dev_is_meta(loom_dev_t dev) { return dev && dev->iface == &meta_dev_i; }
+int loom_meta_n_devices(loom_dev_t dev) { return loom__meta_dev(dev)->n; }
+loom_dev_t loom_meta_member(loom_dev_t dev, int i) { return loom__meta_dev(dev)->devs[i]; }
 
 loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t, bool assume_sync,
                                    loom_split_state *out) {

@@ -38,8 +38,7 @@ static bool decompose(size_t bytes, const int64_t ne[4], const size_t nb[4], int
 
 static size_t recompose(const int64_t c[4], const size_t nb[4]) {
     size_t s = 0;
-    for (int k = 0; k < 4; k++)
-        s += (size_t)c[k] * nb[k];
+    for (int k = 0; k < 4; k++) s += (size_t)c[k] * nb[k];
     return s;
 }
 
@@ -120,8 +119,7 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
     loom_split_state sub;
     int64_t dev_start[LOOM_SPLIT_MAX_DEVICES];
     st = loom_split_state_sub(&ss, start, extent, &sub, dev_start);
-    if (st)
-        return loom_error(st, "meta: view '%s' of '%s': %s", t->name, src->name, loom_last_error());
+    if (st) return loom_error(st, "meta: view '%s' of '%s': %s", t->name, src->name, loom_last_error());
     i[a] = dev_start[j] / blck;
     out->data = (char *)vsrc_dev->data + recompose(i, vsrc_dev->nb);
     return LOOM_OK;

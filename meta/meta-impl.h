@@ -35,7 +35,7 @@ typedef struct meta_pend {
 typedef struct meta_dev {
     int n;
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
-    loom_split_ctx *split;        /* states of every tensor this device sees */
+    loom_split_ctx *split; /* states of every tensor this device sees */
     loom_split_leaf_fn user_leaf; /* the caller's callback for static tensors */
     int phase;                    /* 0, or the query window a split-ctx batch spans now:
                                      1 a scheduler's assignment passes, 2 an allocation */
@@ -79,8 +79,8 @@ typedef struct meta_buffer {
 
 /* Member j's byte offset of the slice of the storage owner placed at meta offset `off`
  * (needing `bytes` there); an error naming the tensor when it is not where it was laid out. */
-loom_status loom__meta_member_offset(const meta_buffer *mb, const loom_tensor *t, size_t off, int j,
-                                     size_t bytes, size_t *out);
+loom_status loom__meta_member_offset(const meta_buffer *mb, const loom_tensor *t, size_t off,
+                                     int j, size_t bytes, size_t *out);
 
 meta_dev *loom__meta_dev(loom_dev_t dev);
 /* The true (assume_sync false) or consumer (true) state of t; errors from the table. */

@@ -45,10 +45,8 @@ static loom_status leaf(const loom_tensor *t, loom_split_state *out, void *ud) {
         return st;
     }
     if (strcmp(t->name, "partial") == 0) loom_split_state_init(out, LOOM_SPLIT_PARTIAL, n);
-    if (strcmp(t->name, "up") == 0)
-        return loom_split_state_even(out, LOOM_SPLIT_AXIS_1, n, t->ne[1], 1, 0);
-    if (strcmp(t->name, "down") == 0)
-        return loom_split_state_even(out, LOOM_SPLIT_AXIS_0, n, t->ne[0], 1, 0);
+    if (strcmp(t->name, "up") == 0) return loom_split_state_even(out, LOOM_SPLIT_AXIS_1, n, t->ne[1], 1, 0);
+    if (strcmp(t->name, "down") == 0) return loom_split_state_even(out, LOOM_SPLIT_AXIS_0, n, t->ne[0], 1, 0);
     return LOOM_OK;
 }
 
@@ -61,8 +59,7 @@ static bool setup(fixture *f, int n, const char *opts) {
     char spec[64];
     snprintf(spec, sizeof spec, "sim:%d%s", n, opts ? opts : "");
     if (loom_sim_reg_new_from_spec(spec, &f->reg) != LOOM_OK) return false;
-    for (int j = 0; j < n; j++)
-        f->devs[j] = loom_reg_dev_get(f->reg, (size_t)j);
+    for (int j = 0; j < n; j++) f->devs[j] = loom_reg_dev_get(f->reg, (size_t)j);
     return loom_meta_device_new(f->devs, n, leaf, &g_n, &f->meta) == LOOM_OK;
 }
 
@@ -120,8 +117,7 @@ LOOM_TEST(meta_buffer, names_and_memory) {
 LOOM_TEST(meta_buffer, set_get_every_state) {
     fixture f;
     LOOM_REQUIRE(setup(&f, 2, NULL));
-    loom_ctx *ctx =
-        loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead(), .no_alloc = true});
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead(), .no_alloc = true});
     /* [7, 5]: axis 1 split 3 + 2; axis 0 split 7 + 0 (an empty slice); fused segments */
     loom_tensor *a1 = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 7, 5);
     loom_set_name(a1, "s1:3,2");
@@ -136,8 +132,7 @@ LOOM_TEST(meta_buffer, set_get_every_state) {
     loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(f.meta));
     LOOM_REQUIRE(buf != NULL);
     float x[35], y[35];
-    for (int i = 0; i < 35; i++)
-        x[i] = (float)i + 0.5f;
+    for (int i = 0; i < 35; i++) x[i] = (float)i + 0.5f;
     loom_tensor *ts[3] = {a1, a0, sg};
     for (int k = 0; k < 3; k++) {
         size_t nb = loom_nbytes(ts[k]);
@@ -183,15 +178,13 @@ LOOM_TEST(meta_buffer, set_get_every_state) {
     read_slice(&f, pa, 1, p1, sizeof p1);
     LOOM_CHECK(p0[5] == x[5] && p1[5] == 0.0f);
     loom_tensor_get(pa, ps, 0, sizeof ps);
-    for (int i = 0; i < 6; i++)
-        LOOM_CHECK(ps[i] == x[i]);
+    for (int i = 0; i < 6; i++) LOOM_CHECK(ps[i] == x[i]);
     /* a device-side partial contribution shows up in the sum */
     float bump[6] = {1, 2, 3, 4, 5, 6};
     loom_tensor d1t = slice_of(pa, 1, sizeof bump);
     loom_tensor_set(&d1t, bump, 0, sizeof bump);
     loom_tensor_get(pa, ps, 0, sizeof ps);
-    for (int i = 0; i < 6; i++)
-        LOOM_CHECK(ps[i] == x[i] + bump[i]);
+    for (int i = 0; i < 6; i++) LOOM_CHECK(ps[i] == x[i] + bump[i]);
     loom_buffer_free(buf);
     loom_ctx_free(ctx);
     teardown(&f);
@@ -202,8 +195,7 @@ LOOM_TEST(meta_buffer, set_get_every_state) {
 static size_t planned_bytes(int n) {
     fixture f;
     if (!setup(&f, n, NULL)) return 0;
-    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){
-        .mem_size = 64 * loom_tensor_overhead() + loom_graph_overhead(64), .no_alloc = true});
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 64 * loom_tensor_overhead() + loom_graph_overhead(64), .no_alloc = true});
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 16);
     loom_tensor *up = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 1024);
     loom_tensor *down = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
@@ -217,10 +209,8 @@ static size_t planned_bytes(int n) {
     loom_graph_build_forward(g, o);
     loom_gallocr *ga = loom_gallocr_new(loom_dev_buffer_type(f.meta));
     size_t size = 0;
-    if (ga && loom_gallocr_reserve(ga, g) == LOOM_OK)
-        size = loom_gallocr_get_buffer_size(ga, 0);
-    else
-        loom_test_fail(__FILE__, __LINE__, "reserve: %s", loom_last_error());
+    if (ga && loom_gallocr_reserve(ga, g) == LOOM_OK) size = loom_gallocr_get_buffer_size(ga, 0);
+    else loom_test_fail(__FILE__, __LINE__, "reserve: %s", loom_last_error());
     loom_gallocr_free(ga);
     loom_ctx_free(ctx);
     teardown(&f);
@@ -254,8 +244,7 @@ LOOM_TEST(meta_buffer, plan_cache_holds_alternating_graphs) {
     LOOM_REQUIRE(setup(&f, 2, NULL));
     loom_backend_t be = loom_dev_init(f.meta, NULL);
     LOOM_REQUIRE(be != NULL);
-    loom_ctx *wctx =
-        loom_ctx_new((loom_ctx_params){.mem_size = 8 * loom_tensor_overhead(), .no_alloc = true});
+    loom_ctx *wctx = loom_ctx_new((loom_ctx_params){.mem_size = 8 * loom_tensor_overhead(), .no_alloc = true});
     loom_tensor *up = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, 32, 64);
     loom_tensor *down = loom_new_tensor_2d(wctx, LOOM_TYPE_F32, 64, 32);
     loom_set_name(up, "up");
@@ -263,8 +252,7 @@ LOOM_TEST(meta_buffer, plan_cache_holds_alternating_graphs) {
     loom_buffer_t wbuf = loom_alloc_ctx_tensors(wctx, loom_dev_buffer_type(f.meta));
     LOOM_REQUIRE(wbuf != NULL);
     float w1[32 * 64], w2[64 * 32];
-    for (int i = 0; i < 32 * 64; i++)
-        w1[i] = w2[i] = (float)((i * 37) % 11 - 5) / 16.0f;
+    for (int i = 0; i < 32 * 64; i++) w1[i] = w2[i] = (float)((i * 37) % 11 - 5) / 16.0f;
     loom_tensor_set(up, w1, 0, sizeof w1);
     loom_tensor_set(down, w2, 0, sizeof w2);
     loom_ctx *ctx[2];
@@ -272,8 +260,7 @@ LOOM_TEST(meta_buffer, plan_cache_holds_alternating_graphs) {
     loom_tensor *x[2], *o[2];
     loom_buffer_t cb[2];
     for (int k = 0; k < 2; k++) {
-        ctx[k] = loom_ctx_new((loom_ctx_params){
-            .mem_size = 32 * loom_tensor_overhead() + loom_graph_overhead(32), .no_alloc = true});
+        ctx[k] = loom_ctx_new((loom_ctx_params){.mem_size = 32 * loom_tensor_overhead() + loom_graph_overhead(32), .no_alloc = true});
         x[k] = loom_new_tensor_2d(ctx[k], LOOM_TYPE_F32, 32, k ? 1 : 4);
         o[k] = loom_mul_mat(ctx[k], down, loom_silu(ctx[k], loom_mul_mat(ctx[k], up, x[k])));
         g[k] = loom_graph_new(ctx[k], 32);
@@ -281,13 +268,11 @@ LOOM_TEST(meta_buffer, plan_cache_holds_alternating_graphs) {
         cb[k] = loom_alloc_ctx_tensors(ctx[k], loom_dev_buffer_type(f.meta));
         LOOM_REQUIRE(cb[k] != NULL);
         float xin[128];
-        for (int i = 0; i < 128; i++)
-            xin[i] = (float)(i % 7) / 7.0f;
+        for (int i = 0; i < 128; i++) xin[i] = (float)(i % 7) / 7.0f;
         loom_tensor_set(x[k], xin, 0, loom_nbytes(x[k]));
     }
     loom_meta_backend_reset_stats(be);
-    for (int r = 0; r < 6; r++)
-        LOOM_CHECK(loom_backend_graph_compute(be, g[r % 2]) == LOOM_OK);
+    for (int r = 0; r < 6; r++) LOOM_CHECK(loom_backend_graph_compute(be, g[r % 2]) == LOOM_OK);
     loom_meta_stats ms;
     loom_meta_backend_get_stats(be, &ms);
     LOOM_CHECK_EQ_INT(ms.graphs, 6);
@@ -313,8 +298,7 @@ static void kslice_case(int n, int64_t K) {
     loom_backend_t cpu = loom_cpu_backend_new(1);
     LOOM_REQUIRE(be && cpu);
     const int64_t M = 8, N = 3;
-    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){
-        .mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16), .no_alloc = true});
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16), .no_alloc = true});
     loom_tensor *down = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, M);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, N);
     loom_set_name(down, "down");
@@ -324,25 +308,20 @@ static void kslice_case(int n, int64_t K) {
     LOOM_REQUIRE(o && g && loom_graph_build_forward(g, o) == LOOM_OK);
     loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(f.meta));
     LOOM_REQUIRE(buf != NULL);
-    float *w = malloc(sizeof(float) * (size_t)(K * M)),
-          *xi = malloc(sizeof(float) * (size_t)(K * N));
-    for (int64_t i = 0; i < K * M; i++)
-        w[i] = loom_test_randf(-1, 1);
-    for (int64_t i = 0; i < K * N; i++)
-        xi[i] = loom_test_randf(-1, 1);
+    float *w = malloc(sizeof(float) * (size_t)(K * M)), *xi = malloc(sizeof(float) * (size_t)(K * N));
+    for (int64_t i = 0; i < K * M; i++) w[i] = loom_test_randf(-1, 1);
+    for (int64_t i = 0; i < K * N; i++) xi[i] = loom_test_randf(-1, 1);
     loom_tensor_set(down, w, 0, loom_nbytes(down));
     loom_tensor_set(x, xi, 0, loom_nbytes(x));
     loom_split_state s;
-    LOOM_CHECK(loom_meta_tensor_state(f.meta, o, false, &s) == LOOM_OK &&
-               s.axis == LOOM_SPLIT_PARTIAL);
+    LOOM_CHECK(loom_meta_tensor_state(f.meta, o, false, &s) == LOOM_OK && s.axis == LOOM_SPLIT_PARTIAL);
     LOOM_REQUIRE(loom_backend_graph_compute(be, g) == LOOM_OK);
     float got[24];
     loom_tensor_get(o, got, 0, sizeof(float) * (size_t)(M * N));
     for (int64_t c = 0; c < N; c++)
         for (int64_t r = 0; r < M; r++) {
             double want = 0;
-            for (int64_t k = 0; k < K; k++)
-                want += (double)w[r * K + k] * xi[c * K + k];
+            for (int64_t k = 0; k < K; k++) want += (double)w[r * K + k] * xi[c * K + k];
             LOOM_CHECK_NEAR(got[c * M + r], want, 1e-4);
         }
     free(w);
