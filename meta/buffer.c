@@ -1,34 +1,112 @@
 /*
- * A meta buffer: one real buffer of the same size per device. A tensor at offset o of the
- * meta buffer has its slice at offset o of each device buffer (the meta address space is
- * device 0's). Reads and writes scatter and gather by the tensor's true split state:
+ * A meta buffer: one real buffer per device, laid out one of two ways (meta-impl.h).
+ * Shared: every member buffer has the meta size and a tensor at offset o of the meta buffer
+ * has its slice at offset o of each device buffer (the meta address space is device 0's).
+ * Packed: the buffer was made for exactly the tensors the allocator had just sized
+ * (loom_alloc_ctx_tensors, the model loader: one after another, aligned), so member j's
+ * buffer holds only member j's slices, one after another, and an uneven split (-ts 3/1)
+ * takes less memory on the smaller member; the meta address space is a reserved range
+ * nobody reads. A packed buffer a graph allocator takes (usage COMPUTE, or a first tensor
+ * not where it was laid out) becomes shared before its first tensor.
+ * Reads and writes scatter and gather by the tensor's true split state:
  *   split axis  every device's pieces (partial byte ranges too), chunk by chunk;
  *   MIRRORED    writes go to every device, reads come from the first device;
  *   PARTIAL     a write puts the value on device 0 and zeros elsewhere (exact: the sum is
  *               the value); a read returns the sum over devices.
  */
+#define _GNU_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "meta/meta-impl.h"
 
 static char g_empty_base[64]; /* the base of a zero-size meta buffer */
 
+static void mb_destroy(meta_buffer *mb) {
+    for (int j = 0; j < mb->md->n; j++)
+        loom_buffer_free(mb->bufs[j]);
+    if (mb->vbase) munmap(mb->vbase, mb->vsize);
+    loom_free(mb->place);
+    loom_free(mb);
+}
+
 static void mb_free(loom_buffer_t buf) {
     meta_buffer *mb = buf->context;
     memset(mb->md->outs, 0, sizeof mb->md->outs); /* its memory may be handed out again */
-    for (int j = 0; j < mb->md->n; j++) loom_buffer_free(mb->bufs[j]);
-    loom_free(mb);
+    mb_destroy(mb);
 }
 
 static void *mb_base(loom_buffer_t buf) {
     meta_buffer *mb = buf->context;
+    if (mb->vbase) return mb->vbase;
     void *b = mb->bufs[0] ? loom_buffer_base(mb->bufs[0]) : NULL;
     return b ? b : g_empty_base;
 }
 
+/* The last place at meta offset off (zero-size tensors share the offset of the next). */
+static const meta_place *place_find(const meta_buffer *mb, size_t off) {
+    int lo = 0, hi = mb->n_place; /* first place past off */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (mb->place[mid].off <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && mb->place[lo - 1].off == off ? &mb->place[lo - 1] : NULL;
+}
+
+loom_status loom__meta_member_offset(const meta_buffer *mb, const loom_tensor *t, size_t off, int j,
+                                     size_t bytes, size_t *out) {
+    if (!mb->place) {
+        *out = off;
+        return LOOM_OK;
+    }
+    const meta_place *p = place_find(mb, off);
+    if (!p || bytes > p->dev_size[j])
+        return loom_error(LOOM_ERR_INVALID_ARG,
+                          "%s: tensor '%s' (%zu bytes on %s at offset %zu) is not where the "
+                          "buffer laid out its per-device slices",
+                          mb->md->name, t->name, bytes, loom_dev_name(mb->md->devs[j]), off);
+    *out = p->dev_off[j];
+    return LOOM_OK;
+}
+
+/* Packed -> shared, before any tensor lives in it: every member gets the meta size. */
+static loom_status demote(loom_buffer_t buf, meta_buffer *mb) {
+    size_t size = loom_buffer_size(buf);
+    for (int j = 0; j < mb->md->n; j++) {
+        loom_buffer_free(mb->bufs[j]); /* first, so a memory cap sees only the new size */
+        mb->bufs[j] = loom_buft_alloc_buffer(loom_dev_buffer_type(mb->md->devs[j]), size);
+        if (!mb->bufs[j])
+            return loom_error(loom_last_status() ? loom_last_status() : LOOM_ERR_DEVICE_OOM,
+                              "%s: allocating %zu bytes on %s failed: %s", mb->md->name, size,
+                              loom_dev_name(mb->md->devs[j]), loom_last_error());
+    }
+    loom_free(mb->place);
+    mb->place = NULL;
+    mb->n_place = 0;
+    return LOOM_OK;
+}
+
 static loom_status mb_init_tensor(loom_buffer_t buf, loom_tensor *t) {
     meta_buffer *mb = buf->context;
+    if (mb->place && !t->view_src) {
+        size_t off = (size_t)((const char *)t->data - (const char *)mb_base(buf));
+        const meta_place *p = place_find(mb, off);
+        bool fits = p && loom_buft_alloc_size(&mb->md->buft, t) <= p->size;
+        if (!fits || loom_buffer_get_usage(buf) == LOOM_BUFFER_USAGE_COMPUTE) {
+            if (mb->n_init > 0)
+                return loom_error(LOOM_ERR_INVALID_ARG,
+                                  "%s: tensor '%s' at offset %zu is not where the buffer laid "
+                                  "out its per-device slices",
+                                  mb->md->name, t->name, off);
+            loom_status st = demote(buf, mb);
+            if (st) return st;
+        }
+    }
+    mb->n_init++;
     loom__meta_alloc_phase(mb->md);
     loom_split_state s;
     /* surface an unsplittable tensor at allocation, with the table's message */
@@ -257,6 +335,57 @@ const struct loom_buffer_i loom__meta_buffer_i = {
     .reset = mb_reset,
 };
 
+static size_t align_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
+
+/* The packed layout of the tensors the allocator just sized, if `size` is exactly their
+ * aligned sum and some member needs less than the meta size; sizes per member in dev[]. */
+static bool plan_packed(meta_dev *md, meta_buffer *mb, size_t size, size_t dev[]) {
+    size_t align = loom_buft_alignment(&md->buft), total = 0;
+    if (md->n_pend == 0 || size == 0) return false;
+    /* the latest queries that add up to the size (an allocator's earlier passes, or a
+     * placement's own queries after the previous buffer, come before them) */
+    int first = -1;
+    for (int i = md->n_pend - 1; i >= 0 && total <= size; i--) {
+        total += align_up(md->pend[i].size, align);
+        if (total == size) first = i;
+    }
+    if (first < 0) return false;
+    int n = md->n_pend - first;
+    meta_place *p = loom_calloc((size_t)n, sizeof *p);
+    if (!p) return false;
+    size_t off = 0;
+    memset(dev, 0, sizeof(size_t) * (size_t)md->n);
+    for (int i = 0; i < n; i++) {
+        const meta_pend *e = &md->pend[first + i];
+        p[i].off = off;
+        p[i].size = e->size;
+        off += align_up(e->size, align);
+        for (int j = 0; j < md->n; j++) {
+            p[i].dev_off[j] = dev[j];
+            p[i].dev_size[j] = e->dev[j];
+            dev[j] += align_up(e->dev[j], align);
+        }
+    }
+    bool saves = false;
+    for (int j = 0; j < md->n; j++)
+        saves = saves || dev[j] < size;
+    void *v = saves
+                  ? mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                  : MAP_FAILED;
+    if (v == MAP_FAILED || (uintptr_t)v % align != 0) {
+        if (v != MAP_FAILED) munmap(v, size);
+        loom_free(p);
+        return false;
+    }
+    mb->vbase = v;
+    mb->vsize = size;
+    mb->place = p;
+    mb->n_place = n;
+    return true;
+}
+
 loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
     static _Atomic uint64_t next_id = 1;
     meta_buffer *mb = loom_calloc(1, sizeof *mb);
@@ -266,23 +395,25 @@ loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
     }
     mb->md = md;
     mb->id = next_id++;
+    size_t dev[LOOM_META_MAX_DEVICES];
+    bool packed = plan_packed(md, mb, size, dev);
+    loom__meta_pend_reset(md); /* consumed (or not this buffer's) */
     for (int j = 0; j < md->n; j++) {
-        mb->bufs[j] = loom_buft_alloc_buffer(loom_dev_buffer_type(md->devs[j]), size);
+        size_t need = packed ? dev[j] : size;
+        mb->bufs[j] = loom_buft_alloc_buffer(loom_dev_buffer_type(md->devs[j]), need);
         if (!mb->bufs[j]) {
             loom_status st = loom_last_status() ? loom_last_status() : LOOM_ERR_DEVICE_OOM;
             char why[512];
             snprintf(why, sizeof why, "%s", loom_last_error());
-            for (int k = 0; k < j; k++) loom_buffer_free(mb->bufs[k]);
-            loom_free(mb);
-            loom_error(st, "%s: allocating %zu bytes on %s failed: %s", md->name, size,
+            mb_destroy(mb);
+            loom_error(st, "%s: allocating %zu bytes on %s failed: %s", md->name, need,
                        loom_dev_name(md->devs[j]), why);
             return NULL;
         }
     }
     loom_buffer_t buf = loom_buffer_init(&md->buft, &loom__meta_buffer_i, mb, size);
     if (!buf) {
-        for (int j = 0; j < md->n; j++) loom_buffer_free(mb->bufs[j]);
-        loom_free(mb);
+        mb_destroy(mb);
         loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
     }
     return buf;
@@ -291,4 +422,22 @@ loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
 loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i) {
     LOOM_ASSERT(buf->iface == &loom__meta_buffer_i);
     return ((meta_buffer *)buf->context)->bufs[i];
+}
+
+size_t loom_meta_buffer_member_offset(loom_buffer_t buf, const loom_tensor *t, int i) {
+    if (!buf || buf->iface != &loom__meta_buffer_i || !t || t->view_src || t->buffer != buf) {
+        loom_error(LOOM_ERR_INVALID_ARG,
+                   "loom_meta_buffer_member_offset: '%s' is not a tensor "
+                   "owning storage in this meta buffer",
+                   t ? t->name : "(null)");
+        return SIZE_MAX;
+    }
+    meta_buffer *mb = buf->context;
+    if (i < 0 || i >= mb->md->n) {
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_meta_buffer_member_offset: member %d of %d", i,
+                   mb->md->n);
+        return SIZE_MAX;
+    }
+    size_t off = (size_t)((const char *)t->data - (const char *)loom_buffer_base(buf)), o;
+    return loom__meta_member_offset(mb, t, off, i, 0, &o) == LOOM_OK ? o : SIZE_MAX;
 }

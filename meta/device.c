@@ -20,9 +20,12 @@ static void begin_phase(meta_dev *md, int phase) {
 void loom__meta_split_phase(meta_dev *md) { begin_phase(md, 1); }
 void loom__meta_alloc_phase(meta_dev *md) { begin_phase(md, 2); }
 
+void loom__meta_pend_reset(meta_dev *md) { md->n_pend = 0; }
+
 void loom__meta_end_phase(meta_dev *md) {
     if (!md->phase) return;
     md->phase = 0;
+    loom__meta_pend_reset(md); /* queries of one allocation window only */
     loom_split_ctx_end(md->split);
 }
 
@@ -59,16 +62,40 @@ static size_t buft_max_size(loom_buft_t buft) {
     return m;
 }
 
+/* Remembers an unplaced storage owner the allocator sized, with its slice per member (a
+ * tensor asked again starts the list afresh: a new pass of the allocator). */
+static void pend_add(meta_dev *md, const loom_tensor *t, size_t size, const size_t *dev) {
+    for (int i = 0; i < md->n_pend; i++)
+        if (md->pend[i].t == t) {
+            md->n_pend = 0;
+            break;
+        }
+    if (md->n_pend == md->cap_pend) {
+        int cap = md->cap_pend ? 2 * md->cap_pend : 64;
+        meta_pend *p = cap <= (1 << 20) ? loom_realloc(md->pend, (size_t)cap * sizeof *p) : NULL;
+        if (!p) { /* no packed layout for this buffer: it is laid out shared */
+            md->n_pend = 0;
+            return;
+        }
+        md->pend = p;
+        md->cap_pend = cap;
+    }
+    meta_pend *e = &md->pend[md->n_pend++];
+    e->t = t;
+    e->size = size;
+    memcpy(e->dev, dev, sizeof e->dev);
+}
+
 size_t loom__meta_alloc_size(meta_dev *md, const loom_tensor *t) {
     loom__meta_alloc_phase(md);
     loom_split_state s;
-    if (loom__meta_state(md, t, true, &s) != LOOM_OK || !loom_split_axis_is_dim(s.axis))
-        return loom_nbytes(t);
-    size_t best = 0;
+    size_t dev[LOOM_META_MAX_DEVICES] = {0}, best = 0;
+    bool split = loom__meta_state(md, t, true, &s) == LOOM_OK && loom_split_axis_is_dim(s.axis);
     for (int j = 0; j < md->n; j++) {
-        size_t b = loom_split_state_slice_nbytes(&s, t, j);
-        if (b > best) best = b;
+        dev[j] = split ? loom_split_state_slice_nbytes(&s, t, j) : loom_nbytes(t);
+        if (dev[j] > best) best = dev[j];
     }
+    if (!t->view_src && !t->data) pend_add(md, t, best, dev);
     return best;
 }
 
@@ -257,6 +284,7 @@ void loom_meta_device_free(loom_dev_t dev) {
     meta_dev *md = loom__meta_dev(dev);
     loom__meta_end_phase(md);
     loom_split_ctx_free(md->split);
+    loom_free(md->pend);
     loom_free(md);
 }
 

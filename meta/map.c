@@ -67,6 +67,11 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
                               loom_buffer_name(t->buffer), md->name);
         meta_buffer *mb = t->buffer->context;
         size_t off = (size_t)((const char *)t->data - (const char *)loom_buffer_base(t->buffer));
+        size_t bytes = loom_split_axis_is_dim(state->axis)
+                           ? loom_split_state_slice_nbytes(state, t, j)
+                           : loom_nbytes(t);
+        loom_status st = loom__meta_member_offset(mb, t, off, j, bytes, &off);
+        if (st) return st;
         out->buffer = mb->bufs[j];
         out->data = (char *)loom_buffer_base(mb->bufs[j]) + off;
         return LOOM_OK;

@@ -24,6 +24,14 @@ typedef struct meta_out {
     uint64_t stamp;         /* LRU */
 } meta_out;
 
+/* A tensor the allocator asked the size of (alloc_size) and has not placed yet: a buffer
+ * created next for exactly the aligned sum of these is laid out per member (buffer.c). */
+typedef struct meta_pend {
+    const loom_tensor *t;
+    size_t size;                       /* alloc_size: the largest slice */
+    size_t dev[LOOM_META_MAX_DEVICES]; /* the slice on each member */
+} meta_pend;
+
 typedef struct meta_dev {
     int n;
     loom_dev_t devs[LOOM_META_MAX_DEVICES];
@@ -37,17 +45,42 @@ typedef struct meta_dev {
     struct loom_buft buft;
     meta_out outs[LOOM_META_OUT_CACHE];
     uint64_t out_clock;
+    meta_pend *pend; /* the allocator's queries since the last buffer (or phase) */
+    int n_pend, cap_pend;
 } meta_dev;
+
+void loom__meta_pend_reset(meta_dev *md);
 
 void loom__meta_out_publish(meta_dev *md, const loom_tensor *t, const loom_split_state *s);
 bool loom__meta_out_find(meta_dev *md, const loom_tensor *t, loom_split_state *s);
 void loom__meta_out_forget(meta_dev *md, const loom_tensor *t);
 
+/* Where a tensor placed at meta offset `off` has its slice on each member (packed). */
+typedef struct meta_place {
+    size_t off, size;
+    size_t dev_off[LOOM_META_MAX_DEVICES], dev_size[LOOM_META_MAX_DEVICES];
+} meta_place;
+
+/* Two layouts. Shared (place == NULL): every member buffer has the meta size and a slice
+ * sits at the tensor's meta offset on every member (compute buffers, whose allocator reuses
+ * ranges). Packed: the buffer was made for a known list of tensors placed one after
+ * another (weights, KV cache) and member j's buffer holds only member j's slices, one
+ * after another; the meta address space is then a reserved, inaccessible range. */
 typedef struct meta_buffer {
     meta_dev *md;
     uint64_t id; /* unique per allocation: plans keyed on addresses must not outlive it */
     loom_buffer_t bufs[LOOM_META_MAX_DEVICES];
+    void *vbase; /* reserved meta address space (packed, or demoted from it); NULL: bufs[0] */
+    size_t vsize;
+    meta_place *place; /* packed: sorted by off; NULL: shared */
+    int n_place;
+    int n_init; /* tensors initialised so far */
 } meta_buffer;
+
+/* Member j's byte offset of the slice of the storage owner placed at meta offset `off`
+ * (needing `bytes` there); an error naming the tensor when it is not where it was laid out. */
+loom_status loom__meta_member_offset(const meta_buffer *mb, const loom_tensor *t, size_t off,
+                                     int j, size_t bytes, size_t *out);
 
 meta_dev *loom__meta_dev(loom_dev_t dev);
 /* The true (assume_sync false) or consumer (true) state of t; errors from the table. */

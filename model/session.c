@@ -254,13 +254,10 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         snprintf(name, sizeof name, "cache_k_l%d", il);
         need_add(v, &n, MAX_DEVS + 2, place(name, il, s), 0, (uint64_t)per_k + (uint64_t)per_v);
     }
-    /* under -ts a meta device's buffers hold each tensor's largest slice on every member,
-     * so every device needs the largest share (top / sum), not its own */
-    double ts_sum = 0, ts_top = 0;
-    for (int d = 0; s->has_ts && d < s->n_dev; d++) {
-        ts_sum += s->ts[d];
-        if (s->ts[d] > ts_top) ts_top = s->ts[d];
-    }
+    /* under -ts a meta device's weights and KV buffers hold only each member's own slices
+     * (meta/buffer.c, packed), so each device needs its own share (ts[j] / sum) */
+    double ts_sum = 0;
+    for (int d = 0; s->has_ts && d < s->n_dev; d++) ts_sum += s->ts[d];
     const loom_buft_t host = loom_cpu_buffer_type();
     for (int i = 0; i < n; i++) {
         const uint64_t total = v[i].weights + v[i].kv;
@@ -277,11 +274,11 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
         bool meta = s->meta && v[i].buft == loom_dev_buffer_type(s->meta);
         for (int j = 0; j < s->n_dev; j++) {
             if (!meta && loom_dev_buffer_type(s->devs[j]) != v[i].buft) continue;
-            /* a meta device splits the bulk evenly, or by -ts (the largest share) */
+            /* a meta device splits the bulk evenly, or by -ts (this device's share) */
             uint64_t w = v[i].weights, kv = v[i].kv;
             if (meta && s->has_ts) {
-                w = (uint64_t)ceil((double)v[i].weights * ts_top / ts_sum);
-                kv = (uint64_t)ceil((double)v[i].kv * ts_top / ts_sum);
+                w = (uint64_t)ceil((double)v[i].weights * s->ts[j] / ts_sum);
+                kv = (uint64_t)ceil((double)v[i].kv * s->ts[j] / ts_sum);
             } else if (meta) {
                 w = (v[i].weights + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev;
                 kv = (v[i].kv + (uint64_t)s->n_dev - 1) / (uint64_t)s->n_dev;

@@ -52,6 +52,12 @@ LOOM_API loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t
 LOOM_API bool loom_backend_is_meta(loom_backend_t backend);
 LOOM_API loom_backend_t loom_meta_backend_member(loom_backend_t backend, int i);
 LOOM_API loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i);
+/* The byte offset in member i's buffer (loom_meta_buffer_member) of the slice of t, a tensor
+ * owning storage in meta buffer buf; SIZE_MAX (and loom_last_error) if it is not one. A
+ * buffer made for a list of tensors placed one after another (loom_alloc_ctx_tensors, the
+ * model loader) holds on each member only that member's slices (an uneven split saves
+ * memory on the smaller member); a compute buffer keeps a slice at its meta offset. */
+LOOM_API size_t loom_meta_buffer_member_offset(loom_buffer_t buf, const loom_tensor *t, int i);
 /* Forces the AllReduce algorithm of a meta backend (AUTO: the ladder / LOOM_ALLREDUCE). */
 LOOM_API void loom_meta_backend_set_allreduce(loom_backend_t backend, loom_allreduce_algo algo);
 

@@ -71,7 +71,8 @@ static void teardown(fixture *f) {
 /* Device j's slice of meta tensor t (a non-view, allocated), as n bytes of F32. */
 static loom_tensor slice_of(const loom_tensor *t, int j, size_t n) {
     loom_buffer_t db = loom_meta_buffer_member(t->buffer, j);
-    size_t off = (size_t)((char *)t->data - (char *)loom_buffer_base(t->buffer));
+    size_t off = loom_meta_buffer_member_offset(t->buffer, t, j);
+    LOOM_CHECK(off != SIZE_MAX);
     loom_tensor tmp = *t;
     tmp.buffer = db;
     tmp.data = (char *)loom_buffer_base(db) + off;
@@ -84,7 +85,8 @@ static loom_tensor slice_of(const loom_tensor *t, int j, size_t n) {
 
 static void read_slice(const fixture *f, const loom_tensor *t, int j, void *out, size_t n) {
     loom_buffer_t db = loom_meta_buffer_member(t->buffer, j);
-    size_t off = (size_t)((char *)t->data - (char *)loom_buffer_base(t->buffer));
+    size_t off = loom_meta_buffer_member_offset(t->buffer, t, j);
+    LOOM_CHECK(off != SIZE_MAX);
     loom_tensor tmp = *t;
     tmp.buffer = db;
     tmp.data = (char *)loom_buffer_base(db) + off;
