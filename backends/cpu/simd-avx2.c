@@ -642,9 +642,15 @@ static T256 bool avx2_rows_to_f32(loom_type t, const void *x, size_t ldx, int nr
         case LOOM_TYPE_F32:
             memcpy(yr, row, (size_t)n * sizeof(float));
             break;
-        case LOOM_TYPE_F16:
-            avx2_f16_to_f32((const uint16_t *)row, yr, n);
+        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(yr + i, load_f16(h + i));
+            for (; i < n; i++)
+                yr[i] = loom__fp16_to_fp32(h[i]);
             break;
+        }
         case LOOM_TYPE_BF16: {
             const uint16_t *h = (const uint16_t *)row;
             int64_t i = 0;

@@ -665,11 +665,85 @@ I512 __m512 kq16(const int ND, int64_t D, const float *qr, const float *k, size_
     return hsum16(acc);
 }
 
+/* Dots of two query rows against up to 8 key rows, sharing each key load: lanes 0-7 are
+ * q0's, lanes 8-15 q1's. ND as kq16. */
+I512 __m512 kq2x8(const int ND, int64_t D, const float *q0, const float *q1, const float *k,
+                  size_t ldk, int n8) {
+    __m512 acc[16];
+    const float *kr[8];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) kr[j] =
+        k + (size_t)(j < n8 ? j : n8 - 1) * ldk;
+    if (ND > 0) {
+        __m512 a[4], b[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < ND; c++) {
+            a[c] = _mm512_loadu_ps(q0 + 16 * c);
+            b[c] = _mm512_loadu_ps(q1 + 16 * c);
+        }
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < ND; c++) {
+            const __m512 kv = _mm512_loadu_ps(kr[j] + 16 * c);
+            acc[j] = _mm512_fmadd_ps(a[c], kv, acc[j]);
+            acc[8 + j] = _mm512_fmadd_ps(b[c], kv, acc[8 + j]);
+        }
+    } else {
+        for (int64_t d = 0; d < D; d += 16) {
+            const __mmask16 m = tail_mask(D - d);
+            const __m512 a = _mm512_maskz_loadu_ps(m, q0 + d), b = _mm512_maskz_loadu_ps(m, q1 + d);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                const __m512 kv = _mm512_maskz_loadu_ps(m, kr[j] + d);
+                acc[j] = _mm512_fmadd_ps(a, kv, acc[j]);
+                acc[8 + j] = _mm512_fmadd_ps(b, kv, acc[8 + j]);
+            }
+        }
+    }
+    return hsum16(acc);
+}
+
+I512 __m512 join256(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
 static T512 void avx512_fa_kq(int64_t D, const float *q, int nr, const float *k, size_t ldk, int nt,
                               float scale, const float *slope, float *z, size_t ldz, float *zmax,
                               bool *nan) {
     const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
-    for (int r = 0; r < nr; r++) {
+    int r = 0;
+    /* two rows at a time: each key row loaded once for both */
+    for (; r + 1 < nr; r += 2) {
+        const float *q0 = q + (size_t)r * (size_t)D, *q1 = q0 + D;
+        float *z0 = z + (size_t)r * ldz, *z1 = z0 + ldz;
+        const __m512 vslope = join256(_mm256_set1_ps(slope[r]), _mm256_set1_ps(slope[r + 1]));
+        __m512 vmax = ninf;
+        __mmask16 bad = 0;
+        for (int t0 = 0; t0 < nt; t0 += 8) {
+            const int n8 = nt - t0 < 8 ? nt - t0 : 8;
+            const __mmask8 t8 = (__mmask8)((1u << n8) - 1u);
+            const __mmask16 tm = (__mmask16)(t8 | (unsigned)t8 << 8);
+            const __m512 m =
+                join256(_mm256_maskz_loadu_ps(t8, z0 + t0), _mm256_maskz_loadu_ps(t8, z1 + t0));
+            /* unordered: a NaN mask value is a live key whose score is NaN */
+            const __mmask16 live = _mm512_mask_cmp_ps_mask(tm, m, ninf, _CMP_NEQ_UQ);
+            if (!live) continue; /* z already -INF there */
+            const float *kt = k + (size_t)t0 * ldk;
+            __m512 s =
+                D == 64 ? kq2x8(4, D, q0, q1, kt, ldk, n8) : kq2x8(0, D, q0, q1, kt, ldk, n8);
+            s = _mm512_add_ps(_mm512_mul_ps(s, vscale), _mm512_mul_ps(vslope, m));
+            const __mmask16 nanm = _mm512_mask_cmp_ps_mask(live, s, s, _CMP_UNORD_Q);
+            bad |= nanm;
+            s = _mm512_mask_mov_ps(ninf, live & (__mmask16)~nanm, s);
+            vmax = _mm512_max_ps(vmax, s);
+            _mm256_mask_storeu_ps(z0 + t0, t8, _mm512_castps512_ps256(s));
+            _mm256_mask_storeu_ps(z1 + t0, t8,
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+        }
+        zmax[r] = _mm512_mask_reduce_max_ps(0x00ff, vmax);
+        zmax[r + 1] = _mm512_mask_reduce_max_ps(0xff00, vmax);
+        if (bad & 0x00ff) nan[r] = true;
+        if (bad & 0xff00) nan[r + 1] = true;
+    }
+    for (; r < nr; r++) {
         const float *qr = q + (size_t)r * (size_t)D;
         float *zr = z + (size_t)r * ldz;
         const __m512 vslope = _mm512_set1_ps(slope[r]);
@@ -679,9 +753,8 @@ static T512 void avx512_fa_kq(int64_t D, const float *q, int nr, const float *k,
             const int n16 = nt - t0 < 16 ? nt - t0 : 16;
             const __mmask16 tm = tail_mask(n16);
             const __m512 m = _mm512_maskz_loadu_ps(tm, zr + t0);
-            /* unordered: a NaN mask value is a live key whose score is NaN */
             const __mmask16 live = _mm512_mask_cmp_ps_mask(tm, m, ninf, _CMP_NEQ_UQ);
-            if (!live) continue; /* z already -INF there */
+            if (!live) continue;
             const float *kt = k + (size_t)t0 * ldk;
             __m512 s = D == 64    ? kq16(4, D, qr, kt, ldk, n16)
                        : D == 128 ? kq16(8, D, qr, kt, ldk, n16)
@@ -761,9 +834,17 @@ static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int 
         case LOOM_TYPE_F32:
             memcpy(yr, row, (size_t)n * sizeof(float));
             break;
-        case LOOM_TYPE_F16:
-            avx512_f16_to_f32((const uint16_t *)row, yr, n);
+        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(yr + i, load_f16(h + i));
+            if (i < n) {
+                __mmask16 m = tail_mask(n - i);
+                _mm512_mask_storeu_ps(yr + i, m, maskload_f16(m, h + i));
+            }
             break;
+        }
         case LOOM_TYPE_BF16: {
             const uint16_t *h = (const uint16_t *)row;
             int64_t i = 0;
