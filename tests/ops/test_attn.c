@@ -205,15 +205,16 @@ static const fa_variant k_fa_variants[] = {
     /* a long F16 cache: head size 128, 257 positions */
     {128, 128, 3, 257, 4, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f},
     /* quantised caches (read in tiles through the SIMD table): decode over a Q8_0 cache,
-     * GQA 8:2, 200 positions (a partial last tile and 16-key group) */
-    {64, 64, 1, 200, 8, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, 2, false, false, 0.0f, 0.0f},
+     * GQA 6:2 (3 rows per KV head: a pair and a single row), 200 positions (a partial last
+     * tile and 16-key group) */
+    {64, 64, 1, 200, 6, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, 2, false, false, 0.0f, 0.0f},
     /* Q4_0 K, BF16 V, Dv != D, sinks */
     {32, 64, 2, 100, 4, 4, 1, LOOM_TYPE_Q4_0, LOOM_TYPE_BF16, 1, true, false, 0.0f, 0.0f},
     /* sliding window of 70: the first tile unused by every row, the second used from key 15
      * on; BF16 K of an odd head size, Q4_0 V of 96 (a partial 64-column block) */
     {48, 96, 2, 150, 6, 3, 1, LOOM_TYPE_BF16, LOOM_TYPE_Q4_0, 2, false, false, 0.0f, 0.0f, 70},
-    /* softcap over a Q8_0 K, F16 V, head size 128, a fully masked row */
-    {128, 128, 4, 90, 4, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_F16, 1, false, true, 0.0f, 25.0f},
+    /* softcap over a Q8_0 K, F16 V, head size 128, 9 rows per KV head, a fully masked row */
+    {128, 128, 3, 90, 6, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_F16, 1, false, true, 0.0f, 25.0f},
 };
 
 OPS_CASE(flash_attn_ext) {
