@@ -115,6 +115,31 @@ static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     out[0] = s;
 }
 
+/* One F16 / BF16 row: four chains as dot1_f32. */
+#define DOT1_BODY(LOAD, SCALAR)                                                                    \
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                    \
+    int64_t i = 0;                                                                                 \
+    for (; i + 32 <= k; i += 32) {                                                                 \
+        s0 = _mm256_fmadd_ps(LOAD(a + i), _mm256_loadu_ps(b + i), s0);                             \
+        s1 = _mm256_fmadd_ps(LOAD(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);                     \
+        s2 = _mm256_fmadd_ps(LOAD(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);                   \
+        s3 = _mm256_fmadd_ps(LOAD(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);                   \
+    }                                                                                              \
+    for (; i + 8 <= k; i += 8)                                                                     \
+        s0 = _mm256_fmadd_ps(LOAD(a + i), _mm256_loadu_ps(b + i), s0);                             \
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                \
+    for (; i < k; i++)                                                                             \
+        s += SCALAR(a[i]) * b[i];                                                                  \
+    out[0] = s;
+
+static T256 void dot1_f16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_f16, loom__fp16_to_fp32)
+}
+
+static T256 void dot1_bf16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_bf16, loom__bf16_to_fp32)
+}
+
 static T256 void avx2_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
                               float *out) {
     switch (nb) {
@@ -137,7 +162,7 @@ static T256 void avx2_dot_f16(int64_t k, const uint16_t *a, const float *b, size
                               float *out) {
     switch (nb) {
     case 1:
-        dot_f16_n(k, a, b, ldb, out, 1);
+        dot1_f16(k, a, b, out);
         break;
     case 2:
         dot_f16_n(k, a, b, ldb, out, 2);
@@ -155,7 +180,7 @@ static T256 void avx2_dot_bf16(int64_t k, const uint16_t *a, const float *b, siz
                                float *out) {
     switch (nb) {
     case 1:
-        dot_bf16_n(k, a, b, ldb, out, 1);
+        dot1_bf16(k, a, b, out);
         break;
     case 2:
         dot_bf16_n(k, a, b, ldb, out, 2);
