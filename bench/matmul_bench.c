@@ -3,7 +3,7 @@
  *
  * First it measures the machine itself (machine_limits.c): streaming read bandwidth and
  * FMA peak on every hardware thread. Then it times MUL_MAT of an M x K weight (F32, F16,
- * Q8_0, Q4_0, the other legacy quants, the K-quants, IQ4_NL/IQ4_XS, MXFP4) by K x N activations for one token (N = 1, a matrix-vector product that is
+ * BF16, Q8_0, Q4_0, the other legacy quants, the K-quants, IQ4_NL/IQ4_XS, MXFP4) by K x N activations for one token (N = 1, a matrix-vector product that is
  * bound by memory bandwidth) and for a batch (N = 512 by default, bound by arithmetic).
  * Each row reports the best time of several runs, GFLOP/s (2*M*N*K per matmul), GB/s
  * ((weight bytes + activation bytes) / time), and the fraction of the measured read
@@ -312,7 +312,8 @@ int main(int argc, char **argv) {
            "%bw", "%peak", "reps", "check");
 
     static const loom_type types[] = {
-        LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,   LOOM_TYPE_Q4_1,
+        LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,   LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,
+        LOOM_TYPE_Q4_1,
         LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q2_K,   LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K,
         LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K, LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4};
     int failed = 0;

@@ -5,8 +5,10 @@
  *
  * Flash attention takes up to 16 query rows of the heads sharing one KV head at a time
  * (GQA-aware), so each K/V row is loaded once for all of them: per row an online softmax
- * (running max M, sum S, accumulator V) over tiles of keys with a vectorised exp, skipping
- * masked (-INF) keys, then the sink logit folded into the normalisation. A NaN score of an unmasked
+ * (running max M, sum S, accumulator V) over tiles of 64 keys, each K/V tile converted to
+ * f32 once (F16/BF16/Q8_0/Q4_0 by the SIMD table in one call; F32 read in place), scores
+ * and weighted values by the SIMD table's tile kernels with a vectorised exp between them,
+ * skipping masked (-INF) keys, then the sink logit folded into the normalisation. A NaN score of an unmasked
  * key (NaN in q, k, the mask, softcap), NaN in v or a NaN sink makes that query's whole output NaN:
  * NaN in, NaN out, as every other op. Threads split the (row block, KV head, sequence) items.
  */
