@@ -8,9 +8,10 @@
  * (running max M, sum S, accumulator V) over tiles of 64 keys, each K/V tile converted to
  * f32 once (F16/BF16/Q8_0/Q4_0 by the SIMD table in one call; F32 read in place), scores
  * and weighted values by the SIMD table's tile kernels with a vectorised exp between them,
- * skipping masked (-INF) keys, then the sink logit folded into the normalisation. A NaN score of an unmasked
- * key (NaN in q, k, the mask, softcap), NaN in v or a NaN sink makes that query's whole output NaN:
- * NaN in, NaN out, as every other op. Threads split the (row block, KV head, sequence) items.
+ * skipping masked (-INF) keys, then the sink logit folded into the normalisation. A NaN score of an
+ * unmasked key (NaN in q, k, the mask, softcap), NaN in v or a NaN sink makes that query's whole
+ * output NaN: NaN in, NaN out, as every other op. Threads split the (row block, KV head, sequence)
+ * items.
  */
 #include "backends/cpu/cpu-impl.h"
 
@@ -142,10 +143,22 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     const int64_t grows = group * Nq; /* rows per KV head and sequence */
     const loom__cpu_simd *simd = p->simd;
 
-    /* rows per item: at most FA_RB, fewer when that leaves threads idle */
+    /* rows per item: at most FA_RB; when the items are few and do not divide evenly among
+     * the threads (5 KV heads on 2 threads, 1 on 2), the rows of each KV head are split into
+     * more blocks, so that every thread gets the same number of items */
     int64_t nblk = (grows + FA_RB - 1) / FA_RB;
-    const int64_t want = ((int64_t)p->nth + Hk * S4 - 1) / (Hk * S4);
-    if (nblk < want) nblk = want < grows ? want : grows;
+    const int64_t heads = Hk * S4, nth = p->nth;
+    if (nth > 1 && (nblk * heads) % nth != 0 && nblk * heads < 4 * nth) {
+        int64_t a = heads, g = nth; /* gcd(heads, nth) */
+        while (a) {
+            const int64_t t = g % a;
+            g = a;
+            a = t;
+        }
+        const int64_t step = nth / g; /* nblk a multiple of step: items a multiple of nth */
+        nblk = (nblk + step - 1) / step * step;
+    }
+    if (nblk > grows) nblk = grows;
     const int64_t rb = (grows + nblk - 1) / nblk;
     nblk = (grows + rb - 1) / rb;
 
