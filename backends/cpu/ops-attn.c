@@ -111,6 +111,24 @@ static const float *tile_f32(const loom_tensor *t, int64_t i0, int n, int64_t hk
     return buf;
 }
 
+/* Asks for rows [i0, i0 + n) of K or V (head hk, sequence s) to be brought into cache: the
+ * rows of one head are a cache row apart (other heads in between), too far apart for the
+ * hardware prefetcher, and the weights streamed since the last token evicted them. */
+static void prefetch_rows(const loom_tensor *t, int64_t i0, int n, int64_t hk, int64_t s) {
+#if defined(__GNUC__)
+    if (n <= 0 || t->nb[0] != loom_type_size(t->type)) return;
+    const size_t bytes = loom_row_size(t->type, t->ne[0]);
+    const char *row = loom__at(t, 0, i0, hk, s);
+    for (int i = 0; i < n; i++, row += t->nb[1]) {
+        for (size_t off = 0; off < bytes; off += 64)
+            __builtin_prefetch(row + off);
+        __builtin_prefetch(row + bytes - 1);
+    }
+#else
+    (void)t, (void)i0, (void)n, (void)hk, (void)s;
+#endif
+}
+
 /* Rows of one item: query rows (query j, head h) of the heads sharing one KV head, j-major,
  * so a decode step (Nq = 1) takes every query head of a KV group at once and each K/V row
  * is read once per group. Keys are taken FA_KT at a time (trimmed to the keys some row
@@ -227,6 +245,11 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
             }
             if (lo >= hi) continue; /* no row uses a key of this tile */
             const int n = hi - lo;
+            if (i0 + FA_KT < Nkv) { /* the next tile's K and V while this one is computed */
+                const int nn = Nkv - i0 - FA_KT < FA_KT ? (int)(Nkv - i0 - FA_KT) : FA_KT;
+                prefetch_rows(k, i0 + FA_KT, nn, hk, s);
+                prefetch_rows(v, i0 + FA_KT, nn, hk, s);
+            }
             size_t ldk, ldv;
             const float *kb = tile_f32(k, i0 + lo, n, hk, s, kt, &ldk, simd);
             if (softcap > 0.0f) {
