@@ -106,6 +106,21 @@ typedef struct loom__cpu_simd {
     void (*dequant_q4_0)(const loom_block_q4_0 *x, float *y, int64_t nblk);
     void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
+
+    /* Flash attention over a tile of nt keys (ops-attn.c), nr query rows of D floats in q:
+     * fa_kq turns z (on entry the mask, 0 without one; -INF: key unused by that row) into
+     * scores: z[r*ldz+t] = dot(q_r, k_t) * scale + slope[r] * z[r*ldz+t], -INF where the
+     * mask was -INF; a NaN score becomes -INF and sets nan[r]; zmax[r] = max over t.
+     * fa_pv: acc[r*Dv:] += sum_t w[r*ldz+t] * v_t over the keys with z[r*ldz+t] != -INF.
+     * k_t = k + t * ldk, v_t = v + t * ldv (floats). */
+    void (*fa_kq)(int64_t D, const float *q, int nr, const float *k, size_t ldk, int nt,
+                  float scale, const float *slope, float *z, size_t ldz, float *zmax, bool *nan);
+    void (*fa_pv)(int64_t Dv, const float *w, const float *z, size_t ldz, int nr, const float *v,
+                  size_t ldv, int nt, float *acc);
+    /* nrows rows of n values of type t, ldx bytes apart -> y, ldy floats apart; F32, F16,
+     * BF16, Q8_0 and Q4_0 (n whole blocks) only: false (nothing written) for other types. */
+    bool (*rows_to_f32)(loom_type t, const void *x, size_t ldx, int nrows, int64_t n, float *y,
+                        size_t ldy);
 } loom__cpu_simd;
 
 extern const loom__cpu_simd loom__cpu_simd_scalar;
@@ -207,6 +222,7 @@ void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst);
 
 void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst);
+loom__cpu_work loom__cpu_flash_attn_work(const loom_tensor *dst);
 
 /* ---------------------------------------------------------------- row conversion */
 

@@ -276,10 +276,7 @@ static loom__cpu_work node_work(const loom_tensor *t, int nth, const loom__cpu_s
         w.per_thread = ((size_t)a->ne[0] + 16) * sizeof(float);
         break;
     case LOOM_OP_FLASH_ATTN_EXT:
-        /* 16 gathered queries + a key row, a value row + 16 accumulators, 16 x 64 scores and
-         * weights (ops-attn.c) */
-        w.per_thread = ((size_t)a->ne[0] * 17 + (size_t)t->src[2]->ne[0] * 17 + 2 * 16 * 64 + 64) *
-                       sizeof(float);
+        w = loom__cpu_flash_attn_work(t); /* ops-attn.c */
         break;
     case LOOM_OP_MUL_MAT:
         w = loom__cpu_mul_mat_work(t, nth, simd);

@@ -115,6 +115,31 @@ static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     out[0] = s;
 }
 
+/* One F16 / BF16 row: four chains as dot1_f32. */
+#define DOT1_BODY(LOAD, SCALAR)                                                                    \
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                    \
+    int64_t i = 0;                                                                                 \
+    for (; i + 32 <= k; i += 32) {                                                                 \
+        s0 = _mm256_fmadd_ps(LOAD(a + i), _mm256_loadu_ps(b + i), s0);                             \
+        s1 = _mm256_fmadd_ps(LOAD(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);                     \
+        s2 = _mm256_fmadd_ps(LOAD(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);                   \
+        s3 = _mm256_fmadd_ps(LOAD(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);                   \
+    }                                                                                              \
+    for (; i + 8 <= k; i += 8)                                                                     \
+        s0 = _mm256_fmadd_ps(LOAD(a + i), _mm256_loadu_ps(b + i), s0);                             \
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));                \
+    for (; i < k; i++)                                                                             \
+        s += SCALAR(a[i]) * b[i];                                                                  \
+    out[0] = s;
+
+static T256 void dot1_f16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_f16, loom__fp16_to_fp32)
+}
+
+static T256 void dot1_bf16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_bf16, loom__bf16_to_fp32)
+}
+
 static T256 void avx2_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
                               float *out) {
     switch (nb) {
@@ -137,7 +162,7 @@ static T256 void avx2_dot_f16(int64_t k, const uint16_t *a, const float *b, size
                               float *out) {
     switch (nb) {
     case 1:
-        dot_f16_n(k, a, b, ldb, out, 1);
+        dot1_f16(k, a, b, out);
         break;
     case 2:
         dot_f16_n(k, a, b, ldb, out, 2);
@@ -155,7 +180,7 @@ static T256 void avx2_dot_bf16(int64_t k, const uint16_t *a, const float *b, siz
                                float *out) {
     switch (nb) {
     case 1:
-        dot_bf16_n(k, a, b, ldb, out, 1);
+        dot1_bf16(k, a, b, out);
         break;
     case 2:
         dot_bf16_n(k, a, b, ldb, out, 2);
@@ -506,6 +531,173 @@ static T256 void avx2_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
         y[i] = loom__fp32_to_fp16(x[i]);
 }
 
+/* ---------------------------------------------------------------- flash attention tiles */
+
+/* lanes [0, n) set (n clamped to 0..8), as a maskload/maskstore mask */
+I256 __m256i tail_mask8(int64_t n) {
+    const int32_t c = n < 0 ? 0 : n > 8 ? 8 : (int32_t)n;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* 8 vectors -> one: lane t is the sum of a[t]'s lanes. */
+I256 __m256 hsum8(const __m256 *a) {
+    __m256 b[4], c[2];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) b[j] = _mm256_add_ps(
+        _mm256_permute2f128_ps(a[j], a[j + 4], 0x20), _mm256_permute2f128_ps(a[j], a[j + 4], 0x31));
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) c[j] = _mm256_add_ps(
+        _mm256_shuffle_ps(b[j], b[j + 2], 0x44), _mm256_shuffle_ps(b[j], b[j + 2], 0xEE));
+    __m256 e =
+        _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+    return _mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 2, 1, 3, 4, 6, 5, 7));
+}
+
+/* Dots of one query row against up to 8 key rows. */
+I256 __m256 kq8(int64_t D, const float *qr, const float *k, size_t ldk, int n8) {
+    __m256 acc[8];
+    const float *kr[8];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+        acc[j] = _mm256_setzero_ps();
+        kr[j] = k + (size_t)(j < n8 ? j : n8 - 1) * ldk;
+    }
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        __m256 qv = _mm256_loadu_ps(qr + d);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) acc[j] =
+            _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[j] + d), acc[j]);
+    }
+    if (d < D) {
+        const __m256i m = tail_mask8(D - d);
+        __m256 qv = _mm256_maskload_ps(qr + d, m);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) acc[j] =
+            _mm256_fmadd_ps(qv, _mm256_maskload_ps(kr[j] + d, m), acc[j]);
+    }
+    return hsum8(acc);
+}
+
+static T256 void avx2_fa_kq(int64_t D, const float *q, int nr, const float *k, size_t ldk, int nt,
+                            float scale, const float *slope, float *z, size_t ldz, float *zmax,
+                            bool *nan) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(scale);
+    for (int r = 0; r < nr; r++) {
+        const float *qr = q + (size_t)r * (size_t)D;
+        float *zr = z + (size_t)r * ldz;
+        const __m256 vslope = _mm256_set1_ps(slope[r]);
+        __m256 vmax = ninf;
+        int bad = 0;
+        for (int t0 = 0; t0 < nt; t0 += 8) {
+            const int n8 = nt - t0 < 8 ? nt - t0 : 8;
+            const __m256i tm = tail_mask8(n8);
+            const __m256 m = _mm256_maskload_ps(zr + t0, tm);
+            /* unordered: a NaN mask value is a live key whose score is NaN */
+            const __m256 live =
+                _mm256_and_ps(_mm256_cmp_ps(m, ninf, _CMP_NEQ_UQ), _mm256_castsi256_ps(tm));
+            if (!_mm256_movemask_ps(live)) continue; /* z already -INF there */
+            __m256 s = kq8(D, qr, k + (size_t)t0 * ldk, ldk, n8);
+            s = _mm256_add_ps(_mm256_mul_ps(s, vscale), _mm256_mul_ps(vslope, m));
+            const __m256 nanm = _mm256_and_ps(_mm256_cmp_ps(s, s, _CMP_UNORD_Q), live);
+            bad |= _mm256_movemask_ps(nanm);
+            s = _mm256_blendv_ps(ninf, s, _mm256_andnot_ps(nanm, live));
+            vmax = _mm256_max_ps(vmax, s);
+            _mm256_maskstore_ps(zr + t0, tm, s);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        zmax[r] = _mm_cvtss_f32(h);
+        if (bad) nan[r] = true;
+    }
+}
+
+/* NROW rows of the accumulator, 16 columns from d0 (masks m[c] for the columns present). */
+I256 void pv_block(const int NROW, const float *w, const float *z, size_t ldz, const float *v,
+                   size_t ldv, int nt, float *acc, int64_t Dv, int64_t d0, const __m256i *m) {
+    __m256 a[4][2];
+    _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) a[r][c] =
+            _mm256_maskload_ps(acc + (size_t)r * (size_t)Dv + d0 + 8 * c, m[c]);
+    for (int t = 0; t < nt; t++) {
+        const float *vt = v + (size_t)t * ldv + d0;
+        __m256 x[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) x[c] =
+            _mm256_maskload_ps(vt + 8 * c, m[c]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++) {
+            if (z[(size_t)r * ldz + t] == -INFINITY) continue;
+            const __m256 ws = _mm256_set1_ps(w[(size_t)r * ldz + t]);
+            _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) a[r][c] =
+                _mm256_fmadd_ps(x[c], ws, a[r][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++)
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++)
+            _mm256_maskstore_ps(acc + (size_t)r * (size_t)Dv + d0 + 8 * c, m[c], a[r][c]);
+}
+
+static T256 void avx2_fa_pv(int64_t Dv, const float *w, const float *z, size_t ldz, int nr,
+                            const float *v, size_t ldv, int nt, float *acc) {
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int nrr = nr - r0 < 4 ? nr - r0 : 4;
+        const float *wr = w + (size_t)r0 * ldz, *zr = z + (size_t)r0 * ldz;
+        float *ar = acc + (size_t)r0 * (size_t)Dv;
+        for (int64_t d0 = 0; d0 < Dv; d0 += 16) {
+            const __m256i m[2] = {tail_mask8(Dv - d0), tail_mask8(Dv - d0 - 8)};
+            switch (nrr) {
+            case 1:
+                pv_block(1, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            case 2:
+                pv_block(2, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            case 3:
+                pv_block(3, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            default:
+                pv_block(4, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            }
+        }
+    }
+}
+
+static T256 bool avx2_rows_to_f32(loom_type t, const void *x, size_t ldx, int nrows, int64_t n,
+                                  float *y, size_t ldy) {
+    for (int r = 0; r < nrows; r++) {
+        const char *row = (const char *)x + (size_t)r * ldx;
+        float *yr = y + (size_t)r * ldy;
+        switch (t) {
+        case LOOM_TYPE_F32:
+            memcpy(yr, row, (size_t)n * sizeof(float));
+            break;
+        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(yr + i, load_f16(h + i));
+            for (; i < n; i++)
+                yr[i] = loom__fp16_to_fp32(h[i]);
+            break;
+        }
+        case LOOM_TYPE_BF16: {
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(yr + i, load_bf16(h + i));
+            for (; i < n; i++)
+                yr[i] = loom__bf16_to_fp32(h[i]);
+            break;
+        }
+        case LOOM_TYPE_Q8_0:
+            avx2_dequant_q8_0((const loom_block_q8_0 *)row, yr, n / LOOM_QK8_0);
+            break;
+        case LOOM_TYPE_Q4_0:
+            avx2_dequant_q4_0((const loom_block_q4_0 *)row, yr, n / LOOM_QK4_0);
+            break;
+        default:
+            return false;
+        }
+    }
+    return true;
+}
+
 const loom__cpu_simd loom__cpu_simd_avx2 = {
     .name = "avx2",
     .dot_f32 = avx2_dot_f32,
@@ -534,6 +726,9 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .dequant_q4_0 = avx2_dequant_q4_0,
     .f16_to_f32 = avx2_f16_to_f32,
     .f32_to_f16 = avx2_f32_to_f16,
+    .fa_kq = avx2_fa_kq,
+    .fa_pv = avx2_fa_pv,
+    .rows_to_f32 = avx2_rows_to_f32,
 };
 
 #else /* not x86-64 GCC/Clang: never selected */

@@ -123,6 +123,31 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
+/* One F16 / BF16 row: four chains as dot1_f32 (two leave a matrix-vector product at ~70%
+ * of the read bandwidth on 2 threads, four reach ~90%: bench/matmul_bench). */
+#define DOT1_BODY(LOAD, MASKLOAD)                                                                  \
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                    \
+    int64_t i = 0;                                                                                 \
+    for (; i + 64 <= k; i += 64) {                                                                 \
+        s0 = _mm512_fmadd_ps(LOAD(a + i), _mm512_loadu_ps(b + i), s0);                             \
+        s1 = _mm512_fmadd_ps(LOAD(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);                   \
+        s2 = _mm512_fmadd_ps(LOAD(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);                   \
+        s3 = _mm512_fmadd_ps(LOAD(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);                   \
+    }                                                                                              \
+    for (; i < k; i += 16) {                                                                       \
+        __mmask16 m = tail_mask(k - i);                                                            \
+        s0 = _mm512_fmadd_ps(MASKLOAD(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);             \
+    }                                                                                              \
+    out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+
+static T512 void dot1_f16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_f16, maskload_f16)
+}
+
+static T512 void dot1_bf16(int64_t k, const uint16_t *a, const float *b, float *out) {
+    DOT1_BODY(load_bf16, maskload_bf16)
+}
+
 static T512 void avx512_dot_f32(int64_t k, const float *a, const float *b, size_t ldb, int nb,
                                 float *out) {
     switch (nb) {
@@ -145,7 +170,7 @@ static T512 void avx512_dot_f16(int64_t k, const uint16_t *a, const float *b, si
                                 float *out) {
     switch (nb) {
     case 1:
-        dot_f16_n(k, a, b, ldb, out, 1);
+        dot1_f16(k, a, b, out);
         break;
     case 2:
         dot_f16_n(k, a, b, ldb, out, 2);
@@ -163,7 +188,7 @@ static T512 void avx512_dot_bf16(int64_t k, const uint16_t *a, const float *b, s
                                  float *out) {
     switch (nb) {
     case 1:
-        dot_bf16_n(k, a, b, ldb, out, 1);
+        dot1_bf16(k, a, b, out);
         break;
     case 2:
         dot_bf16_n(k, a, b, ldb, out, 2);
@@ -615,6 +640,260 @@ static T512 void avx512_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
     }
 }
 
+/* ---------------------------------------------------------------- flash attention tiles */
+
+/* 16 vectors -> one: lane t is the sum of a[t]'s lanes (a shuffle tree, then one permute
+ * that puts the keys back in order). */
+I512 __m512 hsum16(const __m512 *a) {
+    __m512 b[8], c[4], d[2];
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) b[j] = _mm512_add_ps(
+        _mm512_shuffle_f32x4(a[j], a[j + 8], 0x44), _mm512_shuffle_f32x4(a[j], a[j + 8], 0xEE));
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) c[j] = _mm512_add_ps(
+        _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88), _mm512_shuffle_f32x4(b[j], b[j + 4], 0xDD));
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) d[j] = _mm512_add_ps(
+        _mm512_shuffle_ps(c[j], c[j + 2], 0x44), _mm512_shuffle_ps(c[j], c[j + 2], 0xEE));
+    __m512 e =
+        _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    return _mm512_permutexvar_ps(order, e);
+}
+
+/* Dots of one query row against up to 16 key rows (kr[j] = k + row(j) * ldk); ND > 0: D is
+ * ND * 16 and the query stays in registers, ND = 0: any D. */
+I512 __m512 kq16(const int ND, int64_t D, const float *qr, const float *k, size_t ldk, int n16) {
+    __m512 acc[16];
+    const float *kr[16];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) {
+        acc[j] = _mm512_setzero_ps();
+        kr[j] = k + (size_t)(j < n16 ? j : n16 - 1) * ldk;
+    }
+    if (ND > 0) {
+        __m512 qv[8];
+        _Pragma("GCC unroll 8") for (int c = 0; c < ND; c++) qv[c] = _mm512_loadu_ps(qr + 16 * c);
+        _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
+            _Pragma("GCC unroll 8") for (int c = 0; c < ND; c++) acc[j] =
+                _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[j] + 16 * c), acc[j]);
+    } else {
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) {
+            __m512 qv = _mm512_loadu_ps(qr + d);
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) acc[j] =
+                _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[j] + d), acc[j]);
+        }
+        if (d < D) {
+            __mmask16 m = tail_mask(D - d);
+            __m512 qv = _mm512_maskz_loadu_ps(m, qr + d);
+            _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) acc[j] =
+                _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[j] + d), acc[j]);
+        }
+    }
+    return hsum16(acc);
+}
+
+/* Dots of two query rows against up to 8 key rows, sharing each key load: lanes 0-7 are
+ * q0's, lanes 8-15 q1's. ND as kq16. */
+I512 __m512 kq2x8(const int ND, int64_t D, const float *q0, const float *q1, const float *k,
+                  size_t ldk, int n8) {
+    __m512 acc[16];
+    const float *kr[8];
+    _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) kr[j] =
+        k + (size_t)(j < n8 ? j : n8 - 1) * ldk;
+    if (ND > 0) {
+        __m512 a[4], b[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < ND; c++) {
+            a[c] = _mm512_loadu_ps(q0 + 16 * c);
+            b[c] = _mm512_loadu_ps(q1 + 16 * c);
+        }
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < ND; c++) {
+            const __m512 kv = _mm512_loadu_ps(kr[j] + 16 * c);
+            acc[j] = _mm512_fmadd_ps(a[c], kv, acc[j]);
+            acc[8 + j] = _mm512_fmadd_ps(b[c], kv, acc[8 + j]);
+        }
+    } else {
+        for (int64_t d = 0; d < D; d += 16) {
+            const __mmask16 m = tail_mask(D - d);
+            const __m512 a = _mm512_maskz_loadu_ps(m, q0 + d), b = _mm512_maskz_loadu_ps(m, q1 + d);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+                const __m512 kv = _mm512_maskz_loadu_ps(m, kr[j] + d);
+                acc[j] = _mm512_fmadd_ps(a, kv, acc[j]);
+                acc[8 + j] = _mm512_fmadd_ps(b, kv, acc[8 + j]);
+            }
+        }
+    }
+    return hsum16(acc);
+}
+
+I512 __m512 join256(__m256 lo, __m256 hi) {
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+}
+
+static T512 void avx512_fa_kq(int64_t D, const float *q, int nr, const float *k, size_t ldk, int nt,
+                              float scale, const float *slope, float *z, size_t ldz, float *zmax,
+                              bool *nan) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    int r = 0;
+    /* two rows at a time: each key row loaded once for both */
+    for (; r + 1 < nr; r += 2) {
+        const float *q0 = q + (size_t)r * (size_t)D, *q1 = q0 + D;
+        float *z0 = z + (size_t)r * ldz, *z1 = z0 + ldz;
+        const __m512 vslope = join256(_mm256_set1_ps(slope[r]), _mm256_set1_ps(slope[r + 1]));
+        __m512 vmax = ninf;
+        __mmask16 bad = 0;
+        for (int t0 = 0; t0 < nt; t0 += 8) {
+            const int n8 = nt - t0 < 8 ? nt - t0 : 8;
+            const __mmask8 t8 = (__mmask8)((1u << n8) - 1u);
+            const __mmask16 tm = (__mmask16)(t8 | (unsigned)t8 << 8);
+            const __m512 m =
+                join256(_mm256_maskz_loadu_ps(t8, z0 + t0), _mm256_maskz_loadu_ps(t8, z1 + t0));
+            /* unordered: a NaN mask value is a live key whose score is NaN */
+            const __mmask16 live = _mm512_mask_cmp_ps_mask(tm, m, ninf, _CMP_NEQ_UQ);
+            if (!live) continue; /* z already -INF there */
+            const float *kt = k + (size_t)t0 * ldk;
+            __m512 s =
+                D == 64 ? kq2x8(4, D, q0, q1, kt, ldk, n8) : kq2x8(0, D, q0, q1, kt, ldk, n8);
+            s = _mm512_add_ps(_mm512_mul_ps(s, vscale), _mm512_mul_ps(vslope, m));
+            const __mmask16 nanm = _mm512_mask_cmp_ps_mask(live, s, s, _CMP_UNORD_Q);
+            bad |= nanm;
+            s = _mm512_mask_mov_ps(ninf, live & (__mmask16)~nanm, s);
+            vmax = _mm512_max_ps(vmax, s);
+            _mm256_mask_storeu_ps(z0 + t0, t8, _mm512_castps512_ps256(s));
+            _mm256_mask_storeu_ps(z1 + t0, t8,
+                                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+        }
+        zmax[r] = _mm512_mask_reduce_max_ps(0x00ff, vmax);
+        zmax[r + 1] = _mm512_mask_reduce_max_ps(0xff00, vmax);
+        if (bad & 0x00ff) nan[r] = true;
+        if (bad & 0xff00) nan[r + 1] = true;
+    }
+    for (; r < nr; r++) {
+        const float *qr = q + (size_t)r * (size_t)D;
+        float *zr = z + (size_t)r * ldz;
+        const __m512 vslope = _mm512_set1_ps(slope[r]);
+        __m512 vmax = ninf;
+        __mmask16 bad = 0;
+        for (int t0 = 0; t0 < nt; t0 += 16) {
+            const int n16 = nt - t0 < 16 ? nt - t0 : 16;
+            const __mmask16 tm = tail_mask(n16);
+            const __m512 m = _mm512_maskz_loadu_ps(tm, zr + t0);
+            const __mmask16 live = _mm512_mask_cmp_ps_mask(tm, m, ninf, _CMP_NEQ_UQ);
+            if (!live) continue;
+            const float *kt = k + (size_t)t0 * ldk;
+            __m512 s = D == 64    ? kq16(4, D, qr, kt, ldk, n16)
+                       : D == 128 ? kq16(8, D, qr, kt, ldk, n16)
+                                  : kq16(0, D, qr, kt, ldk, n16);
+            s = _mm512_add_ps(_mm512_mul_ps(s, vscale), _mm512_mul_ps(vslope, m));
+            const __mmask16 nanm = _mm512_mask_cmp_ps_mask(live, s, s, _CMP_UNORD_Q);
+            bad |= nanm;
+            s = _mm512_mask_mov_ps(ninf, live & (__mmask16)~nanm, s);
+            vmax = _mm512_max_ps(vmax, s);
+            _mm512_mask_storeu_ps(zr + t0, tm, s);
+        }
+        zmax[r] = _mm512_reduce_max_ps(vmax);
+        if (bad) nan[r] = true;
+    }
+}
+
+/* NROW rows of the accumulator, 64 columns from d0 (masks m[c] for the columns present). */
+I512 void pv_block(const int NROW, const float *w, const float *z, size_t ldz, const float *v,
+                   size_t ldv, int nt, float *acc, int64_t Dv, int64_t d0, const __mmask16 *m) {
+    __m512 a[4][4];
+    _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[r][c] =
+            _mm512_maskz_loadu_ps(m[c], acc + (size_t)r * (size_t)Dv + d0 + 16 * c);
+    for (int t = 0; t < nt; t++) {
+        const float *vt = v + (size_t)t * ldv + d0;
+        __m512 x[4];
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) x[c] =
+            _mm512_maskz_loadu_ps(m[c], vt + 16 * c);
+        _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++) {
+            if (z[(size_t)r * ldz + t] == -INFINITY) continue;
+            const __m512 ws = _mm512_set1_ps(w[(size_t)r * ldz + t]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) a[r][c] =
+                _mm512_fmadd_ps(x[c], ws, a[r][c]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < NROW; r++)
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            _mm512_mask_storeu_ps(acc + (size_t)r * (size_t)Dv + d0 + 16 * c, m[c], a[r][c]);
+}
+
+static T512 void avx512_fa_pv(int64_t Dv, const float *w, const float *z, size_t ldz, int nr,
+                              const float *v, size_t ldv, int nt, float *acc) {
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int nrr = nr - r0 < 4 ? nr - r0 : 4;
+        const float *wr = w + (size_t)r0 * ldz, *zr = z + (size_t)r0 * ldz;
+        float *ar = acc + (size_t)r0 * (size_t)Dv;
+        for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
+            __mmask16 m[4];
+            for (int c = 0; c < 4; c++) {
+                const int64_t rem = Dv - d0 - 16 * c;
+                m[c] = rem > 0 ? tail_mask(rem) : 0;
+            }
+            switch (nrr) {
+            case 1:
+                pv_block(1, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            case 2:
+                pv_block(2, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            case 3:
+                pv_block(3, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            default:
+                pv_block(4, wr, zr, ldz, v, ldv, nt, ar, Dv, d0, m);
+                break;
+            }
+        }
+    }
+}
+
+static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int nrows, int64_t n,
+                                    float *y, size_t ldy) {
+    for (int r = 0; r < nrows; r++) {
+        const char *row = (const char *)x + (size_t)r * ldx;
+        float *yr = y + (size_t)r * ldy;
+        switch (t) {
+        case LOOM_TYPE_F32:
+            memcpy(yr, row, (size_t)n * sizeof(float));
+            break;
+        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(yr + i, load_f16(h + i));
+            if (i < n) {
+                __mmask16 m = tail_mask(n - i);
+                _mm512_mask_storeu_ps(yr + i, m, maskload_f16(m, h + i));
+            }
+            break;
+        }
+        case LOOM_TYPE_BF16: {
+            const uint16_t *h = (const uint16_t *)row;
+            int64_t i = 0;
+            for (; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(yr + i, load_bf16(h + i));
+            if (i < n) {
+                __mmask16 m = tail_mask(n - i);
+                _mm512_mask_storeu_ps(yr + i, m, maskload_bf16(m, h + i));
+            }
+            break;
+        }
+        case LOOM_TYPE_Q8_0:
+            avx512_dequant_q8_0((const loom_block_q8_0 *)row, yr, n / LOOM_QK8_0);
+            break;
+        case LOOM_TYPE_Q4_0:
+            avx512_dequant_q4_0((const loom_block_q4_0 *)row, yr, n / LOOM_QK4_0);
+            break;
+        default:
+            return false;
+        }
+    }
+    return true;
+}
+
 const loom__cpu_simd loom__cpu_simd_avx512 = {
     .name = "avx512",
     .dot_f32 = avx512_dot_f32,
@@ -644,6 +923,9 @@ const loom__cpu_simd loom__cpu_simd_avx512 = {
     .dequant_q4_0 = avx512_dequant_q4_0,
     .f16_to_f32 = avx512_f16_to_f32,
     .f32_to_f16 = avx512_f32_to_f16,
+    .fa_kq = avx512_fa_kq,
+    .fa_pv = avx512_fa_pv,
+    .rows_to_f32 = avx512_rows_to_f32,
 };
 
 #else /* not x86-64 GCC/Clang: never selected */

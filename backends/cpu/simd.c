@@ -165,6 +165,51 @@ static void scalar_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
         y[i] = loom__fp32_to_fp16(x[i]);
 }
 
+/* ---------------------------------------------------------------- flash attention tiles */
+
+static void scalar_fa_kq(int64_t D, const float *q, int nr, const float *k, size_t ldk, int nt,
+                         float scale, const float *slope, float *z, size_t ldz, float *zmax,
+                         bool *nan) {
+    for (int r = 0; r < nr; r++) {
+        float *zr = z + (size_t)r * ldz, mx = -INFINITY;
+        for (int t = 0; t < nt; t++) {
+            if (zr[t] == -INFINITY) continue;
+            const float *kt = k + (size_t)t * ldk, *qr = q + (size_t)r * (size_t)D;
+            float s = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                s += qr[d] * kt[d];
+            float zz = s * scale + slope[r] * zr[t];
+            if (zz != zz) {
+                nan[r] = true;
+                zz = -INFINITY;
+            }
+            zr[t] = zz;
+            mx = zz > mx ? zz : mx;
+        }
+        zmax[r] = mx;
+    }
+}
+
+static void scalar_fa_pv(int64_t Dv, const float *w, const float *z, size_t ldz, int nr,
+                         const float *v, size_t ldv, int nt, float *acc) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++)
+            if (z[(size_t)r * ldz + t] != -INFINITY)
+                scalar_vec_mad_f32(Dv, acc + (size_t)r * (size_t)Dv, v + (size_t)t * ldv,
+                                   w[(size_t)r * ldz + t]);
+}
+
+static bool scalar_rows_to_f32(loom_type t, const void *x, size_t ldx, int nrows, int64_t n,
+                               float *y, size_t ldy) {
+    if (t != LOOM_TYPE_F32 && t != LOOM_TYPE_F16 && t != LOOM_TYPE_BF16 && t != LOOM_TYPE_Q8_0 &&
+        t != LOOM_TYPE_Q4_0)
+        return false;
+    for (int r = 0; r < nrows; r++)
+        loom__cpu_row_to_f32(t, (const char *)x + (size_t)r * ldx, loom_type_size(t), 0, n,
+                             y + (size_t)r * ldy);
+    return true;
+}
+
 const loom__cpu_simd loom__cpu_simd_scalar = {
     .name = "scalar",
     .dot_f32 = scalar_dot_f32,
@@ -187,6 +232,9 @@ const loom__cpu_simd loom__cpu_simd_scalar = {
     .dequant_q4_0 = scalar_dequant_q4_0,
     .f16_to_f32 = scalar_f16_to_f32,
     .f32_to_f16 = scalar_f32_to_f16,
+    .fa_kq = scalar_fa_kq,
+    .fa_pv = scalar_fa_pv,
+    .rows_to_f32 = scalar_rows_to_f32,
 };
 
 /* ---------------------------------------------------------------- dispatch */

@@ -2,7 +2,8 @@
  * Ops cases, attention family: SOFT_MAX (plain; scale; F32/F16 masks with -INF entries,
  * taller than the input and broadcast over dims 2/3; ALiBi; sinks), ROPE (normal and neox,
  * n_dims < head_dim, freq_factors, freq_scale, non-contiguous input) and FLASH_ATTN_EXT
- * (GQA, F16 K/V, mask, sinks, softcap, ALiBi, a fully masked row, Dv != D).
+ * (GQA, F16/BF16/Q8_0/Q4_0 K/V, mask, sliding window, sinks, softcap, ALiBi, a fully masked
+ * row, Dv != D).
  *
  * Tolerances are derived per element from float error propagation (see each case).
  */
@@ -182,26 +183,38 @@ typedef struct fa_variant {
     bool sinks;
     bool masked_row; /* one query row entirely -INF */
     float max_bias, softcap;
+    int64_t window; /* > 0: query j also masks keys more than window - 1 before its own */
 } fa_variant;
 
 static const fa_variant k_fa_variants[] = {
     /* decode step: one query, GQA 4:2, F16 K/V and mask */
-    {64, 64, 1, 33, 4, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f},
+    {64, 64, 1, 33, 4, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f, 0},
     /* prompt: Dv != D, GQA 6:2, two sequences, causal F32 mask with a fully masked row */
-    {40, 24, 7, 67, 6, 2, 2, LOOM_TYPE_F32, LOOM_TYPE_F32, 1, false, true, 0.0f, 0.0f},
+    {40, 24, 7, 67, 6, 2, 2, LOOM_TYPE_F32, LOOM_TYPE_F32, 1, false, true, 0.0f, 0.0f, 0},
     /* odd head size, MQA 2:1, mixed K F16 / V F32, sinks (fully masked row -> 0), softcap */
-    {33, 33, 5, 20, 2, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F32, 1, true, true, 0.0f, 20.0f},
+    {33, 33, 5, 20, 2, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F32, 1, true, true, 0.0f, 20.0f, 0},
     /* ALiBi over 5 heads, long KV */
-    {16, 16, 4, 130, 5, 5, 1, LOOM_TYPE_F32, LOOM_TYPE_F32, 1, false, false, 8.0f, 0.0f},
+    {16, 16, 4, 130, 5, 5, 1, LOOM_TYPE_F32, LOOM_TYPE_F32, 1, false, false, 8.0f, 0.0f, 0},
     /* no mask, softcap, three sequences, K F32 / V F16 */
-    {64, 32, 3, 7, 8, 8, 3, LOOM_TYPE_F32, LOOM_TYPE_F16, 0, true, false, 0.0f, 30.0f},
+    {64, 32, 3, 7, 8, 8, 3, LOOM_TYPE_F32, LOOM_TYPE_F16, 0, true, false, 0.0f, 30.0f, 0},
     /* F16 mask with sinks and ALiBi, GQA 8:2 */
-    {32, 32, 2, 9, 8, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, true, false, 4.0f, 0.0f},
+    {32, 32, 2, 9, 8, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, true, false, 4.0f, 0.0f, 0},
     /* GQA 16:2 decode-like block of 3 queries: 24 rows per KV head (two row blocks), three
      * key tiles (the last partial), F16 mask with a fully masked row */
-    {64, 64, 3, 150, 16, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, true, 0.0f, 0.0f},
+    {64, 64, 3, 150, 16, 2, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, true, 0.0f, 0.0f, 0},
     /* a long F16 cache: head size 128, 257 positions */
-    {128, 128, 3, 257, 4, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f},
+    {128, 128, 3, 257, 4, 1, 1, LOOM_TYPE_F16, LOOM_TYPE_F16, 2, false, false, 0.0f, 0.0f, 0},
+    /* quantised caches (read in tiles through the SIMD table): decode over a Q8_0 cache,
+     * GQA 6:2 (3 rows per KV head: a pair and a single row), 200 positions (a partial last
+     * tile and 16-key group) */
+    {64, 64, 1, 200, 6, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_0, 2, false, false, 0.0f, 0.0f, 0},
+    /* Q4_0 K, BF16 V, Dv != D, sinks */
+    {32, 64, 2, 100, 4, 4, 1, LOOM_TYPE_Q4_0, LOOM_TYPE_BF16, 1, true, false, 0.0f, 0.0f, 0},
+    /* sliding window of 70: the first tile unused by every row, the second used from key 15
+     * on; BF16 K of an odd head size, Q4_0 V of 96 (a partial 64-column block) */
+    {48, 96, 2, 150, 6, 3, 1, LOOM_TYPE_BF16, LOOM_TYPE_Q4_0, 2, false, false, 0.0f, 0.0f, 70},
+    /* softcap over a Q8_0 K, F16 V, head size 128, 9 rows per KV head, a fully masked row */
+    {128, 128, 3, 90, 6, 2, 1, LOOM_TYPE_Q8_0, LOOM_TYPE_F16, 1, false, true, 0.0f, 25.0f, 0},
 };
 
 OPS_CASE(flash_attn_ext) {
@@ -230,9 +243,12 @@ OPS_CASE(flash_attn_ext) {
                            OPS_CONTIG);
             ops_fill(e, mask, -1, 0.5);
             /* causal-style: query j sees keys up to Nkv - Nq + j */
-            for (int64_t j = 0; mask && j < f.Nq; j++)
+            for (int64_t j = 0; mask && j < f.Nq; j++) {
                 for (int64_t i = f.Nkv - f.Nq + j + 1; i < f.Nkv; i++)
                     ops_set(e, mask, i, j, 0, 0, -INFINITY);
+                for (int64_t i = 0; f.window > 0 && i <= f.Nkv - f.Nq + j - f.window; i++)
+                    ops_set(e, mask, i, j, 0, 0, -INFINITY);
+            }
             if (f.masked_row)
                 for (int64_t i = 0; i < f.Nkv; i++)
                     ops_set(e, mask, i, f.Nq / 2, 0, 0, -INFINITY);
