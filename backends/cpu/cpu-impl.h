@@ -253,6 +253,42 @@ static inline void loom__range(int64_t n, int ith, int nth, int64_t *i0, int64_t
     *i1 = b < n ? b : n;
 }
 
+/* The GEMM paths' work units (F32, int8 and BF16 GEMM): (batch, row block, chunk of B
+ * panels). Row blocks of mc_max rows halve (not below mr) and the panels split into chunks
+ * until every thread has about two units (small M, few batches). */
+typedef struct loom__cpu_gemm_units {
+    int64_t mc, mblocks, nchunks, chunk, npan, count;
+} loom__cpu_gemm_units;
+
+/* One unit: batch, rows [mc0, mc0 + mlen), panels [pn0, pn1) (empty when pn0 >= pn1). */
+typedef struct loom__cpu_gemm_unit {
+    int64_t batch, mc0, mlen, pn0, pn1;
+} loom__cpu_gemm_unit;
+
+static inline loom__cpu_gemm_units loom__cpu_gemm_units_of(int64_t batches, int64_t M, int64_t npan,
+                                                           int64_t mc_max, int mr, int nth) {
+    loom__cpu_gemm_units g = {.mc = mc_max, .nchunks = 1, .npan = npan};
+    while (g.mc > mr && batches * ((M + g.mc - 1) / g.mc) < 2 * nth)
+        g.mc /= 2;
+    g.mblocks = (M + g.mc - 1) / g.mc;
+    if (batches * g.mblocks < 2 * nth)
+        g.nchunks = (2 * nth + batches * g.mblocks - 1) / (batches * g.mblocks);
+    if (g.nchunks > npan) g.nchunks = npan;
+    g.chunk = (npan + g.nchunks - 1) / g.nchunks;
+    g.count = batches * g.mblocks * g.nchunks;
+    return g;
+}
+
+static inline loom__cpu_gemm_unit loom__cpu_gemm_unit_at(const loom__cpu_gemm_units *g, int64_t u,
+                                                         int64_t M) {
+    const int64_t nc = u % g->nchunks, mb = (u / g->nchunks) % g->mblocks;
+    loom__cpu_gemm_unit w = {.batch = u / (g->nchunks * g->mblocks), .mc0 = mb * g->mc};
+    w.mlen = M - w.mc0 < g->mc ? M - w.mc0 : g->mc;
+    w.pn0 = nc * g->chunk;
+    w.pn1 = w.pn0 + g->chunk < g->npan ? w.pn0 + g->chunk : g->npan;
+    return w;
+}
+
 /* Address of element (i0, i1, i2, i3) (for blocks, i0 counts blocks). */
 static inline void *loom__at(const loom_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     return (char *)t->data + i0 * (int64_t)t->nb[0] + i1 * (int64_t)t->nb[1] +

@@ -210,25 +210,14 @@ void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
     uint32_t *ap = (uint32_t *)(((uintptr_t)p->wthread + 63) & ~(uintptr_t)63);
     const size_t ldc = dst->nb[1] / sizeof(float);
 
-    /* Work units: (batch, row block, column chunk), as the F32 GEMM's. */
-    int64_t mc = BG_MC;
-    while (mc > BG_MR && batches * bg_ceil_div(M, mc) < 2 * p->nth)
-        mc /= 2;
-    const int64_t mblocks = bg_ceil_div(M, mc);
-    int64_t nchunks = 1;
-    if (batches * mblocks < 2 * p->nth) nchunks = bg_ceil_div(2 * p->nth, batches * mblocks);
-    if (nchunks > npan) nchunks = npan;
-    const int64_t chunk = bg_ceil_div(npan, nchunks);
-
+    /* Work units as the F32 GEMM's. */
+    const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, M, npan, BG_MC, BG_MR, p->nth);
     int64_t u0, u1;
-    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    loom__range(g.count, p->ith, p->nth, &u0, &u1);
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
-                      batch = u / (nchunks * mblocks);
-        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
-                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, M);
+        const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % B2, i3 = batch / B2;
-        const int64_t mlen = M - mc0 < mc ? M - mc0 : mc;
         const int64_t mpan = bg_ceil_div(mlen, BG_MR);
         const uint32_t *bpan = bp + batch * npan * kp * BG_NR;
         if (pn0 >= pn1) continue;

@@ -464,26 +464,13 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     float *lines = (float *)((char *)p->wthread + align64((size_t)MM_MC * MM_KC * sizeof(float)));
     const size_t ldc = dst->nb[1] / sizeof(float);
 
-    /* Work units: (batch, row block, column chunk). Row blocks shrink and the columns split
-     * into chunks until every thread has about two units (small M, few batches). */
-    int64_t mc = MM_MC;
-    while (mc > mr && batches * ceil_div(s->M, mc) < 2 * p->nth)
-        mc /= 2;
-    const int64_t mblocks = ceil_div(s->M, mc);
-    int64_t nchunks = 1;
-    if (batches * mblocks < 2 * p->nth) nchunks = ceil_div(2 * p->nth, batches * mblocks);
-    if (nchunks > npan) nchunks = npan;
-    const int64_t chunk = ceil_div(npan, nchunks);
-
+    const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, s->M, npan, MM_MC, mr, p->nth);
     int64_t u0, u1;
-    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    loom__range(g.count, p->ith, p->nth, &u0, &u1);
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
-                      batch = u / (nchunks * mblocks);
-        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
-                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, s->M);
+        const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
-        const int64_t mlen = s->M - mc0 < mc ? s->M - mc0 : mc;
         const int64_t mpan = ceil_div(mlen, mr);
         const float *bpan = bp + batch * npan * s->K * nr;
         if (pn0 >= pn1) continue;
@@ -547,24 +534,13 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
     loom__cpu_barrier(p);
 
     const size_t ldc = dst->nb[1] / sizeof(float);
-    int64_t mc = MM_MC;
-    while (mc > mr && batches * ceil_div(s->M, mc) < 2 * p->nth)
-        mc /= 2;
-    const int64_t mblocks = ceil_div(s->M, mc);
-    int64_t nchunks = 1;
-    if (batches * mblocks < 2 * p->nth) nchunks = ceil_div(2 * p->nth, batches * mblocks);
-    if (nchunks > npan) nchunks = npan;
-    const int64_t chunk = ceil_div(npan, nchunks);
-
+    const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, s->M, npan, MM_MC, mr, p->nth);
     int64_t u0, u1;
-    loom__range(batches * mblocks * nchunks, p->ith, p->nth, &u0, &u1);
+    loom__range(g.count, p->ith, p->nth, &u0, &u1);
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t nc = u % nchunks, mb = (u / nchunks) % mblocks,
-                      batch = u / (nchunks * mblocks);
-        const int64_t mc0 = mb * mc, pn0 = nc * chunk,
-                      pn1 = pn0 + chunk < npan ? pn0 + chunk : npan;
+        const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, s->M);
+        const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
-        const int64_t mlen = s->M - mc0 < mc ? s->M - mc0 : mc;
         const int64_t mpan = ceil_div(mlen, mr);
         const char *bpan = bp + (size_t)(batch * npan) * panel_bytes;
         if (pn0 >= pn1) continue;
