@@ -690,6 +690,40 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
     return w;
 }
 
+/* The panels of nr columns over the experts' slot groups, and the experts with slots. */
+static void mmid_panels(const int64_t *start, int64_t E, int nr, int64_t *npanels,
+                        int64_t *active) {
+    *npanels = *active = 0;
+    for (int64_t e = 0; e < E; e++) {
+        *npanels += ceil_div(start[e + 1] - start[e], nr);
+        *active += start[e + 1] > start[e];
+    }
+}
+
+/* The expert of an (expert, row block) unit, walked forward over a thread's consecutive
+ * units: e is the rank-th expert with slots, pan0 its first panel. */
+typedef struct mmid_cursor {
+    int64_t e, e_rank, pan0;
+} mmid_cursor;
+
+static void mmid_cursor_seek(mmid_cursor *c, int64_t rank, const int64_t *start, int nr) {
+    while (c->e_rank < rank) {
+        if (c->e >= 0) c->pan0 += ceil_div(start[c->e + 1] - start[c->e], nr);
+        c->e++;
+        if (start[c->e + 1] > start[c->e]) c->e_rank++;
+    }
+}
+
+/* One unit's results (rows [mc0, mc0 + mlen) of expert e's slots, MM_MC apart) to dst. */
+static void mmid_scatter(loom_tensor *dst, const int64_t *start, const int32_t *slot, int64_t e,
+                         int64_t mc0, int64_t mlen, const float *cbuf) {
+    for (int64_t j = 0; j < start[e + 1] - start[e]; j++) {
+        const int64_t s = start[e] + j;
+        for (int64_t i = 0; i < mlen; i++)
+            *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
+    }
+}
+
 /* The GEMM path over the slots grouped by expert: b's f32 rows packed into panels per
  * expert (shared), then (expert, row block) units across threads, each accumulating its
  * MM_MC x n_e block over K with the micro-kernel and scattering it to dst. */
@@ -699,11 +733,8 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
     const int64_t K = as->ne[0], M = as->ne[1], E = as->ne[2];
     const int mr = p->simd->gemm_mr, nr = p->simd->gemm_nr;
     float *bp = (float *)((char *)p->wshared + l->off_panels);
-    int64_t npanels = 0, active = 0;
-    for (int64_t e = 0; e < E; e++) {
-        npanels += ceil_div(start[e + 1] - start[e], nr);
-        active += start[e + 1] > start[e];
-    }
+    int64_t npanels, active;
+    mmid_panels(start, E, nr, &npanels, &active);
     int64_t p0, p1;
     loom__range(npanels, p->ith, p->nth, &p0, &p1);
     for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
@@ -727,14 +758,11 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
     const int64_t mblocks = ceil_div(M, MM_MC);
     int64_t u0, u1;
     loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
-    int64_t e = -1, e_rank = -1, pan0 = 0;
+    mmid_cursor c = {-1, -1, 0};
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t rank = u / mblocks, mb = u % mblocks;
-        while (e_rank < rank) { /* the rank-th active expert and its first panel */
-            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
-            e++;
-            if (start[e + 1] > start[e]) e_rank++;
-        }
+        const int64_t mb = u % mblocks;
+        mmid_cursor_seek(&c, u / mblocks, start, nr);
+        const int64_t e = c.e, pan0 = c.pan0;
         const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
         const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
         const int64_t mpan = ceil_div(mlen, mr);
@@ -751,11 +779,7 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
                 }
             }
         }
-        for (int64_t j = 0; j < ne_; j++) {
-            const int64_t s = start[e] + j;
-            for (int64_t i = 0; i < mlen; i++)
-                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
-        }
+        mmid_scatter(dst, start, slot, e, mc0, mlen, cbuf);
     }
 }
 
@@ -774,11 +798,8 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
     char *bp = (char *)p->wshared + l->off_panels, *wt = p->wthread;
     char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
     float *cbuf = (float *)(wt + align64(tl.total));
-    int64_t npanels = 0, active = 0;
-    for (int64_t e = 0; e < E; e++) {
-        npanels += ceil_div(start[e + 1] - start[e], nr);
-        active += start[e + 1] > start[e];
-    }
+    int64_t npanels, active;
+    mmid_panels(start, E, nr, &npanels, &active);
     int64_t p0, p1;
     loom__range(npanels, p->ith, p->nth, &p0, &p1);
     for (int64_t e = 0, gi = 0; e < E && gi < p1; e++) {
@@ -798,14 +819,11 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
     const int64_t mblocks = ceil_div(M, MM_MC);
     int64_t u0, u1;
     loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
-    int64_t e = -1, e_rank = -1, pan0 = 0;
+    mmid_cursor c = {-1, -1, 0};
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t rank = u / mblocks, mb = u % mblocks;
-        while (e_rank < rank) { /* the rank-th active expert and its first panel */
-            if (e >= 0) pan0 += ceil_div(start[e + 1] - start[e], nr);
-            e++;
-            if (start[e + 1] > start[e]) e_rank++;
-        }
+        const int64_t mb = u % mblocks;
+        mmid_cursor_seek(&c, u / mblocks, start, nr);
+        const int64_t e = c.e, pan0 = c.pan0;
         const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
         const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
         const int64_t mpan = ceil_div(mlen, mr);
@@ -829,11 +847,7 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
                 }
             }
         }
-        for (int64_t j = 0; j < ne_; j++) {
-            const int64_t s = start[e] + j;
-            for (int64_t i = 0; i < mlen; i++)
-                *dst_at(dst, mc0 + i, slot[2 * s], slot[2 * s + 1], 0) = cbuf[j * MM_MC + i];
-        }
+        mmid_scatter(dst, start, slot, e, mc0, mlen, cbuf);
     }
 }
 
