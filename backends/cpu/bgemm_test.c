@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/cpu_test_util.h"
 #include "loom/cpu.h"
 #include "tests/shim/loom_test.h"
 
@@ -28,24 +29,6 @@ typedef struct bg_case {
     int64_t K, M, N, A2, B2;
     b_layout lb;
 } bg_case;
-
-static loom_ctx *new_ctx(size_t mb) {
-    loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
-    return loom_ctx_new(p);
-}
-
-static loom_status compute(loom_tensor *out, int threads) {
-    loom_ctx *gctx = new_ctx(4);
-    loom_graph *g = loom_graph_new(gctx, 64);
-    loom_status s = loom_graph_build_forward(g, out);
-    if (s == LOOM_OK) {
-        loom_threadpool *tp = threads > 1 ? loom_threadpool_new(threads) : NULL;
-        s = loom_cpu_graph_compute(g, tp);
-        if (tp) loom_threadpool_free(tp);
-    }
-    loom_ctx_free(gctx);
-    return s;
-}
 
 /* f32 -> bf16 -> f32, round to nearest even (finite inputs), written from the definition:
  * the nearest of the two bf16 neighbours, the even one on a tie. */
@@ -67,7 +50,7 @@ static bool bgemm_expected(void) {
 }
 
 static void check_case(bg_case c) {
-    loom_ctx *ctx = new_ctx(64);
+    loom_ctx *ctx = loom_cpu_test_ctx(64);
     LOOM_REQUIRE(ctx);
     loom_tensor *a = loom_new_tensor_3d(ctx, LOOM_TYPE_BF16, c.K, c.M, c.A2);
     loom_tensor *bsrc, *b;
@@ -133,13 +116,13 @@ static void check_case(bg_case c) {
     setenv("LOOM_CPU_BGEMM", "0", 1);
     path = loom__cpu_mul_mat_path(d, loom__cpu_simd_get());
     LOOM_CHECK_MSG(strcmp(path, "gemm") == 0, "LOOM_CPU_BGEMM=0: path %s", path);
-    LOOM_CHECK(compute(d, 2) == LOOM_OK);
+    LOOM_CHECK(loom_cpu_test_compute(d, 2) == LOOM_OK);
     memcpy(f32, d->data, sizeof(float) * (size_t)n_out);
     unsetenv("LOOM_CPU_BGEMM");
 
     for (int threads = 1; threads <= 3; threads += 2) {
         memset(d->data, 0xff, loom_nbytes(d)); /* NaN: unwritten outputs fail */
-        loom_status st = compute(d, threads);
+        loom_status st = loom_cpu_test_compute(d, threads);
         LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
         int bad = 0;
         for (int64_t o = 0; o < n_out && bad < 3; o++) {
@@ -187,7 +170,7 @@ LOOM_TEST(bgemm, broadcast_batches) {
 /* Taken only on the AVX-512 table of a CPU with AVX512_BF16 and from 8 columns; the
  * AVX2 and portable tables (LOOM_CPU_SIMD), LOOM_CPU_BGEMM=0 and N < 8 keep their paths. */
 LOOM_TEST(bgemm, path_only_where_supported) {
-    loom_ctx *ctx = new_ctx(4);
+    loom_ctx *ctx = loom_cpu_test_ctx(4);
     LOOM_REQUIRE(ctx);
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_BF16, 64, 16);
     loom_tensor *b8 = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 8);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/cpu_test_util.h"
 #include "loom/cpu.h"
 #include "tests/shim/loom_test.h"
 
@@ -30,11 +31,6 @@ static bool path_available(int i) {
 
 static void use_path(int i) {
     setenv("LOOM_CPU_SIMD", k_paths[i], 1);
-}
-
-static loom_ctx *new_ctx(size_t mb) {
-    loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
-    return loom_ctx_new(p);
 }
 
 static void fill_f32(float *x, int64_t n, float lo, float hi) {
@@ -54,19 +50,6 @@ static void set_from_f32(loom_tensor *t, const float *x) {
 static void get_row_f32(const loom_tensor *t, int64_t r, float *y) {
     const loom_type_traits *tr = loom_type_traits_get(t->type);
     tr->to_float((const char *)t->data + r * loom_row_size(t->type, t->ne[0]), y, t->ne[0]);
-}
-
-static loom_status compute(loom_tensor *out, int threads) {
-    loom_ctx *gctx = new_ctx(4);
-    loom_graph *g = loom_graph_new(gctx, 64);
-    loom_status s = loom_graph_build_forward(g, out);
-    if (s == LOOM_OK) {
-        loom_threadpool *tp = threads > 1 ? loom_threadpool_new(threads) : NULL;
-        s = loom_cpu_graph_compute(g, tp);
-        if (tp) loom_threadpool_free(tp);
-    }
-    loom_ctx_free(gctx);
-    return s;
 }
 
 /* ---------------------------------------------------------------- SIMD selection */
@@ -89,7 +72,7 @@ typedef struct mm_case {
 
 /* dst = a x b on every path and thread count, against the double reference. */
 static void check_mul_mat(loom_type type, mm_case c, bool transpose_b) {
-    loom_ctx *ctx = new_ctx(64);
+    loom_ctx *ctx = loom_cpu_test_ctx(64);
     LOOM_REQUIRE(ctx);
     loom_tensor *a = loom_new_tensor_3d(ctx, type, c.K, c.M, c.A2);
     loom_tensor *b;
@@ -163,7 +146,7 @@ static void check_mul_mat(loom_type type, mm_case c, bool transpose_b) {
         use_path(path);
         for (int threads = 1; threads <= 3; threads += 2) {
             memset(d->data, 0xff, loom_nbytes(d)); /* NaN: unwritten outputs fail */
-            loom_status s = compute(d, threads);
+            loom_status s = loom_cpu_test_compute(d, threads);
             LOOM_CHECK_MSG(s == LOOM_OK, "%s: %s", k_paths[path], loom_last_error());
             if (!have_first) memcpy(first, d->data, sizeof(float) * (size_t)n_out);
             have_first = true;
@@ -242,7 +225,7 @@ LOOM_TEST(cpu_matmul, gemm_blocks_and_edges) {
 
 /* a as a transposed view (rows not contiguous along K). */
 LOOM_TEST(cpu_matmul, transposed_weights) {
-    loom_ctx *ctx = new_ctx(16);
+    loom_ctx *ctx = loom_cpu_test_ctx(16);
     const int64_t K = 37, M = 21, N = 11;
     loom_tensor *at = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, M, K); /* stored [M, K] */
     loom_tensor *a = loom_transpose(ctx, at);                       /* view [K, M] */
@@ -254,7 +237,7 @@ LOOM_TEST(cpu_matmul, transposed_weights) {
     for (int path = 0; path < 3; path++) {
         if (!path_available(path)) continue;
         use_path(path);
-        LOOM_CHECK(compute(d, 2) == LOOM_OK);
+        LOOM_CHECK(loom_cpu_test_compute(d, 2) == LOOM_OK);
         for (int64_t n = 0; n < N; n++) {
             for (int64_t m = 0; m < M; m++) {
                 double s = 0;
@@ -270,7 +253,7 @@ LOOM_TEST(cpu_matmul, transposed_weights) {
 
 static void check_mul_mat_id(loom_type type, int64_t B1) {
     const int64_t K = 64, M = 37, E = 4, U = 2, T = 5;
-    loom_ctx *ctx = new_ctx(16);
+    loom_ctx *ctx = loom_cpu_test_ctx(16);
     loom_tensor *as = loom_new_tensor_3d(ctx, type, K, M, E);
     loom_tensor *b = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, K, B1, T);
     loom_tensor *ids = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, U, T);
@@ -286,7 +269,7 @@ static void check_mul_mat_id(loom_type type, int64_t B1) {
     for (int path = 0; path < 3; path++) {
         if (!path_available(path)) continue;
         use_path(path);
-        LOOM_CHECK(compute(d, 3) == LOOM_OK);
+        LOOM_CHECK(loom_cpu_test_compute(d, 3) == LOOM_OK);
         for (int64_t t = 0; t < T; t++) {
             for (int64_t u = 0; u < U; u++) {
                 int32_t e = ((int32_t *)ids->data)[u + U * t];
@@ -330,7 +313,7 @@ static double silu_ref(double x) {
 /* add (broadcast row), scale, silu and swiglu at odd lengths, every path. */
 LOOM_TEST(cpu_vec, elementwise_paths_agree) {
     const int64_t n = 37, rows = 5;
-    loom_ctx *ctx = new_ctx(8);
+    loom_ctx *ctx = loom_cpu_test_ctx(8);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
     loom_tensor *y = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, 1);
     fill_f32(x->data, n * rows, -30.0f, 30.0f);
@@ -346,7 +329,7 @@ LOOM_TEST(cpu_vec, elementwise_paths_agree) {
         use_path(path);
         loom_tensor *outs[] = {sum, prod, sc, si, sw};
         for (int o = 0; o < 5; o++)
-            LOOM_CHECK(compute(outs[o], 2) == LOOM_OK);
+            LOOM_CHECK(loom_cpu_test_compute(outs[o], 2) == LOOM_OK);
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t i = 0; i < n; i++) {
                 double xv = loom_get_f32_nd(x, i, r, 0, 0), yv = loom_get_f32_nd(y, i, 0, 0, 0);
@@ -367,7 +350,7 @@ LOOM_TEST(cpu_vec, elementwise_paths_agree) {
 /* softmax with a -INF mask entry and an all-masked row, every path. */
 LOOM_TEST(cpu_vec, soft_max_paths_agree) {
     const int64_t n = 21, rows = 3;
-    loom_ctx *ctx = new_ctx(8);
+    loom_ctx *ctx = loom_cpu_test_ctx(8);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
     loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
     fill_f32(x->data, n * rows, -8.0f, 8.0f);
@@ -380,7 +363,7 @@ LOOM_TEST(cpu_vec, soft_max_paths_agree) {
     for (int path = 0; path < 3; path++) {
         if (!path_available(path)) continue;
         use_path(path);
-        LOOM_CHECK(compute(sm, 1) == LOOM_OK);
+        LOOM_CHECK(loom_cpu_test_compute(sm, 1) == LOOM_OK);
         for (int64_t r = 0; r < rows; r++) {
             double z[64], m = -INFINITY, s = 0;
             for (int64_t i = 0; i < n; i++) {
@@ -403,7 +386,7 @@ LOOM_TEST(cpu_vec, soft_max_paths_agree) {
  * full and a partial query block, with q as a permuted view. */
 static void check_flash_attn(int64_t Nq, bool permuted_q) {
     const int64_t D = 40, H = 4, Hk = 2, Nkv = 9;
-    loom_ctx *ctx = new_ctx(8);
+    loom_ctx *ctx = loom_cpu_test_ctx(8);
     loom_tensor *q;
     if (permuted_q) {
         loom_tensor *qs = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, H, Nq);
@@ -431,7 +414,7 @@ static void check_flash_attn(int64_t Nq, bool permuted_q) {
     for (int path = 0; path < 3; path++) {
         if (!path_available(path)) continue;
         use_path(path);
-        LOOM_CHECK(compute(o, 2) == LOOM_OK);
+        LOOM_CHECK(loom_cpu_test_compute(o, 2) == LOOM_OK);
         for (int64_t h = 0; h < H; h++) {
             const int64_t hk = h / (H / Hk);
             for (int64_t j = 0; j < Nq; j++) {
@@ -470,7 +453,7 @@ LOOM_TEST(cpu_vec, flash_attn_f16_paths_agree) {
  * logit makes its softmax row NaN. Every path. */
 LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
     const int64_t D = 8, Nq = 4, Nkv = 5;
-    loom_ctx *ctx = new_ctx(8);
+    loom_ctx *ctx = loom_cpu_test_ctx(8);
     for (int which = 0; which < 3; which++) { /* NaN in q, in v, in the sink */
         loom_tensor *q = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nq, 1);
         loom_tensor *k = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, 1);
@@ -488,7 +471,7 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
         for (int path = 0; path < 3; path++) {
             if (!path_available(path)) continue;
             use_path(path);
-            LOOM_CHECK(compute(o, 1) == LOOM_OK);
+            LOOM_CHECK(loom_cpu_test_compute(o, 1) == LOOM_OK);
             for (int64_t j = 0; j < Nq; j++) {
                 for (int64_t d = 0; d < D; d++) {
                     /* NaN in v reaches only its own output dimension */
@@ -513,7 +496,7 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
     for (int path = 0; path < 3; path++) {
         if (!path_available(path)) continue;
         use_path(path);
-        LOOM_CHECK(compute(sm, 1) == LOOM_OK);
+        LOOM_CHECK(loom_cpu_test_compute(sm, 1) == LOOM_OK);
         for (int64_t r = 0; r < 3; r++)
             for (int64_t i = 0; i < n; i++) {
                 float y = loom_get_f32_nd(sm, i, r, 0, 0);
@@ -529,7 +512,7 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
 /* ---------------------------------------------------------------- errors */
 
 LOOM_TEST(cpu_errors, unsupported_op_names_op_tensor_and_types) {
-    loom_ctx *ctx = new_ctx(4);
+    loom_ctx *ctx = loom_cpu_test_ctx(4);
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, 32, 4);
     loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 32, 2);
     loom_tensor *d = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 4, 2);
@@ -548,7 +531,7 @@ LOOM_TEST(cpu_errors, unsupported_op_names_op_tensor_and_types) {
 }
 
 LOOM_TEST(cpu_errors, get_rows_index_out_of_range) {
-    loom_ctx *ctx = new_ctx(4);
+    loom_ctx *ctx = loom_cpu_test_ctx(4);
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 5);
     loom_tensor *ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
     fill_f32(a->data, 40, -1, 1);
@@ -558,11 +541,11 @@ LOOM_TEST(cpu_errors, get_rows_index_out_of_range) {
     loom_tensor *r = loom_get_rows(ctx, a, ids);
     LOOM_REQUIRE(r);
     loom_set_name(r, "emb");
-    LOOM_CHECK_EQ_INT(compute(r, 2), LOOM_ERR_INVALID_ARG);
+    LOOM_CHECK_EQ_INT(loom_cpu_test_compute(r, 2), LOOM_ERR_INVALID_ARG);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "GET_ROWS 'emb'");
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "out of range");
     ((int32_t *)ids->data)[1] = 4;
-    LOOM_CHECK_EQ_INT(compute(r, 2), LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_cpu_test_compute(r, 2), LOOM_OK);
     LOOM_CHECK_NEAR(loom_get_f32_nd(r, 3, 1, 0, 0), loom_get_f32_nd(a, 3, 4, 0, 0), 0);
     loom_ctx_free(ctx);
 }
@@ -572,7 +555,7 @@ LOOM_TEST(cpu_errors, get_rows_index_out_of_range) {
  * values on 1, 2 and 3 threads, and a data error in a tiny node followed by big ones
  * comes back as an error (no hang: every thread meets at the next shared barrier). */
 LOOM_TEST(cpu_threads, tiny_nodes_run_solo_between_split_nodes) {
-    loom_ctx *ctx = new_ctx(16);
+    loom_ctx *ctx = loom_cpu_test_ctx(16);
     loom_tensor *emb = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 50);
     loom_tensor *ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
     loom_tensor *w1 = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 1024);
@@ -590,7 +573,7 @@ LOOM_TEST(cpu_threads, tiny_nodes_run_solo_between_split_nodes) {
     LOOM_REQUIRE(out);
     loom_set_name(x, "emb_rows");
     static float ref[512 * 3];
-    LOOM_CHECK_EQ_INT(compute(out, 1), LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, 1), LOOM_OK);
     memcpy(ref, out->data, sizeof ref);
     /* the values against a direct evaluation of the chain for one column */
     {
@@ -611,14 +594,14 @@ LOOM_TEST(cpu_threads, tiny_nodes_run_solo_between_split_nodes) {
     }
     for (int threads = 2; threads <= 3; threads++) {
         memset(out->data, 0, sizeof ref);
-        LOOM_CHECK_EQ_INT(compute(out, threads), LOOM_OK);
+        LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_OK);
         const float *got = out->data;
         for (int i = 0; i < 512 * 3; i++)
             LOOM_CHECK_NEAR(got[i], ref[i], 1e-6f * (1.0f + fabsf(ref[i])));
     }
     id[1] = 50; /* out of range: the first (tiny) node fails */
     for (int threads = 1; threads <= 3; threads++) {
-        LOOM_CHECK_EQ_INT(compute(out, threads), LOOM_ERR_INVALID_ARG);
+        LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_ERR_INVALID_ARG);
         LOOM_CHECK_STR_CONTAINS(loom_last_error(), "GET_ROWS 'emb_rows'");
     }
     loom_ctx_free(ctx);
@@ -645,7 +628,7 @@ static const loom_allocator k_failing = {failing_malloc, failing_realloc, plain_
 /* The scratch of a quantised matmul cannot be allocated: NOMEM, no crash, and the same
  * graph computes once memory is back. */
 LOOM_TEST(cpu_errors, scratch_out_of_memory) {
-    loom_ctx *ctx = new_ctx(4);
+    loom_ctx *ctx = loom_cpu_test_ctx(4);
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_Q8_0, 64, 8);
     loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 3);
     float av[64 * 8];

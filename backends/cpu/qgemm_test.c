@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/cpu_test_util.h"
 #include "loom/cpu.h"
 #include "tests/shim/loom_test.h"
 
@@ -33,24 +34,6 @@ typedef struct qg_case {
 
 typedef enum run_mode { RUN_QGEMM, RUN_AVX2, RUN_F32GEMM, RUN_SCALAR, RUN_MODES } run_mode;
 static const char *const k_mode_names[] = {"int8 gemm", "avx2 table", "f32 gemm", "scalar dots"};
-
-static loom_ctx *new_ctx(size_t mb) {
-    loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
-    return loom_ctx_new(p);
-}
-
-static loom_status compute(loom_tensor *out, int threads) {
-    loom_ctx *gctx = new_ctx(4);
-    loom_graph *g = loom_graph_new(gctx, 64);
-    loom_status s = loom_graph_build_forward(g, out);
-    if (s == LOOM_OK) {
-        loom_threadpool *tp = threads > 1 ? loom_threadpool_new(threads) : NULL;
-        s = loom_cpu_graph_compute(g, tp);
-        if (tp) loom_threadpool_free(tp);
-    }
-    loom_ctx_free(gctx);
-    return s;
-}
 
 static void set_mode(run_mode m) {
     unsetenv("LOOM_CPU_SIMD");
@@ -80,7 +63,7 @@ static void fill_col(float *x, int64_t K, bool exact) {
 }
 
 static void check_case(loom_type type, qg_case c, bool exact) {
-    loom_ctx *ctx = new_ctx(96);
+    loom_ctx *ctx = loom_cpu_test_ctx(96);
     LOOM_REQUIRE(ctx);
     const loom_type_traits *tr = loom_type_traits_get(type);
     loom_tensor *a = loom_new_tensor_3d(ctx, type, c.K, c.M, c.A2);
@@ -177,7 +160,7 @@ static void check_case(loom_type type, qg_case c, bool exact) {
         }
         for (int threads = 1; threads <= 3; threads += 2) {
             memset(d->data, 0xff, loom_nbytes(d)); /* NaN: unwritten outputs fail */
-            loom_status st = compute(d, threads);
+            loom_status st = loom_cpu_test_compute(d, threads);
             LOOM_CHECK_MSG(st == LOOM_OK, "%s: %s", k_mode_names[mode], loom_last_error());
             int bad = 0;
             for (int64_t o = 0; o < n_out && bad < 3; o++) {
@@ -272,7 +255,7 @@ LOOM_TEST(qgemm, q2_K) {
  * the int8 GEMM's column threshold on; never on the portable table or with
  * LOOM_CPU_QGEMM=0. */
 LOOM_TEST(qgemm, path_choice) {
-    loom_ctx *ctx = new_ctx(8);
+    loom_ctx *ctx = loom_cpu_test_ctx(8);
     LOOM_REQUIRE(ctx);
     static const loom_type covered[] = {
         LOOM_TYPE_Q8_0,   LOOM_TYPE_Q4_0,  LOOM_TYPE_Q4_1, LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1,
@@ -322,7 +305,7 @@ LOOM_TEST(qgemm, path_choice) {
  * GEMM, exact activations, against the double reference (and the F32 GEMM, the dots). */
 static void check_mmid(loom_type type) {
     const int64_t K = loom_blck_size(type) == 256 ? 512 : 96, M = 37, E = 4, U = 3, T = 30;
-    loom_ctx *ctx = new_ctx(32);
+    loom_ctx *ctx = loom_cpu_test_ctx(32);
     LOOM_REQUIRE(ctx);
     const loom_type_traits *tr = loom_type_traits_get(type);
     loom_tensor *as = loom_new_tensor_3d(ctx, type, K, M, E);
@@ -353,7 +336,7 @@ static void check_mmid(loom_type type) {
                            "%s MUL_MAT_ID: path %s", loom_type_name(type),
                            loom__cpu_mul_mat_path(d, simd));
         memset(d->data, 0xff, loom_nbytes(d));
-        LOOM_CHECK_MSG(compute(d, 3) == LOOM_OK, "%s", loom_last_error());
+        LOOM_CHECK_MSG(loom_cpu_test_compute(d, 3) == LOOM_OK, "%s", loom_last_error());
         int bad = 0;
         for (int64_t t = 0; t < T && bad < 3; t++)
             for (int64_t u = 0; u < U && bad < 3; u++) {

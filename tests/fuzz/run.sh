@@ -21,7 +21,7 @@ flags=(-g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 srcs() { # the non-test C files of the given package dirs
     for d in "$@"; do
         for f in "$root/$d"/*.c; do
-            case $f in *_test.c | */module.c) ;; *) echo "$f" ;; esac
+            case $f in *_test.c | *_test_util.c | */module.c) ;; *) echo "$f" ;; esac
         done
     done
 }
