@@ -100,12 +100,10 @@ static void bg_pack_b(const loom_tensor *b, int64_t K, int64_t N, int64_t p0, in
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/avx512-inl.h"
+
 #define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #define IBF static inline __attribute__((always_inline)) TBF
-
-IBF __mmask16 bg_tail_mask(int n) {
-    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
-}
 
 /* c[j * ldc + i] (+)= sum over kp pairs of ap[q][i] . bp[q][j] (bf16 pairs), i < mvalid,
  * j < nvalid. */
@@ -127,7 +125,8 @@ static TBF void bg_tile(int64_t kp, const uint32_t *ap, const uint32_t *bp, floa
         ap += BG_MR;
         bp += BG_NR;
     }
-    const __mmask16 m0 = bg_tail_mask(mvalid), m1 = bg_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
+    const __mmask16 m0 = loom__avx512_tail_mask(mvalid),
+                    m1 = loom__avx512_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
     _Pragma("GCC unroll 12") for (int j = 0; j < BG_NR; j++) {
         if (j >= nvalid) break;
         float *cj = c + j * ldc;
@@ -137,31 +136,6 @@ static TBF void bg_tile(int64_t kp, const uint32_t *ap, const uint32_t *bp, floa
         }
         _mm512_mask_storeu_ps(cj, m0, c0[j]);
         _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
-    }
-}
-
-/* 16 x 16 transpose of 32-bit words in registers. */
-IBF void bg_transpose16(__m512i r[16]) {
-    __m512i t[16];
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-        r[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-            t[8 * h + i] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
-            t[8 * h + i + 4] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
-        }
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
     }
 }
 
@@ -175,7 +149,7 @@ static TBF void bg_pack_a(const char *a, size_t lda, int64_t kc, int rows, uint3
             _Pragma("GCC unroll 16") for (int i = 0; i < 16; i++) r[i] =
                 16 * h + i < rows ? _mm512_loadu_si512(a + (size_t)(16 * h + i) * lda + q0 * 4)
                                   : _mm512_setzero_si512();
-            bg_transpose16(r);
+            loom__avx512_transpose16(r);
             _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++)
                 _mm512_store_si512(panel + (q0 + j) * BG_MR + 16 * h, r[j]);
         }

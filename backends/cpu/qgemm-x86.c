@@ -13,6 +13,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/avx512-inl.h"
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define I512 static inline __attribute__((always_inline)) T512
 
@@ -50,7 +52,7 @@ I512 void qg_tile(int64_t nblk, const char *ap, const char *bp, float *c, size_t
             }
         }
     }
-    const __mmask16 m = (__mmask16)(mvalid >= 16 ? 0xffff : (1u << mvalid) - 1u);
+    const __mmask16 m = loom__avx512_tail_mask(mvalid);
     _Pragma("GCC unroll 12") for (int j = 0; j < QG_NR; j++) {
         if (j >= nvalid) break;
         float *cj = c + j * ldc;

@@ -11,14 +11,12 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/avx512-inl.h"
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define I512 static inline __attribute__((always_inline)) T512
 
 /* ---------------------------------------------------------------- helpers */
-
-I512 __mmask16 tail_mask(int64_t n) {
-    return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1u);
-}
 
 I512 __m512 load_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -82,7 +80,7 @@ I512 __m512 silu512(__m512 x) {
         }                                                                                          \
     }                                                                                              \
     for (; i < k; i += 16) {                                                                       \
-        __mmask16 m = tail_mask(k - i);                                                            \
+        __mmask16 m = loom__avx512_tail_mask(k - i);                                               \
         __m512 a0 = MASKLOAD(m, a + i);                                                            \
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) acc[j][0] =                           \
             _mm512_fmadd_ps(a0, _mm512_maskz_loadu_ps(m, b + j * ldb + i), acc[j][0]);             \
@@ -117,7 +115,7 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
         s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
     }
     for (; i < k; i += 16) {
-        __mmask16 m = tail_mask(k - i);
+        __mmask16 m = loom__avx512_tail_mask(k - i);
         s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
     }
     out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
@@ -135,7 +133,7 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
         s3 = _mm512_fmadd_ps(LOAD(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);                   \
     }                                                                                              \
     for (; i < k; i += 16) {                                                                       \
-        __mmask16 m = tail_mask(k - i);                                                            \
+        __mmask16 m = loom__avx512_tail_mask(k - i);                                               \
         s0 = _mm512_fmadd_ps(MASKLOAD(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);             \
     }                                                                                              \
     out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
@@ -443,7 +441,8 @@ static T512 void avx512_gemm_tile(int64_t kc, const float *ap, const float *bp, 
         ap += MR;
         bp += NR;
     }
-    __mmask16 m0 = tail_mask(mvalid), m1 = tail_mask(mvalid > 16 ? mvalid - 16 : 0);
+    __mmask16 m0 = loom__avx512_tail_mask(mvalid),
+              m1 = loom__avx512_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
     if (mvalid == MR) {
         _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
             if (j >= nvalid) break;
@@ -471,27 +470,12 @@ static T512 void avx512_gemm_tile(int64_t kc, const float *ap, const float *bp, 
 
 /* 16x16 transpose in registers. */
 I512 void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-        r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
-            t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
-            t[8 * h + i + 4] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
-        }
-    }
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-    }
+    __m512i w[16];
+    for (int i = 0; i < 16; i++)
+        w[i] = _mm512_castps_si512(r[i]);
+    loom__avx512_transpose16(w);
+    for (int i = 0; i < 16; i++)
+        r[i] = _mm512_castsi512_ps(w[i]);
 }
 
 static T512 void avx512_gemm_pack_a(const float *a, size_t lda, int64_t kc, int rows,
@@ -520,7 +504,7 @@ static T512 void avx512_vec_add(int64_t n, float *z, const float *x, const float
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(z + i, _mm512_add_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(
             z + i, m,
             _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
@@ -532,7 +516,7 @@ static T512 void avx512_vec_mul(int64_t n, float *z, const float *x, const float
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(z + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(
             z + i, m,
             _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
@@ -545,21 +529,21 @@ static T512 void avx512_vec_scale(int64_t n, float *y, const float *x, float s, 
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, vb));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, vb));
     }
 }
 
 static T512 void avx512_vec_silu(int64_t n, float *y, const float *x) {
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, silu512(_mm512_maskz_loadu_ps(m, x + i)));
     }
 }
 
 static T512 void avx512_vec_swiglu(int64_t n, float *y, const float *x, const float *g) {
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         __m512 v = silu512(_mm512_maskz_loadu_ps(m, x + i));
         _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, g + i)));
     }
@@ -569,7 +553,7 @@ static T512 double avx512_vec_exp_sum(int64_t n, float *y, const float *x, float
     __m512 vmax = _mm512_set1_ps(max);
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         __m512 e =
             _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vmax)));
         _mm512_mask_storeu_ps(y + i, m, e);
@@ -587,7 +571,7 @@ static T512 void avx512_vec_mad_f32(int64_t n, float *y, const float *x, float s
         _mm512_storeu_ps(y + i,
                          _mm512_fmadd_ps(_mm512_loadu_ps(x + i), vs, _mm512_loadu_ps(y + i)));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(
             y + i, m,
             _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), vs, _mm512_maskz_loadu_ps(m, y + i)));
@@ -623,7 +607,7 @@ static T512 void avx512_f16_to_f32(const uint16_t *x, float *y, int64_t n) {
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, load_f16(x + i));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, maskload_f16(m, x + i));
     }
 }
@@ -634,7 +618,7 @@ static T512 void avx512_f32_to_f16(const float *x, uint16_t *y, int64_t n) {
         _mm256_storeu_si256((__m256i *)(y + i),
                             _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
     if (i < n) {
-        __mmask16 m = tail_mask(n - i);
+        __mmask16 m = loom__avx512_tail_mask(n - i);
         _mm256_mask_storeu_epi16(
             y + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), _MM_FROUND_TO_NEAREST_INT));
     }
@@ -681,7 +665,7 @@ I512 __m512 kq16(const int ND, int64_t D, const float *qr, const float *k, size_
                 _mm512_fmadd_ps(qv, _mm512_loadu_ps(kr[j] + d), acc[j]);
         }
         if (d < D) {
-            __mmask16 m = tail_mask(D - d);
+            __mmask16 m = loom__avx512_tail_mask(D - d);
             __m512 qv = _mm512_maskz_loadu_ps(m, qr + d);
             _Pragma("GCC unroll 16") for (int j = 0; j < 16; j++) acc[j] =
                 _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kr[j] + d), acc[j]);
@@ -713,7 +697,7 @@ I512 __m512 kq2x8(const int ND, int64_t D, const float *q0, const float *q1, con
         }
     } else {
         for (int64_t d = 0; d < D; d += 16) {
-            const __mmask16 m = tail_mask(D - d);
+            const __mmask16 m = loom__avx512_tail_mask(D - d);
             const __m512 a = _mm512_maskz_loadu_ps(m, q0 + d), b = _mm512_maskz_loadu_ps(m, q1 + d);
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
                 const __m512 kv = _mm512_maskz_loadu_ps(m, kr[j] + d);
@@ -776,7 +760,7 @@ static T512 void avx512_fa_kq(int64_t D, const float *q, int nr, const float *k,
         __mmask16 bad = 0;
         for (int t0 = 0; t0 < nt; t0 += 16) {
             const int n16 = nt - t0 < 16 ? nt - t0 : 16;
-            const __mmask16 tm = tail_mask(n16);
+            const __mmask16 tm = loom__avx512_tail_mask(n16);
             const __m512 m = _mm512_maskz_loadu_ps(tm, zr + t0);
             const __mmask16 live = _mm512_mask_cmp_ps_mask(tm, m, ninf, _CMP_NEQ_UQ);
             if (!live) continue;
@@ -830,7 +814,7 @@ static T512 void avx512_fa_pv(int64_t Dv, const float *w, const float *z, size_t
             __mmask16 m[4];
             for (int c = 0; c < 4; c++) {
                 const int64_t rem = Dv - d0 - 16 * c;
-                m[c] = rem > 0 ? tail_mask(rem) : 0;
+                m[c] = rem > 0 ? loom__avx512_tail_mask(rem) : 0;
             }
             switch (nrr) {
             case 1:
@@ -865,7 +849,7 @@ static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int 
             for (; i + 16 <= n; i += 16)
                 _mm512_storeu_ps(yr + i, load_f16(h + i));
             if (i < n) {
-                __mmask16 m = tail_mask(n - i);
+                __mmask16 m = loom__avx512_tail_mask(n - i);
                 _mm512_mask_storeu_ps(yr + i, m, maskload_f16(m, h + i));
             }
             break;
@@ -876,7 +860,7 @@ static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int 
             for (; i + 16 <= n; i += 16)
                 _mm512_storeu_ps(yr + i, load_bf16(h + i));
             if (i < n) {
-                __mmask16 m = tail_mask(n - i);
+                __mmask16 m = loom__avx512_tail_mask(n - i);
                 _mm512_mask_storeu_ps(yr + i, m, maskload_bf16(m, h + i));
             }
             break;
