@@ -34,4 +34,9 @@ loom_status loom__key_float(const loom_gguf *g, const char *arch, const char *su
 loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hp,
                                 const loom_model_params *p, loom_model **out);
 
+/* The KV positions a graph of n_tokens at n_past attends over (loom_batch_graph's n_kv):
+ * n_past + n_tokens rounded up to LOOM_KV_PAD, at most n_ctx. The session compares it to
+ * decide whether a built graph serves the next batch. */
+int64_t loom__graph_n_kv(int64_t n_past, int64_t n_tokens, int64_t n_ctx);
+
 #endif /* LOOM_MODEL_ARCH_IMPL_H */

@@ -10,6 +10,7 @@
 
 #include "loom/cpu.h"
 #include "loom/model.h"
+#include "model/arch-impl.h"
 
 /* ---------------------------------------------------------------- KV cache */
 
@@ -349,6 +350,11 @@ static loom_tensor *ffn(const loom_model *m, loom_ctx *ctx, int il, loom_tensor 
     return sum;
 }
 
+int64_t loom__graph_n_kv(int64_t n_past, int64_t n_tokens, int64_t n_ctx) {
+    const int64_t n_kv = (n_past + n_tokens + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
+    return n_kv < n_ctx ? n_kv : n_ctx;
+}
+
 loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
                                    int64_t n_tokens, int64_t n_past, bool all_logits,
                                    loom_batch_graph *out) {
@@ -363,8 +369,7 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
      * consecutive tokens then build identical graphs, so per-graph plans (the meta
      * device's subgraphs, CUDA graphs) are reused instead of rebuilt every token */
     const int64_t T = n_tokens;
-    int64_t n_kv = (n_past + n_tokens + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
-    if (n_kv > kv->n_ctx) n_kv = kv->n_ctx;
+    const int64_t n_kv = loom__graph_n_kv(n_past, n_tokens, kv->n_ctx);
     size_t graph_size = loom_model_graph_ctx_size(m) / loom_tensor_overhead();
     loom_graph *gf = loom_graph_new(ctx, graph_size);
     loom_tensor *tokens = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, T);

@@ -555,13 +555,6 @@ static loom_status reserve(loom_session *s, int64_t n, bool all_logits) {
     return LOOM_OK;
 }
 
-/* The KV positions a graph of n tokens at n_past attends over (loom_model_build_graph's
- * n_kv): its shape class together with n and the logits it keeps. */
-static int64_t graph_n_kv(const loom_session *s, int64_t n, int64_t n_past) {
-    int64_t n_kv = (n_past + n + LOOM_KV_PAD - 1) / LOOM_KV_PAD * LOOM_KV_PAD;
-    return n_kv < s->kv->n_ctx ? n_kv : s->kv->n_ctx;
-}
-
 /* Whether the graph the scheduler holds serves a batch of n tokens at n_past as it is:
  * the same shape class (tokens, KV bucket, logits kept, attention kind), computed without
  * a failure, still the scheduler's allocated graph (nothing reserved, split, reset or
@@ -572,7 +565,8 @@ static bool can_reuse(const loom_session *s, int64_t n, bool all_logits) {
     const bool all = all_logits && n > 1;
     return !s->p.no_graph_reuse && s->graph_ctx && s->bg.graph && s->bg_ok && s->reserved &&
            s->res_n == n && s->res_all == all && s->bg.n_tokens == n && s->bg_all == all &&
-           s->bg_flash == !s->model->no_flash_attn && s->bg.n_kv == graph_n_kv(s, n, s->n_past) &&
+           s->bg_flash == !s->model->no_flash_attn &&
+           s->bg.n_kv == loom__graph_n_kv(s->n_past, n, s->kv->n_ctx) &&
            loom_sched_is_allocated(s->sched, s->bg.graph);
 }
 
