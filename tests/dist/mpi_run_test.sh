@@ -32,10 +32,6 @@ fail() {
     exit 1
 }
 
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "SKIP: mpirun is not installed (scripts/setup.sh installs openmpi-bin)"
-    exit 0
-fi
 models="${LOOM_MODELS_DIR:-}"
 if [ -z "$models" ]; then
     ws=$(readlink -f "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-loom}/WORKSPACE" 2>/dev/null || true)
@@ -47,13 +43,7 @@ if [ ! -f "$model" ]; then
     exit 0
 fi
 
-# short private paths: Open MPI's session directory holds Unix sockets (108-byte limit)
-tmp=$(mktemp -d /tmp/loom-mpi.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-export TMPDIR="$tmp" HOME="$tmp"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
-    OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_base_warn_component_unused=0
+. "$(dirname "$0")/mpi_env.sh" loom-mpi
 # Under ASan the ranks run without LeakSanitizer: Open MPI's components (dlclosed at exit)
 # leak by design and their frames cannot be told apart; memory errors still abort. The
 # runs outside mpirun keep leak detection.

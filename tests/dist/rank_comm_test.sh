@@ -16,16 +16,7 @@ fail() {
     exit 1
 }
 
-if ! command -v mpirun >/dev/null 2>&1; then
-    echo "SKIP: mpirun is not installed (scripts/setup.sh installs openmpi-bin)"
-    exit 0
-fi
-tmp=$(mktemp -d /tmp/loom-rc.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-export TMPDIR="$tmp" HOME="$tmp"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo \
-    OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_base_warn_component_unused=0
+. "$(dirname "$0")/mpi_env.sh" loom-rc
 unset LOOM_DIST_NCCL LOOM_DIST_CHECK FAKE_FAIL_ID FAKE_FAIL_INIT_RANK FAKE_UNUSABLE_RANK \
     FAKE_OTHER_VERSION_RANK
 
