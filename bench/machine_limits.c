@@ -295,13 +295,46 @@ __attribute__((target("avx512f"))) static double fma_avx512(int64_t iters) {
 }
 #endif
 
-typedef struct fma_task {
+/* A register-resident kernel run on every thread of a pool, timed between barriers:
+ * run(isa, iters) returns the operations one thread did. */
+typedef struct peak_task {
+    double (*run)(bench_isa isa, int64_t iters);
     bench_isa isa;
     int64_t iters;
     loom_threadpool *tp;
-    double per_thread_flops; /* flops one thread did in the last run */
+    double per_thread_ops; /* operations one thread did in the last run */
     int64_t t0, t1;
-} fma_task;
+} peak_task;
+
+static void peak_worker(int ith, int nth, void *user_data) {
+    peak_task *t = user_data;
+    (void)nth;
+    loom_threadpool_barrier(t->tp);
+    if (ith == 0) t->t0 = loom_time_ns();
+    double f = t->run(t->isa, t->iters);
+    if (ith == 0) t->per_thread_ops = f;
+    loom_threadpool_barrier(t->tp);
+    if (ith == 0) t->t1 = loom_time_ns();
+}
+
+/* The best of `runs` runs, in G operations/s, after calibrating to about 50 ms per run. */
+static double peak_measure(peak_task *t, int runs) {
+    t->iters = 1 << 16;
+    for (;;) {
+        loom_threadpool_run(t->tp, peak_worker, t);
+        int64_t ns = t->t1 - t->t0;
+        if (ns >= 20 * 1000 * 1000 || t->iters >= ((int64_t)1 << 40)) break;
+        t->iters *= ns > 1000000 ? (int64_t)(50e6 / (double)ns) + 1 : 16;
+    }
+    double best = 0;
+    for (int r = 0; r < runs; r++) {
+        loom_threadpool_run(t->tp, peak_worker, t);
+        double sec = (double)(t->t1 - t->t0) * 1e-9;
+        double f = t->per_thread_ops * (double)loom_threadpool_size(t->tp) / sec;
+        if (sec > 0 && f > best) best = f;
+    }
+    return best * 1e-9;
+}
 
 static double fma_run(bench_isa isa, int64_t iters) {
 #if LOOM_BENCH_X86
@@ -313,34 +346,9 @@ static double fma_run(bench_isa isa, int64_t iters) {
     return fma_scalar(iters);
 }
 
-static void fma_worker(int ith, int nth, void *user_data) {
-    fma_task *t = user_data;
-    (void)nth;
-    loom_threadpool_barrier(t->tp);
-    if (ith == 0) t->t0 = loom_time_ns();
-    double f = fma_run(t->isa, t->iters);
-    if (ith == 0) t->per_thread_flops = f;
-    loom_threadpool_barrier(t->tp);
-    if (ith == 0) t->t1 = loom_time_ns();
-}
-
 void loom__bench_measure_fma_peak(loom_threadpool *tp, int runs, loom__bench_peak *out) {
-    fma_task t = {.isa = best_isa(), .iters = 1 << 16, .tp = tp};
-    /* calibrate to about 50 ms per run */
-    for (;;) {
-        loom_threadpool_run(tp, fma_worker, &t);
-        int64_t ns = t.t1 - t.t0;
-        if (ns >= 20 * 1000 * 1000 || t.iters >= ((int64_t)1 << 40)) break;
-        t.iters *= ns > 1000000 ? (int64_t)(50e6 / (double)ns) + 1 : 16;
-    }
-    double best = 0;
-    for (int r = 0; r < runs; r++) {
-        loom_threadpool_run(tp, fma_worker, &t);
-        double s = (double)(t.t1 - t.t0) * 1e-9;
-        double f = t.per_thread_flops * (double)loom_threadpool_size(tp) / s;
-        if (s > 0 && f > best) best = f;
-    }
-    out->gflops = best * 1e-9;
+    peak_task t = {.run = fma_run, .isa = best_isa(), .tp = tp};
+    out->gflops = peak_measure(&t, runs);
     out->isa = isa_name(t.isa);
     out->runs = runs;
 }
@@ -371,50 +379,20 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static double vnni_avx512
     SINK_U64((uint64_t)(uint32_t)_mm512_reduce_add_epi32(s));
     return 2.0 * 64.0 * 16.0 * (double)iters;
 }
-#endif
 
-typedef struct vnni_task {
-    int64_t iters;
-    loom_threadpool *tp;
-    double per_thread_ops;
-    int64_t t0, t1;
-} vnni_task;
-
-static void vnni_worker(int ith, int nth, void *user_data) {
-    vnni_task *t = user_data;
-    (void)nth;
-    loom_threadpool_barrier(t->tp);
-    if (ith == 0) t->t0 = loom_time_ns();
-#if LOOM_BENCH_X86
-    double f = vnni_avx512(t->iters);
-#else
-    double f = 0;
-#endif
-    if (ith == 0) t->per_thread_ops = f;
-    loom_threadpool_barrier(t->tp);
-    if (ith == 0) t->t1 = loom_time_ns();
+static double vnni_run(bench_isa isa, int64_t iters) {
+    (void)isa;
+    return vnni_avx512(iters);
 }
+#endif
 
 bool loom__bench_measure_int8_peak(loom_threadpool *tp, int runs, loom__bench_peak *out) {
     memset(out, 0, sizeof *out);
 #if LOOM_BENCH_X86
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) return false;
-    vnni_task t = {.iters = 1 << 16, .tp = tp};
-    for (;;) { /* calibrate to about 50 ms per run */
-        loom_threadpool_run(tp, vnni_worker, &t);
-        int64_t ns = t.t1 - t.t0;
-        if (ns >= 20 * 1000 * 1000 || t.iters >= ((int64_t)1 << 40)) break;
-        t.iters *= ns > 1000000 ? (int64_t)(50e6 / (double)ns) + 1 : 16;
-    }
-    double best = 0;
-    for (int r = 0; r < runs; r++) {
-        loom_threadpool_run(tp, vnni_worker, &t);
-        double s = (double)(t.t1 - t.t0) * 1e-9;
-        double f = t.per_thread_ops * (double)loom_threadpool_size(tp) / s;
-        if (s > 0 && f > best) best = f;
-    }
-    out->gflops = best * 1e-9;
+    peak_task t = {.run = vnni_run, .tp = tp};
+    out->gflops = peak_measure(&t, runs);
     out->isa = "avx512-vnni";
     out->runs = runs;
     return true;
