@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu-impl.h" /* loom__cpu_has_avx512bf16 */
+#include "bench/bench_rng.h"
 #include "bench/machine_limits.h"
 #include "loom/loom.h"
 
@@ -72,18 +73,6 @@ static bool parse_i64(const char *s, int64_t *out) {
     if (!s[0] || *end || v <= 0) return false;
     *out = v;
     return true;
-}
-
-/* splitmix64: deterministic, independent of the library under test */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(uint64_t *s) {
-    return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
 /* Tolerance of one output relative to sum |a_k b_k|: the kernels may round activations to

@@ -17,18 +17,8 @@
 #include <string.h>
 
 #include "backends/cpu/quants-dot.h"
+#include "bench/bench_rng.h"
 #include "loom/loom.h"
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static float rng_uniform(uint64_t *s) {
-    return (float)((double)(rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
 
 /* one weight row against the activations: the SIMD table's own dots for F16, BF16 (f32
  * activations), Q8_0 and Q4_0 (Q8 activation rows), the quants-*.c dots otherwise */
