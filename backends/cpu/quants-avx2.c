@@ -14,17 +14,12 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/quants-x86-inl.h"
+
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 /* fp16 -> f32 with F16C (exact, like loom__fp16_to_fp32) */
 #define H(h) _cvtsh_ss(h)
-
-AVX2 static inline float hsum8(__m256 x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15), then high (16..31) */
 AVX2 static inline __m256i nibbles32(const uint8_t *qs) {
@@ -303,20 +298,6 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     return hsum8(acc);
-}
-
-/* the 16 six-bit scales of a Q3_K block, minus 32, as int8: one 16-byte load ending with the
- * 12 packed bytes (the 4 before are the block's last qs): dwords [-, w0, w1, w2]; low 4 bits
- * [w0, w1, w0 >> 4, w1 >> 4] & 0x0f, high 2 bits w2 >> 0, 2, 4, 6 & 3 */
-AVX2 static inline __m128i q3_scales(const uint8_t *scales) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(scales - 4));
-    const __m128i lo = _mm_and_si128(
-        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 1)), _mm_setr_epi32(0, 0, 4, 4)),
-        _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(
-        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 3, 3)), _mm_setr_epi32(0, 2, 4, 6)),
-        _mm_set1_epi8(3));
-    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
 
 AVX2 static inline int hsum8i(__m256i x) {

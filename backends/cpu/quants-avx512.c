@@ -20,6 +20,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/quants-x86-inl.h"
+
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define I512 static inline __attribute__((always_inline)) T512
 
@@ -28,12 +30,6 @@
 /* the 32 bytes at p in both 256-bit halves */
 I512 __m512i bcast256(const void *p) {
     return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
-}
-
-I512 float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 /* int16 lane i -> i / 8: with + 4 j, the sub-block of 16 (of four in a zmm) each maddubs
@@ -91,21 +87,6 @@ T512 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
             _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * H(x[b].dmin)), _mm256_cvtepi32_ps(mins), accm);
     }
     return _mm512_reduce_add_ps(acc) - hsum8(accm);
-}
-
-/* the 16 six-bit scales of a Q3_K block, minus 32, as int8: low 4 bits of scale j in byte j
- * (j < 8, low nibble) or j - 8 (high nibble), high 2 bits in byte 8 + j % 4 at bit 2 (j / 4). One
- * 16-byte load ending with the 12 packed bytes (the 4 before are the block's last qs): dwords
- * [-, w0, w1, w2]; low parts [w0, w1, w0 >> 4, w1 >> 4] & 0x0f, high parts w2 >> 0, 2, 4, 6 & 3. */
-I512 __m128i q3_scales(const uint8_t *scales) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)(scales - 4));
-    const __m128i lo = _mm_and_si128(
-        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 1)), _mm_setr_epi32(0, 0, 4, 4)),
-        _mm_set1_epi8(0x0f));
-    const __m128i hi = _mm_and_si128(
-        _mm_srlv_epi32(_mm_shuffle_epi32(v, _MM_SHUFFLE(3, 3, 3, 3)), _mm_setr_epi32(0, 2, 4, 6)),
-        _mm_set1_epi8(3));
-    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi32(hi, 4)), _mm_set1_epi8(32));
 }
 
 T512 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
