@@ -159,54 +159,34 @@ AVX2 static inline int k4_mins_simd(const uint8_t m[8], const int16_t *bsums) {
     return _mm_cvtsi128_si32(pr);
 }
 
-AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
-    const loom_block_q4_K *x = vx;
-    const loom_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
-    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
-        uint8_t sc[8], m[8];
-        k4_scales_bytes(x[b].scales, sc, m);
-        __m256i sumi = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
-            const __m256i q4 = load32(x[b].qs + 32 * j);
-            const __m256i lo = _mm256_and_si256(q4, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
-            sumi =
-                _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-            sumi = _mm256_add_epi32(
-                sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
-        }
-        const float d = y[b].d * H(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * H(x[b].dmin) * (float)k4_mins_simd(m, y[b].bsums);
-    }
-    return hsum8(acc) - accm;
-}
-
-AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
-    const loom_block_q5_K *x = vx;
+/* Q4_K and Q5_K (five: the fifth bit of element 64 j + l is qh[l] bit 2 j for the low half,
+ * 2 j + 1 for the high), one body instantiated for each */
+AVX2 static inline __attribute__((always_inline)) float k45_dot(const bool five, int64_t n,
+                                                                const void *vx, const void *vy) {
     const loom_block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
+        const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
+        const uint8_t *qs = five ? x5->qs : x4->qs;
+        const uint16_t d = five ? x5->d : x4->d, dmin = five ? x5->dmin : x4->dmin;
         uint8_t sc[8], m[8];
-        k4_scales_bytes(x[b].scales, sc, m);
-        const __m256i qh = load32(x[b].qh);
+        k4_scales_bytes(five ? x5->scales : x4->scales, sc, m);
+        const __m256i qh = five ? load32(x5->qh) : _mm256_setzero_si256();
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
-            const __m256i q4 = load32(x[b].qs + 32 * j);
-            /* fifth bit of element 64 j + l is qh[l] bit 2 j (low half), 2 j + 1 (high) */
-            const __m256i hlo =
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
-            const __m256i hhi =
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), hlo);
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4), hhi);
+            const __m256i q4 = load32(qs + 32 * j);
+            __m256i lo = _mm256_and_si256(q4, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            if (five) {
+                lo = _mm256_or_si256(
+                    lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4));
+                hi = _mm256_or_si256(
+                    hi,
+                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4));
+            }
             const __m256i plo = _mm256_maddubs_epi16(lo, load32(y[b].qs + 64 * j));
             const __m256i phi = _mm256_maddubs_epi16(hi, load32(y[b].qs + 64 * j + 32));
             sumi =
@@ -214,11 +194,18 @@ AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
             sumi = _mm256_add_epi32(
                 sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
         }
-        const float d = y[b].d * H(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += y[b].d * H(x[b].dmin) * (float)k4_mins_simd(m, y[b].bsums);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(y[b].d * H(d)), _mm256_cvtepi32_ps(sumi), acc);
+        accm += y[b].d * H(dmin) * (float)k4_mins_simd(m, y[b].bsums);
     }
     return hsum8(acc) - accm;
+}
+
+AVX2 static float dot_q4_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(false, n, vx, vy);
+}
+
+AVX2 static float dot_q5_K(int64_t n, const void *vx, const void *vy) {
+    return k45_dot(true, n, vx, vy);
 }
 
 AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
