@@ -134,6 +134,12 @@ struct loom_sched {
      * memory (an asynchronous copy on x's stream); a host write into that memory waits
      * for copies_done[x] first */
     uint32_t pending_reads[LOOM_SCHED_MAX_BACKENDS];
+    /* host_waits[a]: bit x set while backend a, which cannot wait on an event, must have
+     * the host wait for copies_done[x] before its memory is written again (its next split,
+     * or a copy into it): x may still be copying out of a's memory. Deferred to then
+     * instead of waiting at once, so a token's small CPU split does not cost the host a
+     * round trip to the devices before it can issue their work. */
+    uint32_t host_waits[LOOM_SCHED_MAX_BACKENDS];
 };
 
 /* Synchronizes backend b, keeping the first failure it reports in s->async_status. */

@@ -364,6 +364,8 @@ void loom__sched_sync(loom_sched *s, int b) {
     loom_backend_synchronize_keep(s->backends[b], &s->async_status, s->async_msg,
                                   sizeof s->async_msg);
     s->pending_reads[b] = 0; /* its stream is idle: its copies are done */
+    for (int a = 0; a < s->n_backends; a++)
+        s->host_waits[a] &= ~(1u << b);
 }
 
 loom_status loom__sched_take_status(loom_sched *s) {

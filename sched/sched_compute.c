@@ -76,6 +76,19 @@ static void host_wait_writable(loom_sched *s, int b) {
     }
 }
 
+/* Before the memory of backend b (and of every backend sharing its buffer type) is
+ * written again: the host waits for the copies out of it that it deferred (host_waits). */
+static void settle_host_waits(loom_sched *s, int b) {
+    for (int a = 0; a < s->n_backends; a++) {
+        if (s->bufts[a] != s->bufts[b]) continue;
+        for (int x = 0; x < s->n_backends && s->host_waits[a]; x++) {
+            if (!(s->host_waits[a] & (1u << x))) continue;
+            loom_event_synchronize(s->copies_done[x]);
+            s->host_waits[a] &= ~(1u << x);
+        }
+    }
+}
+
 /* The split input whose copy (on the split's backend) is t, or NULL. */
 static loom_tensor *original_of(const loom_sched *s, const loom__split *sp, const loom_tensor *t) {
     for (int j = 0; j < sp->n_inputs; j++) {
@@ -252,7 +265,7 @@ static loom_status copy_inputs(loom_sched *s, loom__split *sp, expert_cache *cac
         if (s->backends[a]->iface->event_wait) {
             loom_event_wait(s->backends[a], done);
         } else {
-            loom_event_synchronize(done);
+            s->host_waits[a] |= 1u << b; /* settled before a's memory is written again */
         }
     }
     return LOOM_OK;
@@ -295,6 +308,7 @@ loom_status loom__sched_compute_splits(loom_sched *s) {
         const int b = sp->backend_id;
         loom_backend_t be = s->backends[b];
         if (prev >= 0 && prev != b) wait_for(s, b, prev);
+        settle_host_waits(s, b); /* the copies below and the split write b's memory */
 
         st = copy_inputs(s, sp, &cache);
         if (st != LOOM_OK) break;

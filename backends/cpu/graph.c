@@ -392,12 +392,22 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     if (nth < 1) nth = 1;
     const loom__cpu_simd *simd = loom__cpu_simd_get();
 
-    size_t shared = 0, per_thread = 0;
+    /* a graph of solo nodes only (a token's embedding row, a scheduler's small split) runs
+     * on the caller alone: the pool's threads would only be woken to wait at no barrier */
+    bool all_solo = true;
     for (int i = 0; i < g->n_nodes; i++) {
         const loom_tensor *t = g->nodes[i];
         if (!t) return loom_error(LOOM_ERR_INVALID_ARG, "CPU backend: graph node %d is NULL", i);
         loom_status s = check_node(t);
         if (s != LOOM_OK) return s;
+        if (loom_op_is_view(t->op) || loom_nelements(t) == 0 || !kernel_for(t)) continue;
+        all_solo = all_solo && node_solo(t);
+    }
+    if (all_solo) nth = 1;
+
+    size_t shared = 0, per_thread = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
         if (loom_op_is_view(t->op) || loom_nelements(t) == 0) continue;
         loom__cpu_work w = node_work(t, nth, simd);
         if (w.shared > shared) shared = w.shared;

@@ -171,6 +171,11 @@ typedef struct loom__sim_backend {
     loom__sim_cmd *head, *tail;
     uint64_t n_issued, n_done;
     bool stop;
+    bool busy;     /* a command is executing (on the worker or on a draining thread) */
+    int drainers;  /* threads in loom__sim_drain: the worker leaves the queue to them */
+    int done_waiters; /* threads waiting on cv_done */
+    int64_t spin_ns;  /* how long an idle worker or a rendezvous spins before sleeping */
+    atomic_uint_fast64_t n_queued; /* n_issued, readable without mu (the idle spin) */
     loom_status async_status; /* first failure of an asynchronous graph */
     bool async_reported;      /* ... returned by synchronize: the next graph starts clean */
     char async_msg[256];
@@ -178,6 +183,11 @@ typedef struct loom__sim_backend {
 } loom__sim_backend;
 
 static loom__sim_backend *loom__sim_backend_of(loom_backend_t b);
+
+/* How long an idle device thread spins (for its next command, or for its peers at an
+ * AllReduce) before it sleeps, when the reg's device threads all have a core: longer than
+ * a token's host work between two graphs, far shorter than a scheduler time slice. */
+#define LOOM__SIM_SPIN_NS 200000
 
 /* ---------------------------------------------------------------- held streams (tests) */
 
@@ -283,6 +293,62 @@ static void loom__sim_execute(loom__sim_backend *sb, loom__sim_cmd *c) {
     if (c->ev) loom__sim_event_unref(c->ev);
 }
 
+static void loom__sim_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* Spins for at most `ns` nanoseconds until `*done` returns true (checked between pauses,
+ * the clock read every 64). */
+static bool loom__sim_spin(int64_t ns, bool (*done)(const void *), const void *arg) {
+    if (ns <= 0) return done(arg);
+    const int64_t t_end = loom_time_ns() + ns;
+    for (unsigned i = 1;; i++) {
+        if (done(arg)) return true;
+        loom__sim_relax();
+        if ((i & 63) == 0 && loom_time_ns() > t_end) return done(arg);
+    }
+}
+
+typedef struct loom__sim_issued_arg {
+    const loom__sim_backend *sb;
+    uint64_t seen;
+} loom__sim_issued_arg;
+
+static bool loom__sim_issued_since(const void *arg) {
+    const loom__sim_issued_arg *a = arg;
+    return atomic_load_explicit(&a->sb->n_queued, memory_order_acquire) != a->seen;
+}
+
+/* An idle worker spins a while (sb->spin_ns) for the next command before it sleeps, so the
+ * next token's work does not wait for a thread wake-up; 0 (seen unknown) skips it. */
+static void loom__sim_spin_until_issued(loom__sim_backend *sb, uint64_t seen) {
+    if (seen == 0 || sb->spin_ns <= 0) return;
+    loom__sim_issued_arg a = {sb, seen};
+    loom__sim_spin(sb->spin_ns, loom__sim_issued_since, &a);
+}
+
+/* Takes the head command and executes it with sb->mu released; called and returns with
+ * sb->mu held, the queue non-empty and no command executing. */
+static void loom__sim_run_one(loom__sim_backend *sb) {
+    loom__sim_cmd *c = sb->head;
+    sb->head = c->next;
+    if (!sb->head) sb->tail = NULL;
+    sb->busy = true;
+    pthread_mutex_unlock(&sb->mu);
+
+    loom__sim_execute(sb, c);
+    loom_free(c);
+
+    pthread_mutex_lock(&sb->mu);
+    sb->busy = false;
+    sb->n_done++;
+    if (sb->done_waiters > 0) pthread_cond_broadcast(&sb->cv_done);
+}
+
 static void *loom__sim_worker(void *arg) {
     loom__sim_backend *sb = arg;
     /* the device's host thread, placed by the process's CPU affinity policy (a GPU's driving
@@ -293,37 +359,46 @@ static void *loom__sim_worker(void *arg) {
     if (pol != LOOM_AFFINITY_NONE)
         loom_topo_bind_thread(loom_topo_get(), pol, -1, sb->sd->index,
                               sb->sd->sreg->cfg.n_devices);
+    uint64_t seen = 0; /* commands issued when the worker last found its queue empty */
     for (;;) {
+        loom__sim_spin_until_issued(sb, seen);
         pthread_mutex_lock(&sb->mu);
-        while ((!sb->head || sb->held) && !sb->stop)
+        while (!sb->stop && (!sb->head || sb->held || sb->busy || sb->drainers > 0)) {
+            seen = sb->n_issued;
             pthread_cond_wait(&sb->cv_work, &sb->mu);
-        loom__sim_cmd *c = sb->head;
-        if (!c) {
+        }
+        if (sb->stop) { /* free drained the stream first: nothing is left */
             pthread_mutex_unlock(&sb->mu);
             break;
         }
-        sb->head = c->next;
-        if (!sb->head) sb->tail = NULL;
-        pthread_mutex_unlock(&sb->mu);
-
-        loom__sim_execute(sb, c);
-        loom_free(c);
-
-        pthread_mutex_lock(&sb->mu);
-        sb->n_done++;
-        pthread_cond_broadcast(&sb->cv_done);
+        loom__sim_run_one(sb);
+        seen = sb->head ? 0 : sb->n_issued;
         pthread_mutex_unlock(&sb->mu);
     }
     return NULL;
 }
 
+/* Waits until everything issued so far has run. The waiting thread runs the stream's
+ * commands itself while it waits (the worker leaves the queue to it), so a host that
+ * synchronizes a device does that device's work instead of sleeping beside its worker:
+ * one runnable thread per device, not one more, and no wake-up per command. */
 static void loom__sim_drain(loom__sim_backend *sb) {
     /* a held stream may be what this one waits for (device-side): the host waits now */
     loom__sim_release(NULL);
     pthread_mutex_lock(&sb->mu);
     uint64_t target = sb->n_issued;
-    while (sb->n_done < target)
+    sb->drainers++;
+    while (sb->n_done < target) {
+        if (sb->head && !sb->busy && !sb->held) {
+            loom__sim_run_one(sb);
+            continue;
+        }
+        sb->done_waiters++;
         pthread_cond_wait(&sb->cv_done, &sb->mu);
+        sb->done_waiters--;
+    }
+    sb->drainers--;
+    if (sb->head && sb->drainers == 0) pthread_cond_signal(&sb->cv_work);
     pthread_mutex_unlock(&sb->mu);
 }
 
@@ -355,6 +430,7 @@ static void loom__sim_enqueue(loom__sim_backend *sb, loom__sim_cmd *q) {
     }
     sb->tail = q;
     sb->n_issued++;
+    atomic_store_explicit(&sb->n_queued, sb->n_issued, memory_order_release);
     pthread_cond_signal(&sb->cv_work);
     pthread_mutex_unlock(&sb->mu);
 }
@@ -597,28 +673,32 @@ struct loom__sim_rdv {
     int n;
     atomic_int refs;
     atomic_int arrived[2]; /* ranks past the inputs-ready and the sums-written points */
+    int64_t spin_ns;       /* spin before sleeping (0: LOOM__SIM_RDV_SPINS pauses) */
     int64_t n_elem;
     float *data[LOOM_SIM_MAX_DEVICES];
     loom__sim_dev *dev[LOOM_SIM_MAX_DEVICES];
 };
 
-/* Spins before a rank sleeps at a rendezvous: the peers are device threads of the same
- * token's work, usually a few microseconds apart. */
+/* Spins before a rank sleeps at a rendezvous when the devices' threads do not all have a
+ * core of their own: the peers are device threads of the same token's work, usually a few
+ * microseconds apart. With a core each, a rank spins for its stream's spin_ns instead. */
 #define LOOM__SIM_RDV_SPINS 256
-
-static void loom__sim_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ volatile("yield");
-#endif
-}
 
 static void loom__sim_rdv_unref(loom__sim_rdv *r) {
     if (atomic_fetch_sub(&r->refs, 1) != 1) return;
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     loom_free(r);
+}
+
+typedef struct loom__sim_phase_arg {
+    loom__sim_rdv *r;
+    int phase;
+} loom__sim_phase_arg;
+
+static bool loom__sim_all_arrived(const void *arg) {
+    const loom__sim_phase_arg *a = arg;
+    return atomic_load_explicit(&a->r->arrived[a->phase], memory_order_acquire) == a->r->n;
 }
 
 /* Arrives at point `phase` and returns once every rank has. The last to arrive wakes the
@@ -630,9 +710,14 @@ static void loom__sim_rdv_arrive(loom__sim_rdv *r, int phase) {
         pthread_mutex_unlock(&r->mu);
         return;
     }
-    for (int i = 0; i < LOOM__SIM_RDV_SPINS; i++) {
-        if (atomic_load_explicit(&r->arrived[phase], memory_order_acquire) == r->n) return;
-        loom__sim_relax();
+    if (r->spin_ns > 0) {
+        loom__sim_phase_arg a = {r, phase};
+        if (loom__sim_spin(r->spin_ns, loom__sim_all_arrived, &a)) return;
+    } else {
+        for (int i = 0; i < LOOM__SIM_RDV_SPINS; i++) {
+            if (atomic_load_explicit(&r->arrived[phase], memory_order_acquire) == r->n) return;
+            loom__sim_relax();
+        }
     }
     pthread_mutex_lock(&r->mu);
     while (atomic_load(&r->arrived[phase]) < r->n)
@@ -722,6 +807,7 @@ bool loom__sim_comm_allreduce(void *comm, loom_tensor *const *t, size_t n) {
     }
     r->n = c->n;
     r->n_elem = n_elem;
+    r->spin_ns = c->sb[0]->spin_ns;
     atomic_init(&r->refs, c->n);
     atomic_init(&r->arrived[0], 0);
     atomic_init(&r->arrived[1], 0);
@@ -781,6 +867,10 @@ loom_backend_t loom__sim_backend_new(loom__sim_dev *sd, const char *params) {
     sb->backend.context = sb;
     sb->sd = sd;
     snprintf(sb->name, sizeof sb->name, "%s", sd->name);
+    /* spinning pays only when every device thread of the reg has a core of its own */
+    const int64_t want = (int64_t)sd->sreg->cfg.n_devices * threads;
+    sb->spin_ns = want <= loom_n_cpus() ? LOOM__SIM_SPIN_NS : 0;
+    atomic_init(&sb->n_queued, 0);
     sb->tp = loom_threadpool_new(threads);
     if (!sb->tp) {
         loom_free(sb);
