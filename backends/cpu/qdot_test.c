@@ -5,6 +5,8 @@
  * with random and extreme scales (+-65504, the smallest subnormal, 0, negative; MXFP4
  * exponents 0, 1 and large); activations quantised from floats of magnitudes 1e-3..1e3,
  * zero blocks and outliers; rows of 1..17 blocks, so every unrolled kernel runs its tails.
+ * The table's own Q8_0/Q4_0 dots (against 1..4 Q8 activation rows) get two tests of their own
+ * below: exact integer sums with unit scales, and random scales against a double dot.
  *
  * Tolerances. The kernels compute the same integers per (sub-)block as the portable body and
  * differ only in the float scaling and summation order: at most a few ulp of each block's
@@ -215,6 +217,184 @@ LOOM_TEST(cpu_qdot, avx2_matches_portable_and_double) {
 LOOM_TEST(cpu_qdot, avx512_matches_portable_and_double) {
     if (!loom__cpu_has_avx512()) LOOM_SKIP("no AVX-512 (F/BW/VL/VNNI) on this CPU");
     check_table(&loom__cpu_simd_avx512, "avx512");
+}
+
+/* ---------------------------------------------------------------- the table's Q8_0/Q4_0 dots */
+
+/* The SIMD table's dot_q8_0 / dot_q4_0 (one weight row against nb = 1..4 Q8 activation rows,
+ * ldb bytes apart) for row lengths that run every unrolled step and tail: 1..17 blocks and
+ * around multiples of 8 and 16. */
+static const int64_t k_q8a_sizes[] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13,
+                                      14, 15, 16, 17, 23, 24, 25, 31, 32, 33, 40, 47};
+
+typedef struct q8a_case {
+    bool q4; /* Q4_0 weights, else Q8_0 */
+    int64_t nblk;
+    void *w; /* nblk weight blocks */
+    char *y; /* 4 activation rows, ldb bytes apart */
+    size_t ldb;
+    int8_t *wq; /* weight values per element (Q4_0: nibble - 8) */
+} q8a_case;
+
+static void q8a_case_alloc(q8a_case *c, bool q4, int64_t nblk) {
+    c->q4 = q4;
+    c->nblk = nblk;
+    c->w = malloc((q4 ? sizeof(loom_block_q4_0) : sizeof(loom_block_q8_0)) * (size_t)nblk);
+    c->ldb = loom__q8a_row_bytes(nblk) + 64; /* rows not back to back */
+    c->y = malloc(4 * c->ldb);
+    c->wq = malloc(32 * (size_t)nblk);
+}
+
+static void q8a_case_free(q8a_case *c) {
+    free(c->w);
+    free(c->y);
+    free(c->wq);
+}
+
+/* Random weight bits (every int8 of Q8_0, -128 included; every nibble of Q4_0) with scale
+ * `d` for every block, or random scales when d is 0xffff. */
+static void q8a_weights(q8a_case *c, uint64_t *s, uint16_t d) {
+    for (int64_t b = 0; b < c->nblk; b++) {
+        const uint16_t db = d == 0xffff ? rng_fp16(s) : d;
+        if (c->q4) {
+            loom_block_q4_0 *blk = (loom_block_q4_0 *)c->w + b;
+            blk->d = db;
+            for (int k = 0; k < 16; k++) {
+                blk->qs[k] = (uint8_t)rng_next(s);
+                c->wq[32 * b + k] = (int8_t)((blk->qs[k] & 15) - 8);
+                c->wq[32 * b + k + 16] = (int8_t)((blk->qs[k] >> 4) - 8);
+            }
+        } else {
+            loom_block_q8_0 *blk = (loom_block_q8_0 *)c->w + b;
+            blk->d = db;
+            for (int k = 0; k < 32; k++)
+                c->wq[32 * b + k] = blk->qs[k] = (int8_t)rng_next(s);
+        }
+    }
+}
+
+static void q8a_dot(const loom__cpu_simd *simd, const q8a_case *c, int nb, float *out) {
+    if (c->q4)
+        simd->dot_q4_0(c->nblk, c->w, c->y, c->ldb, nb, out);
+    else
+        simd->dot_q8_0(c->nblk, c->w, c->y, c->ldb, nb, out);
+}
+
+static const struct {
+    const char *name;
+    const loom__cpu_simd *simd;
+} k_tables[] = {{"portable", &loom__cpu_simd_scalar},
+                {"avx2", &loom__cpu_simd_avx2},
+                {"avx512", &loom__cpu_simd_avx512}};
+
+static bool table_ok(int t) {
+    return t == 0 || (t == 1 ? loom__cpu_has_avx2() : loom__cpu_has_avx512());
+}
+
+/* Unit scales (weights d = 1.0, activations integers with a +-127 in every block, so their d
+ * is 1.0): every result is an integer far below 2^24, so each table must return exactly the
+ * integer sum of products of every block (a block lost, counted twice, or a product of the
+ * wrong pair shows). Outputs past nb stay untouched. */
+LOOM_TEST(cpu_qdot, q8_0_q4_0_dots_sum_exact_integers) {
+    uint64_t rng = 0x5eed;
+    int cases = 0;
+    for (int q4 = 0; q4 < 2; q4++)
+        for (size_t si = 0; si < sizeof k_q8a_sizes / sizeof k_q8a_sizes[0]; si++) {
+            q8a_case c;
+            const int64_t nblk = k_q8a_sizes[si], K = 32 * nblk;
+            q8a_case_alloc(&c, q4, nblk);
+            q8a_weights(&c, &rng, 0x3c00);
+            float *x = malloc(sizeof(float) * (size_t)K);
+            int64_t want[4] = {0, 0, 0, 0};
+            for (int j = 0; j < 4; j++) {
+                for (int64_t k = 0; k < K; k++)
+                    x[k] = (float)((int)(rng_next(&rng) % 255) - 127);
+                for (int64_t b = 0; b < nblk; b++)
+                    x[32 * b + (int64_t)(rng_next(&rng) % 32)] =
+                        (rng_next(&rng) & 1) ? 127.f : -127.f;
+                void *row = c.y + (size_t)j * c.ldb;
+                loom__cpu_simd_scalar.quantize_q8a(x, row, K);
+                for (int64_t b = 0; b < nblk; b++)
+                    LOOM_REQUIRE(loom__q8a_d(row)[b] == 1.0f); /* the premise of the test */
+                for (int64_t k = 0; k < K; k++)
+                    want[j] += (int64_t)c.wq[k] * (int64_t)x[k];
+            }
+            for (int t = 0; t < 3; t++) {
+                if (!table_ok(t)) continue;
+                for (int nb = 1; nb <= 4; nb++) {
+                    float out[5] = {-1e30f, -1e30f, -1e30f, -1e30f, -1e30f};
+                    q8a_dot(k_tables[t].simd, &c, nb, out);
+                    for (int j = 0; j < 5; j++) {
+                        const float exp = j < nb ? (float)want[j] : -1e30f;
+                        LOOM_CHECK_MSG(out[j] == exp,
+                                       "%s %s, %lld blocks, nb %d: out[%d] = %.9g, want %.9g",
+                                       k_tables[t].name, q4 ? "q4_0" : "q8_0", (long long)nblk, nb,
+                                       j, out[j], exp);
+                    }
+                    cases++;
+                }
+            }
+            free(x);
+            q8a_case_free(&c);
+        }
+    LOOM_CHECK(cases > 0);
+}
+
+/* Random and extreme weight scales, activations of magnitudes 1e-3..1e3: every table against
+ * a double dot of the same integers and scales, within 1e-6 * (nblk + 1) * G, G = sum over
+ * blocks of |da db| (sum |qa qb| + 8 sum |qb| for Q4_0's offset, applied through s). */
+LOOM_TEST(cpu_qdot, q8_0_q4_0_dots_match_double) {
+    uint64_t rng = 0xd0d0;
+    int cases = 0;
+    for (int q4 = 0; q4 < 2; q4++)
+        for (size_t si = 0; si < sizeof k_q8a_sizes / sizeof k_q8a_sizes[0]; si++)
+            for (int trial = 0; trial < 4; trial++) {
+                q8a_case c;
+                const int64_t nblk = k_q8a_sizes[si], K = 32 * nblk;
+                q8a_case_alloc(&c, q4, nblk);
+                q8a_weights(&c, &rng, 0xffff);
+                float *x = malloc(sizeof(float) * (size_t)K);
+                double want[4] = {0, 0, 0, 0}, g[4] = {0, 0, 0, 0};
+                for (int j = 0; j < 4; j++) {
+                    rng_floats(&rng, x, K);
+                    void *row = c.y + (size_t)j * c.ldb;
+                    loom__cpu_simd_scalar.quantize_q8a(x, row, K);
+                    const float *yd = loom__q8a_d(row);
+                    const int8_t *yq = loom__q8a_qs(row, nblk);
+                    for (int64_t b = 0; b < nblk; b++) {
+                        const uint16_t dh =
+                            q4 ? ((loom_block_q4_0 *)c.w)[b].d : ((loom_block_q8_0 *)c.w)[b].d;
+                        const double sc = (double)loom_fp16_to_fp32(dh) * (double)yd[b];
+                        int64_t isum = 0, iabs = 0, qabs = 0;
+                        for (int k = 0; k < 32; k++) {
+                            isum += (int64_t)c.wq[32 * b + k] * yq[32 * b + k];
+                            iabs += llabs((int64_t)c.wq[32 * b + k] * yq[32 * b + k]);
+                            qabs += abs(yq[32 * b + k]);
+                        }
+                        want[j] += sc * (double)isum;
+                        g[j] += fabs(sc) * (double)(iabs + (q4 ? 8 * qabs : 0));
+                    }
+                }
+                for (int t = 0; t < 3; t++) {
+                    if (!table_ok(t)) continue;
+                    for (int nb = 1; nb <= 4; nb++) {
+                        float out[4];
+                        q8a_dot(k_tables[t].simd, &c, nb, out);
+                        for (int j = 0; j < nb; j++) {
+                            const double tol = 1e-6 * (double)(nblk + 1) * g[j] + 1e-30;
+                            LOOM_CHECK_MSG(fabs((double)out[j] - want[j]) <= tol,
+                                           "%s %s, %lld blocks, nb %d, trial %d: out[%d] = %.9g, "
+                                           "double %.9g (tol %.3g)",
+                                           k_tables[t].name, q4 ? "q4_0" : "q8_0", (long long)nblk,
+                                           nb, trial, j, out[j], want[j], tol);
+                        }
+                        cases++;
+                    }
+                }
+                free(x);
+                q8a_case_free(&c);
+            }
+    LOOM_CHECK(cases > 0);
 }
 
 /* A row of n floats for the activation quantisers: random magnitudes, plus blocks whose
