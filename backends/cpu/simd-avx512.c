@@ -219,36 +219,31 @@ I512 float hsum256(__m256 s) {
     return _mm_cvtss_f32(h);
 }
 
-/* The fp16 scales of blocks i..i+3 as 4 floats. */
-#define FP16X4(a, i)                                                                               \
-    _mm_cvtph_ps(_mm_setr_epi16((short)(a)[(i)].d, (short)(a)[(i) + 1].d, (short)(a)[(i) + 2].d,   \
-                                (short)(a)[(i) + 3].d, 0, 0, 0, 0))
-
-/* Per-block scale vectors for two blocks per zmm: [s0 x 8, s1 x 8] and [s2 x 8, s3 x 8]. */
-I512 __m512i idx_lo(void) {
-    return _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-}
-I512 __m512i idx_hi(void) {
-    return _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
-}
-
-I512 float hsum128(__m128 h) {
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
+/* The fp16 scales (first field) of 8 consecutive blocks of W 16-bit words (Q8_0 17, Q4_0 9)
+ * as 8 floats: the words 0, W, .., 7 W picked by vpermt2w from the zmm loads that cover them
+ * (bytes 0..255 for Q8_0, 0..127 for Q4_0; both inside the 8 blocks), one vcvtph2ps. */
+I512 __m256 fp16x8_q8_0(const loom_block_q8_0 *a) {
+    const char *p = (const char *)a;
+    /* blocks 0..3: words 0, 17, 34, 51 of p[0..127]; 4..7: words 4, 21, 38, 55 of p[128..255] */
+    const __m512i idx = _mm512_castsi128_si512(_mm_setr_epi16(0, 17, 34, 51, 4, 21, 38, 55));
+    const __m512i lo =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(p), idx, _mm512_loadu_si512(p + 64));
+    const __m512i hi =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(p + 128), idx, _mm512_loadu_si512(p + 192));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, lo, hi)));
 }
 
-/* The fp16 scales of blocks i..i+7 as 8 floats (one vcvtph2ps). */
-#define FP16X8(a, i)                                                                               \
-    _mm256_cvtph_ps(_mm_setr_epi16((short)(a)[(i)].d, (short)(a)[(i) + 1].d,                       \
-                                   (short)(a)[(i) + 2].d, (short)(a)[(i) + 3].d,                   \
-                                   (short)(a)[(i) + 4].d, (short)(a)[(i) + 5].d,                   \
-                                   (short)(a)[(i) + 6].d, (short)(a)[(i) + 7].d))
+I512 __m256 fp16x8_q4_0(const loom_block_q4_0 *a) {
+    const char *p = (const char *)a;
+    const __m512i idx = _mm512_castsi128_si512(_mm_setr_epi16(0, 9, 18, 27, 36, 45, 54, 63));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(p), idx, _mm512_loadu_si512(p + 64))));
+}
 
 /* Eight blocks' VNNI sums d0..d3 (two blocks per zmm: d0 = [block 0 x 8 lanes, block 1 x 8],
  * d1 = blocks 2, 3, ...) folded in int32 to 16 lanes, each the sum of 4 of one block's lanes:
- * 128-bit lanes 0, 1 hold blocks [0, 2, 4, 6], lanes 2, 3 blocks [1, 3, 5, 7] (k_fold_idx).
- * One cvt and one FMA per 8 blocks instead of four: fewer multiply-pipe ops. */
+ * 128-bit lanes 0, 1 hold blocks [0, 2, 4, 6], lanes 2, 3 blocks [1, 3, 5, 7] (fold_idx
+ * spreads the 8 blocks' scales the same way). One cvt, permute and FMA per 8 blocks, not four. */
 I512 __m512i fold8(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
     const __m512i t01 =
         _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
@@ -262,7 +257,8 @@ I512 __m512i fold_idx(void) {
 
 /* Q8_0 x Q8, eight blocks per step (two per zmm): |a| (unsigned) times b carrying a's
  * sign, summed by VNNI into 8 int32 lanes per block, folded (fold8) and scaled with the 8
- * blocks' da * db from one vcvtph2ps. */
+ * blocks' da * db (fp16x8_q8_0: one vcvtph2ps). Blocks past the last multiple of 8 one ymm
+ * each. */
 I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size_t ldb, float *out,
                      const int NB) {
     __m512 acc[4];
@@ -286,7 +282,7 @@ I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size
             ax[p] = _mm512_abs_epi8(va);
             neg[p] = _mm512_movepi8_mask(va);
         }
-        const __m256 da = FP16X8(a, i);
+        const __m256 da = fp16x8_q8_0(a + i);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
             __m512i d[4];
             _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -348,7 +344,7 @@ I512 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const void *b, size
                 1);
             q[p] = _mm512_and_si512(_mm512_srlv_epi64(v, shifts), low4);
         }
-        const __m256 da = FP16X8(a, i);
+        const __m256 da = fp16x8_q4_0(a + i);
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {
             __m512i d[4];
             _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) d[p] = _mm512_dpbusd_epi32(
