@@ -171,12 +171,18 @@ static loom_gguf *synth(const loom_synth_params *p, void **data) {
     return g;
 }
 
-static double worst_vs_cpu(const loom_gguf *g, int64_t nv, const char *devices, const float *ts,
+/* How far a split run's logits are from the CPU's: the largest and the mean absolute
+ * difference, and the largest |logit| of the CPU run (worst < 0: a run failed). */
+typedef struct vs_cpu {
+    double worst, mean, scale;
+} vs_cpu;
+
+static vs_cpu worst_vs_cpu(const loom_gguf *g, int64_t nv, const char *devices, const float *ts,
                            int n_ts, loom_type kv) {
     const int32_t ids[6] = {1, 15, 290, 300, 270, 99};
     float *ref = malloc(sizeof(float) * (size_t)nv * 2),
           *got = malloc(sizeof(float) * (size_t)nv * 2);
-    double w = -1;
+    vs_cpu r = {-1, 0, 0};
     for (int c = 0; c < 2; c++) {
         loom_session_params p = loom_session_params_default();
         p.devices = c ? devices : "cpu";
@@ -196,14 +202,37 @@ static double worst_vs_cpu(const loom_gguf *g, int64_t nv, const char *devices, 
         }
         loom_session_free(s);
     }
-    w = 0;
-    for (int64_t i = 0; i < 2 * nv; i++)
-        w = fmax(w, fabs((double)got[i] - ref[i]));
+    r.worst = 0;
+    for (int64_t i = 0; i < 2 * nv; i++) {
+        const double d = fabs((double)got[i] - ref[i]);
+        r.worst = fmax(r.worst, d);
+        r.mean += d / (double)(2 * nv);
+        r.scale = fmax(r.scale, fabs((double)ref[i]));
+    }
 out:
     free(ref);
     free(got);
-    return w;
+    return r;
 }
+
+/* Float weights: the split only reorders float sums, so logits agree to 1e-4. */
+static bool float_close(vs_cpu r) {
+    return r.worst >= 0 && r.worst <= 1e-4;
+}
+
+/* Q8_0 weights quantise each matmul's activations to 8 bits (a step of 1/127 of a block's
+ * largest value). A partial sum that the split adds in another order can differ in its
+ * last bit and so round one activation a step the other way, which moves the logits by
+ * about that step (~0.4% of the largest logit here, whatever the kernels). A wrong slice
+ * moves every logit by its own size. So: at most 1% of the largest logit anywhere, and a
+ * mean difference under 0.1% of it. */
+static bool quant_close(vs_cpu r) {
+    return r.worst >= 0 && r.worst <= 1e-4 + 1e-2 * r.scale && r.mean <= 1e-3 * r.scale;
+}
+
+#define CHECK_VS_CPU(close, r, what)                                                               \
+    LOOM_CHECK_MSG(close(r), "%s: worst %g, mean %g (largest logit %g)", what, (r).worst,        \
+                   (r).mean, (r).scale)
 
 /* q8_0 weights (splits coarsened to whole 32-blocks), a q8_0 cache, and MoE experts, each by
  * 3,1 and 1,0,1 */
@@ -221,10 +250,10 @@ LOOM_TEST(tensor_split, synthetic_quantised_and_moe_equal_cpu) {
     void *data = NULL;
     loom_gguf *g = synth(&p, &data);
     LOOM_REQUIRE_MSG(g != NULL, "synth: %s", loom_last_error());
-    double w1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_Q8_0);
-    double w2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F16);
-    LOOM_CHECK_MSG(w1 >= 0 && w1 <= 1e-4, "q8_0 3,1: %g", w1);
-    LOOM_CHECK_MSG(w2 >= 0 && w2 <= 1e-4, "q8_0 1,0,1: %g", w2);
+    vs_cpu r1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_Q8_0);
+    vs_cpu r2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F16);
+    CHECK_VS_CPU(quant_close, r1, "q8_0 3,1");
+    CHECK_VS_CPU(quant_close, r2, "q8_0 1,0,1");
     loom_gguf_free(g);
     loom_free(data);
     /* head_dim 8 at q8_0: a block of attn_output spans 4 heads, so every attention split is
@@ -237,10 +266,10 @@ LOOM_TEST(tensor_split, synthetic_quantised_and_moe_equal_cpu) {
     p.n_ff = 128;
     g = synth(&p, &data);
     LOOM_REQUIRE_MSG(g != NULL, "synth: %s", loom_last_error());
-    w1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_F16);
-    w2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F32);
-    LOOM_CHECK_MSG(w1 >= 0 && w1 <= 1e-4, "q8_0 hd8 3,1: %g", w1);
-    LOOM_CHECK_MSG(w2 >= 0 && w2 <= 1e-4, "q8_0 hd8 1,0,1: %g", w2);
+    r1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_F16);
+    r2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F32);
+    CHECK_VS_CPU(quant_close, r1, "q8_0 hd8 3,1");
+    CHECK_VS_CPU(quant_close, r2, "q8_0 hd8 1,0,1");
     loom_gguf_free(g);
     loom_free(data);
 
@@ -256,10 +285,10 @@ LOOM_TEST(tensor_split, synthetic_quantised_and_moe_equal_cpu) {
     q.n_vocab = 320;
     g = synth(&q, &data);
     LOOM_REQUIRE_MSG(g != NULL, "synth: %s", loom_last_error());
-    w1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_F32);
-    w2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F32);
-    LOOM_CHECK_MSG(w1 >= 0 && w1 <= 1e-4, "moe 3,1: %g", w1);
-    LOOM_CHECK_MSG(w2 >= 0 && w2 <= 1e-4, "moe 1,0,1: %g", w2);
+    r1 = worst_vs_cpu(g, 320, "sim:2", ts31, 2, LOOM_TYPE_F32);
+    r2 = worst_vs_cpu(g, 320, "sim:3", ts101, 3, LOOM_TYPE_F32);
+    CHECK_VS_CPU(float_close, r1, "moe 3,1");
+    CHECK_VS_CPU(float_close, r2, "moe 1,0,1");
     loom_gguf_free(g);
     loom_free(data);
 }
