@@ -166,26 +166,32 @@ static loom_tensor *cache_view(loom_ctx *ctx, loom_tensor *w, const loom_tensor 
 static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom_ctx *ctx,
                               loom_graph *gf, int il, loom_tensor *h, loom_tensor *pos,
                               loom_tensor *mask, loom_tensor *mask_swa, loom_tensor *pos_swa,
-                              int64_t T, int64_t n_kv, int64_t n_kv_swa) {
+                              int64_t T, int64_t Tq, int64_t n_kv, int64_t n_kv_swa) {
     const loom_hparams *hp = &m->hp;
     const loom_layer *L = &m->layers[il];
     const int64_t D = hp->head_dim, H = hp->n_head, Hk = hp->n_head_kv;
+    /* queries of the last Tq tokens only (Tq < T: the last layer when only the last token's
+     * logits are wanted); keys and values of all T go into the cache */
+    const int64_t q0 = T - Tq;
+    loom_tensor *pos_q = Tq < T ? loom_view_1d(ctx, pos, Tq, (size_t)q0 * pos->nb[0]) : pos;
     loom_tensor *q, *k, *v;
     if (L->wqkv) {
         loom_tensor *qkv = add_bias(ctx, loom_mul_mat(ctx, L->wqkv, h), L->bqkv); /* [Dq+2Dkv, T] */
         if (!qkv) return NULL;
         size_t es = loom_element_size(qkv);
-        q = loom_view_3d(ctx, qkv, D, H, T, D * es, qkv->nb[1], 0);
+        q = loom_view_3d(ctx, qkv, D, H, Tq, D * es, qkv->nb[1], (size_t)q0 * qkv->nb[1]);
         k = loom_view_3d(ctx, qkv, D, Hk, T, D * es, qkv->nb[1], (size_t)(D * H) * es);
         v = loom_view_3d(ctx, qkv, D, Hk, T, D * es, qkv->nb[1], (size_t)(D * (H + Hk)) * es);
         q = loom_cont(ctx, q);
         k = loom_cont(ctx, k);
         v = loom_cont(ctx, v);
     } else {
-        q = add_bias(ctx, loom_mul_mat(ctx, L->wq, h), L->bq); /* [D*H, T] */
-        k = add_bias(ctx, loom_mul_mat(ctx, L->wk, h), L->bk); /* [D*Hk, T] */
-        v = add_bias(ctx, loom_mul_mat(ctx, L->wv, h), L->bv); /* [D*Hk, T] */
-        q = loom_reshape_3d(ctx, q, D, H, T);
+        loom_tensor *hq = Tq < T ? loom_view_2d(ctx, h, h->ne[0], Tq, h->nb[1], (size_t)q0 * h->nb[1])
+                                 : h;
+        q = add_bias(ctx, loom_mul_mat(ctx, L->wq, hq), L->bq); /* [D*H, Tq] */
+        k = add_bias(ctx, loom_mul_mat(ctx, L->wk, h), L->bk);  /* [D*Hk, T] */
+        v = add_bias(ctx, loom_mul_mat(ctx, L->wv, h), L->bv);  /* [D*Hk, T] */
+        q = loom_reshape_3d(ctx, q, D, H, Tq);
         k = loom_reshape_3d(ctx, k, D, Hk, T);
     }
     if (L->attn_q_norm) q = loom_mul(ctx, loom_rms_norm(ctx, q, hp->rms_eps), L->attn_q_norm);
@@ -198,7 +204,7 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     loom_tensor *rf = m->rope_freqs                                ? m->rope_freqs
                       : m->rope_long && kv->n_ctx > hp->n_ctx_orig ? m->rope_long
                                                                    : m->rope_short;
-    q = loom_rope_ext(ctx, q, pos, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, T] */
+    q = loom_rope_ext(ctx, q, pos_q, rf, (int)hp->n_rot, hp->rope_type, base, fscale); /* [D, H, Tq] */
     k = loom_rope_ext(ctx, k, pos, rf, (int)hp->n_rot, hp->rope_type, base,
                       fscale); /* [D, Hk, T] */
     if (!q || !k || !v) return NULL;
@@ -227,6 +233,8 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
     loom_tensor *a;
     const float scale = hp->attn_scale > 0 ? hp->attn_scale : 1.0f / sqrtf((float)D);
     if (swa) mask = mask_swa;
+    if (Tq < T) mask = loom_view_2d(ctx, mask, mask->ne[0], Tq, mask->nb[1], (size_t)q0 * mask->nb[1]);
+    if (!mask) return NULL;
     if (!m->no_flash_attn) {
         a = loom_flash_attn_ext(ctx, Q, K, loom_permute(ctx, V, 0, 2, 1, 3), mask, L->attn_sinks,
                                 scale, 0.0f, hp->attn_softcap); /* [D, H, T] */
@@ -243,7 +251,7 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
         loom_tensor *kqv = loom_mul_mat(ctx, Vt, kq);
         a = loom_cont(ctx, loom_permute(ctx, kqv, 0, 2, 1, 3));
     }
-    a = loom_reshape_2d(ctx, a, D * H, T);
+    a = loom_reshape_2d(ctx, a, D * H, Tq);
     if (!a) return NULL;
     loom_format_name(a, "kqv_out-%d", il);
     loom_tensor *o = add_bias(ctx, loom_mul_mat(ctx, L->wo, a), L->bo); /* [E, T] */
@@ -417,24 +425,30 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     if (x) loom_set_name(x, "inp_embd");
     for (int il = 0; il < hp->n_layer && x; il++) {
         const loom_layer *L = &m->layers[il];
+        /* only the last token's logits wanted: after the last layer's cache writes, only its
+         * row goes on (attention query, output projection, residual, FFN), as in llama.cpp */
+        const int64_t Tq = !all_logits && il == hp->n_layer - 1 ? 1 : T;
         loom_tensor *h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->attn_norm);
         if (h) loom_format_name(h, "attn_norm-%d", il);
-        loom_tensor *a =
-            h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, pos_swa, T, n_kv, n_kv_swa)
-              : NULL;
+        loom_tensor *a = h ? attention(m, kv, ctx, gf, il, h, pos, mask, mask_swa, pos_swa, T, Tq,
+                                       n_kv, n_kv_swa)
+                           : NULL;
         if (a && L->attn_post_norm)
             a = loom_mul(ctx, loom_rms_norm(ctx, a, hp->rms_eps), L->attn_post_norm);
+        if (x && Tq < T) x = loom_view_2d(ctx, x, x->ne[0], Tq, x->nb[1], (size_t)(T - Tq) * x->nb[1]);
         x = loom_add(ctx, x, a);
         if (x) loom_format_name(x, "ffn_inp-%d", il);
         h = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), L->ffn_norm);
         if (h) loom_format_name(h, "ffn_norm-%d", il);
-        loom_tensor *f = h ? ffn(m, ctx, il, h, T) : NULL;
+        loom_tensor *f = h ? ffn(m, ctx, il, h, Tq) : NULL;
         if (f && L->ffn_post_norm)
             f = loom_mul(ctx, loom_rms_norm(ctx, f, hp->rms_eps), L->ffn_post_norm);
         x = loom_add(ctx, x, f);
         if (x) loom_format_name(x, "l_out-%d", il);
     }
-    if (x && !all_logits && T > 1) x = loom_view_2d(ctx, x, hp->n_embd, 1, x->nb[1], (size_t)(T - 1) * x->nb[1]);
+    /* (no layers: the embedding rows themselves) */
+    if (x && !all_logits && x->ne[1] > 1)
+        x = loom_view_2d(ctx, x, hp->n_embd, 1, x->nb[1], (size_t)(x->ne[1] - 1) * x->nb[1]);
     x = loom_mul(ctx, loom_rms_norm(ctx, x, hp->rms_eps), m->output_norm);
     if (x) loom_set_name(x, "result_norm");
     loom_tensor *logits = loom_mul_mat(ctx, m->output, x); /* [V, T or 1] */

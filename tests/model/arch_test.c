@@ -226,6 +226,16 @@ LOOM_TEST(arch, every_architecture_without_flash_attention) {
             LOOM_CHECK_MSG(d <= 2e-4,
                            "%s: no flash attention differs from the naive reference by %g", c->name,
                            d);
+            /* only the last position's logits: the last layer runs its query, output
+             * projection and FFN on that row alone; same logits as the full batch's last */
+            float *last = calloc((size_t)V, sizeof *last);
+            st = loom_model_eval_simple(m, kv, cpu, IDS, N_EVAL, 0, false, last);
+            if (LOOM_CHECK_MSG(st == LOOM_OK, "%s last only: %s", c->name, loom_last_error())) {
+                d = max_diff(last, want + (N_EVAL - 1) * V, V);
+                LOOM_CHECK_MSG(d <= 2e-4, "%s: last-only logits differ from the reference by %g",
+                               c->name, d);
+            }
+            free(last);
         }
         free(got);
         free(want);
