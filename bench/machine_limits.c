@@ -7,6 +7,8 @@
 #include "bench/machine_limits.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -32,7 +34,45 @@ static volatile float loom__bench_sink_f32;
         if (sink_v_ == -12345.0f) loom__bench_sink_f32 = sink_v_;                                  \
     } while (0)
 
+/* The largest cache level sysfs lists for cpu0, in bytes (0 if none): the size of one
+ * instance, which is what one core's working set can use. */
+static size_t sysfs_llc_bytes(void) {
+    size_t best = 0;
+    int best_level = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[96], buf[32];
+        int level = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        if (fscanf(f, "%d", &level) != 1) level = 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        f = fopen(path, "r");
+        if (!f) continue;
+        size_t v = 0;
+        if (fgets(buf, sizeof buf, f)) {
+            char *end = NULL;
+            unsigned long long n = strtoull(buf, &end, 10);
+            if (end && (*end == 'K' || *end == 'k')) n <<= 10;
+            else if (end && (*end == 'M' || *end == 'm')) n <<= 20;
+            v = (size_t)n;
+        }
+        fclose(f);
+        if (level > best_level && v > 0) {
+            best_level = level;
+            best = v;
+        }
+    }
+    return best;
+}
+
+/* The last-level cache one core can use. sysfs first: glibc's sysconf reads CPUID, which in
+ * a VM may report the host's whole L3 (384 MiB on the 2-vCPU CI machine, whose sysfs and
+ * lscpu say 32 MiB). */
 size_t loom__bench_llc_bytes(void) {
+    size_t sys = sysfs_llc_bytes();
+    if (sys > 0) return sys;
     long l3 = -1, l2 = -1;
 #ifdef _SC_LEVEL3_CACHE_SIZE
     l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);

@@ -25,7 +25,7 @@ typedef struct loom__bench_peak {
     int runs;
 } loom__bench_peak;
 
-/* Last-level cache size as the C library reports it (0 if unknown). */
+/* Last-level cache size of one instance (sysfs, else the C library; 0 if unknown). */
 size_t loom__bench_llc_bytes(void);
 
 /* Streams `bytes` (rounded down to a multiple of 64 * threads) with every thread of tp.
