@@ -67,6 +67,7 @@ const char *const loom_model_opts_names[] = {"-m",
                                              "--no-kv-offload",
                                              "--no-op-offload",
                                              "--swa-full",
+                                             "--no-mmap",
                                              "--split-rules",
                                              "--cpu-affinity",
                                              "-v",
@@ -104,6 +105,8 @@ const char *loom_model_opts_help(void) {
            "  --no-op-offload           never offload host-weight matmuls to a device\n"
            "  --swa-full                full-context caches for sliding-window layers\n"
            "                            (default: a ring of the window plus a batch)\n"
+           "  --no-mmap                 read the weights into memory instead of using CPU\n"
+           "                            weights in place from a mapping of the file\n"
            "  --split-rules FILE        split rules that override/extend the built-in table\n"
            "  -v, --verbose             library log at debug level on stderr\n";
 }
@@ -248,6 +251,8 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->sp.no_op_offload = true;
     } else if (is(a, "--swa-full", NULL, NULL)) {
         o->sp.swa_full = true;
+    } else if (is(a, "--no-mmap", NULL, NULL)) {
+        o->sp.no_mmap = true;
     } else if (is(a, "--split-rules", NULL, NULL)) {
         if (!v) goto missing;
         o->sp.split_rules = loom_cli_path(v, o->rules_buf, sizeof o->rules_buf);
