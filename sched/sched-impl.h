@@ -138,7 +138,8 @@ struct loom_sched {
      * the host wait for copies_done[x] before its memory is written again (its next split,
      * or a copy into it): x may still be copying out of a's memory. Deferred to then
      * instead of waiting at once, so a token's small CPU split does not cost the host a
-     * round trip to the devices before it can issue their work. */
+     * round trip to the devices before it can issue their work. (Every backend today
+     * stages a copy out of CPU memory synchronously, so the wait guards later ones.) */
     uint32_t host_waits[LOOM_SCHED_MAX_BACKENDS];
 };
 
