@@ -1,5 +1,6 @@
 /*
- * The BF16 GEMM (MM_BGEMM, gemm-bf16.c) of BF16 weights on a CPU with AVX512_BF16.
+ * The BF16 GEMM (MM_BGEMM, gemm-bf16.c) of BF16 weights on a CPU with AVX512_BF16, and the
+ * BF16 dots with bf16 activations (MM_BDOT) that take fewer than 8 columns there.
  *
  * Against a double reference of the bf16 weights with the activations rounded to bf16
  * (round to nearest even, computed here independently of the library): only the f32
@@ -107,15 +108,17 @@ static void check_case(bg_case c) {
 
     unsetenv("LOOM_CPU_SIMD");
     unsetenv("LOOM_CPU_BGEMM");
+    const char *fast = c.N >= 8 ? "bgemm" : "bdot", *plain = c.N >= 8 ? "gemm" : "dot";
     const char *path = loom__cpu_mul_mat_path(d, loom__cpu_simd_get());
-    LOOM_CHECK_MSG(strcmp(path, bgemm_expected() ? "bgemm" : "gemm") == 0 || c.N < 8,
+    LOOM_CHECK_MSG(strcmp(path, bgemm_expected() ? fast : plain) == 0 ||
+                       (!bgemm_expected() && c.N >= 8 && !loom__cpu_simd_get()->gemm_tile),
                    "N=%lld: path %s", (long long)c.N, path);
-    if (strcmp(path, "bgemm") != 0) goto out; /* no AVX512_BF16 here: nothing to test */
+    if (strcmp(path, fast) != 0) goto out; /* no AVX512_BF16 here: nothing to test */
 
     float *f32 = malloc(sizeof(float) * (size_t)n_out);
     setenv("LOOM_CPU_BGEMM", "0", 1);
     path = loom__cpu_mul_mat_path(d, loom__cpu_simd_get());
-    LOOM_CHECK_MSG(strcmp(path, "gemm") == 0, "LOOM_CPU_BGEMM=0: path %s", path);
+    LOOM_CHECK_MSG(strcmp(path, plain) == 0, "LOOM_CPU_BGEMM=0: path %s", path);
     LOOM_CHECK(loom_cpu_test_compute(d, 2) == LOOM_OK);
     memcpy(f32, d->data, sizeof(float) * (size_t)n_out);
     unsetenv("LOOM_CPU_BGEMM");
@@ -162,13 +165,32 @@ LOOM_TEST(bgemm, odd_tails) {
         check_case(cases[i]);
 }
 
+/* Fewer than 8 columns (token generation): the BDOT path, every row count 1..7 of b, odd
+ * and long K (the masked weight tail, the four-chain one-row loop), strided b. */
+LOOM_TEST(bgemm, bdot_few_columns) {
+    const bg_case cases[] = {
+        {1, 5, 1, 1, 1, B_CONTIG},         /* K = 1: a one-element tail */
+        {33, 31, 1, 1, 1, B_CONTIG},       /* a 32-group and a tail */
+        {2048, 67, 1, 1, 1, B_PADDED},     /* the four-chain loop, padded b rows */
+        {301, 40, 2, 1, 1, B_TRANSPOSED},  /* two rows, strided b */
+        {160, 19, 3, 1, 1, B_CONTIG},      /* three rows, 64-group loop then a 32-group */
+        {517, 33, 4, 1, 1, B_PADDED},      /* four rows, a tail */
+        {96, 35, 7, 1, 1, B_CONTIG},       /* 4 + 3 rows */
+        {130, 21, 5, 1, 1, B_TRANSPOSED},  /* 4 + 1 rows */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(cases[i]);
+    check_case((bg_case){96, 35, 1, 2, 4, B_CONTIG}); /* broadcast batches */
+}
+
 LOOM_TEST(bgemm, broadcast_batches) {
     check_case((bg_case){96, 35, 14, 2, 4, B_CONTIG});
     check_case((bg_case){77, 19, 12, 1, 3, B_TRANSPOSED});
 }
 
-/* Taken only on the AVX-512 table of a CPU with AVX512_BF16 and from 8 columns; the
- * AVX2 and portable tables (LOOM_CPU_SIMD), LOOM_CPU_BGEMM=0 and N < 8 keep their paths. */
+/* Taken only on the AVX-512 table of a CPU with AVX512_BF16: from 8 columns the GEMM,
+ * below that the BF16 dots; the AVX2 and portable tables (LOOM_CPU_SIMD) and
+ * LOOM_CPU_BGEMM=0 keep their paths. */
 LOOM_TEST(bgemm, path_only_where_supported) {
     loom_ctx *ctx = loom_cpu_test_ctx(4);
     LOOM_REQUIRE(ctx);
@@ -186,7 +208,7 @@ LOOM_TEST(bgemm, path_only_where_supported) {
         strcmp(loom__cpu_mul_mat_path(d8, loom__cpu_simd_get()), has ? "bgemm" : "gemm") == 0 ||
             !loom__cpu_simd_get()->gemm_tile,
         "has avx512_bf16 %d: path %s", has, loom__cpu_mul_mat_path(d8, loom__cpu_simd_get()));
-    LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(d7, loom__cpu_simd_get()), "dot") == 0);
+    LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(d7, loom__cpu_simd_get()), has ? "bdot" : "dot") == 0);
     LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(df, loom__cpu_simd_get()), "bgemm") != 0);
     /* every other table: never, whatever the CPU has */
     LOOM_CHECK(strcmp(loom__cpu_mul_mat_path(d8, &loom__cpu_simd_avx2), "gemm") == 0);

@@ -207,8 +207,8 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
                                          const loom__cpu_simd *simd);
 
 /* The path MUL_MAT takes for dst on this table: "dot", "quant", "qdot", "gemm", "qgemm"
- * (the int8 GEMM) or "bgemm" (the BF16 GEMM); MUL_MAT_ID: "qgemm", "gemm" or "dot" (its
- * dot paths); for tests. */
+ * (the int8 GEMM), "bgemm" (the BF16 GEMM) or "bdot" (BF16 dots with bf16 activations);
+ * MUL_MAT_ID: "qgemm", "gemm" or "dot" (its dot paths); for tests. */
 const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd);
 
 /* The BF16 GEMM (gemm-bf16.c) of BF16 weights with AVX512_BF16: usable for dst (BF16
@@ -219,6 +219,13 @@ bool loom__cpu_has_avx512bf16(void);
 bool loom__cpu_bgemm_usable(const loom_tensor *dst, const loom__cpu_simd *simd);
 loom__cpu_work loom__cpu_bgemm_work(const loom_tensor *dst);
 void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst);
+/* The BDOT path's pieces (gemm-bf16.c): bf16 activation rows of K elements padded to
+ * loom__cpu_bdot_row_elems(K) with zeros (round to nearest even, as the GEMM's), and the
+ * vdpbf16ps dot of one weight row with nb (1..4) such rows, ldb elements apart. */
+size_t loom__cpu_bdot_row_elems(int64_t K);
+void loom__cpu_bdot_round_row(const char *row, size_t nb0, int64_t K, uint16_t *out);
+void loom__cpu_bdot(int64_t k, const uint16_t *a, const uint16_t *b, size_t ldb, int nb,
+                    float *out);
 
 void loom__cpu_op_rope(const loom__cpu_params *p, loom_tensor *dst);
 void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst);

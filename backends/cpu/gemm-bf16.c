@@ -13,6 +13,11 @@
  *
  * `vdpbf16ps` treats bf16 subnormal inputs as zero and flushes subnormal results (DAZ/FTZ,
  * round to nearest even); see backends/cpu/README.md for the accuracy choice.
+ *
+ * Also the BDOT path (fewer columns than the GEMM takes, token generation): b's rows are
+ * rounded to bf16 once per matmul the same way, and each weight row is dotted with up to
+ * four of them by `vdpbf16ps` straight from memory (loom__cpu_bdot): 64 bytes of weights
+ * per instruction instead of a widening, a shift and an FMA per 16 elements.
  */
 #include <stdlib.h>
 
@@ -57,6 +62,21 @@ loom__cpu_work loom__cpu_bgemm_work(const loom_tensor *dst) {
     w.shared = (size_t)(npan * b->ne[2] * b->ne[3]) * (size_t)kp * BG_NR * sizeof(uint32_t);
     w.per_thread = (size_t)BG_MC * (BG_KC / 2) * sizeof(uint32_t) + 64;
     return w;
+}
+
+size_t loom__cpu_bdot_row_elems(int64_t K) {
+    return (size_t)((K + 31) & ~(int64_t)31); /* whole 64-byte lines per row */
+}
+
+void loom__cpu_bdot_round_row(const char *row, size_t nb0, int64_t K, uint16_t *out) {
+    const size_t n = loom__cpu_bdot_row_elems(K);
+    for (int64_t k = 0; k < K; k++) {
+        float x;
+        memcpy(&x, row + k * (int64_t)nb0, sizeof x);
+        out[k] = loom__fp32_to_bf16(x);
+    }
+    for (size_t k = (size_t)K; k < n; k++)
+        out[k] = 0;
 }
 
 /* One bf16 pair (k, k + 1) of b's row; k + 1 == K: a zero high half. */
@@ -216,7 +236,78 @@ void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
     }
 }
 
+/* out[j] = a . b_j for j < nb (1..4): a bf16 weight row of k elements, b rows of bf16
+ * activations ldb elements apart, zero-padded to whole 32-element groups
+ * (loom__cpu_bdot_row_elems); the weight row's tail is read under a mask. One row: four
+ * accumulator chains (the vdpbf16ps latency); more rows share each weight load. */
+TBF void loom__cpu_bdot(int64_t k, const uint16_t *a, const uint16_t *b, size_t ldb, int nb,
+                        float *out) {
+    const int64_t kv = k & ~(int64_t)31;
+    const __mmask32 mt = k > kv ? (__mmask32)((1ull << (k - kv)) - 1) : 0;
+    if (nb == 1) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        int64_t i = 0;
+        for (; i + 128 <= kv; i += 128) {
+            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + i),
+                                  (__m512bh)_mm512_loadu_si512(b + i));
+            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(a + i + 32),
+                                  (__m512bh)_mm512_loadu_si512(b + i + 32));
+            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_loadu_si512(a + i + 64),
+                                  (__m512bh)_mm512_loadu_si512(b + i + 64));
+            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_loadu_si512(a + i + 96),
+                                  (__m512bh)_mm512_loadu_si512(b + i + 96));
+        }
+        for (; i < kv; i += 32)
+            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + i),
+                                  (__m512bh)_mm512_loadu_si512(b + i));
+        if (mt)
+            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_maskz_loadu_epi16(mt, a + kv),
+                                  (__m512bh)_mm512_loadu_si512(b + kv));
+        out[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+        return;
+    }
+    __m512 acc[4][2];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= kv; i += 64) {
+        const __m512bh a0 = (__m512bh)_mm512_loadu_si512(a + i);
+        const __m512bh a1 = (__m512bh)_mm512_loadu_si512(a + i + 32);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            if (j >= nb) break;
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], a0,
+                                         (__m512bh)_mm512_loadu_si512(b + j * ldb + i));
+            acc[j][1] = _mm512_dpbf16_ps(acc[j][1], a1,
+                                         (__m512bh)_mm512_loadu_si512(b + j * ldb + i + 32));
+        }
+    }
+    for (; i < kv + (mt ? 32 : 0); i += 32) {
+        const __m512bh a0 = (__m512bh)(i < kv ? _mm512_loadu_si512(a + i)
+                                              : _mm512_maskz_loadu_epi16(mt, a + i));
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            if (j >= nb) break;
+            acc[j][0] = _mm512_dpbf16_ps(acc[j][0], a0,
+                                         (__m512bh)_mm512_loadu_si512(b + j * ldb + i));
+        }
+    }
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        if (j >= nb) break;
+        out[j] = _mm512_reduce_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]));
+    }
+}
+
 #else /* not x86-64 GCC/Clang: loom__cpu_has_avx512bf16() is false, never called */
+
+void loom__cpu_bdot(int64_t k, const uint16_t *a, const uint16_t *b, size_t ldb, int nb,
+                    float *out) {
+    (void)k;
+    (void)a;
+    (void)b;
+    (void)ldb;
+    (void)nb;
+    (void)out;
+    LOOM_ASSERT(0 && "BF16 dot without AVX512_BF16");
+}
+
 
 void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
     (void)p;

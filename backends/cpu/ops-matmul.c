@@ -19,6 +19,8 @@
  *         then the type's integer dot (quants-dot.h).
  *   BGEMM BF16 weights where GEMM would run, on the AVX-512 table of a CPU with
  *         AVX512_BF16: b rounded to bf16 once, vdpbf16ps micro-kernel (gemm-bf16.c).
+ *   BDOT  BF16 weights with fewer columns, on the same tables: b rounded to bf16 once
+ *         (shared), then vdpbf16ps dots, each weight row against up to 4 rows of b.
  *   DOT   everything else (one-token matmuls, small N, the portable table): float dot
  *         products, each weight row against up to 4 rows of b.
  * DOT and QUANT split (batch, weight row) pairs across threads, so a one-row matmul is
@@ -39,7 +41,7 @@ enum {
     MM_NBLK_BYTES = 256 * 1024,
 };
 
-typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM, MM_BGEMM } mm_path;
+typedef enum mm_path { MM_DOT, MM_QUANT, MM_QDOT, MM_GEMM, MM_QGEMM, MM_BGEMM, MM_BDOT } mm_path;
 
 static size_t align64_size(size_t n) {
     return (n + 63) & ~(size_t)63;
@@ -85,6 +87,7 @@ static mm_path choose_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
     }
     if (simd->gemm_tile && b->ne[1] >= min_n && dst_ok)
         return loom__cpu_bgemm_usable(dst, simd) ? MM_BGEMM : MM_GEMM;
+    if (loom__cpu_bgemm_usable(dst, simd)) return MM_BDOT;
     return is_quant(a->type) ? MM_QUANT : is_qdot(a->type) ? MM_QDOT : MM_DOT;
 }
 
@@ -127,6 +130,7 @@ typedef struct mm_dot_args {
     const loom__cpu_simd *simd;
     float *a_tmp;           /* K floats when a rows must be converted first, else NULL */
     loom__cpu_qdot_fn qdot; /* the dot of a's block type against its vec_dot_type rows */
+    bool bf16_b;            /* BDOT: b rows are bf16 (ldb in elements) */
 } mm_dot_args;
 
 /* out[j] = a_row . b_rows[j] for j < nb. */
@@ -146,7 +150,10 @@ static void dot_rows(const mm_dot_args *x, const void *arow, const void *brows, 
         s->dot_f16(x->K, arow, brows, x->ldb, nb, out);
         break;
     case LOOM_TYPE_BF16:
-        s->dot_bf16(x->K, arow, brows, x->ldb, nb, out);
+        if (x->bf16_b)
+            loom__cpu_bdot(x->K, arow, brows, x->ldb, nb, out);
+        else
+            s->dot_bf16(x->K, arow, brows, x->ldb, nb, out);
         break;
     case LOOM_TYPE_Q8_0:
         s->dot_q8_0(x->K / LOOM_QK8_0, arow, brows, x->ldb, nb, out);
@@ -227,6 +234,9 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
     }
     case MM_BGEMM:
         w = loom__cpu_bgemm_work(dst);
+        break;
+    case MM_BDOT:
+        w.shared = brows * loom__cpu_bdot_row_elems(s.K) * sizeof(uint16_t);
         break;
     case MM_QGEMM: {
         const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
@@ -311,6 +321,31 @@ static void mm_path_dot(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
     x.ldb = (size_t)s->K;
     const size_t rb = (size_t)s->K * sizeof(float);
     mm_dot_loop(p, dst, s, &x, (const char *)packed, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
+}
+
+/* BF16 weights, few columns: b rounded to bf16 rows once (shared), then vdpbf16ps dots. */
+static void mm_path_bdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const size_t re = loom__cpu_bdot_row_elems(s->K), rb = re * sizeof(uint16_t);
+    uint16_t *bb = p->wshared;
+    int64_t r0, r1;
+    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t n = r % s->N, i2 = (r / s->N) % s->B2, i3 = r / (s->N * s->B2);
+        loom__cpu_bdot_round_row(loom__at(b, 0, n, i2, i3), b->nb[0], s->K, bb + r * (int64_t)re);
+    }
+    loom__cpu_barrier(p);
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .ldb = re,
+        .b_row_bytes = rb,
+        .simd = p->simd,
+        .bf16_b = true,
+    };
+    mm_dot_loop(p, dst, s, &x, (const char *)bb, rb, rb * (size_t)s->N,
                 rb * (size_t)(s->N * s->B2));
 }
 
@@ -604,6 +639,9 @@ void loom__cpu_op_mul_mat(const loom__cpu_params *p, loom_tensor *dst) {
     case MM_DOT:
         mm_path_dot(p, dst, &s);
         break;
+    case MM_BDOT:
+        mm_path_bdot(p, dst, &s);
+        break;
     }
 }
 
@@ -667,7 +705,8 @@ static size_t mmid_gemm_cbuf_off(const loom__cpu_simd *simd) {
 }
 
 const char *loom__cpu_mul_mat_path(const loom_tensor *dst, const loom__cpu_simd *simd) {
-    static const char *const names[] = {"dot", "quant", "qdot", "gemm", "qgemm", "bgemm"};
+    static const char *const names[] = {"dot",   "quant", "qdot", "gemm",
+                                        "qgemm", "bgemm", "bdot"};
     if (dst->op == LOOM_OP_MUL_MAT_ID) {
         const mmid_layout l = mmid_layout_of(dst, simd);
         return l.qgemm ? "qgemm" : l.gemm ? "gemm" : "dot";
