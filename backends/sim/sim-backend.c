@@ -173,6 +173,7 @@ typedef struct loom__sim_backend {
     bool stop;
     bool busy;     /* a command is executing (on the worker or on a draining thread) */
     int drainers;  /* threads in loom__sim_drain: the worker leaves the queue to them */
+    bool bound;    /* the worker is pinned by the affinity policy: it runs its own queue */
     int done_waiters; /* threads waiting on cv_done */
     int64_t spin_ns;  /* how long an idle worker or a rendezvous spins before sleeping */
     atomic_uint_fast64_t n_queued; /* n_issued, readable without mu (the idle spin) */
@@ -355,7 +356,7 @@ static void *loom__sim_worker(void *arg) {
      * thread would sit on the cores nearest its GPU): device k of N as thread k of N. Not
      * bound under `none` (the default on one NUMA node); a binding that cannot be done is
      * logged once and skipped by loom_topo_bind_thread. */
-    loom_affinity pol = loom_cpu_affinity(NULL, 0);
+    loom_affinity pol = sb->bound ? loom_cpu_affinity(NULL, 0) : LOOM_AFFINITY_NONE;
     if (pol != LOOM_AFFINITY_NONE)
         loom_topo_bind_thread(loom_topo_get(), pol, -1, sb->sd->index,
                               sb->sd->sreg->cfg.n_devices);
@@ -363,7 +364,8 @@ static void *loom__sim_worker(void *arg) {
     for (;;) {
         loom__sim_spin_until_issued(sb, seen);
         pthread_mutex_lock(&sb->mu);
-        while (!sb->stop && (!sb->head || sb->held || sb->busy || sb->drainers > 0)) {
+        while (!sb->stop &&
+               (!sb->head || sb->held || sb->busy || (!sb->bound && sb->drainers > 0))) {
             seen = sb->n_issued;
             pthread_cond_wait(&sb->cv_work, &sb->mu);
         }
@@ -381,7 +383,8 @@ static void *loom__sim_worker(void *arg) {
 /* Waits until everything issued so far has run. The waiting thread runs the stream's
  * commands itself while it waits (the worker leaves the queue to it), so a host that
  * synchronizes a device does that device's work instead of sleeping beside its worker:
- * one runnable thread per device, not one more, and no wake-up per command. */
+ * one runnable thread per device, not one more, and no wake-up per command. Not when the
+ * affinity policy pins the worker: then the device's work stays on its cores. */
 static void loom__sim_drain(loom__sim_backend *sb) {
     /* a held stream may be what this one waits for (device-side): the host waits now */
     loom__sim_release(NULL);
@@ -389,7 +392,7 @@ static void loom__sim_drain(loom__sim_backend *sb) {
     uint64_t target = sb->n_issued;
     sb->drainers++;
     while (sb->n_done < target) {
-        if (sb->head && !sb->busy && !sb->held) {
+        if (sb->head && !sb->busy && !sb->held && !sb->bound) {
             loom__sim_run_one(sb);
             continue;
         }
@@ -870,6 +873,7 @@ loom_backend_t loom__sim_backend_new(loom__sim_dev *sd, const char *params) {
     /* spinning pays only when every device thread of the reg has a core of its own */
     const int64_t want = (int64_t)sd->sreg->cfg.n_devices * threads;
     sb->spin_ns = want <= loom_n_cpus() ? LOOM__SIM_SPIN_NS : 0;
+    sb->bound = loom_cpu_affinity(NULL, 0) != LOOM_AFFINITY_NONE;
     atomic_init(&sb->n_queued, 0);
     sb->tp = loom_threadpool_new(threads);
     if (!sb->tp) {
