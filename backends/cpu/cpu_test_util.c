@@ -1,5 +1,7 @@
 #include "backends/cpu/cpu_test_util.h"
 
+#include <string.h>
+
 loom_ctx *loom_cpu_test_ctx(size_t mb) {
     loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
     return loom_ctx_new(p);
@@ -16,4 +18,22 @@ loom_status loom_cpu_test_compute(loom_tensor *out, int threads) {
     }
     loom_ctx_free(gctx);
     return s;
+}
+
+loom_tensor *loom_cpu_test_b(loom_ctx *ctx, int64_t K, int64_t N, int64_t B2, b_layout lb,
+                             int64_t pad, loom_tensor **src) {
+    loom_tensor *bsrc, *b;
+    if (lb == B_TRANSPOSED) {
+        bsrc = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, N, K, B2);
+        b = bsrc ? loom_transpose(ctx, bsrc) : NULL;
+    } else if (lb == B_PADDED) {
+        bsrc = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, K + pad, N, B2);
+        b = bsrc ? loom_view_3d(ctx, bsrc, K, N, B2, bsrc->nb[1], bsrc->nb[2], 0) : NULL;
+    } else {
+        bsrc = b = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, K, N, B2);
+    }
+    if (!b) return NULL;
+    memset(bsrc->data, 0x7f, loom_nbytes(bsrc));
+    if (src) *src = bsrc;
+    return b;
 }

@@ -1,16 +1,27 @@
 /*
  * Helpers of the CPU backend's own tests (cpu_smoke_test, qgemm_test, bgemm_test): a
- * context and one graph computed on the CPU backend.
+ * context, activations in a chosen layout, and one graph computed on the CPU backend.
  */
 #ifndef LOOM_CPU_TEST_UTIL_H
 #define LOOM_CPU_TEST_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "loom/cpu.h"
 
 /* An allocating context of mb MiB. */
 loom_ctx *loom_cpu_test_ctx(size_t mb);
+
+/* How a GEMM test lays out its f32 activations b: contiguous, a transposed view (k
+ * strided), or rows padded past K. */
+typedef enum b_layout { B_CONTIG, B_TRANSPOSED, B_PADDED } b_layout;
+
+/* b of K x N x B2 floats in layout lb (B_PADDED: pad floats past each row) in ctx, its
+ * storage every byte 0x7f (huge values: padding that a kernel reads shows); *src (if not
+ * NULL) gets the tensor holding the storage. NULL if ctx is full. */
+loom_tensor *loom_cpu_test_b(loom_ctx *ctx, int64_t K, int64_t N, int64_t B2, b_layout lb,
+                             int64_t pad, loom_tensor **src);
 
 /* Builds the graph of out and computes it on the CPU backend with `threads` threads
  * (1: no pool). */

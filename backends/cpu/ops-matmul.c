@@ -289,13 +289,17 @@ static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
     }
 }
 
+/* Row r of b, flat over (n, i2, i3). */
+static const void *b_row_at(const loom_tensor *b, int64_t r) {
+    const int64_t N = b->ne[1], B2 = b->ne[2];
+    return loom__at(b, 0, r % N, (r / N) % B2, r / (N * B2));
+}
+
 /* Rows [r0, r1) of b (flat over n, i2, i3) -> contiguous f32 rows of K in out. */
 static void pack_b_rows(const loom_tensor *b, int64_t r0, int64_t r1, float *out) {
-    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2];
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r % N, i2 = (r / N) % B2, i3 = r / (N * B2);
-        loom__cpu_row_to_f32(LOOM_TYPE_F32, loom__at(b, 0, n, i2, i3), b->nb[0], 0, K, out + r * K);
-    }
+    const int64_t K = b->ne[0];
+    for (int64_t r = r0; r < r1; r++)
+        loom__cpu_row_to_f32(LOOM_TYPE_F32, b_row_at(b, r), b->nb[0], 0, K, out + r * K);
 }
 
 static void mm_path_dot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
@@ -331,10 +335,8 @@ static void mm_path_bdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     uint16_t *bb = p->wshared;
     int64_t r0, r1;
     loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r % s->N, i2 = (r / s->N) % s->B2, i3 = r / (s->N * s->B2);
-        loom__cpu_bdot_round_row(loom__at(b, 0, n, i2, i3), b->nb[0], s->K, bb + r * (int64_t)re);
-    }
+    for (int64_t r = r0; r < r1; r++)
+        loom__cpu_bdot_round_row(b_row_at(b, r), b->nb[0], s->K, bb + r * (int64_t)re);
     loom__cpu_barrier(p);
     mm_dot_args x = {
         .a = a,
@@ -349,19 +351,19 @@ static void mm_path_bdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
                 rb * (size_t)(s->N * s->B2));
 }
 
-/* Quantises rows [r0, r1) of b (flat over n, i2, i3) to Q8 activations. */
+/* Quantises rows [r0, r1) of b (flat over n, i2, i3) with quant into rows of rb bytes at
+ * out (a strided row is made contiguous in this thread's scratch first). */
 static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int64_t r0, int64_t r1,
-                            char *out) {
-    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], nblk = K / LOOM_QK8_0;
+                            loom__cpu_qact_fn quant, size_t rb, char *out) {
+    const int64_t K = b->ne[0];
     float *tmp = p->wthread;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r % N, i2 = (r / N) % B2, i3 = r / (N * B2);
-        const float *row = loom__at(b, 0, n, i2, i3);
+        const float *row = b_row_at(b, r);
         if (b->nb[0] != sizeof(float)) {
             loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, K, tmp);
             row = tmp;
         }
-        p->simd->quantize_q8a(row, out + r * (int64_t)loom__q8a_row_bytes(nblk), K);
+        quant(row, out + r * (int64_t)rb, K);
     }
 }
 
@@ -371,7 +373,7 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
     char *qb = p->wshared;
     int64_t r0, r1;
     loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
-    quantize_b_rows(p, b, r0, r1, qb);
+    quantize_b_rows(p, b, r0, r1, p->simd->quantize_q8a, loom__q8a_row_bytes(nblk), qb);
     loom__cpu_barrier(p);
     mm_dot_args x = {
         .a = a,
@@ -394,18 +396,9 @@ static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
         loom__cpu_qact_get(loom_type_traits_get((int)a->type)->vec_dot_type, p->simd);
     const size_t rb = qdot_row_bytes(a->type, s->K);
     char *qb = p->wshared;
-    float *tmp = p->wthread;
     int64_t r0, r1;
     loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t n = r % s->N, i2 = (r / s->N) % s->B2, i3 = r / (s->N * s->B2);
-        const float *row = loom__at(b, 0, n, i2, i3);
-        if (b->nb[0] != sizeof(float)) {
-            loom__cpu_row_to_f32(LOOM_TYPE_F32, row, b->nb[0], 0, s->K, tmp);
-            row = tmp;
-        }
-        quant(row, qb + r * (int64_t)rb, s->K);
-    }
+    quantize_b_rows(p, b, r0, r1, quant, rb, qb);
     loom__cpu_barrier(p);
     mm_dot_args x = {
         .a = a,
@@ -753,6 +746,26 @@ static void mmid_cursor_seek(mmid_cursor *c, int64_t rank, const int64_t *start,
     }
 }
 
+/* A work unit of the batched paths: expert e's row block [mc0, mc0 + mlen) (mpan panels
+ * of mr rows) against its ne slots in np panels of nr, the first at panel pan0. */
+typedef struct mmid_unit {
+    int64_t e, pan0, ne, np, mc0, mlen, mpan;
+} mmid_unit;
+
+/* Unit u of `mblocks` row blocks per active expert; c walks the experts forward (units
+ * in increasing order). */
+static mmid_unit mmid_unit_at(mmid_cursor *c, int64_t u, int64_t mblocks, const int64_t *start,
+                              int64_t M, int mr, int nr) {
+    mmid_cursor_seek(c, u / mblocks, start, nr);
+    mmid_unit w = {.e = c->e, .pan0 = c->pan0};
+    w.ne = start[w.e + 1] - start[w.e];
+    w.np = ceil_div(w.ne, nr);
+    w.mc0 = (u % mblocks) * MM_MC;
+    w.mlen = M - w.mc0 < MM_MC ? M - w.mc0 : MM_MC;
+    w.mpan = ceil_div(w.mlen, mr);
+    return w;
+}
+
 /* One unit's results (rows [mc0, mc0 + mlen) of expert e's slots, MM_MC apart) to dst. */
 static void mmid_scatter(loom_tensor *dst, const int64_t *start, const int32_t *slot, int64_t e,
                          int64_t mc0, int64_t mlen, const float *cbuf) {
@@ -799,12 +812,9 @@ static void mmid_gemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_la
     loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
     mmid_cursor c = {-1, -1, 0};
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t mb = u % mblocks;
-        mmid_cursor_seek(&c, u / mblocks, start, nr);
-        const int64_t e = c.e, pan0 = c.pan0;
-        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
-        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
-        const int64_t mpan = ceil_div(mlen, mr);
+        const mmid_unit w = mmid_unit_at(&c, u, mblocks, start, M, mr, nr);
+        const int64_t e = w.e, pan0 = w.pan0, ne_ = w.ne, np = w.np;
+        const int64_t mc0 = w.mc0, mlen = w.mlen, mpan = w.mpan;
         for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
             const int64_t kc = K - k0 < MM_KC ? K - k0 : MM_KC;
             gemm_pack_a(p, as, e, 0, mc0, mlen, k0, kc, mr, ap, lines);
@@ -860,12 +870,9 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
     loom__range(active * mblocks, p->ith, p->nth, &u0, &u1);
     mmid_cursor c = {-1, -1, 0};
     for (int64_t u = u0; u < u1; u++) {
-        const int64_t mb = u % mblocks;
-        mmid_cursor_seek(&c, u / mblocks, start, nr);
-        const int64_t e = c.e, pan0 = c.pan0;
-        const int64_t ne_ = start[e + 1] - start[e], np = ceil_div(ne_, nr);
-        const int64_t mc0 = mb * MM_MC, mlen = M - mc0 < MM_MC ? M - mc0 : MM_MC;
-        const int64_t mpan = ceil_div(mlen, mr);
+        const mmid_unit w = mmid_unit_at(&c, u, mblocks, start, M, mr, nr);
+        const int64_t e = w.e, pan0 = w.pan0, ne_ = w.ne, np = w.np;
+        const int64_t mc0 = w.mc0, mlen = w.mlen, mpan = w.mpan;
         for (int64_t k0 = 0; k0 < K; k0 += MM_KC) {
             const int64_t kb = (K - k0 < MM_KC ? K - k0 : MM_KC) / LOOM_QG_BLK;
             for (int64_t mp = 0; mp < mpan; mp++) {
