@@ -2,7 +2,14 @@
 # skips the calling test (exit 0) without mpirun; otherwise a short private directory
 # (Open MPI's session directory holds Unix sockets: 108-byte limit) removed at exit, as
 # TMPDIR and HOME, and Open MPI on loopback only, as root, oversubscribed.
-# Sets $tmp. Usage: . "$(dirname "$0")/mpi_env.sh" PREFIX
+# Sets $tmp, and $model: the shared stories260K.gguf (LOOM_MODELS_DIR, else ../shared/models
+# beside the workspace), which the caller checks exists. Usage: . "$(dirname "$0")/mpi_env.sh" PREFIX
+models="${LOOM_MODELS_DIR:-}"
+if [ -z "$models" ]; then
+    ws=$(readlink -f "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-loom}/WORKSPACE" 2>/dev/null || true)
+    [ -n "$ws" ] && models="$(dirname "$ws")/../shared/models"
+fi
+model="$models/stories260K.gguf"
 if ! command -v mpirun >/dev/null 2>&1; then
     echo "SKIP: mpirun is not installed (scripts/setup.sh installs openmpi-bin)"
     exit 0

@@ -32,18 +32,11 @@ fail() {
     exit 1
 }
 
-models="${LOOM_MODELS_DIR:-}"
-if [ -z "$models" ]; then
-    ws=$(readlink -f "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-loom}/WORKSPACE" 2>/dev/null || true)
-    [ -n "$ws" ] && models="$(dirname "$ws")/../shared/models"
-fi
-model="$models/stories260K.gguf"
+. "$(dirname "$0")/mpi_env.sh" loom-mpi
 if [ ! -f "$model" ]; then
     echo "SKIP: $model not found (set LOOM_MODELS_DIR)"
     exit 0
 fi
-
-. "$(dirname "$0")/mpi_env.sh" loom-mpi
 # Under ASan the ranks run without LeakSanitizer: Open MPI's components (dlclosed at exit)
 # leak by design and their frames cannot be told apart; memory errors still abort. The
 # runs outside mpirun keep leak detection.

@@ -57,12 +57,6 @@ run other_version 3 FAKE_OTHER_VERSION_RANK=1 -- other_version
 run forced_off 2 LOOM_DIST_NCCL=0 -- forced_off
 run required 3 LOOM_DIST_NCCL=1 FAKE_UNUSABLE_RANK=1 -- required
 
-models="${LOOM_MODELS_DIR:-}"
-if [ -z "$models" ]; then
-    ws=$(readlink -f "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-loom}/WORKSPACE" 2>/dev/null || true)
-    [ -n "$ws" ] && models="$(dirname "$ws")/../shared/models"
-fi
-model="$models/stories260K.gguf"
 if [ ! -f "$model" ]; then
     echo "SKIP (the session runs): $model not found (set LOOM_MODELS_DIR)"
     exit 0
