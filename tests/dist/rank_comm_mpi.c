@@ -147,30 +147,16 @@ static void f_free(void *comm) {
     if (comm == &fake_token) F.free_calls++;
 }
 
-static const loom_rank_comm_iface fake = {
-    .name = "fake-nccl 9.9.9",
-    .id_size = FAKE_ID_BYTES,
-    .usable = f_usable,
-    .get_id = f_get_id,
-    .init = f_init,
-    .allreduce_f32 = f_allreduce,
-    .send = f_send,
-    .recv = f_recv,
-    .free = f_free,
-};
+#define FAKE_IFACE(version)                                                                        \
+    {                                                                                              \
+        .name = "fake-nccl " version, .id_size = FAKE_ID_BYTES, .usable = f_usable,                \
+        .get_id = f_get_id, .init = f_init, .allreduce_f32 = f_allreduce, .send = f_send,          \
+        .recv = f_recv, .free = f_free,                                                            \
+    }
 
+static const loom_rank_comm_iface fake = FAKE_IFACE("9.9.9");
 /* the same, another version (FAKE_OTHER_VERSION_RANK) */
-static const loom_rank_comm_iface fake_other = {
-    .name = "fake-nccl 9.9.8",
-    .id_size = FAKE_ID_BYTES,
-    .usable = f_usable,
-    .get_id = f_get_id,
-    .init = f_init,
-    .allreduce_f32 = f_allreduce,
-    .send = f_send,
-    .recv = f_recv,
-    .free = f_free,
-};
+static const loom_rank_comm_iface fake_other = FAKE_IFACE("9.9.8");
 
 /* ---------------------------------------------------------------- modes */
 
