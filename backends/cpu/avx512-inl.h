@@ -41,5 +41,37 @@ LOOM_AVX512F_INLINE void loom__avx512_transpose16(__m512i r[16]) {
     }
 }
 
+/* Writes a 32-row register tile (c0: rows 0-15, c1: rows 16-31; nr columns, the caller's
+ * constant) to c[j * ldc + i] for j < nvalid, i < mvalid, adding what c holds unless
+ * `first`; a full-height tile without masks. */
+LOOM_AVX512F_INLINE void loom__avx512_store_tile32(float *c, size_t ldc, __m512 *c0, __m512 *c1,
+                                                   int nr, int first, int mvalid, int nvalid) {
+    if (mvalid >= 32) {
+        _Pragma("GCC unroll 12") for (int j = 0; j < nr; j++) {
+            if (j >= nvalid) break;
+            float *cj = c + j * ldc;
+            if (!first) {
+                c0[j] = _mm512_add_ps(c0[j], _mm512_loadu_ps(cj));
+                c1[j] = _mm512_add_ps(c1[j], _mm512_loadu_ps(cj + 16));
+            }
+            _mm512_storeu_ps(cj, c0[j]);
+            _mm512_storeu_ps(cj + 16, c1[j]);
+        }
+        return;
+    }
+    const __mmask16 m0 = loom__avx512_tail_mask(mvalid),
+                    m1 = loom__avx512_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
+    _Pragma("GCC unroll 12") for (int j = 0; j < nr; j++) {
+        if (j >= nvalid) break;
+        float *cj = c + j * ldc;
+        if (!first) {
+            c0[j] = _mm512_add_ps(c0[j], _mm512_maskz_loadu_ps(m0, cj));
+            c1[j] = _mm512_add_ps(c1[j], _mm512_maskz_loadu_ps(m1, cj + 16));
+        }
+        _mm512_mask_storeu_ps(cj, m0, c0[j]);
+        _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
+    }
+}
+
 #endif
 #endif /* LOOM_CPU_AVX512_INL_H */

@@ -145,18 +145,8 @@ static TBF void bg_tile(int64_t kp, const uint32_t *ap, const uint32_t *bp, floa
         ap += BG_MR;
         bp += BG_NR;
     }
-    const __mmask16 m0 = loom__avx512_tail_mask(mvalid),
-                    m1 = loom__avx512_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
-    _Pragma("GCC unroll 12") for (int j = 0; j < BG_NR; j++) {
-        if (j >= nvalid) break;
-        float *cj = c + j * ldc;
-        if (!first) {
-            c0[j] = _mm512_add_ps(c0[j], _mm512_maskz_loadu_ps(m0, cj));
-            c1[j] = _mm512_add_ps(c1[j], _mm512_maskz_loadu_ps(m1, cj + 16));
-        }
-        _mm512_mask_storeu_ps(cj, m0, c0[j]);
-        _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
-    }
+    _Static_assert(BG_MR == 32, "loom__avx512_store_tile32 writes 32-row tiles");
+    loom__avx512_store_tile32(c, ldc, c0, c1, BG_NR, first, mvalid, nvalid);
 }
 
 /* rows (<= MR) bf16 rows at a (lda bytes apart), elements [0, kc) -> one panel

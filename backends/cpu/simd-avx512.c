@@ -454,31 +454,8 @@ static T512 void avx512_gemm_tile(int64_t kc, const float *ap, const float *bp, 
         ap += MR;
         bp += NR;
     }
-    __mmask16 m0 = loom__avx512_tail_mask(mvalid),
-              m1 = loom__avx512_tail_mask(mvalid > 16 ? mvalid - 16 : 0);
-    if (mvalid == MR) {
-        _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
-            if (j >= nvalid) break;
-            float *cj = c + j * ldc;
-            if (!first) {
-                c0[j] = _mm512_add_ps(c0[j], _mm512_loadu_ps(cj));
-                c1[j] = _mm512_add_ps(c1[j], _mm512_loadu_ps(cj + 16));
-            }
-            _mm512_storeu_ps(cj, c0[j]);
-            _mm512_storeu_ps(cj + 16, c1[j]);
-        }
-    } else {
-        _Pragma("GCC unroll 12") for (int j = 0; j < NR; j++) {
-            if (j >= nvalid) break;
-            float *cj = c + j * ldc;
-            if (!first) {
-                c0[j] = _mm512_add_ps(c0[j], _mm512_maskz_loadu_ps(m0, cj));
-                c1[j] = _mm512_add_ps(c1[j], _mm512_maskz_loadu_ps(m1, cj + 16));
-            }
-            _mm512_mask_storeu_ps(cj, m0, c0[j]);
-            _mm512_mask_storeu_ps(cj + 16, m1, c1[j]);
-        }
-    }
+    _Static_assert(MR == 32, "loom__avx512_store_tile32 writes 32-row tiles");
+    loom__avx512_store_tile32(c, ldc, c0, c1, NR, first, mvalid, nvalid);
 }
 
 /* 16x16 transpose in registers. */
