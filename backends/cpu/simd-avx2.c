@@ -658,6 +658,15 @@ static T256 void avx2_fa_pv(int64_t Dv, const float *w, const float *z, size_t l
     }
 }
 
+/* n F16 (or BF16) values -> f32. */
+I256 void half_row_to_f32(const uint16_t *h, int64_t n, float *y, bool bf16) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, bf16 ? load_bf16(h + i) : load_f16(h + i));
+    for (; i < n; i++)
+        y[i] = bf16 ? loom__bf16_to_fp32(h[i]) : loom__fp16_to_fp32(h[i]);
+}
+
 static T256 bool avx2_rows_to_f32(loom_type t, const void *x, size_t ldx, int nrows, int64_t n,
                                   float *y, size_t ldy) {
     for (int r = 0; r < nrows; r++) {
@@ -667,24 +676,12 @@ static T256 bool avx2_rows_to_f32(loom_type t, const void *x, size_t ldx, int nr
         case LOOM_TYPE_F32:
             memcpy(yr, row, (size_t)n * sizeof(float));
             break;
-        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
-            const uint16_t *h = (const uint16_t *)row;
-            int64_t i = 0;
-            for (; i + 8 <= n; i += 8)
-                _mm256_storeu_ps(yr + i, load_f16(h + i));
-            for (; i < n; i++)
-                yr[i] = loom__fp16_to_fp32(h[i]);
+        case LOOM_TYPE_F16: /* inline: rows are short (a head) */
+            half_row_to_f32((const uint16_t *)row, n, yr, false);
             break;
-        }
-        case LOOM_TYPE_BF16: {
-            const uint16_t *h = (const uint16_t *)row;
-            int64_t i = 0;
-            for (; i + 8 <= n; i += 8)
-                _mm256_storeu_ps(yr + i, load_bf16(h + i));
-            for (; i < n; i++)
-                yr[i] = loom__bf16_to_fp32(h[i]);
+        case LOOM_TYPE_BF16:
+            half_row_to_f32((const uint16_t *)row, n, yr, true);
             break;
-        }
         case LOOM_TYPE_Q8_0:
             avx2_dequant_q8_0((const loom_block_q8_0 *)row, yr, n / LOOM_QK8_0);
             break;

@@ -824,6 +824,17 @@ static T512 void avx512_fa_pv(int64_t Dv, const float *w, const float *z, size_t
     }
 }
 
+/* n F16 (or BF16) values -> f32. */
+I512 void half_row_to_f32(const uint16_t *h, int64_t n, float *y, bool bf16) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, bf16 ? load_bf16(h + i) : load_f16(h + i));
+    if (i < n) {
+        __mmask16 m = loom__avx512_tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, bf16 ? maskload_bf16(m, h + i) : maskload_f16(m, h + i));
+    }
+}
+
 static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int nrows, int64_t n,
                                     float *y, size_t ldy) {
     for (int r = 0; r < nrows; r++) {
@@ -833,28 +844,12 @@ static T512 bool avx512_rows_to_f32(loom_type t, const void *x, size_t ldx, int 
         case LOOM_TYPE_F32:
             memcpy(yr, row, (size_t)n * sizeof(float));
             break;
-        case LOOM_TYPE_F16: { /* inline: rows are short (a head) */
-            const uint16_t *h = (const uint16_t *)row;
-            int64_t i = 0;
-            for (; i + 16 <= n; i += 16)
-                _mm512_storeu_ps(yr + i, load_f16(h + i));
-            if (i < n) {
-                __mmask16 m = loom__avx512_tail_mask(n - i);
-                _mm512_mask_storeu_ps(yr + i, m, maskload_f16(m, h + i));
-            }
+        case LOOM_TYPE_F16: /* inline: rows are short (a head) */
+            half_row_to_f32((const uint16_t *)row, n, yr, false);
             break;
-        }
-        case LOOM_TYPE_BF16: {
-            const uint16_t *h = (const uint16_t *)row;
-            int64_t i = 0;
-            for (; i + 16 <= n; i += 16)
-                _mm512_storeu_ps(yr + i, load_bf16(h + i));
-            if (i < n) {
-                __mmask16 m = loom__avx512_tail_mask(n - i);
-                _mm512_mask_storeu_ps(yr + i, m, maskload_bf16(m, h + i));
-            }
+        case LOOM_TYPE_BF16:
+            half_row_to_f32((const uint16_t *)row, n, yr, true);
             break;
-        }
         case LOOM_TYPE_Q8_0:
             avx512_dequant_q8_0((const loom_block_q8_0 *)row, yr, n / LOOM_QK8_0);
             break;
