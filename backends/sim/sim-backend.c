@@ -173,7 +173,8 @@ typedef struct loom__sim_backend {
     bool stop;
     bool busy;     /* a command is executing (on the worker or on a draining thread) */
     int drainers;  /* threads in loom__sim_drain: the worker leaves the queue to them */
-    bool bound;    /* the worker is pinned by the affinity policy: it runs its own queue */
+    loom_affinity pin; /* the policy the worker is bound by (NONE: unbound); a bound worker
+                        * runs its own queue */
     int done_waiters; /* threads waiting on cv_done */
     int64_t spin_ns;  /* how long an idle worker or a rendezvous spins before sleeping */
     atomic_uint_fast64_t n_queued; /* n_issued, readable without mu (the idle spin) */
@@ -356,16 +357,15 @@ static void *loom__sim_worker(void *arg) {
      * thread would sit on the cores nearest its GPU): device k of N as thread k of N. Not
      * bound under `none` (the default on one NUMA node); a binding that cannot be done is
      * logged once and skipped by loom_topo_bind_thread. */
-    loom_affinity pol = sb->bound ? loom_cpu_affinity(NULL, 0) : LOOM_AFFINITY_NONE;
-    if (pol != LOOM_AFFINITY_NONE)
-        loom_topo_bind_thread(loom_topo_get(), pol, -1, sb->sd->index,
+    if (sb->pin != LOOM_AFFINITY_NONE)
+        loom_topo_bind_thread(loom_topo_get(), sb->pin, -1, sb->sd->index,
                               sb->sd->sreg->cfg.n_devices);
     uint64_t seen = 0; /* commands issued when the worker last found its queue empty */
     for (;;) {
         loom__sim_spin_until_issued(sb, seen);
         pthread_mutex_lock(&sb->mu);
         while (!sb->stop &&
-               (!sb->head || sb->held || sb->busy || (!sb->bound && sb->drainers > 0))) {
+               (!sb->head || sb->held || sb->busy || (sb->pin == LOOM_AFFINITY_NONE && sb->drainers > 0))) {
             seen = sb->n_issued;
             pthread_cond_wait(&sb->cv_work, &sb->mu);
         }
@@ -392,7 +392,7 @@ static void loom__sim_drain(loom__sim_backend *sb) {
     uint64_t target = sb->n_issued;
     sb->drainers++;
     while (sb->n_done < target) {
-        if (sb->head && !sb->busy && !sb->held && !sb->bound) {
+        if (sb->head && !sb->busy && !sb->held && sb->pin == LOOM_AFFINITY_NONE) {
             loom__sim_run_one(sb);
             continue;
         }
@@ -873,7 +873,7 @@ loom_backend_t loom__sim_backend_new(loom__sim_dev *sd, const char *params) {
     /* spinning pays only when every device thread of the reg has a core of its own */
     const int64_t want = (int64_t)sd->sreg->cfg.n_devices * threads;
     sb->spin_ns = want <= loom_n_cpus() ? LOOM__SIM_SPIN_NS : 0;
-    sb->bound = loom_cpu_affinity(NULL, 0) != LOOM_AFFINITY_NONE;
+    sb->pin = loom_cpu_affinity(NULL, 0);
     atomic_init(&sb->n_queued, 0);
     sb->tp = loom_threadpool_new(threads);
     if (!sb->tp) {
