@@ -14,14 +14,15 @@
 bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int min, int max,
                         int *out) {
     if (!val) {
-        fprintf(stderr, "loom %s: %s needs a value\n", cmd, opt);
+        fprintf(stderr, "loom %s: %s needs a value (an integer in %d..%d)\n", cmd, opt, min, max);
         return false;
     }
     char *end = NULL;
     errno = 0;
     long v = strtol(val, &end, 10);
     if (!val[0] || *end || errno || v < min || v > max) {
-        fprintf(stderr, "loom %s: %s '%s' is not an integer in %d..%d\n", cmd, opt, val, min, max);
+        fprintf(stderr, "loom %s: %s needs an integer in %d..%d (got '%s')\n", cmd, opt, min, max,
+                val);
         return false;
     }
     *out = (int)v;

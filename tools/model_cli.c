@@ -111,20 +111,6 @@ const char *loom_model_opts_help(void) {
            "  -v, --verbose             library log at debug level on stderr\n";
 }
 
-static bool parse_long(const char *cmd, const char *opt, const char *v, long min, long max,
-                       long *out) {
-    char *end = NULL;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || !v[0] || *end || errno || x < min || x > max) {
-        fprintf(stderr, "loom %s: %s needs an integer in %ld..%ld (got '%s')\n", cmd, opt, min, max,
-                v ? v : "");
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
 static bool is(const char *a, const char *x, const char *y, const char *z) {
     return !strcmp(a, x) || (y && !strcmp(a, y)) || (z && !strcmp(a, z));
 }
@@ -152,7 +138,7 @@ static const char *device_spec(loom_model_opts *o, const char *v) {
 int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **argv, int *i) {
     const char *a = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    long x;
+    int x;
 #define TAKE() (*i += 1)
     if (is(a, "-m", "--model", NULL)) {
         if (!v) goto missing;
@@ -183,7 +169,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         }
         TAKE();
     } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
-        if (!parse_long(cmd, a, v, -1, 100000, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, -1, 100000, &x)) return -1;
         o->sp.n_gpu_layers = (int)x;
         TAKE();
     } else if (is(a, "--cpu-affinity", NULL, NULL)) {
@@ -197,19 +183,19 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->set_affinity = true;
         TAKE();
     } else if (is(a, "--threads", "-t", NULL)) {
-        if (!parse_long(cmd, a, v, 1, 1024, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, 1, 1024, &x)) return -1;
         o->sp.threads = (int)x;
         TAKE();
     } else if (is(a, "--ctx", "-c", "--ctx-size")) {
-        if (!parse_long(cmd, a, v, 1, 1 << 24, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 24, &x)) return -1;
         o->sp.n_ctx = x;
         TAKE();
     } else if (is(a, "--batch", "-b", "--batch-size")) {
-        if (!parse_long(cmd, a, v, 1, 1 << 20, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 20, &x)) return -1;
         o->n_batch = x;
         TAKE();
     } else if (is(a, "-ub", "--ubatch-size", NULL)) {
-        if (!parse_long(cmd, a, v, 1, 1 << 20, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 20, &x)) return -1;
         o->n_ubatch = x;
         TAKE();
     } else if (is(a, "--kv-type", NULL, NULL)) {
@@ -242,7 +228,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->tensor_split = v;
         TAKE();
     } else if (is(a, "-mg", "--main-gpu", NULL)) {
-        if (!parse_long(cmd, a, v, 0, 1023, &x)) return -1;
+        if (!loom_cli_parse_int(cmd, a, v, 0, 1023, &x)) return -1;
         o->main_gpu = (int)x;
         TAKE();
     } else if (is(a, "--no-kv-offload", "-nkvo", NULL)) {

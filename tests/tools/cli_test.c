@@ -547,7 +547,7 @@ LOOM_TEST(cli_gguf, bad_options_refused_as_loom_run_refuses_them) {
          "loom gguf: -ctk 'q9_9' is not a cache type (f32, f16"},
         {{"gguf", m, "--plan", "--devices", "", NULL}, "loom gguf: --devices is empty (cpu, sim:N"},
         {{"gguf", m, "--plan", "-c", NULL},
-         "loom gguf: -c needs an integer in 1..16777216 (got '')"},
+         "loom gguf: -c needs a value (an integer in 1..16777216)"},
         {{"gguf", m, "--plan", "-ctv", "f16", NULL}, "loom gguf: unknown option '-ctv'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
