@@ -334,7 +334,7 @@ LOOM_TEST(cli, demo_bad_usage_is_one_line_and_exit_2) {
     } cases[] = {
         {2, {"demo", "--bogus"}, "unknown option '--bogus'"},
         {3, {"demo", "--type", "q4_0"}, "688"},
-        {3, {"demo", "--layers", "0"}, "--layers '0'"},
+        {3, {"demo", "--layers", "0"}, "--layers needs an integer in 1..16 (got '0')"},
         {3, {"demo", "--type", "q9"}, "'q9'"},
         {2, {"demo", "--tokens"}, "--tokens needs a value"},
     };
