@@ -4,6 +4,7 @@
  * caller allocates its intermediates (scheduler or a plain buffer) and fills its inputs
  * with loom_batch_set_inputs.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -141,6 +142,49 @@ size_t loom_model_graph_ctx_size(const loom_model *m) {
     size_t per_layer = 128 + (size_t)(m->hp.n_expert_used > 0 ? m->hp.n_expert_used * 3 : 0);
     size_t n = 64 + per_layer * (size_t)m->hp.n_layer;
     return n * loom_tensor_overhead() + loom_graph_overhead(n * 2);
+}
+
+/* Names the nodes the builders left unnamed, in graph order (sources first): a matmul by a
+ * layer's weight "blk.N.attn_q.weight" is "attn_q-N" (as "attn_out-N"), another op with a
+ * weight "op(attn_q.bias)-N", any other node "op(src)" after its first source; a view of
+ * an unnamed node (" (reshaped)") takes its source's new name. loom explain, the
+ * scheduler's split inputs and errors then name every tensor. */
+static void name_unnamed(loom_graph *gf) {
+    for (int i = 0; i < gf->n_nodes; i++) {
+        loom_tensor *t = gf->nodes[i];
+        if (t->name[0] && t->name[0] != ' ') continue;
+        const loom_tensor *src = t->src[0], *w = NULL;
+        if (t->name[0] == ' ') {
+            if (!src || !src->name[0]) continue;
+            char tail[LOOM_MAX_NAME];
+            snprintf(tail, sizeof tail, "%s", t->name);
+            loom_format_name(t, "%s%s", src->name, tail);
+            continue;
+        }
+        for (int k = 0; k < LOOM_MAX_SRC && t->src[k] && !w; k++)
+            if (t->src[k]->flags & LOOM_TENSOR_FLAG_PARAM && t->src[k]->name[0]) w = t->src[k];
+        char op[32];
+        snprintf(op, sizeof op, "%s", loom_op_name(t->op));
+        for (char *c = op; *c; c++)
+            *c = (char)tolower((unsigned char)*c);
+        if (!w) {
+            loom_format_name(t, "%s(%s)", op, src ? src->name : "");
+            continue;
+        }
+        char stem[LOOM_MAX_NAME];
+        const char *n = w->name;
+        int layer = -1, skip = 0;
+        if (sscanf(n, "blk.%d.%n", &layer, &skip) == 1 && skip > 0) n += skip;
+        snprintf(stem, sizeof stem, "%s", n);
+        size_t len = strlen(stem);
+        if (len > 7 && !strcmp(stem + len - 7, ".weight")) stem[len - 7] = 0;
+        char lay[16] = "";
+        if (layer >= 0) snprintf(lay, sizeof lay, "-%d", layer);
+        if (t->op == LOOM_OP_MUL_MAT || t->op == LOOM_OP_MUL_MAT_ID)
+            loom_format_name(t, "%s%s", stem, lay);
+        else
+            loom_format_name(t, "%s(%s)%s", op, stem, lay);
+    }
 }
 
 static loom_tensor *add_bias(loom_ctx *ctx, loom_tensor *x, loom_tensor *b) {
@@ -459,6 +503,7 @@ loom_status loom_model_build_graph(const loom_model *m, const loom_kv_cache *kv,
     loom_set_output(logits);
     loom_status st = loom_graph_build_forward(gf, logits);
     if (st) return loom_error(st, "model: %s", loom_last_error());
+    name_unnamed(gf);
     *out = (loom_batch_graph){.graph = gf,
                               .tokens = tokens,
                               .pos = pos,

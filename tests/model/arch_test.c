@@ -192,6 +192,53 @@ LOOM_TEST(arch, every_architecture_everywhere) {
     }
 }
 
+/* Every node of every architecture's graph has a name (explain and the scheduler's split
+ * inputs print them): not empty, not a bare " (reshaped)" of an unnamed source, and a
+ * matmul by a layer's weight is named after it ("attn_q-0"). Prompt and one-token graphs. */
+LOOM_TEST(arch, every_node_of_every_architecture_is_named) {
+    for (int i = 0; i < arch_case_count(); i++) {
+        const arch_case *c = arch_case_get(i);
+        void *data = NULL;
+        size_t size = 0;
+        loom_gguf *g = NULL;
+        if (!LOOM_CHECK_MSG(arch_case_write(c, &data, &size) == LOOM_OK &&
+                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
+                            "%s: %s", c->name, loom_last_error())) {
+            loom_free(data);
+            continue;
+        }
+        const config cpu = {"cpu", LOOM_SPLIT_MODE_NONE};
+        loom_session *s = open_session(g, &cpu);
+        for (int64_t n = 1; s && n <= N_PROMPT; n += N_PROMPT - 1) {
+            loom_graph *gf = NULL;
+            if (!LOOM_CHECK_MSG(loom_session_plan(s, n, &gf) == LOOM_OK, "%s: %s", c->name,
+                                loom_last_error()))
+                break;
+            int unnamed = 0, layer_mm = 0;
+            for (int k = 0; k < gf->n_nodes; k++) {
+                const loom_tensor *t = gf->nodes[k];
+                const size_t len = strlen(t->name);
+                if (!len || t->name[0] == ' ' || strstr(t->name, "()")) {
+                    if (!unnamed++)
+                        loom_test_fail(__FILE__, __LINE__, "%s, batch %lld: node %d (%s) is named '%s'",
+                                       c->name, (long long)n, k, loom_op_name(t->op), t->name);
+                }
+                if (t->op == LOOM_OP_MUL_MAT && !strcmp(t->name, "attn_q-0")) layer_mm++;
+            }
+            LOOM_CHECK_MSG(unnamed == 0, "%s, batch %lld: %d unnamed nodes", c->name, (long long)n,
+                           unnamed);
+            bool fused = false;
+            for (int k = 0; k < gf->n_nodes; k++)
+                fused = fused || strstr(gf->nodes[k]->name, "attn_qkv-0") != NULL;
+            LOOM_CHECK_MSG(layer_mm == 1 || fused, "%s, batch %lld: no matmul named attn_q-0",
+                           c->name, (long long)n);
+        }
+        loom_session_free(s);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+}
+
 /* The attention without flash attention (mul_mat + soft_max with mask and sinks) agrees
  * with the naive reference too; gemma2's score softcap needs flash attention and says so. */
 LOOM_TEST(arch, every_architecture_without_flash_attention) {
