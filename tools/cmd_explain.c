@@ -25,6 +25,7 @@
 
 #include "loom/sim.h"
 #include "tools/cli.h"
+#include "tools/dist_cli.h"
 #include "tools/model_cli.h"
 
 #define MAX_BATCHES 4
@@ -39,12 +40,15 @@ static void usage(FILE *f) {
         "  --batch LIST              the batches (tokens) explained, e.g. 1,32 (default 1)\n"
         "  --html OUT                also write a self-contained HTML page (batches side by side)\n"
         "  -q, --quiet               print only the splits, the memory and the summary\n"
+        "  --dist mpi                under mpirun: the graph of a session across the MPI ranks\n"
+        "                            (--devices is each rank's device); rank 0 prints, every\n"
+        "                            rank its memory line on stderr\n"
         "%s",
         loom_model_opts_help());
 }
 
 static const char *const explain_names[] = {"-h",      "--help",  "--html", "-q",
-                                            "--quiet", "--batch", NULL};
+                                            "--quiet", "--batch", "--dist", NULL};
 
 /* Every cause code of the scheduler's passes, for the legend. */
 static const char *const CAUSES[][2] = {
@@ -219,7 +223,8 @@ static void view_free(view *v) {
 }
 
 /* Plans batch v->batch, prints its text report and keeps what the page needs. */
-static bool explain_batch(loom_session *s, const loom_model_opts *o, view *v, bool quiet) {
+static bool explain_batch(loom_session *s, const loom_model_opts *o, const char *devices, view *v,
+                          bool quiet) {
     loom_graph *g = NULL;
     if (loom_session_plan(s, v->batch, &g)) {
         fprintf(stderr, "loom explain: %s\n", loom_last_error());
@@ -266,7 +271,7 @@ static bool explain_batch(loom_session *s, const loom_model_opts *o, view *v, bo
         }
     }
     printf("model: %s; devices %s; split mode %s; batch %ld\n",
-           o->model ? o->model : "built-in synthetic", o->sp.devices ? o->sp.devices : "cpu",
+           o->model ? o->model : "built-in synthetic", devices,
            loom_split_mode_name(loom_session_split_mode(s)), v->batch);
     printf("backends (priority order):");
     for (int b = 0; b < nb; b++)
@@ -638,7 +643,9 @@ int loom_cli_explain(int argc, char **argv) {
     char hbuf[4096];
     long batches[MAX_BATCHES] = {1};
     int n_batches = 0;
-    bool quiet = false;
+    bool quiet = false, dist = false;
+    loom_cli_dist cd = {.size = 1};
+    char dev_label[192];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--batch")) {
@@ -660,6 +667,12 @@ int loom_cli_explain(int argc, char **argv) {
                 if (!loom_cli_parse_int("explain", a, t, 1, 1 << 20, &x)) goto usage_error;
                 batches[n_batches++] = x;
             }
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--dist")) {
+            if (!loom_cli_dist_parse("explain", v)) goto usage_error;
+            dist = true;
             i++;
             continue;
         }
@@ -687,17 +700,43 @@ int loom_cli_explain(int argc, char **argv) {
     if (!loom_model_opts_finish(&o, "explain")) goto usage_error;
     for (int b = 0; b < n_batches; b++)
         if (o.sp.n_batch < batches[b]) o.sp.n_batch = batches[b];
+    snprintf(dev_label, sizeof dev_label, "%s", o.sp.devices ? o.sp.devices : "cpu");
+    if (dist) {
+        if (!loom_cli_dist_setup(&cd, &o, "explain")) {
+            loom_cli_dist_free(&cd);
+            loom_model_opts_free(&o);
+            return 1;
+        }
+        snprintf(dev_label, sizeof dev_label, "%s x %d MPI ranks",
+                 o.sp.devices && *o.sp.devices ? o.sp.devices : "cpu", cd.size);
+        /* rank 0 prints; the others plan the same session (their memory lines on stderr) */
+        if (cd.rank != 0) {
+            html = NULL;
+            if (!freopen("/dev/null", "w", stdout)) {
+                fprintf(stderr, "loom explain: rank %d: cannot silence stdout\n", cd.rank);
+                loom_dist_abort(cd.d, 1);
+            }
+        }
+    }
     int rc = 1;
     loom_session *s = NULL;
     view views[MAX_BATCHES];
     memset(views, 0, sizeof views);
     lanes L = {0};
-    if (!loom_model_opts_open(&o, "explain") || !(s = loom_model_opts_session(&o, "explain")))
+    /* every rank opens the model and places its share; a failure anywhere ends every rank */
+    bool ok = loom_model_opts_open(&o, "explain") && (s = loom_model_opts_session(&o, "explain"));
+    if (!loom_cli_dist_agree(&cd, ok, "explain") ||
+        !loom_cli_dist_same_session(&cd, s, &o, "explain"))
         goto out;
     for (int b = 0; b < n_batches; b++) {
         views[b].batch = batches[b];
         if (b) printf("\n");
-        if (!explain_batch(s, &o, &views[b], quiet)) goto out;
+        ok = explain_batch(s, &o, dev_label, &views[b], quiet);
+        if (!loom_cli_dist_agree(&cd, ok, "explain")) goto out;
+    }
+    if (cd.d) {
+        fflush(stdout);
+        loom_cli_dist_print_rank_memory(&cd, s, stderr);
     }
     if (html) {
         loom_backend_t meta_be = loom_session_meta_backend(s);
@@ -725,6 +764,7 @@ out:
         view_free(&views[b]);
     free(L.rows);
     loom_session_free(s);
+    loom_cli_dist_free(&cd);
     loom_model_opts_free(&o);
     return rc;
 usage_error:

@@ -11,7 +11,9 @@
 #   - every rank reports what crosses ranks (host memory and MPI here, and why: no
 #     communicator between ranks on a CPU or sim device); LOOM_DIST_NCCL=1 then stops
 #     every rank with that reason;
-#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size;
+#   - loom bench --dist mpi prints its rows once, from rank 0, with the world size; loom
+#     explain --dist mpi its plan once (the reductions of one process over sim:2, a stage
+#     per rank in layer mode), every rank its memory line, a bad rank stopping all;
 #   - ranks given other options: rank 0's -n leads; another context stops every rank;
 #   - hybrid (--devices sim:2 or sim:3 per rank, -sm layer): stage r on rank r, tensor
 #     parallel over the rank's sim devices (a meta device inside the dist device): text and
@@ -243,6 +245,37 @@ mpi -np 2 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 -sm layer --devices sim
 rows=$(grep -c '"sim:2 x 2 MPI ranks"' "$tmp/benchhy.csv" || true)
 [ "$rows" -eq 2 ] || fail "bench hybrid: $rows rows with 'sim:2 x 2 MPI ranks', want 2: $(cat "$tmp/benchhy.csv")"
 echo "ok: loom bench --dist mpi --devices sim:2 -sm layer: 2 rows from rank 0"
+
+# loom explain --dist mpi: rank 0 alone prints the plan of the session across the ranks
+# (tensor mode: the same reductions as one process over sim:2; layer mode: a stage per rank),
+# every rank its memory line on stderr; a rank that cannot open the model stops every rank
+"$loom" explain -m "$model" --devices sim:2 -sm tensor -q >"$tmp/ex1.out" 2>"$tmp/ex1.err" ||
+    fail "explain sim:2: $(cat "$tmp/ex1.err")"
+want_red=$(sed -n 's/^allreduces = //p' "$tmp/ex1.out")
+mpi -np 2 "$loom" explain -m "$model" --dist mpi -q >"$tmp/ex2.out" 2>"$tmp/ex2.err" ||
+    fail "explain --dist: mpirun exit $?: $(tail -5 "$tmp/ex2.err")"
+[ "$(grep -c '^graph nodes = ' "$tmp/ex2.out")" -eq 1 ] || fail "explain --dist: not printed once: $(cat "$tmp/ex2.out")"
+grep -q "devices cpu x 2 MPI ranks; split mode tensor; batch 1" "$tmp/ex2.out" || fail "explain --dist: $(head -2 "$tmp/ex2.out")"
+grep -q "^## SPLIT #1: Meta(MPI0,MPI1)" "$tmp/ex2.out" || fail "explain --dist: no split on Meta(MPI0,MPI1)"
+grep -q "^allreduces = $want_red\$" "$tmp/ex2.out" ||
+    fail "explain --dist: $(grep '^allreduces' "$tmp/ex2.out"), want $want_red (one process over sim:2)"
+for k in 0 1; do
+    grep -q "^rank $k/2: MPI$k holds weights" "$tmp/ex2.err" || fail "explain --dist: no memory line of rank $k"
+done
+mpi -np 3 "$loom" explain -m "$model" --dist mpi -sm layer --batch 1,4 -q >"$tmp/ex3.out" 2>"$tmp/ex3.err" ||
+    fail "explain --dist layer: mpirun exit $?: $(tail -5 "$tmp/ex3.err")"
+[ "$(grep -c '^graph splits = 4$' "$tmp/ex3.out")" -eq 2 ] || fail "explain --dist layer: not 3 stages + CPU for both batches"
+grep -q "^backends (priority order): MPI0 MPI1 MPI2 CPU" "$tmp/ex3.out" || fail "explain --dist layer: $(grep '^backends' "$tmp/ex3.out")"
+! grep -q '\[ (' "$tmp/ex3.out" || fail "explain --dist layer: an unnamed split input: $(grep '\[ (' "$tmp/ex3.out")"
+set +e
+mpi -np 1 "$loom" explain -m "$model" --dist mpi : -np 1 "$loom" explain -m "$tmp/missing.gguf" --dist mpi \
+    >"$tmp/exbad.out" 2>"$tmp/exbad.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] || fail "explain, rank 1 bad model: mpirun exit $rc"
+grep -q "rank 0 stops: rank 1: .*missing.gguf" "$tmp/exbad.err" || fail "explain, rank 1 bad model: $(cat "$tmp/exbad.err")"
+! grep -q "^graph nodes" "$tmp/exbad.out" || fail "explain, rank 1 bad model: rank 0 printed a plan"
+echo "ok: loom explain --dist mpi: once from rank 0, $want_red allreduces as sim:2, 3 stages in layer mode, a bad rank stops all (exit $rc)"
 
 # failure injection: rank 1 (of 2, then of 3) gets a bad path; every rank must end, non-zero
 inject() { # label ranks-before-bad ranks-after-bad
