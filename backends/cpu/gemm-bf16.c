@@ -238,6 +238,7 @@ TBF void loom__cpu_bdot(int64_t k, const uint16_t *a, const uint16_t *b, size_t 
         __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
         int64_t i = 0;
         for (; i + 128 <= kv; i += 128) {
+            loom__cpu_prefetch_ahead(a + i, 128 * (int)sizeof *a);
             s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_loadu_si512(a + i),
                                   (__m512bh)_mm512_loadu_si512(b + i));
             s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_loadu_si512(a + i + 32),
@@ -260,6 +261,7 @@ TBF void loom__cpu_bdot(int64_t k, const uint16_t *a, const uint16_t *b, size_t 
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 64 <= kv; i += 64) {
+        loom__cpu_prefetch_ahead(a + i, 64 * (int)sizeof *a);
         const __m512bh a0 = (__m512bh)_mm512_loadu_si512(a + i);
         const __m512bh a1 = (__m512bh)_mm512_loadu_si512(a + i + 32);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {

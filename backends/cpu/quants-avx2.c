@@ -59,6 +59,7 @@ AVX2 static float dot_q4_1(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m256i p = dot_us(nibbles32(x[b].qs), load32(y[b].qs));
         const float d = H(x[b].d) * H(y[b].d);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
@@ -73,6 +74,7 @@ AVX2 static float dot_q5_1(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     float summ = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         __m256i q = _mm256_or_si256(nibbles32(x[b].qs),
                                     _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
         const __m256i p = dot_us(q, load32(y[b].qs));
@@ -88,6 +90,7 @@ AVX2 static float dot_q5_0(int64_t n, const void *vx, const void *vy) {
     const loom_block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         __m256i q = _mm256_or_si256(nibbles32(x[b].qs),
                                     _mm256_and_si256(bits32(x[b].qh), _mm256_set1_epi8(0x10)));
         q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
@@ -108,6 +111,7 @@ AVX2 static float dot_iq4_nl(int64_t n, const void *vx, const void *vy) {
     const __m256i tab = grid_table(loom_iq4nl_values);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs));
         const __m256i p = dot_ss(q, load32(y[b].qs));
         const float d = H(x[b].d) * H(y[b].d);
@@ -122,6 +126,7 @@ AVX2 static float dot_mxfp4(int64_t n, const void *vx, const void *vy) {
     const __m256i tab = grid_table(loom_mxfp4_values);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / 32; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[b].qs));
         const __m256i p = dot_ss(q, load32(y[b].qs));
         const uint8_t e = x[b].e;
@@ -168,6 +173,7 @@ AVX2 static inline __attribute__((always_inline)) float k45_dot(const bool five,
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead((const char *)vx + b * (five ? sizeof(loom_block_q5_K) : sizeof(loom_block_q4_K)), five ? (int)sizeof(loom_block_q5_K) : (int)sizeof(loom_block_q4_K));
         const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
         const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
         const uint8_t *qs = five ? x5->qs : x4->qs;
@@ -214,6 +220,7 @@ AVX2 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[b].ql + 64 * h, *qhp = x[b].qh + 32 * h;
@@ -256,6 +263,7 @@ AVX2 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
     const __m256i lsh_hi = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         __m256i sumi = _mm256_setzero_si256();
         /* the 8 six-bit scales minus 32: low 4 bits at bit 4 s of scales_l, high 2 at 2 s of
          * scales_h */
@@ -307,6 +315,7 @@ AVX2 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
     __m256 acc = _mm256_setzero_ps();
     float accm = 0.0f;
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const uint8_t *sc = x[b].scales;
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 8") for (int h = 0; h < 2; h++) {
@@ -337,6 +346,7 @@ AVX2 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
     const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         int8_t sc[16];
         _mm_storeu_si128((__m128i *)sc, q3_scales(x[b].scales));
         const __m256i hm = load32(x[b].hmask);

@@ -70,6 +70,7 @@ T512 static float dot_q2_K(int64_t n, const void *vx, const void *vy) {
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m128i s8 = _mm_loadu_si128((const __m128i *)x[b].scales);
         const __m256i mn16 =
             _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0x0f)));
@@ -106,6 +107,7 @@ T512 static float dot_q3_K(int64_t n, const void *vx, const void *vy) {
     }
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m256i sc16 = _mm256_cvtepi8_epi16(q3_scales(x[b].scales));
         const __m512i scz = _mm512_castsi256_si512(sc16);
         const __m512i hm = bcast256(x[b].hmask);
@@ -146,6 +148,7 @@ T512 static float dot_iq4_xs(int64_t n, const void *vx, const void *vy) {
                                    2 * t, 2 * t);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         uint32_t sl;
         memcpy(&sl, x[b].scales_l, 4);
         const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), lsh_lo),
@@ -212,6 +215,7 @@ I512 float k45_dot(const bool five, int64_t n, const void *vx, const void *vy) {
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead((const char *)vx + b * (five ? sizeof(loom_block_q5_K) : sizeof(loom_block_q4_K)), five ? (int)sizeof(loom_block_q5_K) : (int)sizeof(loom_block_q4_K));
         const loom_block_q4_K *x4 = (const loom_block_q4_K *)vx + b;
         const loom_block_q5_K *x5 = (const loom_block_q5_K *)vx + b;
         const uint8_t *qs = five ? x5->qs : x4->qs;
@@ -265,6 +269,7 @@ T512 static float dot_q6_K(int64_t n, const void *vx, const void *vy) {
         idx[j] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j)));
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        loom__cpu_prefetch_ahead(x + b, (int)sizeof *x);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales));
         const __m512i scz = _mm512_castsi256_si512(sc16);
         __m512i sumi = _mm512_setzero_si512();
@@ -365,6 +370,7 @@ I512 float lg_dot(const int T, int64_t n, const void *vx, const void *vy) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     __m256 corr = _mm256_setzero_ps();
     for (int64_t i = 0; i < n4; i += 4) {
+        loom__cpu_prefetch_ahead(x + i * sx, 4 * sx);
         const uint8_t *xb = x + i * sx, *yb = y + i * sy;
         __m512i dp[2];
         _Pragma("GCC unroll 4") for (int h = 0; h < 2; h++) {

@@ -72,6 +72,7 @@ I256 __m256 silu256(__m256 x) {
     }                                                                                              \
     int64_t i = 0;                                                                                 \
     for (; i + 16 <= k; i += 16) {                                                                 \
+        loom__cpu_prefetch_ahead(a + i, 16 * (int)sizeof *a);                                      \
         __m256 a0 = LOAD(a + i), a1 = LOAD(a + i + 8);                                             \
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                     \
             acc[j][0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + j * ldb + i), acc[j][0]);          \
@@ -102,6 +103,7 @@ static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= k; i += 32) {
+        loom__cpu_prefetch_ahead(a + i, 32 * (int)sizeof *a);
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
@@ -120,6 +122,7 @@ static T256 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                    \
     int64_t i = 0;                                                                                 \
     for (; i + 32 <= k; i += 32) {                                                                 \
+        loom__cpu_prefetch_ahead(a + i, 32 * (int)sizeof *a);                                      \
         s0 = _mm256_fmadd_ps(LOAD(a + i), _mm256_loadu_ps(b + i), s0);                             \
         s1 = _mm256_fmadd_ps(LOAD(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);                     \
         s2 = _mm256_fmadd_ps(LOAD(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);                   \
@@ -214,6 +217,7 @@ I256 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size
         yq[j] = loom__q8a_qs(row, nblk);
     }
     for (int64_t i = 0; i < nblk; i++) {
+        loom__cpu_prefetch_ahead(a + i, (int)sizeof *a);
         __m256i va = _mm256_loadu_si256((const __m256i *)a[i].qs);
         __m256i ax = _mm256_sign_epi8(va, va);
         float da = _cvtsh_ss(a[i].d);
@@ -242,6 +246,7 @@ I256 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const void *b, size
     }
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     for (int64_t i = 0; i < nblk; i++) {
+        loom__cpu_prefetch_ahead(a + i, (int)sizeof *a);
         __m128i t = _mm_loadu_si128((const __m128i *)a[i].qs);
         __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), low4);
         float da = _cvtsh_ss(a[i].d);

@@ -73,6 +73,7 @@ I512 __m512 silu512(__m512 x) {
     }                                                                                              \
     int64_t i = 0;                                                                                 \
     for (; i + 32 <= k; i += 32) {                                                                 \
+        loom__cpu_prefetch_ahead(a + i, 32 * (int)sizeof *a);                                      \
         __m512 a0 = LOAD(a + i), a1 = LOAD(a + i + 16);                                            \
         _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) {                                     \
             acc[j][0] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b + j * ldb + i), acc[j][0]);          \
@@ -109,6 +110,7 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 64 <= k; i += 64) {
+        loom__cpu_prefetch_ahead(a + i, 64 * (int)sizeof *a);
         s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
         s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
         s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
@@ -127,6 +129,7 @@ static T512 void dot1_f32(int64_t k, const float *a, const float *b, float *out)
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                                    \
     int64_t i = 0;                                                                                 \
     for (; i + 64 <= k; i += 64) {                                                                 \
+        loom__cpu_prefetch_ahead(a + i, 64 * (int)sizeof *a);                                      \
         s0 = _mm512_fmadd_ps(LOAD(a + i), _mm512_loadu_ps(b + i), s0);                             \
         s1 = _mm512_fmadd_ps(LOAD(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);                   \
         s2 = _mm512_fmadd_ps(LOAD(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);                   \
@@ -275,6 +278,7 @@ I512 void dot_q8_0_n(int64_t nblk, const loom_block_q8_0 *a, const void *b, size
     const __m512i fidx = fold_idx();
     int64_t i = 0;
     for (; i + 8 <= nblk; i += 8) {
+        loom__cpu_prefetch_ahead(a + i, 8 * (int)sizeof *a);
         __m512i ax[4];
         __mmask64 neg[4];
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
@@ -334,6 +338,7 @@ I512 void dot_q4_0_n(int64_t nblk, const loom_block_q4_0 *a, const void *b, size
     const __m512i fidx = fold_idx();
     int64_t i = 0;
     for (; i + 8 <= nblk; i += 8) {
+        loom__cpu_prefetch_ahead(a + i, 8 * (int)sizeof *a);
         /* lanes [qs0, qs0, qs1, qs1]; the upper copy of each shifted by 4 -> high nibbles */
         __m512i q[4];
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
