@@ -124,3 +124,16 @@ loom_status arch_case_write(const arch_case *c, void **data, size_t *size) {
     loom_gguf_writer_free(w);
     return st;
 }
+
+loom_status arch_case_open(const arch_case *c, void **data, loom_gguf **g) {
+    size_t size = 0;
+    *data = NULL;
+    *g = NULL;
+    loom_status st = arch_case_write(c, data, &size);
+    if (st == LOOM_OK) st = loom_gguf_open_memory(*data, size, g);
+    if (st) {
+        loom_free(*data);
+        *data = NULL;
+    }
+    return st;
+}

@@ -26,5 +26,8 @@ int arch_case_count(void);
 const arch_case *arch_case_get(int i);
 /* The case's GGUF in memory (loom_free it). */
 loom_status arch_case_write(const arch_case *c, void **data, size_t *size);
+/* The case's GGUF written in memory and opened: *g over *data (free both: loom_gguf_free,
+ * then loom_free). On an error nothing is left to free. */
+loom_status arch_case_open(const arch_case *c, void **data, loom_gguf **g);
 
 #endif

@@ -174,14 +174,10 @@ LOOM_TEST(arch, every_architecture_everywhere) {
     for (int i = 0; i < arch_case_count(); i++) {
         const arch_case *c = arch_case_get(i);
         void *data = NULL;
-        size_t size = 0;
         loom_gguf *g = NULL;
-        if (!LOOM_CHECK_MSG(arch_case_write(c, &data, &size) == LOOM_OK &&
-                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
-                            "%s: %s", c->name, loom_last_error())) {
-            loom_free(data);
+        if (!LOOM_CHECK_MSG(arch_case_open(c, &data, &g) == LOOM_OK, "%s: %s", c->name,
+                            loom_last_error()))
             continue;
-        }
         int red = check_everywhere(c->name, g, 2e-4);
         if (c->reductions_per_layer >= 0)
             LOOM_CHECK_MSG(red == c->reductions_per_layer * (int)c->p.n_layer,
@@ -199,14 +195,10 @@ LOOM_TEST(arch, every_node_of_every_architecture_is_named) {
     for (int i = 0; i < arch_case_count(); i++) {
         const arch_case *c = arch_case_get(i);
         void *data = NULL;
-        size_t size = 0;
         loom_gguf *g = NULL;
-        if (!LOOM_CHECK_MSG(arch_case_write(c, &data, &size) == LOOM_OK &&
-                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
-                            "%s: %s", c->name, loom_last_error())) {
-            loom_free(data);
+        if (!LOOM_CHECK_MSG(arch_case_open(c, &data, &g) == LOOM_OK, "%s: %s", c->name,
+                            loom_last_error()))
             continue;
-        }
         const config cpu = {"cpu", LOOM_SPLIT_MODE_NONE};
         loom_session *s = open_session(g, &cpu);
         for (int64_t n = 1; s && n <= N_PROMPT; n += N_PROMPT - 1) {
@@ -215,21 +207,20 @@ LOOM_TEST(arch, every_node_of_every_architecture_is_named) {
                                 loom_last_error()))
                 break;
             int unnamed = 0, layer_mm = 0;
+            bool fused = false;
             for (int k = 0; k < gf->n_nodes; k++) {
                 const loom_tensor *t = gf->nodes[k];
-                const size_t len = strlen(t->name);
-                if (!len || t->name[0] == ' ' || strstr(t->name, "()")) {
+                if (!t->name[0] || t->name[0] == ' ' || strstr(t->name, "()")) {
                     if (!unnamed++)
-                        loom_test_fail(__FILE__, __LINE__, "%s, batch %lld: node %d (%s) is named '%s'",
-                                       c->name, (long long)n, k, loom_op_name(t->op), t->name);
+                        loom_test_fail(__FILE__, __LINE__,
+                                       "%s, batch %lld: node %d (%s) is named '%s'", c->name,
+                                       (long long)n, k, loom_op_name(t->op), t->name);
                 }
                 if (t->op == LOOM_OP_MUL_MAT && !strcmp(t->name, "attn_q-0")) layer_mm++;
+                fused = fused || strstr(t->name, "attn_qkv-0") != NULL;
             }
             LOOM_CHECK_MSG(unnamed == 0, "%s, batch %lld: %d unnamed nodes", c->name, (long long)n,
                            unnamed);
-            bool fused = false;
-            for (int k = 0; k < gf->n_nodes; k++)
-                fused = fused || strstr(gf->nodes[k]->name, "attn_qkv-0") != NULL;
             LOOM_CHECK_MSG(layer_mm == 1 || fused, "%s, batch %lld: no matmul named attn_q-0",
                            c->name, (long long)n);
         }
@@ -306,14 +297,10 @@ LOOM_TEST(arch, every_architecture_with_q8_0_weights) {
         c.p.wtype = LOOM_TYPE_Q8_0;
         if (c.p.n_layer > 6) c.p.n_layer = 6;
         void *data = NULL;
-        size_t size = 0;
         loom_gguf *g = NULL;
-        if (!LOOM_CHECK_MSG(arch_case_write(&c, &data, &size) == LOOM_OK &&
-                                loom_gguf_open_memory(data, size, &g) == LOOM_OK,
-                            "%s: %s", c.name, loom_last_error())) {
-            loom_free(data);
+        if (!LOOM_CHECK_MSG(arch_case_open(&c, &data, &g) == LOOM_OK, "%s: %s", c.name,
+                            loom_last_error()))
             continue;
-        }
         char what[64];
         snprintf(what, sizeof what, "%s-q8", c.name);
         ref_rel = 3e-2; /* Q8_0 x Q8_0 products */
