@@ -835,12 +835,7 @@ int loom_cli_bench(int argc, char **argv) {
         snprintf(dist_label, sizeof dist_label, "%s x %d MPI ranks", specs[0], cd.size);
         if (cd.size > 1 && n_modes == 1 && mlist[0] == LOOM_SPLIT_MODE_DEFAULT)
             mlist[0] = LOOM_SPLIT_MODE_TENSOR;
-        if (cd.rank != 0) { /* rank 0 prints; the others run the same configurations */
-            if (!freopen("/dev/null", "w", stdout)) {
-                fprintf(stderr, "loom bench: rank %d: cannot silence stdout\n", cd.rank);
-                loom_dist_abort(cd.d, 1);
-            }
-        }
+        loom_cli_dist_quiet_followers(&cd, "bench"); /* the others run the same configurations */
     }
     printer pr = {.fmt = fmt, .show_ts = n_ts > 0, .o = &o};
     if (!n_ts) n_ts = 1; /* tsl[0].n == 0: no split given */

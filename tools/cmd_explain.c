@@ -710,13 +710,8 @@ int loom_cli_explain(int argc, char **argv) {
         snprintf(dev_label, sizeof dev_label, "%s x %d MPI ranks",
                  o.sp.devices && *o.sp.devices ? o.sp.devices : "cpu", cd.size);
         /* rank 0 prints; the others plan the same session (their memory lines on stderr) */
-        if (cd.rank != 0) {
-            html = NULL;
-            if (!freopen("/dev/null", "w", stdout)) {
-                fprintf(stderr, "loom explain: rank %d: cannot silence stdout\n", cd.rank);
-                loom_dist_abort(cd.d, 1);
-            }
-        }
+        loom_cli_dist_quiet_followers(&cd, "explain");
+        if (cd.rank != 0) html = NULL;
     }
     int rc = 1;
     loom_session *s = NULL;

@@ -108,6 +108,14 @@ bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd) {
     return false;
 }
 
+void loom_cli_dist_quiet_followers(loom_cli_dist *cd, const char *cmd) {
+    if (!cd->d || cd->rank == 0) return;
+    if (!freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "loom %s: rank %d: cannot silence stdout\n", cmd, cd->rank);
+        loom_dist_abort(cd->d, 1);
+    }
+}
+
 bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
                                 const char *cmd) {
     if (!cd->d) return true;

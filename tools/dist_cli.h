@@ -36,6 +36,9 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
 /* Every rank: whether every rank's `ok` was true; a rank that was fine prints the failing
  * rank's message (which that rank printed itself). Without dist, returns ok. */
 bool loom_cli_dist_agree(loom_cli_dist *cd, bool ok, const char *cmd);
+/* On every rank but 0, stdout goes to /dev/null (rank 0 prints what all ranks computed);
+ * a rank that cannot redirect it aborts every rank. Without dist, nothing. */
+void loom_cli_dist_quiet_followers(loom_cli_dist *cd, const char *cmd);
 /* Every rank: whether every rank's session has rank 0's shape (model hyperparameters,
  * context, batch, split mode, KV type and placement), so all build the same graphs in step;
  * a rank that differs is named. Then (loom_dist_comm_setup) picks how device memory
