@@ -142,6 +142,82 @@ static loom_status get_int_or(const loom_gguf *g, const char *key, int64_t dflt,
     return loom_gguf_get_int(g, key, out);
 }
 
+/* ---------------------------------------------------------------- end of generation */
+
+/* Token texts that end a turn or a text, as the reference engines recognise them (GGUF files
+ * often name only the EOS): chat ends (Llama 3, ChatML, Phi-3, Gemma, harmony), Llama 3.1's
+ * end of message, and Qwen's fill-in-the-middle padding, repository and file separators. A
+ * matching token is treated as a control token, as the reference engines do. */
+static const char *const eot_texts[] = {"<|eot_id|>",
+                                        "<|im_end|>",
+                                        "<|end|>",
+                                        "<end_of_turn>",
+                                        "<|endoftext|>",
+                                        "<EOT>",
+                                        "<\xef\xbd\x9c"
+                                        "end\xe2\x96\x81"
+                                        "of\xe2\x96\x81"
+                                        "sentence\xef\xbd\x9c>" /* DeepSeek */};
+static const char *const eog_texts[] = {
+    "<|eot_id|>",    "<|im_end|>",    "<|end|>",     "<|return|>",   "<|call|>",
+    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",  "<EOT>",        "<|end_of_text|>",
+    "<|fim_pad|>",   "<fim-pad>",     "<PAD>",       "<|fim_repo|>", "<|repo_name|>",
+    "<fim-repo>",    "<REPO>",        "<|file_sep|>"};
+
+/* An optional special-token id key: -1 when absent; a value out of range is a warning naming
+ * the key, and the id is left unset (the text search may still find the token). */
+static loom_status optional_id(const loom_tokenizer *t, const loom_gguf *g, const char *key,
+                               int32_t *out) {
+    int64_t v;
+    loom_status st = get_int_or(g, key, -1, &v);
+    if (st) return loom_error(st, "tokenizer: %s", loom_last_error());
+    if (v < -1 || v >= t->n_vocab) {
+        LOOM_LOG_WARN("tokenizer: %s = %lld is not a token of the vocabulary of %d; ignored", key,
+                      (long long)v, t->n_vocab);
+        v = -1;
+    }
+    *out = (int32_t)v;
+    return LOOM_OK;
+}
+
+/* The set of tokens that end generation: EOS, the end-of-turn and end-of-message tokens (named
+ * by tokenizer.ggml.eot_token_id / eom_token_id or found by text), the fill-in-the-middle
+ * padding tokens and every token whose text is in eog_texts. */
+static loom_status build_eog(loom_tokenizer *t, const loom_gguf *g) {
+    static const char *const keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+                                       "tokenizer.ggml.fim_pad_token_id",
+                                       "tokenizer.ggml.fim_rep_token_id",
+                                       "tokenizer.ggml.fim_sep_token_id"};
+    int32_t ids[5];
+    loom_status st;
+    for (int k = 0; k < 5; k++)
+        if ((st = optional_id(t, g, keys[k], &ids[k]))) return st;
+    t->eog = loom_calloc((size_t)t->n_vocab, 1);
+    if (!t->eog) return loom_error(LOOM_ERR_NOMEM, "tokenizer: out of memory");
+    t->eot = ids[0];
+    for (size_t k = 0; t->eot < 0 && k < sizeof eot_texts / sizeof eot_texts[0]; k++)
+        if ((t->eot = loom__tok_find(t, eot_texts[k], strlen(eot_texts[k]))) >= 0)
+            t->type[t->eot] = LOOM_TOKEN_CONTROL;
+    t->eom = ids[1] >= 0 ? ids[1] : loom__tok_find(t, "<|eom_id|>", 10);
+    for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++) {
+        int32_t id = loom__tok_find(t, eog_texts[k], strlen(eog_texts[k]));
+        if (id < 0) continue;
+        t->eog[id] = 1;
+        t->type[id] = LOOM_TOKEN_CONTROL;
+    }
+    const int32_t named[] = {t->eos, t->eot, t->eom, ids[2], ids[3], ids[4]};
+    for (size_t k = 0; k < sizeof named / sizeof named[0]; k++)
+        if (named[k] >= 0) t->eog[named[k]] = 1;
+    return LOOM_OK;
+}
+
+bool loom_token_is_eog(const loom_tokenizer *t, int32_t id) {
+    return id >= 0 && id < t->n_vocab && t->eog[id];
+}
+int32_t loom_tokenizer_eot(const loom_tokenizer *t) {
+    return t->eot;
+}
+
 loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     *out = NULL;
     const char *model;
@@ -268,7 +344,8 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
     t->add_space_prefix = add_space_prefix;
     for (int b = 0; b < 256; b++)
         t->byte_token[b] = -1;
-    if ((st = build_map(t)) || (st = build_special(t)) || (st = set_strip(t, g, pre))) {
+    if ((st = build_map(t)) || (st = build_eog(t, g)) || (st = build_special(t)) ||
+        (st = set_strip(t, g, pre))) {
         loom_tokenizer_free(t);
         return st;
     }
@@ -309,6 +386,7 @@ void loom_tokenizer_free(loom_tokenizer *t) {
     loom_free(t->map);
     loom_free(t->special);
     loom_free(t->strip);
+    loom_free(t->eog);
     loom__bpe_free(t);
     loom_free(t);
 }

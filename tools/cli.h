@@ -52,5 +52,8 @@ void loom_cli_bad_option(const char *cmd, const char *arg, const char *const *na
 /* Parses a float that must be finite and in [min, max]; prints the error if not. */
 bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, double min, double max,
                           float *out);
+/* llama.cpp's escapes in a prompt, in place: \n \r \t \' \" \\ and \xHH (two hex digits); any
+ * other backslash stays as it is. Returns the new length (no NUL is written). */
+size_t loom_cli_process_escapes(char *s, size_t n);
 
 #endif /* LOOM_TOOLS_CLI_H */

@@ -141,3 +141,33 @@ bool loom_cli_parse_float(const char *cmd, const char *opt, const char *val, dou
     *out = (float)v;
     return true;
 }
+
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+size_t loom_cli_process_escapes(char *s, size_t n) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 == n) {
+            s[o++] = s[i];
+            continue;
+        }
+        char c = s[i + 1];
+        int h1, h2;
+        if (c == 'n' || c == 'r' || c == 't' || c == '\'' || c == '"' || c == '\\') {
+            s[o++] = c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c;
+            i++;
+        } else if (c == 'x' && i + 3 < n && (h1 = hex_digit(s[i + 2])) >= 0 &&
+                   (h2 = hex_digit(s[i + 3])) >= 0) {
+            s[o++] = (char)(h1 * 16 + h2);
+            i += 3;
+        } else {
+            s[o++] = s[i];
+        }
+    }
+    return o;
+}

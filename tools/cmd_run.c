@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,8 +29,18 @@ static void usage(FILE *f) {
             "  -f, --file FILE           read the prompt from a file\n"
             "  -n, --n-predict N         tokens to generate (default 64; -1 = until the end of\n"
             "                            text or of the context)\n"
-            "  -no-cnv, --no-conversation\n"
-            "                            accepted: loom run never enters a chat mode\n"
+            "  -e, --escape              process \\n \\r \\t \\' \\\" \\\\ \\xHH in the prompt and "
+            "in -r\n"
+            "                            (the default, as llama.cpp's)\n"
+            "  --no-escape               take the prompt's backslashes literally\n"
+            "  -r, --reverse-prompt TEXT stop when the output shows TEXT (repeatable)\n"
+            "  --ignore-eos              never end at an end-of-generation token (EOS, the\n"
+            "                            end of turn, ...): their logits are -inf\n"
+            "  -sp, --special            print control tokens (\"<|im_end|>\") as their text\n"
+            "  --no-display-prompt       do not echo the prompt\n"
+            "  -no-cnv, --no-conversation, --no-warmup\n"
+            "                            accepted: loom run never enters a chat mode and runs\n"
+            "                            no warm-up pass (-cnv, -i and -if are refused)\n"
             "sampling (llama.cpp's order: penalties, then min-p, top-k, top-p, temperature):\n"
             "  --temp T                  temperature; 0 = greedy (default 0)\n"
             "  --top-k K                 keep the K most likely tokens (default 40; 0 = off)\n"
@@ -37,10 +49,15 @@ static void usage(FILE *f) {
             "                            0.05; 0 = off)\n"
             "  --repeat-penalty X        penalize the last --repeat-last-n tokens (default 1 =\n"
             "                            off)\n"
-            "  --repeat-last-n N         tokens the penalty looks back over (default 64; 0 =\n"
+            "  --repeat-last-n N         tokens the penalties look back over (default 64; 0 =\n"
             "                            off, -1 = the context)\n"
+            "  --presence-penalty X      subtract X from a token seen in that window (default\n"
+            "                            0 = off)\n"
+            "  --frequency-penalty X     subtract X per time a token was seen there (default 0)\n"
             "  -s, --seed S              random seed (default: random, printed; -1 = random)\n"
-            "output:\n"
+            "output and memory:\n"
+            "  --mlock                   lock the weights in memory (a warning if the limit\n"
+            "                            refuses; see ulimit -l)\n"
             "  --logits-out FILE         write every evaluated position's logits, one line each:\n"
             "                            the position, then the logits, space-separated\n"
             "across processes:\n"
@@ -65,6 +82,25 @@ static const char *const run_names[] = {"-h",
                                         "--n-predict",
                                         "-no-cnv",
                                         "--no-conversation",
+                                        "--no-warmup",
+                                        "-cnv",
+                                        "--conversation",
+                                        "-i",
+                                        "--interactive",
+                                        "-if",
+                                        "--interactive-first",
+                                        "-e",
+                                        "--escape",
+                                        "--no-escape",
+                                        "-r",
+                                        "--reverse-prompt",
+                                        "--ignore-eos",
+                                        "-sp",
+                                        "--special",
+                                        "--no-display-prompt",
+                                        "--presence-penalty",
+                                        "--frequency-penalty",
+                                        "--mlock",
                                         "--temp",
                                         "--top-k",
                                         "--top-p",
@@ -135,27 +171,40 @@ static uint64_t random_seed(void) {
 }
 
 typedef struct extra_sampling {
-    float min_p, repeat_penalty;
+    float min_p, repeat_penalty, presence_penalty, frequency_penalty;
     long repeat_last_n;
 } extra_sampling;
 
-/* llama.cpp's repetition penalty (a positive logit divided by the penalty, a negative one
- * multiplied, once per distinct token among the last n) and min-p (drop tokens whose
- * probability is below min_p times the top one: logit < max + log(min_p)). */
+static int cmp_id(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* llama.cpp's penalties over the last repeat_last_n tokens, once per distinct token t seen
+ * c times there: a positive logit divided by the repeat penalty, a negative one multiplied,
+ * then c x frequency + presence subtracted. Then min-p (drop tokens whose probability is
+ * below min_p times the top one: logit < max + log(min_p)). scratch holds n_hist ids. */
 static void apply_extra(const extra_sampling *x, bool sampling, const int32_t *hist, int64_t n_hist,
-                        float *logits, int64_t V) {
-    if (x->repeat_penalty != 1.0f && x->repeat_last_n != 0) {
+                        int32_t *scratch, float *logits, int64_t V) {
+    bool penalize =
+        x->repeat_penalty != 1.0f || x->presence_penalty != 0.0f || x->frequency_penalty != 0.0f;
+    if (penalize && x->repeat_last_n != 0) {
         int64_t from =
             x->repeat_last_n < 0 || x->repeat_last_n > n_hist ? 0 : n_hist - x->repeat_last_n;
-        for (int64_t i = from; i < n_hist; i++) {
-            int32_t t = hist[i];
-            if (t < 0 || t >= V) continue;
-            bool seen = false;
-            for (int64_t j = from; j < i && !seen; j++)
-                seen = hist[j] == t;
-            if (seen) continue;
-            logits[t] =
-                logits[t] > 0 ? logits[t] / x->repeat_penalty : logits[t] * x->repeat_penalty;
+        int64_t m = n_hist - from;
+        memcpy(scratch, hist + from, (size_t)m * sizeof *scratch);
+        qsort(scratch, (size_t)m, sizeof *scratch, cmp_id);
+        for (int64_t i = 0; i < m;) {
+            int64_t j = i;
+            while (j < m && scratch[j] == scratch[i])
+                j++;
+            int32_t t = scratch[i];
+            if (t >= 0 && t < V) {
+                float l = logits[t];
+                l = l > 0 ? l / x->repeat_penalty : l * x->repeat_penalty;
+                logits[t] = l - (float)(j - i) * x->frequency_penalty - x->presence_penalty;
+            }
+            i = j;
         }
     }
     if (sampling && x->min_p > 0.0f) {
@@ -168,16 +217,59 @@ static void apply_extra(const extra_sampling *x, bool sampling, const int32_t *h
     }
 }
 
+/* Reverse prompts (-r): a stop text each, and its token when it is a single token (a control
+ * token such as "<|im_end|>" prints as nothing, so the text alone would not see it). */
+#define RUN_MAX_RPROMPTS 16
+typedef struct rprompts {
+    int n;
+    char *text[RUN_MAX_RPROMPTS];
+    size_t len[RUN_MAX_RPROMPTS], max_len;
+    int32_t token[RUN_MAX_RPROMPTS];
+    char *tail; /* the last bytes of the output, tail_cap = max_len + 256 */
+    size_t tail_len, tail_cap;
+} rprompts;
+
+static void tail_append(rprompts *r, const char *p, size_t n) {
+    if (!r->n) return;
+    if (n >= r->tail_cap) {
+        p += n - r->tail_cap;
+        n = r->tail_cap;
+    }
+    if (r->tail_len + n > r->tail_cap) {
+        size_t drop = r->tail_len + n - r->tail_cap;
+        memmove(r->tail, r->tail + drop, r->tail_len - drop);
+        r->tail_len -= drop;
+    }
+    memcpy(r->tail + r->tail_len, p, n);
+    r->tail_len += n;
+}
+
+/* Whether the newest token (id, its piece the last pn bytes of the tail) completes a stop. */
+static bool rprompt_hit(const rprompts *r, int32_t id, size_t pn) {
+    for (int k = 0; k < r->n; k++) {
+        if (r->token[k] >= 0 && r->token[k] == id) return true;
+        size_t l = r->len[k];
+        if (!pn || !l || l > r->tail_len) continue;
+        size_t from = r->tail_len > pn + l - 1 ? r->tail_len - pn - l + 1 : 0;
+        if (memmem(r->tail + from, r->tail_len - from, r->text[k], l)) return true;
+    }
+    return false;
+}
+
 int loom_cli_run(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
     const char *prompt = "Once upon a time", *logits_out = NULL, *prompt_file = NULL;
     char lbuf[4096], fbuf[4096];
     bool prompt_given = false, seed_random = true, dist = false;
+    bool escape = true, ignore_eos = false, special = false, display_prompt = true;
+    bool mlock = false;
+    rprompts rp = {0};
     loom_cli_dist cd = {.size = 1};
     long n_predict = 64;
     loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 0};
     extra_sampling xs = {.min_p = 0.05f, .repeat_penalty = 1.0f, .repeat_last_n = 64};
+    const char *rp_arg[RUN_MAX_RPROMPTS];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int r = loom_model_opts_parse(&o, "run", argc, argv, &i);
@@ -195,7 +287,32 @@ int loom_cli_run(int argc, char **argv) {
             loom_cli_unknown_option("run", a, run_names, loom_model_opts_names);
             goto usage_error;
         }
-        if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation")) continue;
+        if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation") || !strcmp(a, "--no-warmup"))
+            continue;
+        if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation") || !strcmp(a, "-i") ||
+            !strcmp(a, "--interactive") || !strcmp(a, "-if") || !strcmp(a, "--interactive-first")) {
+            fprintf(stderr,
+                    "loom run: %s: loom run has no conversation or interactive mode; give the "
+                    "whole prompt (with the model's chat template written out) by -p or -f\n",
+                    a);
+            goto usage_error;
+        }
+        bool flag = true;
+        if (!strcmp(a, "-e") || !strcmp(a, "--escape"))
+            escape = true;
+        else if (!strcmp(a, "--no-escape"))
+            escape = false;
+        else if (!strcmp(a, "--ignore-eos"))
+            ignore_eos = true;
+        else if (!strcmp(a, "-sp") || !strcmp(a, "--special"))
+            special = true;
+        else if (!strcmp(a, "--no-display-prompt"))
+            display_prompt = false;
+        else if (!strcmp(a, "--mlock"))
+            mlock = true;
+        else
+            flag = false;
+        if (flag) continue;
         if (!v) {
             fprintf(stderr, "loom run: %s needs a value\n", a);
             goto usage_error;
@@ -218,6 +335,22 @@ int loom_cli_run(int argc, char **argv) {
             if (!loom_cli_parse_float("run", a, v, 0, 1, &xs.min_p)) goto usage_error;
         } else if (!strcmp(a, "--repeat-penalty")) {
             if (!loom_cli_parse_float("run", a, v, 1e-6, 1e6, &xs.repeat_penalty)) goto usage_error;
+        } else if (!strcmp(a, "--presence-penalty")) {
+            if (!loom_cli_parse_float("run", a, v, -1e6, 1e6, &xs.presence_penalty))
+                goto usage_error;
+        } else if (!strcmp(a, "--frequency-penalty")) {
+            if (!loom_cli_parse_float("run", a, v, -1e6, 1e6, &xs.frequency_penalty))
+                goto usage_error;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--reverse-prompt")) {
+            if (rp.n == RUN_MAX_RPROMPTS) {
+                fprintf(stderr, "loom run: at most %d reverse prompts (-r)\n", RUN_MAX_RPROMPTS);
+                goto usage_error;
+            }
+            if (!v[0]) {
+                fprintf(stderr, "loom run: %s needs a non-empty text\n", a);
+                goto usage_error;
+            }
+            rp_arg[rp.n++] = v;
         } else if (!strcmp(a, "--repeat-last-n")) {
             int x;
             if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &x)) goto usage_error;
@@ -260,12 +393,33 @@ int loom_cli_run(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL, *work = NULL;
     char *file_text = NULL;
+    int32_t *scratch = NULL;
     bool ok = true;
+    size_t plen = strlen(prompt);
     if (prompt_file && lead) {
         if (!(file_text = read_prompt(prompt_file)))
             ok = false;
         else
-            prompt = file_text;
+            plen = strlen(prompt = file_text);
+    } else if (prompt_given && lead && !(prompt = file_text = strdup(prompt))) {
+        fprintf(stderr, "loom run: out of memory\n");
+        ok = false;
+    }
+    if (ok && lead && escape && file_text) plen = loom_cli_process_escapes(file_text, plen);
+    for (int k = 0; k < rp.n && ok; k++) {
+        size_t l = strlen(rp_arg[k]);
+        if (!(rp.text[k] = strdup(rp_arg[k]))) {
+            fprintf(stderr, "loom run: out of memory\n");
+            ok = false;
+            break;
+        }
+        rp.len[k] = escape ? loom_cli_process_escapes(rp.text[k], l) : l;
+        if (rp.len[k] > rp.max_len) rp.max_len = rp.len[k];
+    }
+    rp.tail_cap = rp.max_len + 256;
+    if (ok && rp.n && !(rp.tail = malloc(rp.tail_cap))) {
+        fprintf(stderr, "loom run: out of memory\n");
+        ok = false;
     }
     /* every rank opens the model and places its share; a failure anywhere ends every rank */
     ok = ok && loom_model_opts_open(&o, "run") && (s = loom_model_opts_session(&o, "run"));
@@ -273,7 +427,24 @@ int loom_cli_run(int argc, char **argv) {
     if (!loom_cli_dist_same_session(&cd, s, &o, "run")) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
-    size_t plen = strlen(prompt), cap = plen + 8, n_prompt = 0;
+    if (mlock && mlockall(MCL_CURRENT) != 0 && lead) {
+        struct rlimit rl = {0};
+        getrlimit(RLIMIT_MEMLOCK, &rl);
+        fprintf(stderr,
+                "loom run: warning: --mlock: cannot lock the weights in memory: %s (the limit "
+                "is %llu bytes; raise it with ulimit -l)\n",
+                strerror(errno), (unsigned long long)rl.rlim_cur);
+    }
+    for (int k = 0; k < rp.n; k++) { /* a stop that is one token is also matched as that token */
+        int32_t one[2];
+        size_t nt = 0;
+        rp.token[k] =
+            loom_tokenize(tok, rp.text[k], rp.len[k], false, one, 2, &nt) == LOOM_OK && nt == 1
+                ? one[0]
+                : -1;
+    }
+    loom_clear_error();
+    size_t cap = plen + 8, n_prompt = 0;
     if (cap < (size_t)n_ctx) cap = (size_t)n_ctx;
     ids = malloc(cap * sizeof *ids);
     ok = ids != NULL;
@@ -340,8 +511,9 @@ int loom_cli_run(int argc, char **argv) {
      * on one rank cannot reach the others cleanly, so it ends them all */
     logits = malloc(sizeof(float) * (size_t)V * (all_logits ? n_prompt : 1));
     work = malloc(sizeof(float) * (size_t)V);
+    scratch = malloc(sizeof(int32_t) * (size_t)(n_ctx > 0 ? n_ctx : 1));
     smp = loom_sampler_new(&sp);
-    if (!logits || !work || !smp) {
+    if (!logits || !work || !scratch || !smp) {
         fprintf(stderr, "loom run: out of memory\n");
         goto out;
     }
@@ -349,8 +521,8 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(stderr,
                 "note: the built-in model has random weights, so its text is noise: look at the "
                 "per-device memory above and the graph splits and allreduces below\n");
-    if (lead) {
-        fputs(prompt, stdout);
+    if (lead && display_prompt) {
+        fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
     }
     int64_t t0 = loom_time_us();
@@ -365,21 +537,35 @@ int loom_cli_run(int argc, char **argv) {
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict; n_gen++) {
         memcpy(work, last, sizeof(float) * (size_t)V);
-        apply_extra(&xs, sp.temp > 0.0f, ids, n_hist, work, V);
+        if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
+            for (int64_t t = 0; t < V; t++)
+                if (loom_token_is_eog(tok, (int32_t)t)) work[t] = -INFINITY;
+        apply_extra(&xs, sp.temp > 0.0f, ids, n_hist, scratch, work, V);
         int32_t next = lead ? loom_sampler_sample(smp, work, V) : -1;
         if (cd.d && loom_dist_bcast(cd.d, &next, sizeof next, 0)) { /* rank 0's choice */
             fprintf(stderr, "\nloom run: rank %d: %s\n", cd.rank, loom_last_error());
             loom_dist_abort(cd.d, 1);
         }
-        if (next == loom_tokenizer_eos(tok)) break;
+        /* an end of generation (EOS, the end of turn ...) ends it, printed only with -sp */
+        const bool eog = loom_token_is_eog(tok, next);
+        if (eog && !special) break;
         if (n_hist < n_ctx) ids[n_hist++] = next;
         char piece[256];
-        size_t pn = loom_token_to_piece(tok, next, piece, sizeof piece);
+        size_t pn;
+        const char *ctext =
+            special && loom_token_is_control(tok, next) ? loom_token_text(tok, next) : NULL;
+        if (ctext)
+            pn = (size_t)snprintf(piece, sizeof piece, "%s", ctext);
+        else
+            pn = loom_token_to_piece(tok, next, piece, sizeof piece);
+        if (pn > sizeof piece) pn = sizeof piece;
         if (lead) {
-            fwrite(piece, 1, pn < sizeof piece ? pn : sizeof piece, stdout);
+            fwrite(piece, 1, pn, stdout);
             fflush(stdout);
         }
-        if (n_gen + 1 == n_predict) {
+        if (eog) break;
+        tail_append(&rp, piece, pn);
+        if (n_gen + 1 == n_predict || rprompt_hit(&rp, next, pn)) {
             n_gen++;
             break;
         }
@@ -467,6 +653,10 @@ int loom_cli_run(int argc, char **argv) {
 out:
     if (lf) fclose(lf);
     free(file_text);
+    free(scratch);
+    for (int k = 0; k < rp.n; k++)
+        free(rp.text[k]);
+    free(rp.tail);
     free(logits);
     free(work);
     free(ids);

@@ -57,37 +57,6 @@ static char *read_all(FILE *f, size_t *n) {
     return buf;
 }
 
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* \n \r \t \' \" \\ \xHH, in place; other backslashes stay as they are. */
-static size_t process_escapes(char *s, size_t n) {
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '\\' || i + 1 == n) {
-            s[o++] = s[i];
-            continue;
-        }
-        char c = s[i + 1];
-        int h1, h2;
-        if (c == 'n' || c == 'r' || c == 't' || c == '\'' || c == '"' || c == '\\') {
-            s[o++] = c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c;
-            i++;
-        } else if (c == 'x' && i + 3 < n && (h1 = hex_digit(s[i + 2])) >= 0 &&
-                   (h2 = hex_digit(s[i + 3])) >= 0) {
-            s[o++] = (char)(h1 * 16 + h2);
-            i += 3;
-        } else {
-            s[o++] = s[i];
-        }
-    }
-    return o;
-}
-
 static bool valid_utf8(const unsigned char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         size_t l = s[i] < 0x80             ? 1
@@ -156,7 +125,7 @@ int loom_cli_tokenize(int argc, char **argv) {
         len = strlen(prompt);
         text = malloc(len + 1);
         if (text) memcpy(text, prompt, len + 1);
-        if (text && escape) len = process_escapes(text, len);
+        if (text && escape) len = loom_cli_process_escapes(text, len);
     } else if (file) {
         FILE *f = fopen(file, "rb");
         if (!f) {

@@ -72,6 +72,7 @@ const char *const loom_model_opts_names[] = {"-m",
                                              "--cpu-affinity",
                                              "-v",
                                              "--verbose",
+                                             "--log-disable",
                                              NULL};
 
 const char *loom_model_opts_help(void) {
@@ -108,7 +109,8 @@ const char *loom_model_opts_help(void) {
            "  --no-mmap                 read the weights into memory instead of using CPU\n"
            "                            weights in place from a mapping of the file\n"
            "  --split-rules FILE        split rules that override/extend the built-in table\n"
-           "  -v, --verbose             library log at debug level on stderr\n";
+           "  -v, --verbose             library log at debug level on stderr\n"
+           "  --log-disable             no library log lines on stderr\n";
 }
 
 static bool is(const char *a, const char *x, const char *y, const char *z) {
@@ -244,10 +246,10 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->sp.split_rules = loom_cli_path(v, o->rules_buf, sizeof o->rules_buf);
         if (!o->sp.split_rules) goto too_long;
         TAKE();
-    } else if (is(a, "-v", "--verbose", "--log-verbose")) {
-        if (!o->verbose) o->prev_log_level = (int)loom_log_get_level();
+    } else if (is(a, "-v", "--verbose", "--log-verbose") || is(a, "--log-disable", NULL, NULL)) {
+        if (!o->verbose) o->prev_log_level = (int)loom_log_get_level(); /* restored at free */
         o->verbose = true;
-        loom_log_set_level(LOOM_LOG_DEBUG);
+        loom_log_set_level(strcmp(a, "--log-disable") ? LOOM_LOG_DEBUG : LOOM_LOG_NONE);
     } else {
         return 0;
     }

@@ -21,9 +21,9 @@ typedef struct loom_model_opts {
     const char *tensor_split;  /* -ts as given */
     float ts[16];              /* -ts parsed (sp.tensor_split points here) */
     int main_gpu;              /* -mg */
-    bool verbose;
-    bool set_affinity;  /* --cpu-affinity given: reset to the default by _free */
-    int prev_log_level; /* restored by loom_model_opts_free */
+    bool verbose;              /* -v or --log-disable set the log level: restored at free */
+    bool set_affinity;         /* --cpu-affinity given: reset to the default by _free */
+    int prev_log_level;        /* restored by loom_model_opts_free */
     char model_buf[4096], rules_buf[4096], dev_buf[256];
     /* the built-in model, when used (owned) */
     void *synth_data;

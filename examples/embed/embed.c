@@ -88,7 +88,7 @@ static int generate(const char *model, const loom_gguf *g, int n_dev, int n_gen)
         float d = max_abs_diff(lt, lc, (size_t)n_vocab, &scale);
         if (d > worst) worst = d;
         next = loom_sampler_sample(greedy, lt, n_vocab);
-        if (next == loom_tokenizer_eos(tok)) break;
+        if (loom_token_is_eog(tok, next)) break; /* EOS, an end of turn, ... */
         char piece[64];
         size_t len = loom_token_to_piece(tok, next, piece, sizeof piece);
         printf("%.*s", (int)(len < sizeof piece ? len : sizeof piece), piece);

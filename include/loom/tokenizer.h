@@ -35,8 +35,15 @@ LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
 
 LOOM_API loom_tokenizer_kind loom_tokenizer_kind_of(const loom_tokenizer *t);
 LOOM_API int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t);
-LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t);  /* -1 if none */
-LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t);  /* -1 if none */
+LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t); /* -1 if none */
+LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t); /* -1 if none */
+/* The end-of-turn token ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", ...: the key
+ * tokenizer.ggml.eot_token_id, else found by its text), -1 if none. */
+LOOM_API int32_t loom_tokenizer_eot(const loom_tokenizer *t);
+/* Whether id ends generation: EOS, the end-of-turn and end-of-message tokens, and the other
+ * tokens the reference engines stop at (ChatML's <|im_end|>, Phi-3's <|end|>, harmony's
+ * <|return|> and <|call|>, Qwen's fill-in-the-middle separators). False out of range. */
+LOOM_API bool loom_token_is_eog(const loom_tokenizer *t, int32_t id);
 LOOM_API bool loom_tokenizer_add_bos(const loom_tokenizer *t); /* the vocab's preference */
 LOOM_API bool loom_tokenizer_add_eos(const loom_tokenizer *t); /* the vocab's preference */
 /* The BPE pre-tokenizer family in use ("llama3", "gpt-2", "deepseek-llm", ...; the family a

@@ -809,3 +809,117 @@ LOOM_TEST(tokenizer, llama3_qwen2_gpt4o_match_the_oracle) {
     }
     LOOM_CHECK_EQ_INT(n_checked, 3 * (int)(sizeof ORACLE_TEXTS / sizeof ORACLE_TEXTS[0]));
 }
+
+static char all_warnings[4096];
+static void add_warning(loom_log_level level, const char *msg, void *user) {
+    (void)user;
+    size_t n = strlen(all_warnings);
+    if (level == LOOM_LOG_WARN) snprintf(all_warnings + n, sizeof all_warnings - n, "%s\n", msg);
+}
+
+/* A BPE vocabulary of h i <s> </s> and the given extra tokens, with an optional
+ * tokenizer.ggml.eot_token_id (eot < -1: no key). */
+static mem_vocab make_eog_vocab(const char *const *extra, const int32_t *extra_types,
+                                size_t n_extra, int64_t eot) {
+    const char *tokens[16] = {"h", "i", "<s>", "</s>"};
+    int32_t types[16] = {1, 1, 3, 3};
+    for (size_t k = 0; k < n_extra; k++) {
+        tokens[4 + k] = extra[k];
+        types[4 + k] = extra_types[k];
+    }
+    mem_vocab v = {0};
+    loom_gguf_writer *w = loom_gguf_writer_new();
+    loom_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
+    loom_gguf_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+    loom_gguf_set_arr_str(w, "tokenizer.ggml.tokens", tokens, 4 + n_extra);
+    loom_gguf_set_arr(w, "tokenizer.ggml.token_type", LOOM_GGUF_INT32, types, 4 + n_extra);
+    const char *merges[] = {"h i"};
+    loom_gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
+    loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
+    loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 3);
+    if (eot >= -1) loom_gguf_set_i32(w, "tokenizer.ggml.eot_token_id", (int32_t)eot);
+    size_t size;
+    if (loom_gguf_write_memory(w, &v.data, &size) == LOOM_OK &&
+        loom_gguf_open_memory(v.data, size, &v.g) == LOOM_OK)
+        v.st = loom_tokenizer_from_gguf(v.g, &v.t);
+    else
+        v.st = LOOM_ERR_INTERNAL;
+    loom_gguf_writer_free(w);
+    return v;
+}
+
+/* The tokens that end generation: EOS, the end-of-turn token (the key, else found by its
+ * text), and the other chat and fill-in-the-middle ends the reference engines stop at; a
+ * token found by its text becomes a control token even where the file calls it normal. */
+LOOM_TEST(tokenizer, end_of_generation_tokens) {
+    const char *extra[] = {"<|eot_id|>", "<|im_end|>", "<|fim_pad|>", "<|start_header_id|>"};
+    const int32_t extra_types[] = {1 /* normal in the file */, 3, 3, 3};
+    mem_vocab v = make_eog_vocab(extra, extra_types, 4, -2);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eos(v.t), 3);
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(v.t), 4);
+    const bool want[] = {false, false, false, true, true, true, true, false};
+    for (int32_t id = 0; id < 8; id++)
+        LOOM_CHECK_MSG(loom_token_is_eog(v.t, id) == want[id], "token %d", id);
+    LOOM_CHECK(!loom_token_is_eog(v.t, -1) && !loom_token_is_eog(v.t, 8));
+    LOOM_CHECK(loom_token_is_control(v.t, 4));
+    char piece[16];
+    LOOM_CHECK_EQ_INT(loom_token_to_piece(v.t, 4, piece, sizeof piece), 0);
+    int32_t ids[8];
+    size_t n;
+    LOOM_CHECK(loom_tokenize_ex(v.t, "h<|eot_id|>", 11, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 8, &n) ==
+               LOOM_OK);
+    LOOM_CHECK(n == 2 && ids[0] == 0 && ids[1] == 4);
+    free_vocab(&v);
+
+    /* the key names the end of turn */
+    v = make_eog_vocab(extra, extra_types, 4, 7);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(v.t), 7);
+    LOOM_CHECK(loom_token_is_eog(v.t, 7) && loom_token_is_eog(v.t, 4));
+    free_vocab(&v);
+
+    /* a key out of range is a warning naming it, and the text search stands in */
+    all_warnings[0] = 0;
+    loom_log_set(add_warning, NULL);
+    v = make_eog_vocab(extra, extra_types, 4, 1000);
+    loom_log_set(NULL, NULL);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    LOOM_CHECK_STR_CONTAINS(all_warnings, "tokenizer.ggml.eot_token_id = 1000");
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(v.t), 4);
+    free_vocab(&v);
+
+    /* no end of turn at all: only EOS ends generation */
+    v = make_eog_vocab(extra + 3, extra_types + 3, 1, -2);
+    LOOM_REQUIRE(v.st == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(v.t), -1);
+    for (int32_t id = 0; id < 5; id++)
+        LOOM_CHECK_MSG(loom_token_is_eog(v.t, id) == (id == 3), "token %d", id);
+    free_vocab(&v);
+
+    /* the shared vocabularies: Phi-3 ends a turn with <|end|>, GPT-2 a text with
+     * <|endoftext|>, SentencePiece llama with </s> */
+    if (!loom_test_models_dir()) return;
+    loom_gguf *g = NULL;
+    loom_tokenizer *t = open_vocab("ggml-vocab-phi-3.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    LOOM_CHECK(loom_tokenize_ex(t, "<|end|>", 7, LOOM_TOKENIZE_PARSE_SPECIAL, ids, 8, &n) ==
+               LOOM_OK);
+    LOOM_REQUIRE(n == 1);
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(t), ids[0]);
+    LOOM_CHECK(loom_token_is_eog(t, ids[0]) && loom_token_is_eog(t, loom_tokenizer_eos(t)));
+    LOOM_CHECK(!loom_token_is_eog(t, loom_tokenizer_bos(t)));
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+    t = open_vocab("ggml-vocab-gpt-2.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    LOOM_CHECK(loom_token_is_eog(t, 50256));
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+    t = open_vocab("ggml-vocab-llama-spm.gguf", &g);
+    LOOM_REQUIRE(t != NULL);
+    LOOM_CHECK(loom_token_is_eog(t, 2) && !loom_token_is_eog(t, 1));
+    LOOM_CHECK_EQ_INT(loom_tokenizer_eot(t), -1);
+    loom_tokenizer_free(t);
+    loom_gguf_free(g);
+}

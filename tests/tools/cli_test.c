@@ -409,8 +409,8 @@ LOOM_TEST(cli_flags, no_mmap_reads_the_weights_and_changes_no_token) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out[2], *err[2];
     for (int k = 0; k < 2; k++) {
-        char *argv[] = {"run", "-m",     (char *)loom_test_stories(), "-n", "16", "--temp", "0",
-                        k ? "--no-mmap" : "-t", k ? NULL : "1", NULL};
+        char *argv[] = {"run",    "-m", (char *)loom_test_stories(), "-n",           "16",
+                        "--temp", "0",  k ? "--no-mmap" : "-t",      k ? NULL : "1", NULL};
         int rc = loom_test_capture(loom_cli_run, argv, &out[k], &err[k]);
         LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err[k]);
     }
@@ -420,8 +420,8 @@ LOOM_TEST(cli_flags, no_mmap_reads_the_weights_and_changes_no_token) {
     const char *e0 = strchr(out[0], '\n'), *e1 = strchr(out[1], '\n');
     LOOM_REQUIRE(e0 && e1);
     LOOM_CHECK_MSG(e0 - out[0] == e1 - out[1] && !memcmp(out[0], out[1], (size_t)(e0 - out[0])),
-                   "texts differ: '%.*s' vs '%.*s'", (int)(e0 - out[0]), out[0],
-                   (int)(e1 - out[1]), out[1]);
+                   "texts differ: '%.*s' vs '%.*s'", (int)(e0 - out[0]), out[0], (int)(e1 - out[1]),
+                   out[1]);
     for (int k = 0; k < 2; k++) {
         free(out[k]);
         free(err[k]);
@@ -463,6 +463,18 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
                                             "-no-cnv",
                                             "--logits-out",
                                             "--no-mmap",
+                                            "--ignore-eos",
+                                            "-r,",
+                                            "--reverse-prompt",
+                                            "-sp,",
+                                            "-e,",
+                                            "--no-escape",
+                                            "--no-display-prompt",
+                                            "--presence-penalty",
+                                            "--frequency-penalty",
+                                            "--mlock",
+                                            "--log-disable",
+                                            "--no-warmup",
                                             NULL};
     char *out, *err;
     char *h[] = {"run", "--help", NULL};
@@ -980,4 +992,116 @@ LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
     free(err);
     unlink(path);
     loom_free(data);
+}
+
+/* ---------------------------------------------------------------- llama-cli's output flags */
+
+/* A copy of stories260K whose tokenizer.ggml.eos_token_id is `eos` (the u32 after the key
+ * patched in place), written under $TEST_TMPDIR; its path in buf, or NULL. */
+static const char *stories_with_eos(uint32_t eos, char *buf, size_t cap) {
+    size_t n;
+    FILE *f = fopen(loom_test_stories(), "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *data = malloc(n);
+    bool ok = data && fread(data, 1, n, f) == n;
+    fclose(f);
+    const char key[] = "tokenizer.ggml.eos_token_id";
+    char *at = ok ? memmem(data, n, key, sizeof key - 1) : NULL;
+    uint32_t ty = 0;
+    if (at) memcpy(&ty, at + sizeof key - 1, 4);
+    ok = at && ty == 4 /* GGUF u32 */;
+    if (ok) memcpy(at + sizeof key - 1 + 4, &eos, 4);
+    const char *dir = getenv("TEST_TMPDIR");
+    snprintf(buf, cap, "%s/stories_eos_%u.gguf", dir ? dir : "/tmp", eos);
+    FILE *o = ok ? fopen(buf, "wb") : NULL;
+    ok = o && fwrite(data, 1, n, o) == n;
+    if (o) ok = fclose(o) == 0 && ok;
+    free(data);
+    return ok ? buf : NULL;
+}
+
+/* The greedy story goes "Once upon a time, there was a little girl named Lily". With " Lily"
+ * as the end of generation, the run ends before it; --ignore-eos never picks it; -sp prints
+ * it and ends; -r ends after its text; escapes are processed in -p and -r unless
+ * --no-escape; --no-display-prompt leaves the prompt out; presence and frequency penalties
+ * change the greedy text. */
+LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
+    const char *story = "Once upon a time, there was a little girl named Lily";
+    char *g[] = {"run", "-m", m, "-n", "40", NULL};
+    char *greedy = run_text(g, 0);
+    LOOM_REQUIRE(strncmp(greedy, story, strlen(story)) == 0);
+    /* the id of "▁Lily" */
+    loom_gguf *gg = NULL;
+    loom_tokenizer *tok = NULL;
+    LOOM_REQUIRE(loom_gguf_open(m, &gg) == LOOM_OK);
+    LOOM_REQUIRE(loom_tokenizer_from_gguf(gg, &tok) == LOOM_OK);
+    int32_t ids[4];
+    size_t nt = 0;
+    LOOM_REQUIRE(loom_tokenize(tok, "Lily", 4, false, ids, 4, &nt) == LOOM_OK && nt == 1);
+    loom_tokenizer_free(tok);
+    loom_gguf_free(gg);
+    char path[4096];
+    LOOM_REQUIRE(stories_with_eos((uint32_t)ids[0], path, sizeof path) != NULL);
+
+    char *a1[] = {"run", "-m", path, "-n", "40", NULL};
+    char *ended = run_text(a1, 0);
+    LOOM_CHECK_STR_EQ(ended, "Once upon a time, there was a little girl named");
+    char *a2[] = {"run", "-m", path, "-n", "40", "--ignore-eos", NULL};
+    char *ignored = run_text(a2, 0);
+    LOOM_CHECK_MSG(strstr(ignored, "Lily") == NULL && strlen(ignored) > strlen(story),
+                   "--ignore-eos: '%s'", ignored);
+    char *a3[] = {"run", "-m", path, "-n", "40", "-sp", NULL};
+    char *special = run_text(a3, 0);
+    LOOM_CHECK_STR_EQ(special, story);
+    char *a4[] = {"run", "-m", m, "-n", "40", "-r", "girl", "-r", "never printed", NULL};
+    char *rp = run_text(a4, 0);
+    LOOM_CHECK_STR_EQ(rp, "Once upon a time, there was a little girl");
+    char *a5[] = {"run", "-m", m, "-n", "40", "--reverse-prompt", "\\x2c", NULL}; /* "," */
+    char *rp_esc = run_text(a5, 0);
+    LOOM_CHECK_STR_EQ(rp_esc, "Once upon a time,");
+    char *a6[] = {"run", "-m", m, "-n", "4", "-p", "Once upon a time\\x2c\\tthere", NULL};
+    char *esc = run_text(a6, 0);
+    LOOM_CHECK_MSG(strncmp(esc, "Once upon a time,\tthere", 23) == 0, "'%s'", esc);
+    char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", NULL};
+    char *raw = run_text(a7, 0);
+    LOOM_CHECK_MSG(strncmp(raw, "a\\tb", 4) == 0, "'%s'", raw);
+    char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", NULL};
+    char *noprompt = run_text(a8, 0);
+    LOOM_CHECK_STR_EQ(noprompt, greedy + strlen("Once upon a time"));
+    char *a9[] = {"run", "-m", m, "-n", "40", "--frequency-penalty", "5", NULL};
+    char *freq = run_text(a9, 0);
+    char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", NULL};
+    char *pres = run_text(a10, 0);
+    char *a11[] = {"run", "-m",
+                   m,     "-n",
+                   "40",  "--presence-penalty",
+                   "0",   "--frequency-penalty",
+                   "0",   "--no-warmup",
+                   "-e",  "--mlock",
+                   NULL};
+    char *zero = run_text(a11, 0);
+    LOOM_CHECK(strcmp(freq, greedy) != 0 && strcmp(pres, greedy) != 0);
+    LOOM_CHECK_STR_EQ(zero, greedy);
+    /* chat and interactive modes are refused, naming why */
+    char *out, *err;
+    char *a12[] = {"run", "-m", m, "-cnv", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a12, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "no conversation or interactive mode");
+    free(out);
+    free(err);
+    char *a13[] = {"run", "-m", m, "-r", "", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a13, &out, &err), 2);
+    LOOM_CHECK_STR_CONTAINS(err, "-r needs a non-empty text");
+    free(out);
+    free(err);
+    unlink(path);
+    char *all[] = {greedy, ended, ignored,  special, rp,   rp_esc,
+                   esc,    raw,   noprompt, freq,    pres, zero};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
 }
