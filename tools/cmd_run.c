@@ -256,6 +256,36 @@ static bool rprompt_hit(const rprompts *r, int32_t id, size_t pn) {
     return false;
 }
 
+/* --mlock: the mapping of the file and the weights' host buffers locked in memory, as
+ * llama.cpp's (a warning, not an error, when the limit refuses; the pages stay locked until
+ * the process exits or unmaps them). */
+static void lock_weights(const loom_model *m) {
+    size_t locked = 0;
+    int err = 0;
+    if (m->map && m->map_size) {
+        if (mlock(m->map, m->map_size) == 0)
+            locked += m->map_size;
+        else
+            err = errno;
+    }
+    for (int i = 0; i < m->n_buffers && !err; i++) {
+        loom_buffer_t b = m->buffers[i];
+        if (!b || !loom_buffer_is_host(b) || !loom_buffer_base(b) || !loom_buffer_size(b)) continue;
+        if (mlock(loom_buffer_base(b), loom_buffer_size(b)) == 0)
+            locked += loom_buffer_size(b);
+        else
+            err = errno;
+    }
+    if (err) {
+        struct rlimit rl = {0};
+        getrlimit(RLIMIT_MEMLOCK, &rl);
+        fprintf(stderr,
+                "loom run: warning: --mlock: cannot lock the weights in memory (after %zu bytes): "
+                "%s (the limit is %llu bytes; raise it with ulimit -l)\n",
+                locked, strerror(err), (unsigned long long)rl.rlim_cur);
+    }
+}
+
 int loom_cli_run(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
@@ -427,14 +457,7 @@ int loom_cli_run(int argc, char **argv) {
     if (!loom_cli_dist_same_session(&cd, s, &o, "run")) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
-    if (mlock && mlockall(MCL_CURRENT) != 0 && lead) {
-        struct rlimit rl = {0};
-        getrlimit(RLIMIT_MEMLOCK, &rl);
-        fprintf(stderr,
-                "loom run: warning: --mlock: cannot lock the weights in memory: %s (the limit "
-                "is %llu bytes; raise it with ulimit -l)\n",
-                strerror(errno), (unsigned long long)rl.rlim_cur);
-    }
+    if (mlock && lead) lock_weights(loom_session_model(s));
     for (int k = 0; k < rp.n; k++) { /* a stop that is one token is also matched as that token */
         int32_t one[2];
         size_t nt = 0;
