@@ -51,6 +51,15 @@ static void usage(FILE *f) {
         "  -d, --n-depth LIST        tokens in the KV cache before each test (default 0)\n"
         "  -t, --threads LIST        CPU threads (default: all cores)\n"
         "  -ngl, --n-gpu-layers LIST layers on the devices (default all)\n"
+        "  -fa, --flash-attn LIST    0,1 (or off,on,auto): a configuration each (default auto)\n"
+        "  -ctk, -ctv LIST           K / V cache types, e.g. f16,q8_0 (default f32)\n"
+        "  -b, -ub LIST              logical / physical batch sizes (default 2048 / 512)\n"
+        "  -nkvo [LIST]              0,1: the KV cache in host memory (alone: 1)\n"
+        "  -mmp, --mmap LIST         0,1: use the weights in place from the mapped file\n"
+        "                            (default 1; 0 = --no-mmap)\n"
+        "  -embd 0                   accepted (1, llama-bench's embeddings test, is refused)\n"
+        "  --delay S                 seconds to wait between tests (default 0)\n"
+        "  --progress                a line on stderr as each test starts\n"
         "  -r, --repetitions N       timed runs per test after one warm-up (default 5)\n"
         "  -o, --output FMT          md (default), csv, json, jsonl or sql\n"
         "  --dist mpi                under mpirun: every configuration across the MPI ranks\n"
@@ -60,19 +69,50 @@ static void usage(FILE *f) {
         loom_model_opts_help());
 }
 
-static const char *const bench_names[] = {"-h",           "--help",
-                                          "-m",           "--model",
-                                          "--devices",    "-dev",
-                                          "--device",     "-sm",
-                                          "--split-mode", "-p",
-                                          "--n-prompt",   "-n",
-                                          "--n-gen",      "-pg",
-                                          "-d",           "--n-depth",
-                                          "-t",           "--threads",
-                                          "-ngl",         "--n-gpu-layers",
-                                          "-r",           "--repetitions",
-                                          "-o",           "--output",
-                                          "--dist",       NULL};
+static const char *const bench_names[] = {"-h",
+                                          "--help",
+                                          "-m",
+                                          "--model",
+                                          "--devices",
+                                          "-dev",
+                                          "--device",
+                                          "-sm",
+                                          "--split-mode",
+                                          "-p",
+                                          "--n-prompt",
+                                          "-n",
+                                          "--n-gen",
+                                          "-pg",
+                                          "-d",
+                                          "--n-depth",
+                                          "-t",
+                                          "--threads",
+                                          "-ngl",
+                                          "--n-gpu-layers",
+                                          "-r",
+                                          "--repetitions",
+                                          "-o",
+                                          "--output",
+                                          "--dist",
+                                          "-fa",
+                                          "--flash-attn",
+                                          "-ctk",
+                                          "--cache-type-k",
+                                          "-ctv",
+                                          "--cache-type-v",
+                                          "-b",
+                                          "--batch-size",
+                                          "-ub",
+                                          "--ubatch-size",
+                                          "-nkvo",
+                                          "--no-kv-offload",
+                                          "-mmp",
+                                          "--mmap",
+                                          "-embd",
+                                          "--embeddings",
+                                          "--delay",
+                                          "--progress",
+                                          NULL};
 
 /* "a", "a-b", "a-b+s", "a-b*m", comma-separated, into out[]; prints the error. */
 static bool parse_list(const char *opt, const char *v, long min, long max, long *out, int *n) {
@@ -142,11 +182,20 @@ typedef struct result {
     double sub_per_tok, us_per_sub, us_per_red, host_us_per_tok;
 } result;
 
+/* One combination of llama-bench's per-run lists: -fa, -ctk, -ctv, -b, -ub, -nkvo, -mmp. */
+typedef struct variant {
+    int fa; /* -1 auto (on), 0 off, 1 on */
+    const char *type_k, *type_v;
+    long n_batch, n_ubatch;
+    bool nkvo, mmap;
+} variant;
+
 typedef struct config {
     const char *model, *devices;
     const char *ts; /* the -ts value as llama-bench writes it: "3.00/1.00"; "0.00" for none */
     loom_split_mode mode;
     int threads, ngl;
+    variant v;
     /* filled from the session */
     char model_type[128], backend[64];
     int n_dev;
@@ -299,6 +348,8 @@ typedef struct printer {
     const char *fmt;
     int n_rows;
     bool show_ts; /* md: a ts column (only when -ts is given, as llama-bench) */
+    /* md: a column for each list given (n_batch, n_ubatch, type_k, type_v, fa, nkvo, mmap) */
+    bool show_b, show_ub, show_tk, show_tv, show_fa, show_nkvo, show_mmp;
     const loom_model_opts *o;
 } printer;
 
@@ -379,21 +430,26 @@ static const char *const HOST_FIELDS[N_HOST_FIELDS] = {
 
 static void header(printer *p) {
     if (!strcmp(p->fmt, "md")) {
-        printf("| model | size | params | backend | devices | threads | ngl | sm |%s test | t/s | "
-               "allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | projected t/s | "
-               "host us/tok (sub, red) |\n",
-               p->show_ts ? " ts |" : "");
+        printf("| model | size | params | backend | devices | threads | ngl | sm |%s%s%s%s%s%s%s%s "
+               "test | t/s | allreduces/tok | bytes/tok | nvlink us/tok | pcie4 us/tok | "
+               "projected t/s | host us/tok (sub, red) |\n",
+               p->show_b ? " n_batch |" : "", p->show_ub ? " n_ubatch |" : "",
+               p->show_tk ? " type_k |" : "", p->show_tv ? " type_v |" : "",
+               p->show_fa ? " fa |" : "", p->show_nkvo ? " nkvo |" : "",
+               p->show_mmp ? " mmap |" : "", p->show_ts ? " ts |" : "");
         printf(
-            "| --- | ---: | ---: | --- | --- | ---: | ---: | --- |%s ---: | ---: | ---: | ---: | "
-            "---: | ---: | ---: | ---: |\n",
-            p->show_ts ? " --- |" : "");
+            "| --- | ---: | ---: | --- | --- | ---: | ---: | --- |%s%s%s%s%s%s%s%s ---: | ---: | "
+            "---: | ---: | ---: | ---: | ---: | ---: |\n",
+            p->show_b ? " ---: |" : "", p->show_ub ? " ---: |" : "", p->show_tk ? " --- |" : "",
+            p->show_tv ? " --- |" : "", p->show_fa ? " ---: |" : "", p->show_nkvo ? " ---: |" : "",
+            p->show_mmp ? " ---: |" : "", p->show_ts ? " --- |" : "");
     } else if (!strcmp(p->fmt, "csv")) {
         for (int i = 0; i < N_FIELDS; i++)
             printf("%s,", FIELDS[i]);
         printf("proj_pcie4_us_per_token,proj_avg_ts");
         for (int i = 0; i < N_HOST_FIELDS; i++)
             printf(",%s", HOST_FIELDS[i]);
-        printf("\n");
+        printf(",use_mmap\n");
     } else if (!strcmp(p->fmt, "json")) {
         printf("[\n");
     } else if (!strcmp(p->fmt, "sql")) {
@@ -407,8 +463,8 @@ static void header(printer *p) {
         }
         printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL,\n");
         for (int i = 0; i < N_HOST_FIELDS; i++)
-            printf("  %s REAL%s\n", HOST_FIELDS[i], i + 1 < N_HOST_FIELDS ? "," : "");
-        printf(");\n");
+            printf("  %s REAL,\n", HOST_FIELDS[i]);
+        printf("  use_mmap INTEGER\n);\n");
     }
     fflush(stdout);
 }
@@ -422,17 +478,29 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         snprintf(threads, sizeof threads, "%d", c->threads);
     else
         snprintf(threads, sizeof threads, "all");
-    const char *kt = o->ctk ? o->ctk : (o->ctv ? o->ctv : "f32");
+    const char *kt = c->v.type_k, *vt = c->v.type_v;
     const char *ts = c->ts ? c->ts : "0.00";
-    int fa = o->flash_attn != 0;
+    int fa = c->v.fa != 0;
+    (void)o;
     if (!strcmp(p->fmt, "md")) {
         char size[32], params[32];
         fmt_size(size, sizeof size, c->size);
         fmt_params(params, sizeof params, c->params);
         char proj[32] = "-";
         if (r->proj_ts > 0) snprintf(proj, sizeof proj, "%.2f", r->proj_ts);
-        char tscol[192] = "";
-        if (p->show_ts) snprintf(tscol, sizeof tscol, " %s |", ts);
+        char tscol[384] = "";
+        size_t tl = 0;
+#define COL(on, ...)                                                                               \
+    if (on) tl += (size_t)snprintf(tscol + tl, sizeof tscol - tl, __VA_ARGS__)
+        COL(p->show_b, " %ld |", c->v.n_batch);
+        COL(p->show_ub, " %ld |", c->v.n_ubatch);
+        COL(p->show_tk, " %s |", kt);
+        COL(p->show_tv, " %s |", vt);
+        COL(p->show_fa, " %d |", fa);
+        COL(p->show_nkvo, " %d |", c->v.nkvo);
+        COL(p->show_mmp, " %d |", c->v.mmap);
+        COL(p->show_ts, " %s |", ts);
+#undef COL
         char host[64] = "-";
         if (r->sub_per_tok > 0)
             snprintf(host, sizeof host, "%.0f (%.1f, %.1f)", r->host_us_per_tok, r->us_per_sub,
@@ -457,7 +525,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
             printf("proj_pcie4_us_per_token, proj_avg_ts");
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", %s", HOST_FIELDS[i]);
-            printf(") VALUES (");
+            printf(", use_mmap) VALUES (");
         }
         const char *sep = json ? ", " : (sql ? ", " : ",");
         const double host_vals[N_HOST_FIELDS] = {r->sub_per_tok, r->us_per_sub, r->us_per_red,
@@ -471,16 +539,15 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(3), printf("%.0f", c->params);
         KEY(4), put_str(stdout, c->backend, q);
         KEY(5), put_str(stdout, c->devices, q);
-        KEY(6), printf("%lld", (long long)o->n_batch);
-        KEY(7), printf("%lld", (long long)o->n_ubatch);
+        KEY(6), printf("%ld", c->v.n_batch);
+        KEY(7), printf("%ld", c->v.n_ubatch);
         KEY(8), printf("%d", c->threads > 0 ? c->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
         KEY(9), put_str(stdout, kt, q);
-        KEY(10), put_str(stdout, kt, q);
+        KEY(10), put_str(stdout, vt, q);
         KEY(11), printf("%d", c->ngl);
         KEY(12), put_str(stdout, sm, q);
         KEY(13), printf("%d", o->main_gpu);
-        KEY(14), printf("%s", json ? (o->sp.no_kv_offload ? "true" : "false")
-                                   : (o->sp.no_kv_offload ? "1" : "0"));
+        KEY(14), printf("%s", json ? (c->v.nkvo ? "true" : "false") : (c->v.nkvo ? "1" : "0"));
         KEY(15), printf("%s", json ? (fa ? "true" : "false") : (fa ? "1" : "0"));
         KEY(16), put_str(stdout, ts, q);
         KEY(17), printf("%d", t->n_prompt);
@@ -503,6 +570,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                 printf(", \"proj_avg_ts\": null");
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", \"%s\": %.3f", HOST_FIELDS[i], host_vals[i]);
+            printf(", \"use_mmap\": %s", c->v.mmap ? "true" : "false");
             printf(", \"samples_ns\": [");
             for (int k = 0; k < r->n_samples; k++)
                 printf("%s%.0f", k ? ", " : "", r->samples_ns[k]);
@@ -518,13 +586,13 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                 printf("NULL");
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", %.3f", host_vals[i]);
-            printf(");\n");
+            printf(", %d);\n", c->v.mmap);
         } else {
             printf(",%.3f,", r->proj_pcie_us);
             if (r->proj_ts > 0) printf("%.6f", r->proj_ts);
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(",%.3f", host_vals[i]);
-            printf("\n");
+            printf(",%d\n", c->v.mmap);
         }
     }
     p->n_rows++;
@@ -635,6 +703,60 @@ static bool parse_ts_list(const char *v, ts_val *out, int *n_out) {
     return true;
 }
 
+/* A 0/1 list ("0,1"; for -fa also off/on/auto, auto = -1) into out[]; prints the error. */
+static bool parse_switches(const char *opt, const char *v, bool allow_auto, int *out, int *n) {
+    if (!v || !v[0]) {
+        fprintf(stderr, "loom bench: %s needs a value\n", opt);
+        return false;
+    }
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int x;
+        if (!strcmp(t, "1") || (allow_auto && !strcmp(t, "on")))
+            x = 1;
+        else if (!strcmp(t, "0") || (allow_auto && !strcmp(t, "off")))
+            x = 0;
+        else if (allow_auto && !strcmp(t, "auto"))
+            x = -1;
+        else {
+            fprintf(stderr, "loom bench: %s '%s': '%s' is not %s\n", opt, v, t,
+                    allow_auto ? "0, 1, on, off or auto" : "0 or 1");
+            return false;
+        }
+        if (*n >= MAX_LIST) {
+            fprintf(stderr, "loom bench: %s '%s': more than %d values\n", opt, v, MAX_LIST);
+            return false;
+        }
+        out[(*n)++] = x;
+    }
+    return true;
+}
+
+/* A -ctk/-ctv list ("f16,q8_0") into names[] (pointers into store, which keeps the copy);
+ * every name checked; prints the error. */
+static bool parse_kv_types(const char *opt, const char *v, char *store, size_t cap,
+                           const char **names, int *n) {
+    if (!v || !v[0]) {
+        fprintf(stderr, "loom bench: %s needs a value\n", opt);
+        return false;
+    }
+    snprintf(store, cap, "%s", v);
+    *n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(store, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        loom_type ty;
+        if (!loom_model_cli_kv_type("bench", opt, t, &ty)) return false;
+        if (*n >= MAX_LIST) {
+            fprintf(stderr, "loom bench: %s '%s': more than %d values\n", opt, v, MAX_LIST);
+            return false;
+        }
+        names[(*n)++] = t;
+    }
+    return true;
+}
+
 int loom_cli_bench(int argc, char **argv) {
     loom_model_opts o;
     loom_model_opts_init(&o);
@@ -650,7 +772,15 @@ int loom_cli_bench(int argc, char **argv) {
     ts_val tsl[MAX_LIST];
     tsl[0].n = 0; /* no -ts: one configuration without a split */
     int n_ts = 0;
-    bool p_set = false, n_set = false, dist = false;
+    bool p_set = false, n_set = false, dist = false, progress = false;
+    /* llama-bench's per-run lists: each combination is a configuration */
+    int fal[MAX_LIST], nkvol[MAX_LIST], mmpl[MAX_LIST], n_fa = 0, n_nkvo = 0, n_mmp = 0;
+    long bl[MAX_LIST], ubl[MAX_LIST];
+    int n_b = 0, n_ub = 0, n_tk = 0, n_tv = 0;
+    const char *tkl[MAX_LIST], *tvl[MAX_LIST];
+    char tk_store[512], tv_store[512];
+    double delay = 0;
+    variant *vars = NULL;
     loom_cli_dist cd = {.size = 1};
     char dist_label[192] = "";
     int rc = 2;
@@ -732,6 +862,49 @@ int loom_cli_bench(int argc, char **argv) {
             pgl[2 * n_pg] = two[0];
             pgl[2 * n_pg + 1] = two[1];
             n_pg++;
+        } else if (!strcmp(a, "-fa") || !strcmp(a, "--flash-attn")) {
+            n_fa = 0;
+            if (!parse_switches(a, v, true, fal, &n_fa)) goto done;
+        } else if (!strcmp(a, "-mmp") || !strcmp(a, "--mmap")) {
+            n_mmp = 0;
+            if (!parse_switches(a, v, false, mmpl, &n_mmp)) goto done;
+        } else if (!strcmp(a, "-nkvo") || !strcmp(a, "--no-kv-offload")) {
+            n_nkvo = 0;
+            /* llama-bench's -nkvo 0,1; alone (the shared flag) it means 1 */
+            if (v && (v[0] == '0' || v[0] == '1') && (!v[1] || v[1] == ',')) {
+                if (!parse_switches(a, v, false, nkvol, &n_nkvo)) goto done;
+            } else {
+                nkvol[n_nkvo++] = 1;
+                continue;
+            }
+        } else if (!strcmp(a, "-embd") || !strcmp(a, "--embeddings")) {
+            int el[MAX_LIST], n_e = 0;
+            if (!parse_switches(a, v, false, el, &n_e)) goto done;
+            for (int k = 0; k < n_e; k++)
+                if (el[k]) {
+                    fprintf(stderr,
+                            "loom bench: %s 1: loom has no embeddings-only benchmark; "
+                            "its tests run generation (-embd 0)\n",
+                            a);
+                    goto done;
+                }
+        } else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) {
+            if (!parse_kv_types(a, v, tk_store, sizeof tk_store, tkl, &n_tk)) goto done;
+        } else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
+            if (!parse_kv_types(a, v, tv_store, sizeof tv_store, tvl, &n_tv)) goto done;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            n_b = 0;
+            if (!parse_list(a, v, 1, 1 << 20, bl, &n_b)) goto done;
+        } else if (!strcmp(a, "-ub") || !strcmp(a, "--ubatch-size")) {
+            n_ub = 0;
+            if (!parse_list(a, v, 1, 1 << 20, ubl, &n_ub)) goto done;
+        } else if (!strcmp(a, "--delay")) {
+            float d;
+            if (!loom_cli_parse_float("bench", a, v, 0, 3600, &d)) goto done;
+            delay = d;
+        } else if (!strcmp(a, "--progress")) {
+            progress = true;
+            continue;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
             int x;
             if (!loom_cli_parse_int("bench", a, v, 1, 64, &x)) goto done;
@@ -787,6 +960,52 @@ int loom_cli_bench(int argc, char **argv) {
     if (!n_dl) dl[n_dl++] = 0;
     if (!n_tl) tl[n_tl++] = 0;
     if (!n_gl) gl[n_gl++] = -1;
+    printer pr = {.fmt = fmt,
+                  .show_ts = n_ts > 0,
+                  .o = &o,
+                  .show_b = n_b > 0,
+                  .show_ub = n_ub > 0,
+                  .show_tk = n_tk > 0,
+                  .show_tv = n_tv > 0,
+                  .show_fa = n_fa > 0,
+                  .show_nkvo = n_nkvo > 0,
+                  .show_mmp = n_mmp > 0};
+    if (!n_fa) fal[n_fa++] = o.flash_attn;
+    if (!n_mmp) mmpl[n_mmp++] = !o.sp.no_mmap;
+    if (!n_nkvo) nkvol[n_nkvo++] = o.sp.no_kv_offload;
+    if (!n_tk) tkl[n_tk++] = o.ctk ? o.ctk : "f32";
+    if (!n_tv) tvl[n_tv++] = o.ctv ? o.ctv : "f32";
+    if (!n_b) bl[n_b++] = (long)o.n_batch;
+    if (!n_ub) ubl[n_ub++] = (long)o.n_ubatch;
+    /* the combinations, in llama-bench's order of its parameters */
+    const int max_vars = 4096;
+    int n_vars = 0;
+    if (!(vars = malloc(sizeof *vars * (size_t)max_vars))) {
+        fprintf(stderr, "loom bench: out of memory\n");
+        goto done;
+    }
+    for (int i1 = 0; i1 < n_b; i1++)
+        for (int i2 = 0; i2 < n_ub; i2++)
+            for (int i3 = 0; i3 < n_tk; i3++)
+                for (int i4 = 0; i4 < n_tv; i4++)
+                    for (int i5 = 0; i5 < n_nkvo; i5++)
+                        for (int i6 = 0; i6 < n_fa; i6++)
+                            for (int i7 = 0; i7 < n_mmp; i7++) {
+                                if (n_vars == max_vars) {
+                                    fprintf(stderr,
+                                            "loom bench: more than %d combinations of -b, -ub, "
+                                            "-ctk, -ctv, -nkvo, -fa and -mmp\n",
+                                            n_vars);
+                                    goto done;
+                                }
+                                vars[n_vars++] = (variant){.fa = fal[i6],
+                                                           .type_k = tkl[i3],
+                                                           .type_v = tvl[i4],
+                                                           .n_batch = bl[i1],
+                                                           .n_ubatch = ubl[i2],
+                                                           .nkvo = nkvol[i5] != 0,
+                                                           .mmap = mmpl[i7] != 0};
+                            }
     /* the tests, in llama-bench's order: pp, tg, pg; each at every depth */
     test tests[4 * MAX_LIST * MAX_LIST];
     int n_tests = 0;
@@ -837,7 +1056,6 @@ int loom_cli_bench(int argc, char **argv) {
             mlist[0] = LOOM_SPLIT_MODE_TENSOR;
         loom_cli_dist_quiet_followers(&cd, "bench"); /* the others run the same configurations */
     }
-    printer pr = {.fmt = fmt, .show_ts = n_ts > 0, .o = &o};
     if (!n_ts) n_ts = 1; /* tsl[0].n == 0: no split given */
     header(&pr);
     int failed = 0;
@@ -858,73 +1076,97 @@ int loom_cli_bench(int argc, char **argv) {
                     const bool one = !cd.d && single_device(specs[si]);
                     if ((mo > 0 || xi > 0) && one) continue;
                     for (int ti = 0; ti < n_tl; ti++)
-                        for (int gi = 0; gi < n_gl; gi++) {
-                            config c = {.model = models[mi],
-                                        .devices = specs[si],
-                                        .mode = mlist[mo],
-                                        .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
-                                        .threads = (int)tl[ti],
-                                        .ngl = (int)gl[gi]};
-                            loom_session_params sp = o.sp;
-                            sp.devices = specs[si];
-                            sp.split_mode = mlist[mo];
-                            if (tsl[xi].n) {
-                                sp.tensor_split = tsl[xi].v;
-                                sp.n_tensor_split = tsl[xi].n;
-                            }
-                            if (cd.d) c.devices = dist_label;
-                            sp.threads = c.threads;
-                            sp.n_gpu_layers = c.ngl;
-                            if (sp.n_ctx <= 0) sp.n_ctx = need;
-                            loom_session *s = NULL;
-                            char when[32];
-                            time_t now = time(NULL);
-                            struct tm tmv;
-                            strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
-                            bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
-                            if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
-                                !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
-                                fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
-                                        c.model ? c.model : "built-in", c.devices,
-                                        loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                        c.ts ? c.ts : "", loom_last_error());
-                                loom_session_free(s);
-                                failed++;
-                                continue;
-                            }
-                            if (cd.d && loom_dist_uses_rank_comm(cd.d) &&
-                                !strstr(dist_label, " via "))
-                                snprintf(dist_label + strlen(dist_label),
-                                         sizeof dist_label - strlen(dist_label), " via %s",
-                                         loom_dist_comm_describe(cd.d, NULL));
-                            ((loom_model *)loom_session_model(s))->no_flash_attn =
-                                o.flash_attn == 0;
-                            c.mode = loom_session_split_mode(s);
-                            describe(&c, s, o.gguf);
-                            if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
-                            for (int k = 0; k < n_tests; k++) {
-                                result r;
-                                run_test(s, &tests[k], reps, &r);
-                                if (!r.ok) {
-                                    fprintf(stderr,
-                                            "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
+                        for (int gi = 0; gi < n_gl; gi++)
+                            for (int vi = 0; vi < n_vars; vi++) {
+                                const variant *va = &vars[vi];
+                                config c = {.model = models[mi],
+                                            .devices = specs[si],
+                                            .mode = mlist[mo],
+                                            .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
+                                            .threads = (int)tl[ti],
+                                            .ngl = (int)gl[gi],
+                                            .v = *va};
+                                loom_session_params sp = o.sp;
+                                loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
+                                loom_model_cli_kv_type("bench", "-ctk", va->type_k, &tk);
+                                loom_model_cli_kv_type("bench", "-ctv", va->type_v, &tv);
+                                sp.kv_type = tk;
+                                sp.kv_type_v_set = true;
+                                sp.kv_type_v = tv;
+                                sp.n_batch =
+                                    va->n_batch < va->n_ubatch ? va->n_batch : va->n_ubatch;
+                                sp.no_kv_offload = va->nkvo;
+                                sp.no_mmap = !va->mmap;
+                                sp.devices = specs[si];
+                                sp.split_mode = mlist[mo];
+                                if (tsl[xi].n) {
+                                    sp.tensor_split = tsl[xi].v;
+                                    sp.n_tensor_split = tsl[xi].n;
+                                }
+                                if (cd.d) c.devices = dist_label;
+                                sp.threads = c.threads;
+                                sp.n_gpu_layers = c.ngl;
+                                if (sp.n_ctx <= 0) sp.n_ctx = need;
+                                loom_session *s = NULL;
+                                char when[32];
+                                time_t now = time(NULL);
+                                struct tm tmv;
+                                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ",
+                                         gmtime_r(&now, &tmv));
+                                bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
+                                if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                                    !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
+                                    fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
                                             c.model ? c.model : "built-in", c.devices,
                                             loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                            c.ts ? c.ts : "", tests[k].name, r.err);
-                                    /* mid-run on one rank: the others wait in a collective */
-                                    if (cd.d) loom_dist_abort(cd.d, 1);
+                                            c.ts ? c.ts : "", loom_last_error());
+                                    loom_session_free(s);
                                     failed++;
                                     continue;
                                 }
-                                row(&pr, &c, &tests[k], &r, when);
+                                if (cd.d && loom_dist_uses_rank_comm(cd.d) &&
+                                    !strstr(dist_label, " via "))
+                                    snprintf(dist_label + strlen(dist_label),
+                                             sizeof dist_label - strlen(dist_label), " via %s",
+                                             loom_dist_comm_describe(cd.d, NULL));
+                                ((loom_model *)loom_session_model(s))->no_flash_attn = va->fa == 0;
+                                c.mode = loom_session_split_mode(s);
+                                describe(&c, s, o.gguf);
+                                if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
+                                for (int k = 0; k < n_tests; k++) {
+                                    result r;
+                                    if (delay > 0 && pr.n_rows > 0) {
+                                        struct timespec ds = {
+                                            (time_t)delay,
+                                            (long)((delay - (double)(time_t)delay) * 1e9)};
+                                        nanosleep(&ds, NULL);
+                                    }
+                                    if (progress && cd.rank == 0)
+                                        fprintf(stderr, "loom bench: %s | %s | %s: %s\n",
+                                                c.model ? c.model : "built-in", c.devices,
+                                                loom_split_mode_name(c.mode), tests[k].name);
+                                    run_test(s, &tests[k], reps, &r);
+                                    if (!r.ok) {
+                                        fprintf(stderr,
+                                                "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
+                                                c.model ? c.model : "built-in", c.devices,
+                                                loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
+                                                c.ts ? c.ts : "", tests[k].name, r.err);
+                                        /* mid-run on one rank: the others wait in a collective */
+                                        if (cd.d) loom_dist_abort(cd.d, 1);
+                                        failed++;
+                                        continue;
+                                    }
+                                    row(&pr, &c, &tests[k], &r, when);
+                                }
+                                loom_session_free(s);
                             }
-                            loom_session_free(s);
-                        }
                 }
     }
     footer(&pr);
     if (failed) rc = 1;
 done:
+    free(vars);
     loom_model_opts_free(&o);
     loom_cli_dist_free(&cd);
     return rc;

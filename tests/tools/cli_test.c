@@ -726,6 +726,51 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
     refused(loom_cli_bench, r3, "loom bench: -ts '0/0' has no positive proportion");
 }
 
+/* llama-bench's per-run lists: every combination of -fa, -ctk, -ctv, -b, -ub, -nkvo and -mmp
+ * is a configuration, with a column for each list given; the JSON says what each row ran. */
+LOOM_TEST(cli_bench, flash_attn_cache_type_batch_nkvo_and_mmap_lists) {
+    char *out, *err;
+    char *a[] = {"bench", "-fa", "0,1", "-ub", "2,4", "-p", "4", "-n", "0", "-r", "1", NULL};
+    int rc = loom_test_capture(loom_cli_bench, a, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, "| sm | n_ubatch | fa | test | t/s |");
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 4);
+    LOOM_CHECK_EQ_INT(count(out, "| none | 2 | 0 | pp4 |"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| none | 2 | 1 | pp4 |"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| none | 4 | 0 | pp4 |"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "| none | 4 | 1 | pp4 |"), 1);
+    free(out);
+    free(err);
+    char *j[] = {"bench", "-ctk", "f16,q8_0", "-ctv", "q8_0", "-nkvo", "0,1", "-mmp", "0",    "-b",
+                 "8",     "-p",   "4",        "-n",   "0",    "-r",    "1",   "-o",   "json", NULL};
+    rc = loom_test_capture(loom_cli_bench, j, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_EQ_INT(count(out, "\"type_k\": \"f16\""), 2);
+    LOOM_CHECK_EQ_INT(count(out, "\"type_k\": \"q8_0\""), 2);
+    LOOM_CHECK_EQ_INT(count(out, "\"type_v\": \"q8_0\""), 4);
+    LOOM_CHECK_EQ_INT(count(out, "\"no_kv_offload\": true"), 2);
+    LOOM_CHECK_EQ_INT(count(out, "\"no_kv_offload\": false"), 2);
+    LOOM_CHECK_EQ_INT(count(out, "\"use_mmap\": false"), 4);
+    LOOM_CHECK_EQ_INT(count(out, "\"n_batch\": 8"), 4);
+    free(out);
+    free(err);
+    char *e0[] = {"bench", "-embd", "0", "-nkvo", "-p", "4", "-n", "0", "-r", "1", NULL};
+    rc = loom_test_capture(loom_cli_bench, e0, &out, &err);
+    LOOM_CHECK_MSG(rc == 0, "rc %d: %s", rc, err);
+    LOOM_CHECK_STR_CONTAINS(out, "| nkvo | test |");
+    LOOM_CHECK_EQ_INT(count(out, "| none | 1 | pp4 |"), 1);
+    free(out);
+    free(err);
+    char *r1[] = {"bench", "-fa", "0,2", NULL};
+    refused(loom_cli_bench, r1, "loom bench: -fa '0,2': '2' is not 0, 1, on, off or auto");
+    char *r2[] = {"bench", "-ctk", "f16,q9", NULL};
+    refused(loom_cli_bench, r2, "loom bench: -ctk 'q9' is not a cache type");
+    char *r3[] = {"bench", "-embd", "1", NULL};
+    refused(loom_cli_bench, r3, "loom bench: -embd 1: loom has no embeddings-only benchmark");
+    char *r4[] = {"bench", "-mmp", "yes", NULL};
+    refused(loom_cli_bench, r4, "loom bench: -mmp 'yes': 'yes' is not 0 or 1");
+}
+
 LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     /* llama-bench's field names (its JSON/CSV/SQL printers) for the concepts loom shares */
     static const char *const fields[] = {
