@@ -28,7 +28,8 @@ static void usage(FILE *f) {
             "  --no-parse-special    the text is plain text, control tokens included\n"
             "  --no-escape           take \\n, \\t, \\\\ ... in -p literally (by default they are\n"
             "                        processed)\n"
-            "  --show-count          print the number of tokens last\n");
+            "  --show-count          print the number of tokens last\n"
+            "  --log-disable         no library log lines (warnings) on stderr\n");
 }
 
 /* Reads a whole stream; NULL on failure (errno set). */
@@ -72,7 +73,7 @@ static bool valid_utf8(const unsigned char *s, size_t n) {
     return true;
 }
 
-int loom_cli_tokenize(int argc, char **argv) {
+static int tokenize_cmd(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL;
     bool use_stdin = false, ids_only = false, no_bos = false, parse_special = true;
     bool escape = true, show_count = false;
@@ -104,6 +105,8 @@ int loom_cli_tokenize(int argc, char **argv) {
             escape = false;
         } else if (!strcmp(a, "--show-count")) {
             show_count = true;
+        } else if (!strcmp(a, "--log-disable")) {
+            loom_log_set_level(LOOM_LOG_NONE); /* restored by loom_cli_tokenize */
         } else {
             fprintf(stderr,
                     "loom tokenize: unknown or incomplete option '%s' (see loom tokenize --help)\n",
@@ -200,5 +203,12 @@ out:
     free(text);
     loom_tokenizer_free(t);
     loom_gguf_free(g);
+    return rc;
+}
+
+int loom_cli_tokenize(int argc, char **argv) {
+    loom_log_level prev = loom_log_get_level();
+    int rc = tokenize_cmd(argc, argv);
+    loom_log_set_level(prev);
     return rc;
 }

@@ -149,3 +149,26 @@ LOOM_TEST(tokenize, wordpiece_vocabulary) {
     free(out);
     free(err);
 }
+
+/* --log-disable (llama-tokenize's) silences the library's warnings for this run only. */
+LOOM_TEST(tokenize, log_disable_silences_warnings_for_the_run) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *out, *err;
+    loom_log_level before = loom_log_get_level();
+    char *a[] = {"tokenize", "-m", vocab("ggml-vocab-llama-spm.gguf"), "-p", "<s>Hello",
+                 "--ids",    NULL};
+    LOOM_CHECK_EQ_INT(run_tokenize(a, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "two BOS");
+    char *ids = out;
+    free(err);
+    char *b[] = {
+        "tokenize",      "-m", vocab("ggml-vocab-llama-spm.gguf"), "-p", "<s>Hello", "--ids",
+        "--log-disable", NULL};
+    LOOM_CHECK_EQ_INT(run_tokenize(b, &out, &err), 0);
+    LOOM_CHECK_MSG(err[0] == 0, "stderr: '%s'", err);
+    LOOM_CHECK_MSG(strcmp(out, ids) == 0, "'%s' vs '%s'", out, ids);
+    LOOM_CHECK_EQ_INT((int)loom_log_get_level(), (int)before);
+    free(ids);
+    free(out);
+    free(err);
+}
