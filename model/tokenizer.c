@@ -230,6 +230,10 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
         kind = LOOM_TOKENIZER_BPE;
     else if (strcmp(model, "bert") == 0)
         kind = LOOM_TOKENIZER_WPM;
+    else if (strcmp(model, "none") == 0 || strcmp(model, "no_vocab") == 0)
+        return loom_error(LOOM_ERR_UNSUPPORTED,
+                          "tokenizer: the file has no vocabulary (tokenizer.ggml.model '%s')",
+                          model);
     else if (strcmp(model, "t5") == 0)
         return loom_error(LOOM_ERR_UNSUPPORTED,
                           "tokenizer: tokenizer.ggml.model 't5' (Unigram) is not implemented "

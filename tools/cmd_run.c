@@ -456,6 +456,12 @@ int loom_cli_run(int argc, char **argv) {
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
     if (!loom_cli_dist_same_session(&cd, s, &o, "run")) goto out;
     const loom_tokenizer *tok = loom_session_tokenizer(s);
+    if (!tok) { /* every rank has the same file: all stop here */
+        if (lead)
+            fprintf(stderr, "loom run: the model has no vocabulary (tokenizer.ggml.model "
+                            "'none'): run cannot tokenize a prompt; loom bench runs it\n");
+        goto out;
+    }
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
     if (mlock && lead) lock_weights(loom_session_model(s));
     for (int k = 0; k < rp.n; k++) { /* a stop that is one token is also matched as that token */

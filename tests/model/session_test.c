@@ -182,3 +182,43 @@ LOOM_TEST(session, bad_inputs_are_named) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "outside the vocabulary");
     loom_session_free(s);
 }
+
+/* A file without a vocabulary (tokenizer.ggml.model "none") runs ids: the session has no
+ * tokenizer, and its logits are those of the same weights with one. */
+LOOM_TEST(session, no_vocabulary_runs_ids) {
+    loom_synth_params p = loom_synth_params_default();
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 96;
+    p.n_layer = 2;
+    p.n_vocab = 300;
+    float *logits[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        loom_gguf_writer *w = NULL;
+        LOOM_REQUIRE(loom_model_synth(&p, &w) == LOOM_OK);
+        if (k) LOOM_REQUIRE(loom_gguf_set_str(w, "tokenizer.ggml.model", "none") == LOOM_OK);
+        void *data;
+        size_t size;
+        LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+        loom_gguf_writer_free(w);
+        loom_gguf *g = NULL;
+        LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+        loom_session_params sp = loom_session_params_default();
+        sp.n_ctx = 16;
+        loom_session *s = NULL;
+        loom_status st = loom_session_new(NULL, g, &sp, &s);
+        LOOM_CHECK_MSG(st == LOOM_OK, "%s", loom_last_error());
+        LOOM_REQUIRE(st == LOOM_OK);
+        LOOM_CHECK((loom_session_tokenizer(s) == NULL) == (k == 1));
+        const int32_t ids[3] = {1, 17, 299};
+        logits[k] = malloc(sizeof(float) * 300);
+        LOOM_REQUIRE(loom_session_eval(s, ids, 3, false, logits[k]) == LOOM_OK);
+        loom_session_free(s);
+        loom_gguf_free(g);
+        loom_free(data);
+    }
+    LOOM_CHECK(memcmp(logits[0], logits[1], sizeof(float) * 300) == 0);
+    free(logits[0]);
+    free(logits[1]);
+}

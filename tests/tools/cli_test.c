@@ -1150,3 +1150,48 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free(all[i]);
 }
+
+/* A file without a vocabulary: bench, explain and gguf --plan run it (ids only, as
+ * llama-bench), run and tokenize refuse it naming why. */
+LOOM_TEST(cli_errors, no_vocabulary_bench_runs_run_refuses) {
+    loom_synth_params p = loom_synth_params_default();
+    p.n_embd = 64;
+    p.n_head = 4;
+    p.n_head_kv = 2;
+    p.n_ff = 96;
+    p.n_layer = 2;
+    p.n_vocab = 300;
+    loom_gguf_writer *w = NULL;
+    LOOM_REQUIRE(loom_model_synth(&p, &w) == LOOM_OK);
+    LOOM_REQUIRE(loom_gguf_set_str(w, "tokenizer.ggml.model", "none") == LOOM_OK);
+    char path[4096];
+    const char *dir = getenv("TEST_TMPDIR");
+    snprintf(path, sizeof path, "%s/no_vocab.gguf", dir ? dir : "/tmp");
+    LOOM_REQUIRE(loom_gguf_write_file(w, path) == LOOM_OK);
+    loom_gguf_writer_free(w);
+    char *out, *err;
+    char *b[] = {"bench", "-m", path, "-p", "4", "-n", "2", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 2);
+    free(out);
+    free(err);
+    char *e[] = {"explain", "-m", path, "--devices", "sim:2", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_explain, e, &out, &err), 0);
+    free(out);
+    free(err);
+    char *gp[] = {"gguf", path, "--plan", "--devices", "sim:2", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, gp, &out, &err), 0);
+    free(out);
+    free(err);
+    char *r[] = {"run", "-m", path, "-n", "2", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, r, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "the model has no vocabulary (tokenizer.ggml.model 'none')");
+    free(out);
+    free(err);
+    char *t[] = {"tokenize", "-m", path, "-p", "hi", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_tokenize, t, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "the file has no vocabulary");
+    free(out);
+    free(err);
+    unlink(path);
+}
