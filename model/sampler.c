@@ -1,6 +1,7 @@
 /*
- * Token sampling: greedy (temp <= 0), or temperature softmax restricted by top-k and then
- * top-p (nucleus), drawn from a seeded xoshiro256** stream so a seed reproduces a run.
+ * Token sampling: greedy (temp <= 0), or llama.cpp's chain: top-k, top-p (nucleus, over the
+ * softmax before the temperature), min-p, then the temperature softmax, drawn from a seeded
+ * xoshiro256** stream so a seed reproduces a run.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -12,7 +13,10 @@ struct loom_sampler {
     loom_sampler_params p;
     uint64_t s[4];
     /* scratch, grown on demand */
-    struct cand { float logit; int32_t id; } *cand;
+    struct cand {
+        float logit;
+        int32_t id;
+    } * cand;
     float *prob;
     int64_t cap;
 };
@@ -24,7 +28,9 @@ static uint64_t splitmix(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t next_u64(loom_sampler *s) {
     uint64_t r = rotl(s->s[1] * 5, 7) * 9, t = s->s[1] << 17;
@@ -45,7 +51,8 @@ loom_sampler *loom_sampler_new(const loom_sampler_params *p) {
     }
     s->p = *p;
     uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++) s->s[i] = splitmix(&x);
+    for (int i = 0; i < 4; i++)
+        s->s[i] = splitmix(&x);
     return s;
 }
 
@@ -79,26 +86,35 @@ int32_t loom_sampler_sample(loom_sampler *s, const float *logits, int64_t n) {
         if (!cand || !prob) return argmax(logits, n); /* out of memory: degrade to greedy */
         s->cap = n;
     }
-    for (int64_t i = 0; i < n; i++) s->cand[i] = (struct cand){logits[i], (int32_t)i};
+    for (int64_t i = 0; i < n; i++)
+        s->cand[i] = (struct cand){logits[i], (int32_t)i};
     qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
     int64_t k = n;
     if (s->p.top_k > 0 && s->p.top_k < k) k = s->p.top_k;
-    double sum = 0, mx = s->cand[0].logit;
-    for (int64_t i = 0; i < k; i++) {
-        s->prob[i] = (float)exp((s->cand[i].logit - mx) / s->p.temp);
-        sum += s->prob[i];
-    }
-    if (s->p.top_p < 1.0f) {
-        double cum = 0;
+    const double mx = s->cand[0].logit;
+    if (s->p.top_p < 1.0f) { /* the nucleus of the untempered distribution, as llama.cpp */
+        double sum1 = 0, cum = 0;
+        for (int64_t i = 0; i < k; i++)
+            sum1 += (s->prob[i] = (float)exp(s->cand[i].logit - mx));
         for (int64_t i = 0; i < k; i++) {
-            cum += s->prob[i] / sum;
+            cum += s->prob[i] / sum1;
             if (cum >= s->p.top_p) {
                 k = i + 1;
                 break;
             }
         }
-        sum = 0;
-        for (int64_t i = 0; i < k; i++) sum += s->prob[i];
+    }
+    if (s->p.min_p > 0.0f) { /* p_i >= min_p * p_max, i.e. logit_i >= max + log(min_p) */
+        const double cut = mx + log((double)s->p.min_p);
+        int64_t keep = 1;
+        while (keep < k && s->cand[keep].logit >= cut)
+            keep++;
+        k = keep;
+    }
+    double sum = 0;
+    for (int64_t i = 0; i < k; i++) {
+        s->prob[i] = (float)exp((s->cand[i].logit - mx) / s->p.temp);
+        sum += s->prob[i];
     }
     double r = (double)(next_u64(s) >> 11) / 9007199254740992.0 * sum;
     for (int64_t i = 0; i < k; i++) {

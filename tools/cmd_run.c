@@ -41,7 +41,7 @@ static void usage(FILE *f) {
             "  -no-cnv, --no-conversation, --no-warmup\n"
             "                            accepted: loom run never enters a chat mode and runs\n"
             "                            no warm-up pass (-cnv, -i and -if are refused)\n"
-            "sampling (llama.cpp's order: penalties, then min-p, top-k, top-p, temperature):\n"
+            "sampling (llama.cpp's order: penalties, top-k, top-p, min-p, temperature):\n"
             "  --temp T                  temperature; 0 = greedy (default 0)\n"
             "  --top-k K                 keep the K most likely tokens (default 40; 0 = off)\n"
             "  --top-p P                 nucleus sampling (default 0.95; 1 = off)\n"
@@ -182,10 +182,10 @@ static int cmp_id(const void *a, const void *b) {
 
 /* llama.cpp's penalties over the last repeat_last_n tokens, once per distinct token t seen
  * c times there: a positive logit divided by the repeat penalty, a negative one multiplied,
- * then c x frequency + presence subtracted. Then min-p (drop tokens whose probability is
- * below min_p times the top one: logit < max + log(min_p)). scratch holds n_hist ids. */
-static void apply_extra(const extra_sampling *x, bool sampling, const int32_t *hist, int64_t n_hist,
-                        int32_t *scratch, float *logits, int64_t V) {
+ * then c x frequency + presence subtracted (top-k, top-p, min-p and the temperature follow in
+ * the sampler). scratch holds n_hist ids. */
+static void apply_penalties(const extra_sampling *x, const int32_t *hist, int64_t n_hist,
+                            int32_t *scratch, float *logits, int64_t V) {
     bool penalize =
         x->repeat_penalty != 1.0f || x->presence_penalty != 0.0f || x->frequency_penalty != 0.0f;
     if (penalize && x->repeat_last_n != 0) {
@@ -206,14 +206,6 @@ static void apply_extra(const extra_sampling *x, bool sampling, const int32_t *h
             }
             i = j;
         }
-    }
-    if (sampling && x->min_p > 0.0f) {
-        float mx = logits[0];
-        for (int64_t i = 1; i < V; i++)
-            if (logits[i] > mx) mx = logits[i];
-        float cut = mx + logf(x->min_p);
-        for (int64_t i = 0; i < V; i++)
-            if (logits[i] < cut) logits[i] = -INFINITY;
     }
 }
 
@@ -406,6 +398,7 @@ int loom_cli_run(int argc, char **argv) {
         goto usage_error;
     }
     if (!loom_model_opts_finish(&o, "run")) goto usage_error;
+    sp.min_p = xs.min_p;
     if (dist && !loom_cli_dist_setup(&cd, &o, "run")) {
         loom_cli_dist_free(&cd);
         loom_model_opts_free(&o);
@@ -569,7 +562,7 @@ int loom_cli_run(int argc, char **argv) {
         if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
             for (int64_t t = 0; t < V; t++)
                 if (loom_token_is_eog(tok, (int32_t)t)) work[t] = -INFINITY;
-        apply_extra(&xs, sp.temp > 0.0f, ids, n_hist, scratch, work, V);
+        apply_penalties(&xs, ids, n_hist, scratch, work, V);
         int32_t next = lead ? loom_sampler_sample(smp, work, V) : -1;
         if (cd.d && loom_dist_bcast(cd.d, &next, sizeof next, 0)) { /* rank 0's choice */
             fprintf(stderr, "\nloom run: rank %d: %s\n", cd.rank, loom_last_error());

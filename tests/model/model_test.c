@@ -80,7 +80,8 @@ LOOM_TEST(model, stories260k_greedy_story) {
         int32_t next = argmax(logits, 512);
         if (next == loom_tokenizer_eos(f.tok)) break;
         tl += loom_token_to_piece(f.tok, next, text + tl, sizeof text - tl - 1);
-        LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, &next, 1, pos++, false, logits) == LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, &next, 1, pos++, false, logits) ==
+                     LOOM_OK);
     }
     text[tl] = 0;
     fprintf(stderr, "stories260K: Once upon a time%s\n", text);
@@ -106,8 +107,10 @@ LOOM_TEST(model, batch_equals_token_by_token) {
     fixture c;
     LOOM_REQUIRE(open_fixture(&c, "stories260K.gguf", 64, LOOM_TYPE_F32));
     for (int t = 0; t < 7; t++) {
-        LOOM_REQUIRE(loom_model_eval_simple(c.m, c.kv, c.cpu, &ids[t], 1, t, false, one) == LOOM_OK);
-        LOOM_REQUIRE(loom_model_eval_simple(b.m, b.kv, b.cpu, &ids[t], 1, t, false, half) == LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(c.m, c.kv, c.cpu, &ids[t], 1, t, false, one) ==
+                     LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(b.m, b.kv, b.cpu, &ids[t], 1, t, false, half) ==
+                     LOOM_OK);
         for (int i = 0; i < 512; i++) {
             double d = fabs(one[i] - batch[t * 512 + i]);
             double dh = fabs(half[i] - batch[t * 512 + i]);
@@ -137,7 +140,8 @@ LOOM_TEST(model, llama2_tiny_random_f16_runs) {
     float *logits = malloc(sizeof(float) * 32000);
     LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, ids, 3, 0, false, logits) == LOOM_OK);
     int finite = 0;
-    for (int i = 0; i < 32000; i++) finite += isfinite(logits[i]);
+    for (int i = 0; i < 32000; i++)
+        finite += isfinite(logits[i]);
     LOOM_CHECK_EQ_INT(finite, 32000);
     free(logits);
     close_fixture(&f);
@@ -213,8 +217,45 @@ LOOM_TEST(model, sampler_greedy_seeded_topk) {
     p.top_k = 0;
     p.top_p = 0.3f;
     loom_sampler *s3 = loom_sampler_new(&p);
-    for (int i = 0; i < 100; i++) LOOM_CHECK_EQ_INT(loom_sampler_sample(s3, logits, 6), 1);
+    for (int i = 0; i < 100; i++)
+        LOOM_CHECK_EQ_INT(loom_sampler_sample(s3, logits, 6), 1);
     loom_sampler_free(s3);
+}
+
+/* llama.cpp's order: the nucleus is taken before the temperature, and min-p after it. With
+ * logits 2, 1, 0 the untempered probabilities are .665, .245, .090: top-p 0.85 keeps tokens
+ * 0 and 1, and the temperature 0.5 then draws token 1 with e^2 / (e^4 + e^2) = 11.9%. Had the
+ * temperature come first (p = .872, .118, .016), the nucleus would hold token 0 alone. min-p
+ * 0.3 keeps the logits >= 2 + ln 0.3 = 0.80: tokens 0 and 1 of the three. */
+LOOM_TEST(model, sampler_top_p_before_the_temperature_then_min_p) {
+    float logits[4] = {2.0f, 1.0f, 0.0f, -30.0f};
+    loom_sampler_params p = {.temp = 0.5f, .top_k = 0, .top_p = 0.85f, .seed = 7};
+    loom_sampler *s = loom_sampler_new(&p);
+    LOOM_REQUIRE(s != NULL);
+    int count[4] = {0};
+    for (int i = 0; i < 4000; i++)
+        count[loom_sampler_sample(s, logits, 4)]++;
+    loom_sampler_free(s);
+    LOOM_CHECK_EQ_INT(count[2] + count[3], 0);
+    LOOM_CHECK_MSG(count[1] > 4000 * 0.09 && count[1] < 4000 * 0.15, "token 1 drawn %d times",
+                   count[1]);
+    p = (loom_sampler_params){.temp = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7, .min_p = 0.3f};
+    s = loom_sampler_new(&p);
+    LOOM_REQUIRE(s != NULL);
+    memset(count, 0, sizeof count);
+    for (int i = 0; i < 4000; i++)
+        count[loom_sampler_sample(s, logits, 4)]++;
+    loom_sampler_free(s);
+    /* e^2 : e^1 = 73% : 27% */
+    LOOM_CHECK_EQ_INT(count[2] + count[3], 0);
+    LOOM_CHECK_MSG(count[1] > 4000 * 0.22 && count[1] < 4000 * 0.32, "token 1 drawn %d times",
+                   count[1]);
+    /* min-p always keeps the top token, even at 1 */
+    p.min_p = 1.0f;
+    s = loom_sampler_new(&p);
+    for (int i = 0; i < 50; i++)
+        LOOM_CHECK_EQ_INT(loom_sampler_sample(s, logits, 4), 0);
+    loom_sampler_free(s);
 }
 
 /* A K-quant file loads and runs; the same file with one tensor's type id changed to one
