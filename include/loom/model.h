@@ -37,23 +37,23 @@ extern "C" {
 #define LOOM_MODEL_MAX_EXPERTS 1024
 
 typedef struct loom_hparams {
-    char arch[32]; /* "llama", "qwen2", "mixtral", "qwen2moe" ... */
+    char arch[32];         /* "llama", "qwen2", "mixtral", "qwen2moe" ... */
     int64_t n_vocab;
     int64_t n_ctx_train;
     int64_t n_embd;
     int64_t n_layer;
     int64_t n_head;
     int64_t n_head_kv;
-    int64_t head_dim; /* n_embd / n_head unless key_length says otherwise */
+    int64_t head_dim;      /* n_embd / n_head unless key_length says otherwise */
     int64_t n_ff;
     int64_t n_rot;         /* rope dims (rope.dimension_count, default head_dim) */
     int rope_type;         /* LOOM_ROPE_TYPE_NORMAL (llama) or _NEOX (qwen2) */
     float rope_freq_base;  /* default 10000 */
     float rope_freq_scale; /* 1 / rope.scaling.factor, default 1 */
     float rms_eps;
-    int64_t n_expert; /* 0 for dense */
+    int64_t n_expert;      /* 0 for dense */
     int64_t n_expert_used;
-    bool norm_topk; /* renormalise the selected experts' weights (mixtral: yes) */
+    bool norm_topk;        /* renormalise the selected experts' weights (mixtral: yes) */
     /* block lengths of the quantised types whose rows a tensor split must respect:
      * attn_output's (its rows are the query heads) and ffn_down's (its rows are n_ff) */
     int64_t attn_block, ffn_block;
@@ -102,8 +102,8 @@ typedef struct loom_layer {
 typedef loom_buft_t (*loom_weight_placement_fn)(const char *name, int layer, void *user_data);
 
 typedef struct loom_model_params {
-    loom_buft_t default_buft;           /* NULL: the CPU buffer type */
-    loom_weight_placement_fn placement; /* optional */
+    loom_buft_t default_buft;                /* NULL: the CPU buffer type */
+    loom_weight_placement_fn placement;      /* optional */
     void *placement_user_data;
     /* called with bytes loaded so far and in total (for progress display), optional */
     void (*progress)(size_t done, size_t total, void *user_data);
@@ -120,19 +120,19 @@ typedef struct loom_model_params {
 
 typedef struct loom_model {
     loom_hparams hp;
-    loom_ctx *ctx;                                /* weight headers (no_alloc) */
+    loom_ctx *ctx;                 /* weight headers (no_alloc) */
     loom_tensor *tok_embd, *output_norm, *output; /* output == tok_embd when tied */
     loom_tensor *rope_freqs;             /* F32 [n_rot/2] rope frequency divisors (llama 3.1, or
                                           * computed for YaRN: "rope_yarn_factors"), or NULL */
     loom_tensor *rope_long, *rope_short; /* phi3 longrope: rope_factors_long / _short (the
                                           * long ones when the cache exceeds n_ctx_orig) */
     loom_layer layers[LOOM_MODEL_MAX_LAYERS];
-    loom_buffer_t *buffers; /* one per distinct buffer type used */
+    loom_buffer_t *buffers;        /* one per distinct buffer type used */
     int n_buffers;
-    size_t n_bytes;     /* weight bytes */
-    bool no_flash_attn; /* attention as mul_mat + soft_max(mask) + mul_mat */
+    size_t n_bytes;                /* weight bytes */
+    bool no_flash_attn;            /* attention as mul_mat + soft_max(mask) + mul_mat */
     int64_t load_us;
-    void *map; /* the model's private mapping of the file (NULL: none aliased) */
+    void *map;             /* the model's private mapping of the file (NULL: none aliased) */
     size_t map_size;
     size_t n_mapped_bytes; /* weight bytes used in place from `map` */
     size_t staging_bytes;  /* the load's staging buffer (0: none was needed) */
@@ -146,7 +146,8 @@ LOOM_API loom_status loom_model_load(const loom_gguf *g, const loom_model_params
 LOOM_API void loom_model_free(loom_model *m);
 /* Calls fn for every weight tensor (layer -1 for globals). */
 LOOM_API void loom_model_foreach_weight(loom_model *m,
-                                        void (*fn)(loom_tensor *t, int layer, void *ud), void *ud);
+                                        void (*fn)(loom_tensor *t, int layer, void *ud),
+                                        void *ud);
 
 /* ---------------------------------------------------------------- KV cache */
 
@@ -202,9 +203,9 @@ LOOM_API void loom_kv_cache_free(loom_kv_cache *kv);
 /* The inputs of one built graph, to be filled by loom_batch_set_inputs before compute. */
 typedef struct loom_batch_graph {
     loom_graph *graph;
-    loom_tensor *tokens;   /* I32 [T] */
-    loom_tensor *pos;      /* I32 [T] */
-    loom_tensor *mask;     /* F32 [K, T] */
+    loom_tensor *tokens;  /* I32 [T] */
+    loom_tensor *pos;     /* I32 [T] */
+    loom_tensor *mask;    /* F32 [K, T] */
     loom_tensor *mask_swa; /* F32 [K, T]: causal and within the sliding window, or NULL;
                             * == mask when every layer slides; with a ring, K is its cells
                             * (at most n_swa_cells), each masked by the position it holds */
@@ -214,7 +215,7 @@ typedef struct loom_batch_graph {
     loom_tensor *logits;  /* F32 [V, T] or [V, 1] */
     int64_t n_tokens;
     int64_t n_past;
-    int64_t n_kv; /* K = n_past + n_tokens rounded up to LOOM_KV_PAD (<= n_ctx) */
+    int64_t n_kv;         /* K = n_past + n_tokens rounded up to LOOM_KV_PAD (<= n_ctx) */
 } loom_batch_graph;
 
 /* Builds the forward graph of n_tokens at positions n_past.. into ctx (no_alloc, big
@@ -232,19 +233,19 @@ LOOM_API loom_status loom_batch_set_inputs(const loom_batch_graph *bg, const int
 /* A llama-family model with deterministic random weights and a small SentencePiece vocab,
  * for tests and for `loom`'s built-in default model. */
 typedef struct loom_synth_params {
-    const char *arch; /* "llama" (default), "qwen2", "mixtral" ... */
-    int64_t n_vocab;  /* >= 300 (control + byte tokens + letters) */
+    const char *arch;     /* "llama" (default), "qwen2", "mixtral" ... */
+    int64_t n_vocab;      /* >= 300 (control + byte tokens + letters) */
     int64_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
     int64_t n_expert, n_expert_used; /* 0: dense */
-    loom_type wtype; /* matrices: F32, F16, BF16 or any quantised weight type (norms and
-                        biases F32; K-quants need n_embd, n_ff multiples of 256) */
+    loom_type wtype;      /* matrices: F32, F16, BF16 or any quantised weight type (norms and
+                             biases F32; K-quants need n_embd, n_ff multiples of 256) */
     /* Mixed-type files (Q4_K_M style): attn_v, ffn_down and output.weight in wtype_hi when it
      * is not F32 (e.g. Q6_K next to Q4_K); token_embd in embd_type (default F32). */
     loom_type wtype_hi;
     loom_type embd_type;
-    bool biases;      /* attention q/k/v biases, and expert biases for MoE */
-    bool attn_biases; /* attention biases only (with `biases` off) */
-    bool fused_qkv;   /* one attn_qkv weight instead of q, k, v */
+    bool biases;          /* attention q/k/v biases, and expert biases for MoE */
+    bool attn_biases;     /* attention biases only (with `biases` off) */
+    bool fused_qkv;       /* one attn_qkv weight instead of q, k, v */
     uint64_t seed;
     /* architecture features (all off by default) */
     bool tied;          /* no output.weight: the output reuses token_embd */
@@ -267,11 +268,11 @@ LOOM_API loom_status loom_model_synth(const loom_synth_params *p, loom_gguf_writ
  * (before the temperature), then min-p (drop a token whose probability is below min_p times
  * the top one's), then the temperature, then a draw. */
 typedef struct loom_sampler_params {
-    float temp;  /* <= 0: greedy */
-    int top_k;   /* <= 0: off */
-    float top_p; /* >= 1: off */
+    float temp;   /* <= 0: greedy */
+    int top_k;    /* <= 0: off */
+    float top_p;  /* >= 1: off */
     uint64_t seed;
-    float min_p; /* <= 0: off */
+    float min_p;  /* <= 0: off */
 } loom_sampler_params;
 
 typedef struct loom_sampler loom_sampler;

@@ -80,8 +80,7 @@ LOOM_TEST(model, stories260k_greedy_story) {
         int32_t next = argmax(logits, 512);
         if (next == loom_tokenizer_eos(f.tok)) break;
         tl += loom_token_to_piece(f.tok, next, text + tl, sizeof text - tl - 1);
-        LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, &next, 1, pos++, false, logits) ==
-                     LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, &next, 1, pos++, false, logits) == LOOM_OK);
     }
     text[tl] = 0;
     fprintf(stderr, "stories260K: Once upon a time%s\n", text);
@@ -107,10 +106,8 @@ LOOM_TEST(model, batch_equals_token_by_token) {
     fixture c;
     LOOM_REQUIRE(open_fixture(&c, "stories260K.gguf", 64, LOOM_TYPE_F32));
     for (int t = 0; t < 7; t++) {
-        LOOM_REQUIRE(loom_model_eval_simple(c.m, c.kv, c.cpu, &ids[t], 1, t, false, one) ==
-                     LOOM_OK);
-        LOOM_REQUIRE(loom_model_eval_simple(b.m, b.kv, b.cpu, &ids[t], 1, t, false, half) ==
-                     LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(c.m, c.kv, c.cpu, &ids[t], 1, t, false, one) == LOOM_OK);
+        LOOM_REQUIRE(loom_model_eval_simple(b.m, b.kv, b.cpu, &ids[t], 1, t, false, half) == LOOM_OK);
         for (int i = 0; i < 512; i++) {
             double d = fabs(one[i] - batch[t * 512 + i]);
             double dh = fabs(half[i] - batch[t * 512 + i]);
@@ -140,8 +137,7 @@ LOOM_TEST(model, llama2_tiny_random_f16_runs) {
     float *logits = malloc(sizeof(float) * 32000);
     LOOM_REQUIRE(loom_model_eval_simple(f.m, f.kv, f.cpu, ids, 3, 0, false, logits) == LOOM_OK);
     int finite = 0;
-    for (int i = 0; i < 32000; i++)
-        finite += isfinite(logits[i]);
+    for (int i = 0; i < 32000; i++) finite += isfinite(logits[i]);
     LOOM_CHECK_EQ_INT(finite, 32000);
     free(logits);
     close_fixture(&f);
@@ -217,8 +213,7 @@ LOOM_TEST(model, sampler_greedy_seeded_topk) {
     p.top_k = 0;
     p.top_p = 0.3f;
     loom_sampler *s3 = loom_sampler_new(&p);
-    for (int i = 0; i < 100; i++)
-        LOOM_CHECK_EQ_INT(loom_sampler_sample(s3, logits, 6), 1);
+    for (int i = 0; i < 100; i++) LOOM_CHECK_EQ_INT(loom_sampler_sample(s3, logits, 6), 1);
     loom_sampler_free(s3);
 }
 
