@@ -351,6 +351,7 @@ static loom_status reserve(loom_session *s, int64_t n, bool all_logits);
 
 int64_t loom_session_ctx_for(const loom_hparams *hp, int64_t n_ctx) {
     if (n_ctx > 0) return n_ctx;
+    if (n_ctx < 0) return hp->n_ctx_train; /* llama.cpp's -c 0: the model's own */
     return hp->n_ctx_train < 2048 ? hp->n_ctx_train : 2048; /* n_ctx_train > 0: validated */
 }
 

@@ -1106,7 +1106,7 @@ int loom_cli_bench(int argc, char **argv) {
                                 if (cd.d) c.devices = dist_label;
                                 sp.threads = c.threads;
                                 sp.n_gpu_layers = c.ngl;
-                                if (sp.n_ctx <= 0) sp.n_ctx = need;
+                                if (sp.n_ctx == 0) sp.n_ctx = need;
                                 loom_session *s = NULL;
                                 char when[32];
                                 time_t now = time(NULL);

@@ -27,8 +27,8 @@ static void usage(FILE *f) {
             "prompt and generation:\n"
             "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
             "  -f, --file FILE           read the prompt from a file\n"
-            "  -n, --n-predict N         tokens to generate (default 64; -1 = until the end of\n"
-            "                            text or of the context)\n"
+            "  -n, --n-predict N         tokens to generate (default 64; -1 or -2 = until the end\n"
+            "                            of text or of the context)\n"
             "  -e, --escape              process \\n \\r \\t \\' \\\" \\\\ \\xHH in the prompt and "
             "in -r\n"
             "                            (the default, as llama.cpp's)\n"
@@ -42,8 +42,8 @@ static void usage(FILE *f) {
             "                            accepted: loom run never enters a chat mode and runs\n"
             "                            no warm-up pass (-cnv, -i and -if are refused)\n"
             "sampling (llama.cpp's order: penalties, top-k, top-p, min-p, temperature):\n"
-            "  --temp T                  temperature; 0 = greedy (default 0)\n"
-            "  --top-k K                 keep the K most likely tokens (default 40; 0 = off)\n"
+            "  --temp T                  temperature; 0 (or below) = greedy (default 0)\n"
+            "  --top-k K                 keep the K most likely tokens (default 40; 0 or -1 = off)\n"
             "  --top-p P                 nucleus sampling (default 0.95; 1 = off)\n"
             "  --min-p P                 drop tokens below P x the top probability (default\n"
             "                            0.05; 0 = off)\n"
@@ -347,10 +347,11 @@ int loom_cli_run(int argc, char **argv) {
             if (!(prompt_file = loom_cli_path(v, fbuf, sizeof fbuf))) goto usage_error;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             int x;
-            if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &x)) goto usage_error;
-            n_predict = x;
+            if (!loom_cli_parse_int("run", a, v, -2, 1 << 24, &x)) goto usage_error;
+            n_predict = x < 0 ? -1 : x; /* llama.cpp's -2 (until the context is full) is -1 here */
         } else if (!strcmp(a, "--temp")) {
-            if (!loom_cli_parse_float("run", a, v, 0, 1e6, &sp.temp)) goto usage_error;
+            if (!loom_cli_parse_float("run", a, v, -1e6, 1e6, &sp.temp)) goto usage_error;
+            if (sp.temp < 0) sp.temp = 0; /* llama.cpp clamps a negative temperature: greedy */
         } else if (!strcmp(a, "--top-p")) {
             if (!loom_cli_parse_float("run", a, v, 0, 1, &sp.top_p)) goto usage_error;
         } else if (!strcmp(a, "--min-p")) {
@@ -378,7 +379,8 @@ int loom_cli_run(int argc, char **argv) {
             if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &x)) goto usage_error;
             xs.repeat_last_n = x;
         } else if (!strcmp(a, "--top-k")) {
-            if (!loom_cli_parse_int("run", a, v, 0, 1 << 24, &sp.top_k)) goto usage_error;
+            if (!loom_cli_parse_int("run", a, v, -1, 1 << 24, &sp.top_k)) goto usage_error;
+            if (sp.top_k < 0) sp.top_k = 0; /* <= 0: off, as llama.cpp's */
         } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
             if (!parse_seed(v, &sp.seed, &seed_random)) {
                 fprintf(stderr,

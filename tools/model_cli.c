@@ -92,7 +92,8 @@ const char *loom_model_opts_help(void) {
            "  -t, --threads N           CPU threads (default: all cores)\n"
            "  --cpu-affinity P          none | compact | spread | numa: how CPU and NUMA\n"
            "                            device threads are pinned (default per topology)\n"
-           "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
+           "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048);\n"
+           "                            0 = the model's training context, as llama.cpp's)\n"
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
            "                            graph batch is min(-b, -ub)\n"
@@ -189,8 +190,8 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         o->sp.threads = (int)x;
         TAKE();
     } else if (is(a, "--ctx", "-c", "--ctx-size")) {
-        if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 24, &x)) return -1;
-        o->sp.n_ctx = x;
+        if (!loom_cli_parse_int(cmd, a, v, 0, 1 << 24, &x)) return -1;
+        o->sp.n_ctx = x ? x : -1; /* 0: the training context (loom_session_params.n_ctx < 0) */
         TAKE();
     } else if (is(a, "--batch", "-b", "--batch-size")) {
         if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 20, &x)) return -1;

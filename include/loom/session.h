@@ -42,7 +42,7 @@ typedef struct loom_session_params {
     loom_split_mode split_mode;
     int n_gpu_layers;   /* layers on the devices; < 0: all */
     int threads;        /* CPU threads; <= 0: all cores */
-    int64_t n_ctx;      /* KV cache positions; <= 0: min(train ctx, 2048) */
+    int64_t n_ctx;      /* KV cache positions; 0: min(train ctx, 2048); < 0: the train ctx */
     int64_t n_batch;    /* largest batch per graph; <= 0: 512 */
     loom_type kv_type;  /* K cache type (and V's unless kv_type_v_set): F32 (default),
                          * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; a block
@@ -86,7 +86,8 @@ typedef struct loom_session_params {
 
 LOOM_API loom_session_params loom_session_params_default(void);
 /* The context a session over a model with hyperparameters hp takes for a requested n_ctx
- * (loom_session_params.n_ctx): n_ctx when > 0, else min(the training context, 2048). */
+ * (loom_session_params.n_ctx): n_ctx when > 0, the training context when < 0, else
+ * min(the training context, 2048). */
 LOOM_API int64_t loom_session_ctx_for(const loom_hparams *hp, int64_t n_ctx);
 
 typedef struct loom_session loom_session;

@@ -307,10 +307,15 @@ LOOM_TEST(session_lifecycle, default_context_is_loom_session_ctx_for) {
         LOOM_REQUIRE(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
         LOOM_CHECK_EQ_INT(loom_session_ctx_for(&hp, 0), want[i]);
         LOOM_CHECK_EQ_INT(loom_session_ctx_for(&hp, 100), 100);
+        LOOM_CHECK_EQ_INT(loom_session_ctx_for(&hp, -1), train[i]); /* llama.cpp's -c 0 */
         loom_session_params sp = params("cpu", LOOM_SPLIT_MODE_NONE, 0);
         loom_session *s = NULL;
         LOOM_REQUIRE(loom_session_new(NULL, g, &sp, &s) == LOOM_OK);
         LOOM_CHECK_EQ_INT(loom_session_n_ctx(s), loom_session_ctx_for(&hp, 0));
+        loom_session_free(s);
+        sp.n_ctx = -1;
+        LOOM_REQUIRE(loom_session_new(NULL, g, &sp, &s) == LOOM_OK);
+        LOOM_CHECK_EQ_INT(loom_session_n_ctx(s), train[i]);
         loom_session_free(s);
         loom_gguf_free(g);
         loom_free(data);

@@ -553,13 +553,13 @@ LOOM_TEST(cli_gguf, bad_options_refused_as_loom_run_refuses_them) {
         char *argv[8];
         const char *want;
     } bad[] = {
-        {{"gguf", m, "--plan", "-c", "0", NULL},
-         "loom gguf: -c needs an integer in 1..16777216 (got '0')"},
+        {{"gguf", m, "--plan", "-c", "-1", NULL},
+         "loom gguf: -c needs an integer in 0..16777216 (got '-1')"},
         {{"gguf", m, "--plan", "-ctk", "q9_9", NULL},
          "loom gguf: -ctk 'q9_9' is not a cache type (f32, f16"},
         {{"gguf", m, "--plan", "--devices", "", NULL}, "loom gguf: --devices is empty (cpu, sim:N"},
         {{"gguf", m, "--plan", "-c", NULL},
-         "loom gguf: -c needs a value (an integer in 1..16777216)"},
+         "loom gguf: -c needs a value (an integer in 0..16777216)"},
         {{"gguf", m, "--plan", "-ctv", "f16", NULL}, "loom gguf: unknown option '-ctv'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -1132,6 +1132,20 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char *zero = run_text(a11, 0);
     LOOM_CHECK(strcmp(freq, greedy) != 0 && strcmp(pres, greedy) != 0);
     LOOM_CHECK_STR_EQ(zero, greedy);
+    /* llama.cpp's values: -n -2 is -n -1, a negative temperature is greedy, top-k -1 is off,
+     * -c 0 the training context (2048 for stories260K: 5 prompt tokens, 2043 generated) */
+    char *b1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    char *b2[] = {"run", "-m", m, "-n", "-2", "-c", "40", "--temp", "-1", "--top-k", "-1", NULL};
+    char *to_end = run_text(b1, 0), *to_end2 = run_text(b2, 0);
+    LOOM_CHECK_STR_EQ(to_end2, to_end);
+    free(to_end);
+    free(to_end2);
+    char *b3[] = {"run", "-m", m, "-n", "-1", "-c", "0", NULL};
+    char *out0, *err0;
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, b3, &out0, &err0), 0);
+    LOOM_CHECK_STR_CONTAINS(out0, "generation: 2043 tokens");
+    free(out0);
+    free(err0);
     /* chat and interactive modes are refused, naming why */
     char *out, *err;
     char *a12[] = {"run", "-m", m, "-cnv", NULL};

@@ -218,7 +218,7 @@ LOOM_TEST(plan, bad_options_refused_as_loom_run_refuses_them) {
         const char *want;
     } bad[] = {
         {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-c", "lots", NULL},
-         "loom plan: -c needs an integer in 1..16777216 (got 'lots')"},
+         "loom plan: -c needs an integer in 0..16777216 (got 'lots')"},
         {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-b", "0", NULL},
          "loom plan: -b needs an integer in 1..1048576 (got '0')"},
         {{"plan", "-m", m, "--devices", "sim:2,profile=l40s", "-ctv", "q9_9", NULL},
