@@ -26,7 +26,8 @@ static void usage(FILE *f) {
             "stderr), then speed and scheduling figures.\n\n"
             "prompt and generation:\n"
             "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
-            "  -f, --file FILE           read the prompt from a file\n"
+            "  -f, --file FILE           read the prompt from a file (one trailing newline\n"
+            "                            dropped, as llama.cpp's)\n"
             "  -n, --n-predict N         tokens to generate (default 64; -1 or -2 = until the end\n"
             "                            of text or of the context)\n"
             "  -e, --escape              process \\n \\r \\t \\' \\\" \\\\ \\xHH in the prompt and "
@@ -424,8 +425,8 @@ int loom_cli_run(int argc, char **argv) {
     if (prompt_file && lead) {
         if (!(file_text = read_prompt(prompt_file)))
             ok = false;
-        else
-            plen = strlen(prompt = file_text);
+        else if ((plen = strlen(prompt = file_text)) > 0 && file_text[plen - 1] == '\n')
+            file_text[--plen] = 0; /* one trailing newline dropped, as llama.cpp's -f */
     } else if (prompt_given && lead && !(prompt = file_text = strdup(prompt))) {
         fprintf(stderr, "loom run: out of memory\n");
         ok = false;

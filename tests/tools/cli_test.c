@@ -253,7 +253,7 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     char path[] = "/tmp/loom_prompt_XXXXXX";
     int fd = mkstemp(path);
     LOOM_REQUIRE(fd >= 0);
-    LOOM_REQUIRE(write(fd, "Once upon a time", 16) == 16);
+    LOOM_REQUIRE(write(fd, "Once upon a time\n", 17) == 17); /* the newline is dropped */
     close(fd);
     char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, NULL};
     char *from_file = run_text(a2, 0);
