@@ -164,6 +164,13 @@ static const char *const eog_texts[] = {
     "<|fim_pad|>",   "<fim-pad>",     "<PAD>",       "<|fim_repo|>", "<|repo_name|>",
     "<fim-repo>",    "<REPO>",        "<|file_sep|>"};
 
+/* Fill-in-the-middle prefix, suffix and middle tokens: control tokens by their text, as the
+ * reference engines treat them (they do not end generation). */
+static const char *const fim_texts[] = {
+    "<|fim_prefix|>", "<fim-prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
+    "<|fim_suffix|>", "<fim-suffix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>",  "<SUF>",
+    "<|fim_middle|>", "<fim-middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",   "<MID>"};
+
 /* An optional special-token id key: -1 when absent; a value out of range is a warning naming
  * the key, and the id is left unset (the text search may still find the token). */
 static loom_status optional_id(const loom_tokenizer *t, const loom_gguf *g, const char *key,
@@ -204,6 +211,10 @@ static loom_status build_eog(loom_tokenizer *t, const loom_gguf *g) {
         if (id < 0) continue;
         t->eog[id] = 1;
         t->type[id] = LOOM_TOKEN_CONTROL;
+    }
+    for (size_t k = 0; k < sizeof fim_texts / sizeof fim_texts[0]; k++) {
+        int32_t id = loom__tok_find(t, fim_texts[k], strlen(fim_texts[k]));
+        if (id >= 0) t->type[id] = LOOM_TOKEN_CONTROL;
     }
     const int32_t named[] = {t->eos, t->eot, t->eom, ids[2], ids[3], ids[4]};
     for (size_t k = 0; k < sizeof named / sizeof named[0]; k++)

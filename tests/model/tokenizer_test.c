@@ -923,3 +923,48 @@ LOOM_TEST(tokenizer, end_of_generation_tokens) {
     loom_tokenizer_free(t);
     loom_gguf_free(g);
 }
+
+/* The end-of-generation set and the control tokens of every shared vocabulary, as llama.cpp
+ * c392e5094deaf2d1a7c18683214f007fad3fe42b sees them (its debug lines "control token N is
+ * not marked as EOG" at load, less the EOS it adds to the set afterwards): ids lo..hi. */
+LOOM_TEST(tokenizer, end_of_generation_sets_match_the_oracle) {
+    if (!loom_test_models_dir()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    static const struct {
+        const char *vocab;
+        int32_t eog[2];          /* -1: unused */
+        int32_t ctrl[3][2];      /* control, not EOG: ranges lo..hi, {-1, -1}: unused */
+    } cases[] = {
+        {"ggml-vocab-phi-3.gguf", {32000, 32007}, {{0, 1}, {32001, 32006}, {32008, 32010}}},
+        {"ggml-vocab-gpt-2.gguf", {50256, -1}, {{-1, -1}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-llama-spm.gguf", {2, -1}, {{1, 1}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-deepseek-coder.gguf", {32014, -1}, {{32013, 32013}, {32015, 32017}, {-1, -1}}},
+        {"ggml-vocab-deepseek-llm.gguf", {100001, -1}, {{100000, 100000}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-falcon.gguf", {11, -1}, {{0, 10}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-mpt.gguf", {0, -1}, {{1, 1}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-refact.gguf", {0, -1}, {{1, 18}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-starcoder.gguf", {0, -1}, {{1, 37}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-baichuan.gguf", {2, -1}, {{1, 1}, {-1, -1}, {-1, -1}}},
+        {"ggml-vocab-gpt-neox.gguf", {0, -1}, {{1, 1}, {-1, -1}, {-1, -1}}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        loom_gguf *g = NULL;
+        loom_tokenizer *t = open_vocab(cases[c].vocab, &g);
+        LOOM_REQUIRE(t != NULL);
+        int bad = 0;
+        for (int32_t id = 0; id < loom_tokenizer_n_vocab(t); id++) {
+            bool eog = id == cases[c].eog[0] || id == cases[c].eog[1], ctrl = false;
+            for (int r = 0; r < 3; r++)
+                ctrl |= id >= cases[c].ctrl[r][0] && id <= cases[c].ctrl[r][1];
+            if (loom_token_is_eog(t, id) != eog ||
+                (loom_token_is_control(t, id) && !loom_token_is_eog(t, id)) != ctrl) {
+                if (bad++ < 3)
+                    loom_test_fail(__FILE__, __LINE__, "%s: token %d ('%s'): eog %d control %d",
+                                   cases[c].vocab, id, loom_token_text(t, id),
+                                   loom_token_is_eog(t, id), loom_token_is_control(t, id));
+            }
+        }
+        LOOM_CHECK_EQ_INT(bad, 0);
+        loom_tokenizer_free(t);
+        loom_gguf_free(g);
+    }
+}
