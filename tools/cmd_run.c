@@ -39,6 +39,7 @@ static void usage(FILE *f) {
             "                            end of turn, ...): their logits are -inf\n"
             "  -sp, --special            print control tokens (\"<|im_end|>\") as their text\n"
             "  --no-display-prompt       do not echo the prompt\n"
+            "  --verbose-prompt          list the prompt's tokens on stderr ('id -> 'piece'')\n"
             "  -no-cnv, --no-conversation, --no-warmup\n"
             "                            accepted: loom run never enters a chat mode and runs\n"
             "                            no warm-up pass (-cnv, -i and -if are refused)\n"
@@ -99,6 +100,7 @@ static const char *const run_names[] = {"-h",
                                         "-sp",
                                         "--special",
                                         "--no-display-prompt",
+                                        "--verbose-prompt",
                                         "--presence-penalty",
                                         "--frequency-penalty",
                                         "--mlock",
@@ -286,7 +288,7 @@ int loom_cli_run(int argc, char **argv) {
     char lbuf[4096], fbuf[4096];
     bool prompt_given = false, seed_random = true, dist = false;
     bool escape = true, ignore_eos = false, special = false, display_prompt = true;
-    bool mlock = false;
+    bool mlock = false, verbose_prompt = false;
     rprompts rp = {0};
     loom_cli_dist cd = {.size = 1};
     long n_predict = 64;
@@ -331,6 +333,8 @@ int loom_cli_run(int argc, char **argv) {
             special = true;
         else if (!strcmp(a, "--no-display-prompt"))
             display_prompt = false;
+        else if (!strcmp(a, "--verbose-prompt"))
+            verbose_prompt = true;
         else if (!strcmp(a, "--mlock"))
             mlock = true;
         else
@@ -491,6 +495,16 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(stderr, "loom run: the prompt (%zu tokens) does not fit the context of %lld (-c)\n",
                 n_prompt, (long long)n_ctx);
         ok = false;
+    }
+    if (lead && ok && verbose_prompt) { /* llama-cli's listing of the prompt tokens */
+        fprintf(stderr, "prompt: %zu tokens\n", n_prompt);
+        for (size_t k = 0; k < n_prompt && k < cap; k++) {
+            char pc[256];
+            size_t pn = loom_token_is_control(tok, ids[k]) /* shown, as llama-cli shows them */
+                            ? (size_t)snprintf(pc, sizeof pc, "%s", loom_token_text(tok, ids[k]))
+                            : loom_token_to_piece(tok, ids[k], pc, sizeof pc);
+            fprintf(stderr, "%6d -> '%.*s'\n", ids[k], (int)(pn < sizeof pc ? pn : sizeof pc), pc);
+        }
     }
     if (!ok) loom_error(LOOM_ERR_INVALID_ARG, "the prompt was refused");
     if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;

@@ -1115,6 +1115,13 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", NULL};
     char *raw = run_text(a7, 0);
     LOOM_CHECK_MSG(strncmp(raw, "a\\tb", 4) == 0, "'%s'", raw);
+    char *out, *err;
+    char *vp[] = {"run", "-m", m, "-n", "1", "--verbose-prompt", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, vp, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "prompt: 5 tokens\n     1 -> '<s>'\n");
+    LOOM_CHECK_STR_CONTAINS(err, " -> ' upon'\n");
+    free(out);
+    free(err);
     char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", NULL};
     char *noprompt = run_text(a8, 0);
     LOOM_CHECK_STR_EQ(noprompt, greedy + strlen("Once upon a time"));
@@ -1147,7 +1154,6 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     free(out0);
     free(err0);
     /* chat and interactive modes are refused, naming why */
-    char *out, *err;
     char *a12[] = {"run", "-m", m, "-cnv", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a12, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "no conversation or interactive mode");
