@@ -13,10 +13,7 @@ struct loom_sampler {
     loom_sampler_params p;
     uint64_t s[4];
     /* scratch, grown on demand */
-    struct cand {
-        float logit;
-        int32_t id;
-    } * cand;
+    struct cand { float logit; int32_t id; } *cand;
     float *prob;
     int64_t cap;
 };
@@ -28,9 +25,7 @@ static uint64_t splitmix(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) {
-    return (x << k) | (x >> (64 - k));
-}
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t next_u64(loom_sampler *s) {
     uint64_t r = rotl(s->s[1] * 5, 7) * 9, t = s->s[1] << 17;
@@ -51,8 +46,7 @@ loom_sampler *loom_sampler_new(const loom_sampler_params *p) {
     }
     s->p = *p;
     uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++)
-        s->s[i] = splitmix(&x);
+    for (int i = 0; i < 4; i++) s->s[i] = splitmix(&x);
     return s;
 }
 
@@ -86,8 +80,7 @@ int32_t loom_sampler_sample(loom_sampler *s, const float *logits, int64_t n) {
         if (!cand || !prob) return argmax(logits, n); /* out of memory: degrade to greedy */
         s->cap = n;
     }
-    for (int64_t i = 0; i < n; i++)
-        s->cand[i] = (struct cand){logits[i], (int32_t)i};
+    for (int64_t i = 0; i < n; i++) s->cand[i] = (struct cand){logits[i], (int32_t)i};
     qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
     int64_t k = n;
     if (s->p.top_k > 0 && s->p.top_k < k) k = s->p.top_k;

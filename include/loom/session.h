@@ -38,35 +38,35 @@ LOOM_API const char *loom_split_mode_name(loom_split_mode m);
 LOOM_API loom_status loom_split_mode_parse(const char *s, loom_split_mode *out);
 
 typedef struct loom_session_params {
-    const char *devices; /* device spec: "cpu" (default), "sim:4", "cuda:0,1" */
+    const char *devices;        /* device spec: "cpu" (default), "sim:4", "cuda:0,1" */
     loom_split_mode split_mode;
-    int n_gpu_layers;   /* layers on the devices; < 0: all */
-    int threads;        /* CPU threads; <= 0: all cores */
-    int64_t n_ctx;      /* KV cache positions; 0: min(train ctx, 2048); < 0: the train ctx */
-    int64_t n_batch;    /* largest batch per graph; <= 0: 512 */
-    loom_type kv_type;  /* K cache type (and V's unless kv_type_v_set): F32 (default),
-                         * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; a block
-                         * type needs n_head_kv x head_dim in whole blocks, and head_dim
-                         * in whole blocks when the cache is split by tensor */
-    bool no_kv_offload; /* keep the KV cache (and attention) in host memory */
-    bool swa_full;      /* sliding-window layers keep n_ctx cells (default: a ring of
-                         * the window plus n_batch, loom_kv_cache_swa_cells) */
+    int n_gpu_layers;           /* layers on the devices; < 0: all */
+    int threads;                /* CPU threads; <= 0: all cores */
+    int64_t n_ctx;              /* KV cache positions; 0: min(train ctx, 2048); < 0: train */
+    int64_t n_batch;            /* largest batch per graph; <= 0: 512 */
+    loom_type kv_type;          /* K cache type (and V's unless kv_type_v_set): F32 (default),
+                                 * F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL; a block
+                                 * type needs n_head_kv x head_dim in whole blocks, and head_dim
+                                 * in whole blocks when the cache is split by tensor */
+    bool no_kv_offload;         /* keep the KV cache (and attention) in host memory */
+    bool swa_full;              /* sliding-window layers keep n_ctx cells (default: a ring of
+                                 * the window plus n_batch, loom_kv_cache_swa_cells) */
     bool no_op_offload;
     /* pipeline parallelism (4 copies of every tensor crossing devices, rotating per graph)
      * is used under llama.cpp's conditions: layer split over several devices, every layer
      * and the output offloaded, the KV cache offloaded, every device with async compute and
      * events; if its compute buffers do not fit it is dropped (logged). true: never. */
     bool no_pipeline;
-    const char *split_rules; /* a rules file that overrides/extends the built-in table */
+    const char *split_rules;    /* a rules file that overrides/extends the built-in table */
     void (*progress)(size_t done, size_t total, void *user_data);
     void *progress_user_data;
-    bool no_weight_data; /* place the weights without copying them (planning only:
-                          * loom_model_params.no_data) */
+    bool no_weight_data;        /* place the weights without copying them (planning only:
+                                 * loom_model_params.no_data) */
     /* Explicit devices (borrowed; they outlive the session), used instead of `devices` when
      * n_devs > 0: e.g. the dist devices of include/loom/dist.h, one per MPI rank. */
     loom_dev_t *devs;
     int n_devs;
-    bool kv_type_v_set; /* V cache of kv_type_v (-ctv) instead of kv_type */
+    bool kv_type_v_set;         /* V cache of kv_type_v (-ctv) instead of kv_type */
     loom_type kv_type_v;
     /* -ts: proportions of the first n_tensor_split listed devices (the others 0), e.g.
      * {3, 1}; NULL/0: even. Tensor mode: heads, KV heads, FFN blocks and experts in whole
@@ -74,9 +74,9 @@ typedef struct loom_session_params {
      * layers per device by them. Ignored by split mode none. */
     const float *tensor_split;
     int n_tensor_split;
-    bool no_mmap;      /* read the weights instead of using CPU ones in place from a
-                        * mapping of the file (loom_model_params.no_mmap) */
-    size_t load_chunk; /* bytes per device-weight copy (loom_model_params.load_chunk) */
+    bool no_mmap;               /* read the weights instead of using CPU ones in place from a
+                                 * mapping of the file (loom_model_params.no_mmap) */
+    size_t load_chunk;          /* bytes per device-weight copy (loom_model_params.load_chunk) */
     /* Graph reuse (default on): a batch of the same shape class as the previous one (same
      * n_tokens, same KV bucket n_kv, same logits, same attention kind) computes the graph
      * and schedule it already has, with only its inputs (tokens, positions, masks) set
@@ -99,8 +99,8 @@ typedef struct loom_session loom_session;
  * memory before anything is allocated (LOOM_ERR_DEVICE_OOM / LOOM_ERR_NOMEM naming the
  * device and both sizes). The compute buffers are then reserved for the worst-case graphs
  * (a full prompt batch and one token, both attending over the whole context), so
- * evaluation at any position does not reallocate them (LOOM_SCHED_DEBUG_REALLOC=1 stays quiet). A
- * session on a "sim:" spec frees the sim reg it created. */
+ * evaluation at any position does not reallocate them (LOOM_SCHED_DEBUG_REALLOC=1 stays quiet). A session on a "sim:" spec
+ * frees the sim reg it created. */
 LOOM_API loom_status loom_session_new(const char *path, const loom_gguf *g,
                                       const loom_session_params *p, loom_session **out);
 LOOM_API void loom_session_free(loom_session *s);
