@@ -23,19 +23,19 @@ struct loom_session {
     loom_split_mode mode;
     int n_dev;
     loom_dev_t devs[MAX_DEVS];
-    loom_dev_t meta;     /* tensor mode */
-    loom_reg_t spec_reg; /* the reg a sim spec created for this session, or NULL */
+    loom_dev_t meta;             /* tensor mode */
+    loom_reg_t spec_reg;         /* the reg a sim spec created for this session, or NULL */
     loom_rules *rules;
     loom_backend_t backends[MAX_DEVS + 1]; /* scheduler order; the CPU last */
     int n_backends;
     loom_backend_t cpu;
-    int n_offload; /* layers on the devices */
+    int n_offload;               /* layers on the devices */
     bool output_offload;
     loom_model *model;
     loom_kv_cache *kv;
     loom_tokenizer *tok;
     loom_sched *sched;
-    loom_ctx *graph_ctx; /* the graph of the last eval/plan */
+    loom_ctx *graph_ctx;         /* the graph of the last eval/plan */
     loom_batch_graph bg;
     int64_t n_past;
     loom_session_stats stats;
@@ -47,7 +47,7 @@ struct loom_session {
     bool has_ts;
     float ts[MAX_DEVS];
     int64_t layer_count[MAX_DEVS]; /* layer mode with -ts: layers on each device, in order */
-    bool reserved;                 /* the scheduler holds the worst-case plan of (res_n, res_all) */
+    bool reserved; /* the scheduler holds the worst-case plan of (res_n, res_all) */
     int64_t res_n;
     bool res_all;
     /* the shape class of graph_ctx's graph (bg): reused while a batch has the same one */
@@ -57,34 +57,24 @@ struct loom_session {
 
 const char *loom_split_mode_name(loom_split_mode m) {
     switch (m) {
-    case LOOM_SPLIT_MODE_NONE:
-        return "none";
-    case LOOM_SPLIT_MODE_LAYER:
-        return "layer";
-    case LOOM_SPLIT_MODE_TENSOR:
-        return "tensor";
-    default:
-        return "default";
+    case LOOM_SPLIT_MODE_NONE: return "none";
+    case LOOM_SPLIT_MODE_LAYER: return "layer";
+    case LOOM_SPLIT_MODE_TENSOR: return "tensor";
+    default: return "default";
     }
 }
 
 loom_status loom_split_mode_parse(const char *s, loom_split_mode *out) {
-    if (strcmp(s, "none") == 0)
-        *out = LOOM_SPLIT_MODE_NONE;
-    else if (strcmp(s, "layer") == 0)
-        *out = LOOM_SPLIT_MODE_LAYER;
-    else if (strcmp(s, "tensor") == 0 || strcmp(s, "row") == 0)
-        *out = LOOM_SPLIT_MODE_TENSOR;
-    else
-        return loom_error(LOOM_ERR_INVALID_ARG, "unknown split mode '%s' (none, layer, tensor)", s);
+    if (strcmp(s, "none") == 0) *out = LOOM_SPLIT_MODE_NONE;
+    else if (strcmp(s, "layer") == 0) *out = LOOM_SPLIT_MODE_LAYER;
+    else if (strcmp(s, "tensor") == 0 || strcmp(s, "row") == 0) *out = LOOM_SPLIT_MODE_TENSOR;
+    else return loom_error(LOOM_ERR_INVALID_ARG, "unknown split mode '%s' (none, layer, tensor)", s);
     return LOOM_OK;
 }
 
 loom_session_params loom_session_params_default(void) {
-    return (loom_session_params){.devices = "cpu",
-                                 .split_mode = LOOM_SPLIT_MODE_DEFAULT,
-                                 .n_gpu_layers = -1,
-                                 .kv_type = LOOM_TYPE_F32};
+    return (loom_session_params){.devices = "cpu", .split_mode = LOOM_SPLIT_MODE_DEFAULT,
+                                 .n_gpu_layers = -1, .kv_type = LOOM_TYPE_F32};
 }
 
 /* ---------------------------------------------------------------- placement */
@@ -150,12 +140,9 @@ static loom_buft_t place(const char *name, int layer, void *ud) {
         return host;
     }
     switch (s->mode) {
-    case LOOM_SPLIT_MODE_TENSOR:
-        return loom_dev_buffer_type(s->meta);
-    case LOOM_SPLIT_MODE_LAYER:
-        return loom_dev_buffer_type(s->devs[layer_device(s, layer)]);
-    default:
-        return loom_dev_buffer_type(s->devs[0]);
+    case LOOM_SPLIT_MODE_TENSOR: return loom_dev_buffer_type(s->meta);
+    case LOOM_SPLIT_MODE_LAYER: return loom_dev_buffer_type(s->devs[layer_device(s, layer)]);
+    default: return loom_dev_buffer_type(s->devs[0]);
     }
 }
 
@@ -270,8 +257,7 @@ static loom_status check_memory(loom_session *s, int64_t n_ctx) {
     /* under -ts a meta device's weights and KV buffers hold only each member's own slices
      * (meta/buffer.c, packed), so each device needs its own share (ts[j] / sum) */
     double ts_sum = 0;
-    for (int d = 0; s->has_ts && d < s->n_dev; d++)
-        ts_sum += s->ts[d];
+    for (int d = 0; s->has_ts && d < s->n_dev; d++) ts_sum += s->ts[d];
     const loom_buft_t host = loom_cpu_buffer_type();
     for (int i = 0; i < n; i++) {
         const uint64_t total = v[i].weights + v[i].kv;
@@ -380,27 +366,25 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     /* a sim spec makes its own reg (named SIM0..); loading the modules first would add
      * the default sim reg and shift the spec's names; "cpu" needs no module at all (the
      * CUDA module alone, loading cuBLAS, costs ~210 MB of RSS on a host without a GPU) */
-    if (strncmp(spec, "sim", 3) != 0 && strcmp(spec, "cpu") != 0 && s->p.n_devs <= 0)
+    if (strncmp(spec, "sim", 3) != 0 && strcmp(spec, "cpu") != 0 &&
+        s->p.n_devs <= 0)
         loom_registry_load_all();
     size_t nd = 0;
     if (s->p.n_devs > 0) { /* the caller's devices */
         if (s->p.n_devs > MAX_DEVS || !s->p.devs)
-            return fail(s, loom_error(LOOM_ERR_INVALID_ARG,
-                                      "session: %d explicit devices (at most %d)", s->p.n_devs,
-                                      MAX_DEVS));
+            return fail(s, loom_error(LOOM_ERR_INVALID_ARG, "session: %d explicit devices (at most %d)",
+                                      s->p.n_devs, MAX_DEVS));
         memcpy(s->devs, s->p.devs, (size_t)s->p.n_devs * sizeof *s->devs);
         nd = (size_t)s->p.n_devs;
     } else if (strcmp(spec, "cpu") != 0) {
         if ((st = loom_devices_from_spec(spec, s->devs, MAX_DEVS, &nd))) return fail(s, st);
         if (nd > 0) s->spec_reg = loom_dev_reg(s->devs[0]); /* released at free if a spec made it */
         if (nd > MAX_DEVS)
-            return fail(s, loom_error(LOOM_ERR_INVALID_ARG, "session: %zu devices (at most %d)", nd,
-                                      MAX_DEVS));
+            return fail(s, loom_error(LOOM_ERR_INVALID_ARG, "session: %zu devices (at most %d)", nd, MAX_DEVS));
     }
     s->n_dev = (int)nd;
     s->mode = s->p.split_mode;
-    if (s->mode == LOOM_SPLIT_MODE_DEFAULT)
-        s->mode = nd > 1 ? LOOM_SPLIT_MODE_TENSOR : LOOM_SPLIT_MODE_NONE;
+    if (s->mode == LOOM_SPLIT_MODE_DEFAULT) s->mode = nd > 1 ? LOOM_SPLIT_MODE_TENSOR : LOOM_SPLIT_MODE_NONE;
     if (s->mode == LOOM_SPLIT_MODE_NONE && nd > 1) s->n_dev = 1; /* only the first device */
     if (nd == 0) s->mode = LOOM_SPLIT_MODE_NONE;                 /* the CPU alone */
     s->n_offload = s->p.n_gpu_layers < 0 || s->p.n_gpu_layers > s->hp.n_layer ? (int)s->hp.n_layer
@@ -411,15 +395,13 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
     s->cpu = loom_cpu_backend_new(s->p.threads);
     if (!s->cpu) return fail(s, loom_last_status());
     if (s->n_dev > 0 && s->mode == LOOM_SPLIT_MODE_TENSOR) {
-        if ((st = loom_rules_builtin(s->hp.arch, s->hp.n_expert > 0, &s->rules)))
-            return fail(s, st);
+        if ((st = loom_rules_builtin(s->hp.arch, s->hp.n_expert > 0, &s->rules))) return fail(s, st);
         if (s->p.split_rules) {
             loom_rules *user = NULL;
             if ((st = loom_rules_load_file(s->p.split_rules, &user))) return fail(s, st);
             if ((st = loom_rules_prepend(s->rules, user))) return fail(s, st);
         }
-        if ((st = loom_meta_device_new(s->devs, s->n_dev, leaf_state, s, &s->meta)))
-            return fail(s, st);
+        if ((st = loom_meta_device_new(s->devs, s->n_dev, leaf_state, s, &s->meta))) return fail(s, st);
         s->backends[s->n_backends] = loom_dev_init(s->meta, NULL);
         if (!s->backends[s->n_backends]) return fail(s, loom_last_status());
         s->n_backends++;
@@ -436,11 +418,8 @@ loom_status loom_session_new(const char *path, const loom_gguf *g, const loom_se
      * the weights are loaded (ids the tokenizer lacks would print nothing) */
     /* a file without a vocabulary (tokenizer.ggml.model "none", as llama.cpp's converter
      * writes with --no-vocab) runs ids: the session has no tokenizer */
-    const char *vocab = NULL;
-    bool no_vocab = loom_gguf_find_kv(g, "tokenizer.ggml.model") >= 0 &&
-                    loom_gguf_get_str(g, "tokenizer.ggml.model", &vocab) == LOOM_OK &&
-                    (!strcmp(vocab, "none") || !strcmp(vocab, "no_vocab"));
-    if (!no_vocab && (st = loom_tokenizer_from_gguf(g, &s->tok))) return fail(s, st);
+    if (!loom_tokenizer_declared_none(g) && (st = loom_tokenizer_from_gguf(g, &s->tok)))
+        return fail(s, st);
     if (s->tok && loom_tokenizer_n_vocab(s->tok) != s->hp.n_vocab)
         return fail(s, loom_error(LOOM_ERR_FORMAT,
                                   "session: the tokenizer has %d tokens but the model's "
@@ -512,45 +491,21 @@ void loom_session_free(loom_session *s) {
     loom_free(s);
 }
 
-const loom_model *loom_session_model(const loom_session *s) {
-    return s->model;
-}
-const loom_tokenizer *loom_session_tokenizer(const loom_session *s) {
-    return s->tok;
-}
-loom_sched *loom_session_sched(const loom_session *s) {
-    return s->sched;
-}
-loom_backend_t loom_session_meta_backend(const loom_session *s) {
-    return s->meta ? s->backends[0] : NULL;
-}
-int loom_session_n_devices(const loom_session *s) {
-    return s->n_dev;
-}
-loom_dev_t loom_session_device(const loom_session *s, int i) {
-    return s->devs[i];
-}
-loom_split_mode loom_session_split_mode(const loom_session *s) {
-    return s->mode;
-}
+const loom_model *loom_session_model(const loom_session *s) { return s->model; }
+const loom_tokenizer *loom_session_tokenizer(const loom_session *s) { return s->tok; }
+loom_sched *loom_session_sched(const loom_session *s) { return s->sched; }
+loom_backend_t loom_session_meta_backend(const loom_session *s) { return s->meta ? s->backends[0] : NULL; }
+int loom_session_n_devices(const loom_session *s) { return s->n_dev; }
+loom_dev_t loom_session_device(const loom_session *s, int i) { return s->devs[i]; }
+loom_split_mode loom_session_split_mode(const loom_session *s) { return s->mode; }
 bool loom_session_pipeline(const loom_session *s) {
     return loom_sched_get_n_copies(s->sched) > 1;
 }
-int64_t loom_session_n_past(const loom_session *s) {
-    return s->n_past;
-}
-int64_t loom_session_n_ctx(const loom_session *s) {
-    return s->kv->n_ctx;
-}
-const loom_kv_cache *loom_session_kv(const loom_session *s) {
-    return s->kv;
-}
-void loom_session_clear(loom_session *s) {
-    s->n_past = 0;
-}
-void loom_session_get_stats(const loom_session *s, loom_session_stats *out) {
-    *out = s->stats;
-}
+int64_t loom_session_n_past(const loom_session *s) { return s->n_past; }
+int64_t loom_session_n_ctx(const loom_session *s) { return s->kv->n_ctx; }
+const loom_kv_cache *loom_session_kv(const loom_session *s) { return s->kv; }
+void loom_session_clear(loom_session *s) { s->n_past = 0; }
+void loom_session_get_stats(const loom_session *s, loom_session_stats *out) { *out = s->stats; }
 
 /* ---------------------------------------------------------------- evaluation */
 
@@ -652,8 +607,7 @@ static loom_status prepare(loom_session *s, int64_t n, bool all_logits) {
 loom_status loom_session_plan(loom_session *s, int64_t n, loom_graph **out) {
     *out = NULL;
     if (s->n_past + n > s->kv->n_ctx)
-        return loom_error(LOOM_ERR_INVALID_ARG,
-                          "session: %lld tokens at position %lld exceed the context of %lld",
+        return loom_error(LOOM_ERR_INVALID_ARG, "session: %lld tokens at position %lld exceed the context of %lld",
                           (long long)n, (long long)s->n_past, (long long)s->kv->n_ctx);
     loom_status st = prepare(s, n, false);
     if (st == LOOM_OK) *out = s->bg.graph;
@@ -666,12 +620,10 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
     int64_t batch = batch_size(s);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= V)
-            return loom_error(LOOM_ERR_INVALID_ARG,
-                              "session: token %lld is %d, outside the vocabulary of %lld",
+            return loom_error(LOOM_ERR_INVALID_ARG, "session: token %lld is %d, outside the vocabulary of %lld",
                               (long long)i, tokens[i], (long long)V);
     if (s->n_past + n > s->kv->n_ctx)
-        return loom_error(LOOM_ERR_INVALID_ARG,
-                          "session: %lld tokens at position %lld exceed the context of %lld",
+        return loom_error(LOOM_ERR_INVALID_ARG, "session: %lld tokens at position %lld exceed the context of %lld",
                           (long long)n, (long long)s->n_past, (long long)s->kv->n_ctx);
     loom_status st = LOOM_OK;
     s->stats.last_copy_mask = 0;
@@ -699,10 +651,8 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
         if ((st = loom_sched_graph_compute(s->sched, s->bg.graph))) break;
         if ((st = sync_inflight(s))) break;
         s->bg_ok = true;
-        if (all_logits)
-            loom_tensor_get(s->bg.logits, out + i0 * V, 0, (size_t)(nb * V) * sizeof(float));
-        else if (last)
-            loom_tensor_get(s->bg.logits, out, 0, (size_t)V * sizeof(float));
+        if (all_logits) loom_tensor_get(s->bg.logits, out + i0 * V, 0, (size_t)(nb * V) * sizeof(float));
+        else if (last) loom_tensor_get(s->bg.logits, out, 0, (size_t)V * sizeof(float));
         s->n_past += nb;
         if (s->meta) {
             loom_meta_stats ms;

@@ -52,8 +52,8 @@ struct loom_tokenizer {
     int32_t *map;  /* open-addressing text -> id, capacity map_cap (power of two) */
     size_t map_cap;
     int32_t bos, eos, unk;
-    int32_t eot, eom; /* end of turn / of message, -1 if none */
-    uint8_t *eog;     /* [n_vocab] 1: the token ends generation (EOS, EOT, EOM, ...) */
+    int32_t eot;  /* end of turn, -1 if none */
+    uint8_t *eog; /* [n_vocab] 1: the token ends generation (EOS, EOT, EOM, ...) */
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM: " " before text at the start and after a special token */
     int32_t *special;      /* control / user-defined / unknown ids, longest text first */

@@ -187,6 +187,17 @@ static loom_status optional_id(const loom_tokenizer *t, const loom_gguf *g, cons
     return LOOM_OK;
 }
 
+/* The vocabulary's tokens with one of the texts become control tokens (and, with `ends`,
+ * tokens that end generation). */
+static void mark_texts(loom_tokenizer *t, const char *const *texts, size_t n, bool ends) {
+    for (size_t k = 0; k < n; k++) {
+        int32_t id = loom__tok_find(t, texts[k], strlen(texts[k]));
+        if (id < 0) continue;
+        t->type[id] = LOOM_TOKEN_CONTROL;
+        if (ends) t->eog[id] = 1;
+    }
+}
+
 /* The set of tokens that end generation: EOS, the end-of-turn and end-of-message tokens (named
  * by tokenizer.ggml.eot_token_id / eom_token_id or found by text), the fill-in-the-middle
  * padding tokens and every token whose text is in eog_texts. */
@@ -205,18 +216,10 @@ static loom_status build_eog(loom_tokenizer *t, const loom_gguf *g) {
     for (size_t k = 0; t->eot < 0 && k < sizeof eot_texts / sizeof eot_texts[0]; k++)
         if ((t->eot = loom__tok_find(t, eot_texts[k], strlen(eot_texts[k]))) >= 0)
             t->type[t->eot] = LOOM_TOKEN_CONTROL;
-    t->eom = ids[1] >= 0 ? ids[1] : loom__tok_find(t, "<|eom_id|>", 10);
-    for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++) {
-        int32_t id = loom__tok_find(t, eog_texts[k], strlen(eog_texts[k]));
-        if (id < 0) continue;
-        t->eog[id] = 1;
-        t->type[id] = LOOM_TOKEN_CONTROL;
-    }
-    for (size_t k = 0; k < sizeof fim_texts / sizeof fim_texts[0]; k++) {
-        int32_t id = loom__tok_find(t, fim_texts[k], strlen(fim_texts[k]));
-        if (id >= 0) t->type[id] = LOOM_TOKEN_CONTROL;
-    }
-    const int32_t named[] = {t->eos, t->eot, t->eom, ids[2], ids[3], ids[4]};
+    mark_texts(t, eog_texts, sizeof eog_texts / sizeof eog_texts[0], true);
+    mark_texts(t, fim_texts, sizeof fim_texts / sizeof fim_texts[0], false);
+    /* the keys' ids; the texts, <|eom_id|> among them, are marked above */
+    const int32_t named[] = {t->eos, t->eot, ids[1], ids[2], ids[3], ids[4]};
     for (size_t k = 0; k < sizeof named / sizeof named[0]; k++)
         if (named[k] >= 0) t->eog[named[k]] = 1;
     return LOOM_OK;
@@ -227,6 +230,13 @@ bool loom_token_is_eog(const loom_tokenizer *t, int32_t id) {
 }
 int32_t loom_tokenizer_eot(const loom_tokenizer *t) {
     return t->eot;
+}
+
+bool loom_tokenizer_declared_none(const loom_gguf *g) {
+    const char *model = NULL;
+    return loom_gguf_find_kv(g, "tokenizer.ggml.model") >= 0 &&
+           loom_gguf_get_str(g, "tokenizer.ggml.model", &model) == LOOM_OK &&
+           (!strcmp(model, "none") || !strcmp(model, "no_vocab"));
 }
 
 loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
@@ -241,7 +251,7 @@ loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out) {
         kind = LOOM_TOKENIZER_BPE;
     else if (strcmp(model, "bert") == 0)
         kind = LOOM_TOKENIZER_WPM;
-    else if (strcmp(model, "none") == 0 || strcmp(model, "no_vocab") == 0)
+    else if (loom_tokenizer_declared_none(g))
         return loom_error(LOOM_ERR_UNSUPPORTED,
                           "tokenizer: the file has no vocabulary (tokenizer.ggml.model '%s')",
                           model);

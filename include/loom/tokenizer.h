@@ -31,12 +31,15 @@ typedef enum loom_tokenizer_kind {
  * the 'default' pre-tokenizer, as llama.cpp does. The tokenizer copies what it needs: g may
  * be freed. */
 LOOM_API loom_status loom_tokenizer_from_gguf(const loom_gguf *g, loom_tokenizer **out);
+/* Whether g declares that it has no vocabulary (tokenizer.ggml.model "none" or "no_vocab", as
+ * llama.cpp's converter writes with --no-vocab); loom_tokenizer_from_gguf refuses such a file. */
+LOOM_API bool loom_tokenizer_declared_none(const loom_gguf *g);
 LOOM_API void loom_tokenizer_free(loom_tokenizer *t);
 
 LOOM_API loom_tokenizer_kind loom_tokenizer_kind_of(const loom_tokenizer *t);
 LOOM_API int32_t loom_tokenizer_n_vocab(const loom_tokenizer *t);
-LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t); /* -1 if none */
-LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t); /* -1 if none */
+LOOM_API int32_t loom_tokenizer_bos(const loom_tokenizer *t);  /* -1 if none */
+LOOM_API int32_t loom_tokenizer_eos(const loom_tokenizer *t);  /* -1 if none */
 /* The end-of-turn token ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", ...: the key
  * tokenizer.ggml.eot_token_id, else found by its text), -1 if none. */
 LOOM_API int32_t loom_tokenizer_eot(const loom_tokenizer *t);
