@@ -182,19 +182,22 @@ typedef struct result {
     double sub_per_tok, us_per_sub, us_per_red, host_us_per_tok;
 } result;
 
-/* One combination of llama-bench's per-run lists: -fa, -ctk, -ctv, -b, -ub, -nkvo, -mmp. */
+/* One combination of llama-bench's per-run lists: -t, -ngl, -b, -ub, -ctk, -ctv, -nkvo, -fa,
+ * -mmp. */
 typedef struct variant {
-    int fa; /* -1 auto (on), 0 off, 1 on */
-    const char *type_k, *type_v;
+    int threads, ngl;
     long n_batch, n_ubatch;
-    bool nkvo, mmap;
+    const char *type_k, *type_v; /* as given */
+    loom_type kv_k, kv_v;
+    bool nkvo;
+    int fa; /* -1 auto (on), 0 off, 1 on */
+    bool mmap;
 } variant;
 
 typedef struct config {
     const char *model, *devices;
     const char *ts; /* the -ts value as llama-bench writes it: "3.00/1.00"; "0.00" for none */
     loom_split_mode mode;
-    int threads, ngl;
     variant v;
     /* filled from the session */
     char model_type[128], backend[64];
@@ -474,8 +477,8 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
     const char *model = c->model ? c->model : "built-in";
     const char *sm = loom_split_mode_name(c->mode);
     char threads[16];
-    if (c->threads > 0)
-        snprintf(threads, sizeof threads, "%d", c->threads);
+    if (c->v.threads > 0)
+        snprintf(threads, sizeof threads, "%d", c->v.threads);
     else
         snprintf(threads, sizeof threads, "all");
     const char *kt = c->v.type_k, *vt = c->v.type_v;
@@ -507,7 +510,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                      r->us_per_red);
         printf("| %s | %s | %s | %s | %s | %s | %d | %s |%s %s | %.2f ± %.2f | %.2f | %.0f | "
                "%.1f | %.1f | %s | %s |\n",
-               c->model_type, size, params, c->backend, c->devices, threads, c->ngl, sm, tscol,
+               c->model_type, size, params, c->backend, c->devices, threads, c->v.ngl, sm, tscol,
                t->name, r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
                r->proj_pcie_us, proj, host);
     } else {
@@ -541,10 +544,10 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(5), put_str(stdout, c->devices, q);
         KEY(6), printf("%ld", c->v.n_batch);
         KEY(7), printf("%ld", c->v.n_ubatch);
-        KEY(8), printf("%d", c->threads > 0 ? c->threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
+        KEY(8), printf("%d", c->v.threads > 0 ? c->v.threads : (int)sysconf(_SC_NPROCESSORS_ONLN));
         KEY(9), put_str(stdout, kt, q);
         KEY(10), put_str(stdout, vt, q);
-        KEY(11), printf("%d", c->ngl);
+        KEY(11), printf("%d", c->v.ngl);
         KEY(12), put_str(stdout, sm, q);
         KEY(13), printf("%d", o->main_gpu);
         KEY(14), printf("%s", json ? (c->v.nkvo ? "true" : "false") : (c->v.nkvo ? "1" : "0"));
@@ -734,10 +737,10 @@ static bool parse_switches(const char *opt, const char *v, bool allow_auto, int 
     return true;
 }
 
-/* A -ctk/-ctv list ("f16,q8_0") into names[] (pointers into store, which keeps the copy);
- * every name checked; prints the error. */
+/* A -ctk/-ctv list ("f16,q8_0") into names[] (pointers into store, which keeps the copy) and
+ * types[]; prints the error. */
 static bool parse_kv_types(const char *opt, const char *v, char *store, size_t cap,
-                           const char **names, int *n) {
+                           const char **names, loom_type *types, int *n) {
     if (!v || !v[0]) {
         fprintf(stderr, "loom bench: %s needs a value\n", opt);
         return false;
@@ -746,12 +749,11 @@ static bool parse_kv_types(const char *opt, const char *v, char *store, size_t c
     *n = 0;
     char *save = NULL;
     for (char *t = strtok_r(store, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        loom_type ty;
-        if (!loom_model_cli_kv_type("bench", opt, t, &ty)) return false;
         if (*n >= MAX_LIST) {
             fprintf(stderr, "loom bench: %s '%s': more than %d values\n", opt, v, MAX_LIST);
             return false;
         }
+        if (!loom_model_cli_kv_type("bench", opt, t, &types[*n])) return false;
         names[(*n)++] = t;
     }
     return true;
@@ -778,6 +780,7 @@ int loom_cli_bench(int argc, char **argv) {
     long bl[MAX_LIST], ubl[MAX_LIST];
     int n_b = 0, n_ub = 0, n_tk = 0, n_tv = 0;
     const char *tkl[MAX_LIST], *tvl[MAX_LIST];
+    loom_type tkt[MAX_LIST], tvt[MAX_LIST];
     char tk_store[512], tv_store[512];
     double delay = 0;
     variant *vars = NULL;
@@ -889,9 +892,9 @@ int loom_cli_bench(int argc, char **argv) {
                     goto done;
                 }
         } else if (!strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k")) {
-            if (!parse_kv_types(a, v, tk_store, sizeof tk_store, tkl, &n_tk)) goto done;
+            if (!parse_kv_types(a, v, tk_store, sizeof tk_store, tkl, tkt, &n_tk)) goto done;
         } else if (!strcmp(a, "-ctv") || !strcmp(a, "--cache-type-v")) {
-            if (!parse_kv_types(a, v, tv_store, sizeof tv_store, tvl, &n_tv)) goto done;
+            if (!parse_kv_types(a, v, tv_store, sizeof tv_store, tvl, tvt, &n_tv)) goto done;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             n_b = 0;
             if (!parse_list(a, v, 1, 1 << 20, bl, &n_b)) goto done;
@@ -973,39 +976,49 @@ int loom_cli_bench(int argc, char **argv) {
     if (!n_fa) fal[n_fa++] = o.flash_attn;
     if (!n_mmp) mmpl[n_mmp++] = !o.sp.no_mmap;
     if (!n_nkvo) nkvol[n_nkvo++] = o.sp.no_kv_offload;
-    if (!n_tk) tkl[n_tk++] = o.ctk ? o.ctk : "f32";
-    if (!n_tv) tvl[n_tv++] = o.ctv ? o.ctv : "f32";
+    if (!n_tk) {
+        tkl[0] = o.ctk ? o.ctk : "f32";
+        tkt[n_tk++] = o.sp.kv_type;
+    }
+    if (!n_tv) {
+        tvl[0] = o.ctv ? o.ctv : "f32";
+        tvt[n_tv++] = o.sp.kv_type_v;
+    }
     if (!n_b) bl[n_b++] = (long)o.n_batch;
     if (!n_ub) ubl[n_ub++] = (long)o.n_ubatch;
-    /* the combinations, in llama-bench's order of its parameters */
+    /* the combinations, in llama-bench's order of its parameters (the last one varying
+     * fastest): an index in mixed radix, one digit per list */
+    const int radix[9] = {n_tl, n_gl, n_b, n_ub, n_tk, n_tv, n_nkvo, n_fa, n_mmp};
     const int max_vars = 4096;
-    int n_vars = 0;
-    if (!(vars = malloc(sizeof *vars * (size_t)max_vars))) {
+    int n_vars = 1;
+    for (int d = 0; d < 9; d++)
+        if ((n_vars *= radix[d]) > max_vars) {
+            fprintf(stderr,
+                    "loom bench: more than %d combinations of -t, -ngl, -b, -ub, -ctk, -ctv, "
+                    "-nkvo, -fa and -mmp\n",
+                    max_vars);
+            goto done;
+        }
+    if (!(vars = malloc(sizeof *vars * (size_t)n_vars))) {
         fprintf(stderr, "loom bench: out of memory\n");
         goto done;
     }
-    for (int i1 = 0; i1 < n_b; i1++)
-        for (int i2 = 0; i2 < n_ub; i2++)
-            for (int i3 = 0; i3 < n_tk; i3++)
-                for (int i4 = 0; i4 < n_tv; i4++)
-                    for (int i5 = 0; i5 < n_nkvo; i5++)
-                        for (int i6 = 0; i6 < n_fa; i6++)
-                            for (int i7 = 0; i7 < n_mmp; i7++) {
-                                if (n_vars == max_vars) {
-                                    fprintf(stderr,
-                                            "loom bench: more than %d combinations of -b, -ub, "
-                                            "-ctk, -ctv, -nkvo, -fa and -mmp\n",
-                                            n_vars);
-                                    goto done;
-                                }
-                                vars[n_vars++] = (variant){.fa = fal[i6],
-                                                           .type_k = tkl[i3],
-                                                           .type_v = tvl[i4],
-                                                           .n_batch = bl[i1],
-                                                           .n_ubatch = ubl[i2],
-                                                           .nkvo = nkvol[i5] != 0,
-                                                           .mmap = mmpl[i7] != 0};
-                            }
+    for (int k = 0; k < n_vars; k++) {
+        int i[9];
+        for (int d = 8, r = k; d >= 0; r /= radix[d], d--)
+            i[d] = r % radix[d];
+        vars[k] = (variant){.threads = (int)tl[i[0]],
+                            .ngl = (int)gl[i[1]],
+                            .n_batch = bl[i[2]],
+                            .n_ubatch = ubl[i[3]],
+                            .type_k = tkl[i[4]],
+                            .kv_k = tkt[i[4]],
+                            .type_v = tvl[i[5]],
+                            .kv_v = tvt[i[5]],
+                            .nkvo = nkvol[i[6]] != 0,
+                            .fa = fal[i[7]],
+                            .mmap = mmpl[i[8]] != 0};
+    }
     /* the tests, in llama-bench's order: pp, tg, pg; each at every depth */
     test tests[4 * MAX_LIST * MAX_LIST];
     int n_tests = 0;
@@ -1075,92 +1088,79 @@ int loom_cli_bench(int argc, char **argv) {
                      * split (its ts is llama-bench's for none, "0.00") */
                     const bool one = !cd.d && single_device(specs[si]);
                     if ((mo > 0 || xi > 0) && one) continue;
-                    for (int ti = 0; ti < n_tl; ti++)
-                        for (int gi = 0; gi < n_gl; gi++)
-                            for (int vi = 0; vi < n_vars; vi++) {
-                                const variant *va = &vars[vi];
-                                config c = {.model = models[mi],
-                                            .devices = specs[si],
-                                            .mode = mlist[mo],
-                                            .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
-                                            .threads = (int)tl[ti],
-                                            .ngl = (int)gl[gi],
-                                            .v = *va};
-                                loom_session_params sp = o.sp;
-                                loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
-                                loom_model_cli_kv_type("bench", "-ctk", va->type_k, &tk);
-                                loom_model_cli_kv_type("bench", "-ctv", va->type_v, &tv);
-                                sp.kv_type = tk;
-                                sp.kv_type_v_set = true;
-                                sp.kv_type_v = tv;
-                                sp.n_batch =
-                                    va->n_batch < va->n_ubatch ? va->n_batch : va->n_ubatch;
-                                sp.no_kv_offload = va->nkvo;
-                                sp.no_mmap = !va->mmap;
-                                sp.devices = specs[si];
-                                sp.split_mode = mlist[mo];
-                                if (tsl[xi].n) {
-                                    sp.tensor_split = tsl[xi].v;
-                                    sp.n_tensor_split = tsl[xi].n;
-                                }
-                                if (cd.d) c.devices = dist_label;
-                                sp.threads = c.threads;
-                                sp.n_gpu_layers = c.ngl;
-                                if (sp.n_ctx == 0) sp.n_ctx = need;
-                                loom_session *s = NULL;
-                                char when[32];
-                                time_t now = time(NULL);
-                                struct tm tmv;
-                                strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ",
-                                         gmtime_r(&now, &tmv));
-                                bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
-                                if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
-                                    !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
-                                    fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
-                                            c.model ? c.model : "built-in", c.devices,
-                                            loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                            c.ts ? c.ts : "", loom_last_error());
-                                    loom_session_free(s);
-                                    failed++;
-                                    continue;
-                                }
-                                if (cd.d && loom_dist_uses_rank_comm(cd.d) &&
-                                    !strstr(dist_label, " via "))
-                                    snprintf(dist_label + strlen(dist_label),
-                                             sizeof dist_label - strlen(dist_label), " via %s",
-                                             loom_dist_comm_describe(cd.d, NULL));
-                                ((loom_model *)loom_session_model(s))->no_flash_attn = va->fa == 0;
-                                c.mode = loom_session_split_mode(s);
-                                describe(&c, s, o.gguf);
-                                if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
-                                for (int k = 0; k < n_tests; k++) {
-                                    result r;
-                                    if (delay > 0 && pr.n_rows > 0) {
-                                        struct timespec ds = {
-                                            (time_t)delay,
-                                            (long)((delay - (double)(time_t)delay) * 1e9)};
-                                        nanosleep(&ds, NULL);
-                                    }
-                                    if (progress && cd.rank == 0)
-                                        fprintf(stderr, "loom bench: %s | %s | %s: %s\n",
-                                                c.model ? c.model : "built-in", c.devices,
-                                                loom_split_mode_name(c.mode), tests[k].name);
-                                    run_test(s, &tests[k], reps, &r);
-                                    if (!r.ok) {
-                                        fprintf(stderr,
-                                                "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
-                                                c.model ? c.model : "built-in", c.devices,
-                                                loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                                c.ts ? c.ts : "", tests[k].name, r.err);
-                                        /* mid-run on one rank: the others wait in a collective */
-                                        if (cd.d) loom_dist_abort(cd.d, 1);
-                                        failed++;
-                                        continue;
-                                    }
-                                    row(&pr, &c, &tests[k], &r, when);
-                                }
-                                loom_session_free(s);
+                    for (int vi = 0; vi < n_vars; vi++) {
+                        const variant *va = &vars[vi];
+                        config c = {.model = models[mi],
+                                    .devices = cd.d ? dist_label : specs[si],
+                                    .mode = mlist[mo],
+                                    .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
+                                    .v = *va};
+                        loom_session_params sp = o.sp;
+                        sp.devices = specs[si];
+                        sp.split_mode = mlist[mo];
+                        if (tsl[xi].n) {
+                            sp.tensor_split = tsl[xi].v;
+                            sp.n_tensor_split = tsl[xi].n;
+                        }
+                        sp.threads = va->threads;
+                        sp.n_gpu_layers = va->ngl;
+                        sp.n_batch = va->n_batch < va->n_ubatch ? va->n_batch : va->n_ubatch;
+                        sp.kv_type = va->kv_k;
+                        sp.kv_type_v_set = true;
+                        sp.kv_type_v = va->kv_v;
+                        sp.no_kv_offload = va->nkvo;
+                        sp.no_mmap = !va->mmap;
+                        if (sp.n_ctx == 0) sp.n_ctx = need;
+                        loom_session *s = NULL;
+                        char when[32];
+                        time_t now = time(NULL);
+                        struct tm tmv;
+                        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
+                        bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
+                        if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                            !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
+                            fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
+                                    c.model ? c.model : "built-in", c.devices,
+                                    loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
+                                    c.ts ? c.ts : "", loom_last_error());
+                            loom_session_free(s);
+                            failed++;
+                            continue;
+                        }
+                        if (cd.d && loom_dist_uses_rank_comm(cd.d) && !strstr(dist_label, " via "))
+                            snprintf(dist_label + strlen(dist_label),
+                                     sizeof dist_label - strlen(dist_label), " via %s",
+                                     loom_dist_comm_describe(cd.d, NULL));
+                        ((loom_model *)loom_session_model(s))->no_flash_attn = va->fa == 0;
+                        c.mode = loom_session_split_mode(s);
+                        describe(&c, s, o.gguf);
+                        if (cd.d) snprintf(c.backend, sizeof c.backend, "MPI");
+                        for (int k = 0; k < n_tests; k++) {
+                            result r;
+                            if (delay > 0 && pr.n_rows > 0) {
+                                struct timespec ds = {
+                                    (time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
+                                nanosleep(&ds, NULL);
                             }
+                            if (progress && cd.rank == 0)
+                                fprintf(stderr, "loom bench: %s | %s | %s: %s\n",
+                                        c.model ? c.model : "built-in", c.devices,
+                                        loom_split_mode_name(c.mode), tests[k].name);
+                            run_test(s, &tests[k], reps, &r);
+                            if (!r.ok) {
+                                fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
+                                        c.model ? c.model : "built-in", c.devices,
+                                        loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
+                                        c.ts ? c.ts : "", tests[k].name, r.err);
+                                /* mid-run on one rank: the others wait in a collective */
+                                if (cd.d) loom_dist_abort(cd.d, 1);
+                                failed++;
+                                continue;
+                            }
+                            row(&pr, &c, &tests[k], &r, when);
+                        }
+                        loom_session_free(s);
+                    }
                 }
     }
     footer(&pr);
