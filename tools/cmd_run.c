@@ -212,6 +212,16 @@ static void apply_penalties(const extra_sampling *x, const int32_t *hist, int64_
     }
 }
 
+/* The bytes a token prints as (at most cap): its piece, or with `special` a control token's
+ * text ("<|im_end|>"), as llama.cpp's -sp. */
+static size_t token_output(const loom_tokenizer *tok, int32_t id, bool special, char *buf,
+                           size_t cap) {
+    size_t n = special && loom_token_is_control(tok, id)
+                   ? (size_t)snprintf(buf, cap, "%s", loom_token_text(tok, id))
+                   : loom_token_to_piece(tok, id, buf, cap);
+    return n < cap ? n : cap;
+}
+
 /* Reverse prompts (-r): a stop text each, and its token when it is a single token (a control
  * token such as "<|im_end|>" prints as nothing, so the text alone would not see it). */
 #define RUN_MAX_RPROMPTS 16
@@ -499,11 +509,9 @@ int loom_cli_run(int argc, char **argv) {
     if (lead && ok && verbose_prompt) { /* llama-cli's listing of the prompt tokens */
         fprintf(stderr, "prompt: %zu tokens\n", n_prompt);
         for (size_t k = 0; k < n_prompt && k < cap; k++) {
-            char pc[256];
-            size_t pn = loom_token_is_control(tok, ids[k]) /* shown, as llama-cli shows them */
-                            ? (size_t)snprintf(pc, sizeof pc, "%s", loom_token_text(tok, ids[k]))
-                            : loom_token_to_piece(tok, ids[k], pc, sizeof pc);
-            fprintf(stderr, "%6d -> '%.*s'\n", ids[k], (int)(pn < sizeof pc ? pn : sizeof pc), pc);
+            char pc[256]; /* control tokens shown, as llama-cli shows them */
+            size_t pn = token_output(tok, ids[k], true, pc, sizeof pc);
+            fprintf(stderr, "%6d -> '%.*s'\n", ids[k], (int)pn, pc);
         }
     }
     if (!ok) loom_error(LOOM_ERR_INVALID_ARG, "the prompt was refused");
@@ -590,14 +598,7 @@ int loom_cli_run(int argc, char **argv) {
         if (eog && !special) break;
         if (n_hist < n_ctx) ids[n_hist++] = next;
         char piece[256];
-        size_t pn;
-        const char *ctext =
-            special && loom_token_is_control(tok, next) ? loom_token_text(tok, next) : NULL;
-        if (ctext)
-            pn = (size_t)snprintf(piece, sizeof piece, "%s", ctext);
-        else
-            pn = loom_token_to_piece(tok, next, piece, sizeof piece);
-        if (pn > sizeof piece) pn = sizeof piece;
+        size_t pn = token_output(tok, next, special, piece, sizeof piece);
         if (lead) {
             fwrite(piece, 1, pn, stdout);
             fflush(stdout);

@@ -330,20 +330,24 @@ typedef struct mem_vocab {
     loom_status st; /* of loom_tokenizer_from_gguf */
 } mem_vocab;
 
-/* A BPE vocabulary written with the gguf writer; pre NULL leaves tokenizer.ggml.pre out. */
-static mem_vocab make_bpe(const char *const *tokens, const int32_t *types, size_t n,
-                          const char *const *merges, size_t n_merges, const char *pre,
-                          int add_eos /* -1: no key */) {
-    mem_vocab v = {0};
+/* A BPE vocabulary's writer: tokens, types, merges, pre (NULL: no key), BOS and EOS ids. */
+static loom_gguf_writer *bpe_writer(const char *const *tokens, const int32_t *types, size_t n,
+                                    const char *const *merges, size_t n_merges, const char *pre,
+                                    uint32_t bos, uint32_t eos) {
     loom_gguf_writer *w = loom_gguf_writer_new();
     loom_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
     if (pre) loom_gguf_set_str(w, "tokenizer.ggml.pre", pre);
     loom_gguf_set_arr_str(w, "tokenizer.ggml.tokens", tokens, n);
     loom_gguf_set_arr(w, "tokenizer.ggml.token_type", LOOM_GGUF_INT32, types, n);
     loom_gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, n_merges);
-    loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)n - 2);
-    loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)n - 1);
-    if (add_eos >= 0) loom_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos != 0);
+    loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", bos);
+    loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", eos);
+    return w;
+}
+
+/* The tokenizer of the vocabulary w holds, written to memory and read back; frees w. */
+static mem_vocab vocab_from_writer(loom_gguf_writer *w) {
+    mem_vocab v = {0};
     size_t size;
     if (loom_gguf_write_memory(w, &v.data, &size) == LOOM_OK &&
         loom_gguf_open_memory(v.data, size, &v.g) == LOOM_OK)
@@ -352,6 +356,16 @@ static mem_vocab make_bpe(const char *const *tokens, const int32_t *types, size_
         v.st = LOOM_ERR_INTERNAL;
     loom_gguf_writer_free(w);
     return v;
+}
+
+/* A BPE vocabulary written with the gguf writer; pre NULL leaves tokenizer.ggml.pre out. */
+static mem_vocab make_bpe(const char *const *tokens, const int32_t *types, size_t n,
+                          const char *const *merges, size_t n_merges, const char *pre,
+                          int add_eos /* -1: no key */) {
+    loom_gguf_writer *w =
+        bpe_writer(tokens, types, n, merges, n_merges, pre, (uint32_t)n - 2, (uint32_t)n - 1);
+    if (add_eos >= 0) loom_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", add_eos != 0);
+    return vocab_from_writer(w);
 }
 
 static void free_vocab(mem_vocab *v) {
@@ -827,25 +841,10 @@ static mem_vocab make_eog_vocab(const char *const *extra, const int32_t *extra_t
         tokens[4 + k] = extra[k];
         types[4 + k] = extra_types[k];
     }
-    mem_vocab v = {0};
-    loom_gguf_writer *w = loom_gguf_writer_new();
-    loom_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
-    loom_gguf_set_str(w, "tokenizer.ggml.pre", "gpt-2");
-    loom_gguf_set_arr_str(w, "tokenizer.ggml.tokens", tokens, 4 + n_extra);
-    loom_gguf_set_arr(w, "tokenizer.ggml.token_type", LOOM_GGUF_INT32, types, 4 + n_extra);
     const char *merges[] = {"h i"};
-    loom_gguf_set_arr_str(w, "tokenizer.ggml.merges", merges, 1);
-    loom_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 2);
-    loom_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 3);
+    loom_gguf_writer *w = bpe_writer(tokens, types, 4 + n_extra, merges, 1, "gpt-2", 2, 3);
     if (eot >= -1) loom_gguf_set_i32(w, "tokenizer.ggml.eot_token_id", (int32_t)eot);
-    size_t size;
-    if (loom_gguf_write_memory(w, &v.data, &size) == LOOM_OK &&
-        loom_gguf_open_memory(v.data, size, &v.g) == LOOM_OK)
-        v.st = loom_tokenizer_from_gguf(v.g, &v.t);
-    else
-        v.st = LOOM_ERR_INTERNAL;
-    loom_gguf_writer_free(w);
-    return v;
+    return vocab_from_writer(w);
 }
 
 /* The tokens that end generation: EOS, the end-of-turn token (the key, else found by its
