@@ -409,8 +409,8 @@ LOOM_TEST(cli_flags, no_mmap_reads_the_weights_and_changes_no_token) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out[2], *err[2];
     for (int k = 0; k < 2; k++) {
-        char *argv[] = {"run",    "-m", (char *)loom_test_stories(), "-n",           "16",
-                        "--temp", "0",  k ? "--no-mmap" : "-t",      k ? NULL : "1", NULL};
+        char *argv[] = {"run", "-m",     (char *)loom_test_stories(), "-n", "16", "--temp", "0",
+                        k ? "--no-mmap" : "-t", k ? NULL : "1", NULL};
         int rc = loom_test_capture(loom_cli_run, argv, &out[k], &err[k]);
         LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err[k]);
     }
@@ -420,8 +420,8 @@ LOOM_TEST(cli_flags, no_mmap_reads_the_weights_and_changes_no_token) {
     const char *e0 = strchr(out[0], '\n'), *e1 = strchr(out[1], '\n');
     LOOM_REQUIRE(e0 && e1);
     LOOM_CHECK_MSG(e0 - out[0] == e1 - out[1] && !memcmp(out[0], out[1], (size_t)(e0 - out[0])),
-                   "texts differ: '%.*s' vs '%.*s'", (int)(e0 - out[0]), out[0], (int)(e1 - out[1]),
-                   out[1]);
+                   "texts differ: '%.*s' vs '%.*s'", (int)(e0 - out[0]), out[0],
+                   (int)(e1 - out[1]), out[1]);
     for (int k = 0; k < 2; k++) {
         free(out[k]);
         free(err[k]);
