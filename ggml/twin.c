@@ -1,0 +1,525 @@
+/*
+ * Twins: the loom header of every ggml tensor the bridge touches, and the translation of
+ * ggml's ops into loom's.
+ *
+ * A twin is made by loom's own op builder from the twins of the ggml tensor's sources, then
+ * checked against the ggml tensor (type, shape, strides, address): what a builder refuses,
+ * or builds differently, is an op loom cannot run as ggml means it, and the bridge says so
+ * (supports_op false, so ggml's scheduler runs it on the CPU). Twins live in a per-device
+ * table keyed by the ggml tensor's address; a record is reused while the ggml tensor and
+ * the records of its sources are unchanged (a fingerprint of every field a twin is made
+ * from, and the sources' versions), which is what makes a token's graph cheap after the
+ * first and keeps one header per tensor for loom's caches.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml/bridge.h"
+#include "loom/meta.h"
+
+#define LG_CHUNK 256
+#define LG_SCRATCH (64 * 1024)
+#define LG_MAX_DEPTH 100000
+
+struct lg_twin {
+    const struct ggml_tensor *key;
+    struct ggml_tensor seen;        /* the ggml tensor when the twin was made */
+    struct lg_twin *src[GGML_MAX_SRC];
+    uint64_t src_version[GGML_MAX_SRC];
+    struct lg_twin *view;           /* the record of seen.view_src */
+    uint64_t view_version;
+    uint64_t version; /* bumped whenever t is remade */
+    uint64_t pass;    /* the last pass that validated it */
+    uint64_t in_graph; /* the last graph_compute pass that ran it */
+    bool ok;
+    char err[256];
+    loom_tensor t;
+};
+
+struct lg_chunk {
+    struct lg_chunk *next;
+    size_t used;
+    lg_twin recs[LG_CHUNK];
+};
+
+/* ---------------------------------------------------------------- table */
+
+static size_t hash_ptr(const void *p, size_t n) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (n - 1);
+}
+
+static lg_twin *lookup(lg_device *d, const struct ggml_tensor *t) {
+    if (!d->n_slots) return NULL;
+    for (size_t i = hash_ptr(t, d->n_slots);; i = (i + 1) & (d->n_slots - 1)) {
+        lg_twin *r = d->slots[i];
+        if (!r) return NULL;
+        if (r->key == t) return r;
+    }
+}
+
+static bool grow(lg_device *d) {
+    size_t n = d->n_slots ? d->n_slots * 2 : 1024;
+    lg_twin **s = calloc(n, sizeof *s);
+    if (!s) return false;
+    for (size_t i = 0; i < d->n_slots; i++) {
+        lg_twin *r = d->slots[i];
+        if (!r) continue;
+        size_t j = hash_ptr(r->key, n);
+        while (s[j]) j = (j + 1) & (n - 1);
+        s[j] = r;
+    }
+    free(d->slots);
+    d->slots = s;
+    d->n_slots = n;
+    return true;
+}
+
+static lg_twin *insert(lg_device *d, const struct ggml_tensor *t) {
+    if ((d->n_used + 1) * 2 > d->n_slots && !grow(d)) return NULL;
+    if (!d->chunks || d->chunks->used == LG_CHUNK) {
+        struct lg_chunk *c = calloc(1, sizeof *c);
+        if (!c) return NULL;
+        c->next = d->chunks;
+        d->chunks = c;
+    }
+    lg_twin *r = &d->chunks->recs[d->chunks->used++];
+    memset(r, 0, sizeof *r);
+    r->key = t;
+    size_t i = hash_ptr(t, d->n_slots);
+    while (d->slots[i]) i = (i + 1) & (d->n_slots - 1);
+    d->slots[i] = r;
+    d->n_used++;
+    return r;
+}
+
+void lg_twin_clear(lg_device *d) {
+    if (d->n_slots) memset(d->slots, 0, d->n_slots * sizeof *d->slots);
+    d->n_used = 0;
+    for (struct lg_chunk *c = d->chunks; c; c = c->next) c->used = 0;
+    /* keep one chunk for reuse, free the rest */
+    if (d->chunks) {
+        struct lg_chunk *c = d->chunks->next;
+        d->chunks->next = NULL;
+        while (c) {
+            struct lg_chunk *n = c->next;
+            free(c);
+            c = n;
+        }
+    }
+    d->generation++;
+}
+
+void lg_twin_free_all(lg_device *d) {
+    lg_twin_clear(d);
+    free(d->chunks);
+    d->chunks = NULL;
+    free(d->slots);
+    d->slots = NULL;
+    d->n_slots = 0;
+}
+
+/* ---------------------------------------------------------------- translation */
+
+static bool to_loom_type(enum ggml_type t, loom_type *out) {
+    if ((int)t < 0 || !loom_type_traits_get((int)t)) return false;
+    *out = (loom_type)t;
+    return true;
+}
+
+static float param_f32(const struct ggml_tensor *t, int i) {
+    float f;
+    memcpy(&f, &t->op_params[i], sizeof f);
+    return f;
+}
+
+/* A leaf header with t's type, shape, strides and name (no storage). */
+static loom_tensor *leaf(loom_ctx *c, const struct ggml_tensor *t) {
+    loom_type ty;
+    if (!to_loom_type(t->type, &ty)) {
+        loom_error(LOOM_ERR_UNSUPPORTED, "'%s': ggml type %s is not a loom type", t->name,
+                   ggml_type_name(t->type));
+        return NULL;
+    }
+    loom_tensor *x = loom_new_tensor_4d(c, ty, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+    if (!x) return NULL;
+    for (int i = 0; i < 4; i++) x->nb[i] = t->nb[i];
+    loom_set_name(x, t->name);
+    return x;
+}
+
+static loom_glu_op glu_map(enum ggml_glu_op op, bool *ok) {
+    *ok = true;
+    switch (op) {
+    case GGML_GLU_OP_SWIGLU: return LOOM_GLU_SWIGLU;
+    case GGML_GLU_OP_GEGLU: return LOOM_GLU_GEGLU;
+    default: *ok = false; return LOOM_GLU_SWIGLU;
+    }
+}
+
+/* The loom node computing what t computes, built in c from s (the twins of t's sources).
+ * NULL with loom_last_error when loom has no such op or the builder refuses it. */
+static loom_tensor *build(loom_ctx *c, const struct ggml_tensor *t, loom_tensor **s) {
+    const char *op = ggml_op_desc(t);
+    for (int i = 0; i < GGML_MAX_SRC; i++) {
+        if (t->src[i] && !s[i]) {
+            loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': source %d has no loom twin", op, t->name, i);
+            return NULL;
+        }
+    }
+    loom_tensor *a = s[0], *b = s[1];
+    switch (t->op) {
+    case GGML_OP_DUP: return loom_dup(c, a);
+    case GGML_OP_CPY: return loom_cpy(c, a, b);
+    case GGML_OP_CONT: return loom_cont_4d(c, a, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+    case GGML_OP_ADD: return loom_add(c, a, b);
+    case GGML_OP_SUB: return loom_sub(c, a, b);
+    case GGML_OP_MUL: return loom_mul(c, a, b);
+    case GGML_OP_DIV: return loom_div(c, a, b);
+    case GGML_OP_ADD_ID: return loom_add_id(c, a, b, s[2]);
+    case GGML_OP_SCALE: return loom_scale_bias(c, a, param_f32(t, 0), param_f32(t, 1));
+    case GGML_OP_SQR: return loom_sqr(c, a);
+    case GGML_OP_SQRT: return loom_sqrt(c, a);
+    case GGML_OP_SUM_ROWS: return loom_sum_rows(c, a);
+    case GGML_OP_MEAN: return loom_mean(c, a);
+    case GGML_OP_ARGMAX: return loom_argmax(c, a);
+    case GGML_OP_NORM: return loom_norm(c, a, param_f32(t, 0));
+    case GGML_OP_RMS_NORM: return loom_rms_norm(c, a, param_f32(t, 0));
+    case GGML_OP_MUL_MAT: return loom_mul_mat(c, a, b);
+    case GGML_OP_MUL_MAT_ID: return loom_mul_mat_id(c, a, b, s[2]);
+    case GGML_OP_GET_ROWS: return loom_get_rows(c, a, b);
+    case GGML_OP_SET_ROWS: {
+        /* ggml: src0 the rows, src1 the ids, the destination is what the result views */
+        loom_tensor *dst = s[2];
+        if (!dst) {
+            loom_error(LOOM_ERR_UNSUPPORTED, "SET_ROWS '%s': no destination source", t->name);
+            return NULL;
+        }
+        return loom_set_rows(c, dst, a, b);
+    }
+    case GGML_OP_RESHAPE: return loom_reshape_4d(c, a, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+    case GGML_OP_VIEW: {
+        /* the offset from a's first element (both share one storage owner) */
+        size_t offs = t->view_offs - (t->src[0]->view_src ? t->src[0]->view_offs : 0);
+        return loom_view_4d(c, a, t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2],
+                            t->nb[3], offs);
+    }
+    case GGML_OP_PERMUTE:
+        return loom_permute(c, a, t->op_params[0], t->op_params[1], t->op_params[2],
+                            t->op_params[3]);
+    case GGML_OP_TRANSPOSE: return loom_transpose(c, a);
+    case GGML_OP_SOFT_MAX:
+        return loom_soft_max_ext(c, a, s[1], s[2], param_f32(t, 0), param_f32(t, 1));
+    case GGML_OP_ROPE: {
+        const int n_dims = t->op_params[1], mode = t->op_params[2];
+        const float ext_factor = param_f32(t, 7), attn_factor = param_f32(t, 8);
+        if ((mode != 0 && mode != 2) || ext_factor != 0.0f || attn_factor != 1.0f ||
+            t->op_params[15] != 0) {
+            loom_error(LOOM_ERR_UNSUPPORTED,
+                       "ROPE '%s': mode %d, ext_factor %g, attn_factor %g (loom's ROPE takes the "
+                       "normal and neox modes without YaRN terms)",
+                       t->name, mode, ext_factor, attn_factor);
+            return NULL;
+        }
+        return loom_rope_ext(c, a, b, s[2], n_dims, mode, param_f32(t, 5), param_f32(t, 6));
+    }
+    case GGML_OP_FLASH_ATTN_EXT:
+        if (t->op_params[4] != 0) {
+            loom_error(LOOM_ERR_UNSUPPORTED, "FLASH_ATTN_EXT '%s': n_kv_max %d", t->name,
+                       t->op_params[4]);
+            return NULL;
+        }
+        return loom_flash_attn_ext(c, a, b, s[2], s[3], s[4], param_f32(t, 0), param_f32(t, 1),
+                                   param_f32(t, 2));
+    case GGML_OP_CONCAT: return loom_concat(c, a, b, t->op_params[0]);
+    case GGML_OP_UNARY:
+        switch (ggml_get_unary_op(t)) {
+        case GGML_UNARY_OP_SILU: return loom_unary(c, a, LOOM_UNARY_SILU);
+        case GGML_UNARY_OP_GELU: return loom_unary(c, a, LOOM_UNARY_GELU);
+        case GGML_UNARY_OP_RELU: return loom_unary(c, a, LOOM_UNARY_RELU);
+        default: break;
+        }
+        break;
+    case GGML_OP_GLU: {
+        bool ok;
+        loom_glu_op g = glu_map(ggml_get_glu_op(t), &ok);
+        const bool swapped = t->op_params[1] != 0;
+        if (!ok) break;
+        if (b) {
+            if (swapped) break;
+            return loom_glu_split(c, a, b, g);
+        }
+        return loom_glu(c, a, g, swapped);
+    }
+    case GGML_OP_ARGSORT:
+        return loom_argsort(c, a, t->op_params[0] == GGML_SORT_ORDER_DESC ? LOOM_SORT_DESC
+                                                                          : LOOM_SORT_ASC);
+    case GGML_OP_TOP_K: return loom_top_k(c, a, (int)t->ne[0]);
+    case GGML_OP_CLAMP: return loom_clamp(c, a, param_f32(t, 0), param_f32(t, 1));
+    case GGML_OP_FILL: return loom_fill(c, a, param_f32(t, 0));
+    default: break;
+    }
+    loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': no loom op does what ggml's does", op, t->name);
+    return NULL;
+}
+
+/* x (built) matches t: type, shape and strides. */
+static bool matches(const loom_tensor *x, const struct ggml_tensor *t) {
+    if ((int)x->type != (int)t->type) {
+        loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': loom makes %s, ggml %s", ggml_op_desc(t),
+                   t->name, loom_type_name(x->type), ggml_type_name(t->type));
+        return false;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (x->ne[i] != t->ne[i] || (t->ne[i] > 1 && x->nb[i] != t->nb[i])) {
+            loom_error(LOOM_ERR_UNSUPPORTED,
+                       "%s '%s': loom's result has another shape or layout than ggml's "
+                       "(dim %d: ne %lld/%lld, nb %zu/%zu)",
+                       ggml_op_desc(t), t->name, i, (long long)x->ne[i], (long long)t->ne[i],
+                       x->nb[i], t->nb[i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------- twins */
+
+static bool same_tensor(const struct ggml_tensor *a, const struct ggml_tensor *b) {
+    return a->type == b->type && a->buffer == b->buffer && a->op == b->op &&
+           a->view_src == b->view_src && a->view_offs == b->view_offs && a->data == b->data &&
+           memcmp(a->ne, b->ne, sizeof a->ne) == 0 && memcmp(a->nb, b->nb, sizeof a->nb) == 0 &&
+           memcmp(a->op_params, b->op_params, sizeof a->op_params) == 0 &&
+           memcmp(a->src, b->src, sizeof a->src) == 0 && strcmp(a->name, b->name) == 0;
+}
+
+static bool is_view_op(enum ggml_op op) {
+    return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+
+/* Remakes r->t from t and the records of its sources. */
+static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t) {
+    memset(&r->t, 0, sizeof r->t);
+    if (!lg_buffer_is_ours(d, t->buffer)) {
+        return loom_error(LOOM_ERR_INVALID_ARG, "'%s' (%s) is not in a %s buffer", t->name,
+                          ggml_op_desc(t), d->name);
+    }
+    const lg_buffer *lb = t->buffer->context;
+    char scratch[LG_SCRATCH] __attribute__((aligned(64)));
+    loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
+    if (!c) return loom_last_status();
+    loom_tensor *x = NULL;
+    if (t->op == GGML_OP_NONE) {
+        if (t->view_src) {
+            loom_ctx_free(c);
+            return loom_error(LOOM_ERR_UNSUPPORTED, "'%s': a view without an op", t->name);
+        }
+        x = leaf(c, t);
+    } else {
+        loom_tensor *s[GGML_MAX_SRC] = {0};
+        for (int i = 0; i < GGML_MAX_SRC; i++) s[i] = r->src[i] ? &r->src[i]->t : NULL;
+        x = build(c, t, s);
+        if (x && !matches(x, t)) x = NULL;
+        /* every source the result refers to must be a twin of the table, not a helper the
+         * builder made in the scratch arena */
+        for (int i = 0; x && i < LOOM_MAX_SRC; i++) {
+            if (!x->src[i]) continue;
+            bool known = false;
+            for (int k = 0; k < GGML_MAX_SRC; k++) known |= s[k] == x->src[i];
+            if (!known) {
+                loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': loom builds it from a helper node",
+                           ggml_op_desc(t), t->name);
+                x = NULL;
+            }
+        }
+        if (x && x->view_src && (!r->view || x->view_src != &r->view->t)) {
+            loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': loom's result views another tensor",
+                       ggml_op_desc(t), t->name);
+            x = NULL;
+        }
+    }
+    if (!x) {
+        loom_status st = loom_last_status();
+        loom_ctx_free(c);
+        return st ? st : LOOM_ERR_UNSUPPORTED;
+    }
+    r->t = *x;
+    loom_ctx_free(c);
+    loom_set_name(&r->t, t->name);
+    r->t.buffer = NULL;
+    r->t.data = NULL;
+    r->t.extra = NULL;
+    r->t.flags = 0;
+    if (t->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) r->t.flags |= LOOM_TENSOR_FLAG_PARAM;
+    loom_status st;
+    if (r->t.view_src) {
+        st = loom_buffer_init_view(&r->t);
+    } else {
+        st = loom_buffer_alloc_tensor(lb->lb, &r->t, (size_t)((char *)t->data - lb->base));
+    }
+    if (st) return st;
+    if (r->t.data != t->data) {
+        return loom_error(LOOM_ERR_INTERNAL, "'%s': loom places it at %p, ggml at %p", t->name,
+                          r->t.data, t->data);
+    }
+    return LOOM_OK;
+}
+
+static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
+    lg_twin *r = lookup(d, t);
+    if (r && r->pass == d->pass) {
+        if (!r->ok) loom_error(LOOM_ERR_UNSUPPORTED, "%s", r->err);
+        return r->ok ? r : NULL;
+    }
+    if (depth > LG_MAX_DEPTH) {
+        loom_error(LOOM_ERR_UNSUPPORTED, "'%s': sources nested too deep", t->name);
+        return NULL;
+    }
+    lg_twin *src[GGML_MAX_SRC] = {0}, *view = NULL;
+    bool ok = true;
+    char err[256] = "";
+    for (int i = 0; i < GGML_MAX_SRC && ok; i++) {
+        if (t->src[i] && !(src[i] = get_rec(d, t->src[i], depth + 1))) ok = false;
+    }
+    if (ok && t->view_src && !(view = get_rec(d, t->view_src, depth + 1))) ok = false;
+    if (!ok) snprintf(err, sizeof err, "%s", loom_last_error());
+    if (!r && !(r = insert(d, t))) {
+        loom_error(LOOM_ERR_NOMEM, "'%s': no memory for its twin", t->name);
+        return NULL;
+    }
+    bool fresh = ok && r->ok && r->version && same_tensor(&r->seen, t) && r->view == view &&
+                 (!view || r->view_version == view->version);
+    for (int i = 0; fresh && i < GGML_MAX_SRC; i++) {
+        fresh = r->src[i] == src[i] && (!src[i] || r->src_version[i] == src[i]->version);
+    }
+    r->pass = d->pass;
+    if (fresh) return r;
+    r->seen = *t;
+    r->view = view;
+    r->view_version = view ? view->version : 0;
+    for (int i = 0; i < GGML_MAX_SRC; i++) {
+        r->src[i] = src[i];
+        r->src_version[i] = src[i] ? src[i]->version : 0;
+    }
+    r->version++;
+    r->ok = ok && remake(d, r, t) == LOOM_OK;
+    if (ok && !r->ok) snprintf(err, sizeof err, "%s", loom_last_error());
+    snprintf(r->err, sizeof r->err, "%s", err);
+    if (!r->ok) loom_error(LOOM_ERR_UNSUPPORTED, "%s", r->err);
+    return r->ok ? r : NULL;
+}
+
+loom_tensor *lg_twin_get(lg_device *d, const struct ggml_tensor *t) {
+    d->pass++;
+    lg_twin *r = get_rec(d, t, 0);
+    return r ? &r->t : NULL;
+}
+
+/* ---------------------------------------------------------------- supports_op */
+
+bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
+    /* views and leaves are metadata: ggml asks about them for every tensor it places (the
+     * KV cache among them), and a device that refuses them cannot hold such tensors */
+    if (op->op == GGML_OP_NONE || is_view_op(op->op)) {
+        loom_type ty;
+        return to_loom_type(op->type, &ty);
+    }
+    bool ok = false;
+    pthread_mutex_lock(&d->lock);
+    char scratch[LG_SCRATCH] __attribute__((aligned(64)));
+    loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
+    if (c) {
+        loom_tensor *s[GGML_MAX_SRC] = {0};
+        bool have = true;
+        d->pass++;
+        for (int i = 0; i < GGML_MAX_SRC && have; i++) {
+            const struct ggml_tensor *src = op->src[i];
+            if (!src) continue;
+            /* a source already in one of this device's buffers (a weight, the KV cache)
+             * brings its split state; anything else arrives as a whole copy */
+            lg_twin *r = NULL;
+            if (lg_buffer_is_ours(d, src->buffer) && src->op == GGML_OP_NONE) {
+                r = get_rec(d, src, 0);
+            }
+            s[i] = r ? &r->t : leaf(c, src);
+            have = s[i] != NULL;
+        }
+        loom_tensor *x = have ? build(c, op, s) : NULL;
+        ok = x && matches(x, op) && loom_dev_supports_op(d->dev, x);
+        loom_ctx_free(c);
+    }
+    pthread_mutex_unlock(&d->lock);
+    return ok;
+}
+
+/* ---------------------------------------------------------------- graph_compute */
+
+enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cgraph *g,
+                                  loom_graph **graph, loom_ctx **graph_ctx) {
+    const int n = ggml_graph_n_nodes(g);
+    pthread_mutex_lock(&d->lock);
+    if (!*graph || (*graph)->size < n) {
+        loom_ctx_free(*graph_ctx);
+        size_t cap = (size_t)(n < 1024 ? 1024 : n * 2);
+        *graph_ctx = loom_ctx_new((loom_ctx_params){loom_graph_overhead(cap) + 4096, NULL, true});
+        *graph = *graph_ctx ? loom_graph_new(*graph_ctx, cap) : NULL;
+        if (!*graph) {
+            pthread_mutex_unlock(&d->lock);
+            lg_log("%s: no memory for a graph of %d nodes", d->name, n);
+            return GGML_STATUS_ALLOC_FAILED;
+        }
+    }
+    loom_graph *lg = *graph;
+    loom_graph_clear(lg);
+    d->pass++;
+    const uint64_t pass = d->pass;
+    enum ggml_status ret = GGML_STATUS_SUCCESS;
+    for (int i = 0; i < n; i++) {
+        struct ggml_tensor *t = ggml_graph_node(g, i);
+        if (!(t->flags & GGML_TENSOR_FLAG_COMPUTE)) continue; /* its inputs are never filled */
+        lg_twin *r = get_rec(d, t, 0);
+        if (!r) {
+            lg_log("%s: graph node %d: %s", d->name, i, loom_last_error());
+            ret = GGML_STATUS_FAILED;
+            break;
+        }
+        r->in_graph = pass;
+        r->t.flags = (r->t.flags & LOOM_TENSOR_FLAG_PARAM) | LOOM_TENSOR_FLAG_COMPUTE |
+                     LOOM_TENSOR_FLAG_EXTERNAL;
+        if (t->flags & GGML_TENSOR_FLAG_INPUT) r->t.flags |= LOOM_TENSOR_FLAG_INPUT;
+        if (t->flags & GGML_TENSOR_FLAG_OUTPUT) r->t.flags |= LOOM_TENSOR_FLAG_OUTPUT;
+        if (loom_graph_add_node(lg, &r->t) != LOOM_OK) {
+            lg_log("%s: graph of %d nodes: %s", d->name, n, loom_last_error());
+            ret = GGML_STATUS_FAILED;
+            break;
+        }
+    }
+    /* a node another node of this graph reads is not read outside it (as far as ggml's
+     * scheduler lets us know: what it reads later it reads back through get_tensor, which
+     * sees the true state), so its reduction may be delayed */
+    for (int i = 0; ret == GGML_STATUS_SUCCESS && i < lg->n_nodes; i++) {
+        loom_tensor *x = lg->nodes[i];
+        for (int k = 0; k < LOOM_MAX_SRC; k++) {
+            loom_tensor *s = x->src[k];
+            if (!s) continue;
+            const lg_twin *rs = (const lg_twin *)((const char *)s - offsetof(lg_twin, t));
+            if (rs->in_graph == pass && !(s->flags & LOOM_TENSOR_FLAG_OUTPUT))
+                s->flags &= ~LOOM_TENSOR_FLAG_EXTERNAL;
+        }
+    }
+    if (ret == GGML_STATUS_SUCCESS && lg->n_nodes > 0) {
+        loom_status st = loom_backend_graph_compute(b, lg);
+        if (st != LOOM_OK) {
+            lg_log("%s: graph_compute (%d nodes): %s", d->name, lg->n_nodes, loom_last_error());
+            ret = GGML_STATUS_FAILED;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return ret;
+}
