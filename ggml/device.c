@@ -147,6 +147,16 @@ static const char *be_name(ggml_backend_t backend) {
 
 static void be_free(ggml_backend_t backend) {
     lg_backend *b = backend->context;
+    const char *st = getenv("LOOM_GGML_STATS");
+    if (st && *st && strcmp(st, "0") != 0 && loom_backend_is_meta(b->lb)) {
+        loom_meta_stats ms;
+        loom_meta_backend_get_stats(b->lb, &ms);
+        lg_log("%s stats: %llu graphs, %llu plans built, %llu subgraphs, %llu allreduces "
+               "(%llu bytes, %llu delayed)",
+               b->d->name, (unsigned long long)ms.graphs, (unsigned long long)ms.plans_built,
+               (unsigned long long)ms.subgraphs, (unsigned long long)ms.reductions,
+               (unsigned long long)ms.bytes_reduced, (unsigned long long)ms.delayed);
+    }
     loom_backend_free(b->lb);
     loom_ctx_free(b->graph_ctx);
     free(b);
@@ -359,7 +369,13 @@ static void reg_init(void) {
         loom_rules_free(r);
         snprintf(g.rules_path, sizeof g.rules_path, "%s", rules);
     }
+    /* a module that cannot load here (the CUDA one without a driver) is not news to an
+     * engine's user: loom's warnings are shown when LOOM_LOG_LEVEL asks for them */
+    const char *lvl = getenv("LOOM_LOG_LEVEL");
+    const loom_log_level was = loom_log_get_level();
+    if (!lvl || !*lvl) loom_log_set_level(LOOM_LOG_ERROR);
     loom_registry_load_all();
+    loom_log_set_level(was);
     const char *m = getenv("LOOM_GGML_MEMBERS");
     const bool members = m && *m && strcmp(m, "0") != 0;
     const char *env = getenv("LOOM_GGML_DEVICES");

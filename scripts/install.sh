@@ -9,6 +9,8 @@
 #                                       found relative to libloom; LOOM_BACKEND_PATH adds more)
 #   DIR/lib/pkgconfig/loom.pc           pkg-config (prefix computed from its own location)
 #   DIR/bin/loom                        the tool (finds libloom through $ORIGIN/../lib)
+#   DIR/lib/libggml-loom.so             loom as a ggml backend, only where pkg-config finds
+#                                       ggml 0.27 (docs/ggml.md); its sources in DIR/src/ggml
 #
 # Usage: scripts/install.sh --prefix DIR [--no-build] [-- BAZEL_BUILD_FLAGS...]
 # Nothing in the tree refers to the build directory: DIR can be moved afterwards.
@@ -98,4 +100,18 @@ Cflags: -I\${includedir}
 Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lloom
 Libs.private:$private
 PC
+# loom as a ggml backend (ggml/README.md), where ggml's development files are found
+if command -v pkg-config >/dev/null && pkg-config --exists ggml; then
+    mkdir -p "$prefix/src"
+    rm -rf "$prefix/src/ggml"
+    cp -r ggml "$prefix/src/ggml"
+    if bash ggml/build.sh "$prefix"; then
+        echo "installed $prefix/lib/libggml-loom.so (GGML_BACKEND_PATH)"
+    else
+        echo "install.sh: libggml-loom.so not built (see above)" >&2
+    fi
+else
+    echo "install.sh: pkg-config finds no ggml: libggml-loom.so not built" \
+        "(scripts/ggml-sandbox.sh builds it in a Debian testing root)" >&2
+fi
 echo "installed loom $version into $prefix"
