@@ -36,6 +36,7 @@ typedef struct lg_device {
     char desc[256];  /* "loom meta over SIM0,SIM1 (sim:2)" */
     loom_dev_t dev;  /* the loom device: a meta device, or one member */
     bool owns_meta;  /* dev is a meta device this bridge made */
+    bool debug;      /* LOOM_GGML_DEBUG: say why each op is refused */
     loom_buft_t lbuft;
     struct ggml_backend_device gdev;
     struct ggml_backend_buffer_type gbuft;
@@ -47,6 +48,7 @@ typedef struct lg_device {
     struct lg_chunk *chunks;
     uint64_t generation; /* bumped when the table is cleared */
     uint64_t pass;       /* bumped per lookup or graph: a twin is validated once per pass */
+    bool probing;        /* inside supports_op */
 } lg_device;
 
 /* A bridge buffer: one loom buffer; ggml's addresses are loom's (same base). */

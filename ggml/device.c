@@ -10,6 +10,7 @@
  *   LOOM_GGML_MEMBERS=1    also every member as its own device LOOMk.j
  *   LOOM_GGML_SPLIT_RULES  a split-rules file (the format of `loom run --split-rules`) put in
  *                          front of the model's built-in table
+ *   LOOM_GGML_DEBUG=1      say why supports_op refuses each op it refuses
  *   LOOM_GGML_MODEL        the GGUF file whose architecture and heads the split tables need;
  *                          by default the engine's own -m/--model argument
  */
@@ -267,6 +268,8 @@ static void device_init(lg_device *d, loom_dev_t ldev, bool owns_meta, const cha
     snprintf(d->desc, sizeof d->desc, "%s", desc);
     d->dev = ldev;
     d->owns_meta = owns_meta;
+    const char *dbg = getenv("LOOM_GGML_DEBUG");
+    d->debug = dbg && *dbg && strcmp(dbg, "0") != 0;
     d->lbuft = loom_dev_buffer_type(ldev);
     pthread_mutex_init(&d->lock, NULL);
     d->gdev = (struct ggml_backend_device){.iface = lg_device_iface, .reg = &g.reg, .context = d};

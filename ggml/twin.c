@@ -34,6 +34,7 @@ struct lg_twin {
     uint64_t pass;    /* the last pass that validated it */
     uint64_t in_graph; /* the last graph_compute pass that ran it */
     bool ok;
+    bool probed; /* made for supports_op: tensors placed elsewhere are whole copies */
     char err[256];
     loom_tensor t;
 };
@@ -306,11 +307,26 @@ static bool is_view_op(enum ggml_op op) {
 /* Remakes r->t from t and the records of its sources. */
 static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t) {
     memset(&r->t, 0, sizeof r->t);
-    if (!lg_buffer_is_ours(d, t->buffer)) {
+    /* an unallocated tensor (ggml's scheduler asking supports_op before it allocates) gets a
+     * twin without storage: enough for loom to derive its split state */
+    const bool unallocated = !t->buffer && !(t->view_src && t->view_src->buffer);
+    if (d->probing && !unallocated && !lg_buffer_is_ours(d, t->buffer)) {
+        /* placed elsewhere (a CPU input, the token embeddings): it reaches this device as a
+         * whole copy, whatever made it */
+        loom_ctx *c = loom_ctx_new((loom_ctx_params){4096, NULL, true});
+        loom_tensor *x = c ? leaf(c, t) : NULL;
+        if (x) r->t = *x;
+        loom_ctx_free(c);
+        if (!x) return loom_last_status();
+        r->t.buffer = NULL;
+        r->t.data = NULL;
+        return LOOM_OK;
+    }
+    if (!unallocated && !lg_buffer_is_ours(d, t->buffer)) {
         return loom_error(LOOM_ERR_INVALID_ARG, "'%s' (%s) is not in a %s buffer", t->name,
                           ggml_op_desc(t), d->name);
     }
-    const lg_buffer *lb = t->buffer->context;
+    const lg_buffer *lb = unallocated ? NULL : t->buffer->context;
     char scratch[LG_SCRATCH] __attribute__((aligned(64)));
     loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
     if (!c) return loom_last_status();
@@ -356,7 +372,9 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
     r->t.data = NULL;
     r->t.extra = NULL;
     r->t.flags = 0;
-    if (t->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) r->t.flags |= LOOM_TENSOR_FLAG_PARAM;
+    if (t->buffer && t->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        r->t.flags |= LOOM_TENSOR_FLAG_PARAM;
+    if (unallocated) return LOOM_OK;
     loom_status st;
     if (r->t.view_src) {
         st = loom_buffer_init_view(&r->t);
@@ -393,7 +411,8 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
         loom_error(LOOM_ERR_NOMEM, "'%s': no memory for its twin", t->name);
         return NULL;
     }
-    bool fresh = ok && r->ok && r->version && same_tensor(&r->seen, t) && r->view == view &&
+    bool fresh = ok && r->ok && r->version && r->probed == d->probing && same_tensor(&r->seen, t) &&
+                 r->view == view &&
                  (!view || r->view_version == view->version);
     for (int i = 0; fresh && i < GGML_MAX_SRC; i++) {
         fresh = r->src[i] == src[i] && (!src[i] || r->src_version[i] == src[i]->version);
@@ -401,6 +420,7 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
     r->pass = d->pass;
     if (fresh) return r;
     r->seen = *t;
+    r->probed = d->probing;
     r->view = view;
     r->view_version = view ? view->version : 0;
     for (int i = 0; i < GGML_MAX_SRC; i++) {
@@ -428,7 +448,15 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
      * KV cache among them), and a device that refuses them cannot hold such tensors */
     if (op->op == GGML_OP_NONE || is_view_op(op->op)) {
         loom_type ty;
-        return to_loom_type(op->type, &ty);
+        const struct ggml_tensor *owner = op->view_src ? op->view_src : op;
+        /* (a zero-size buffer of our type, ggml's probe of a weight, counts as ours) */
+        if (!to_loom_type(op->type, &ty) || (owner->buffer && owner->buffer->buft != &d->gbuft))
+            return false;
+        /* a view of a result this device will not compute stays with that result: ggml's
+         * scheduler would otherwise hand this device a view of another backend's memory */
+        const struct ggml_tensor *a = op->src[0];
+        while (a && !a->buffer && is_view_op(a->op)) a = a->src[0];
+        return !a || a->buffer || a->op == GGML_OP_NONE || lg_supports_op(d, a);
     }
     bool ok = false;
     pthread_mutex_lock(&d->lock);
@@ -438,20 +466,33 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         loom_tensor *s[GGML_MAX_SRC] = {0};
         bool have = true;
         d->pass++;
+        d->probing = true;
         for (int i = 0; i < GGML_MAX_SRC && have; i++) {
             const struct ggml_tensor *src = op->src[i];
             if (!src) continue;
             /* a source already in one of this device's buffers (a weight, the KV cache)
              * brings its split state; anything else arrives as a whole copy */
             lg_twin *r = NULL;
-            if (lg_buffer_is_ours(d, src->buffer) && src->op == GGML_OP_NONE) {
-                r = get_rec(d, src, 0);
+            const struct ggml_tensor *owner = src->view_src ? src->view_src : src;
+            if (lg_buffer_is_ours(d, owner->buffer) || !owner->buffer) r = get_rec(d, src, 0);
+            else if (owner->buffer->buft == &d->gbuft && src->op == GGML_OP_NONE) {
+                /* a weight in ggml's zero-size probe buffer: its state by its name */
+                s[i] = leaf(c, src);
+                have = s[i] != NULL;
+                continue;
             }
+            /* what loom cannot build (it will run elsewhere) arrives as a whole copy */
             s[i] = r ? &r->t : leaf(c, src);
             have = s[i] != NULL;
         }
+        d->probing = false;
         loom_tensor *x = have ? build(c, op, s) : NULL;
         ok = x && matches(x, op) && loom_dev_supports_op(d->dev, x);
+        if (!ok && d->debug) {
+            lg_log("%s refuses %s '%s': %s", d->name, ggml_op_desc(op), op->name,
+                   x ? (loom_last_error()[0] ? loom_last_error() : "the device refuses it")
+                     : loom_last_error());
+        }
         loom_ctx_free(c);
     }
     pthread_mutex_unlock(&d->lock);
@@ -485,7 +526,8 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
         if (!(t->flags & GGML_TENSOR_FLAG_COMPUTE)) continue; /* its inputs are never filled */
         lg_twin *r = get_rec(d, t, 0);
         if (!r) {
-            lg_log("%s: graph node %d: %s", d->name, i, loom_last_error());
+            lg_log("%s: graph node %d (%s '%s'): %s", d->name, i, ggml_op_desc(t), t->name,
+                   loom_last_error());
             ret = GGML_STATUS_FAILED;
             break;
         }
