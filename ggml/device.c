@@ -124,6 +124,7 @@ loom_status lg_leaf_state(const loom_tensor *t, loom_split_state *out, void *use
         lg_log("%s: %s; '%s' is kept whole on every member", d->name, loom_last_error(), t->name);
         loom_split_state_init(out, LOOM_SPLIT_MIRRORED, n);
     }
+    if (d->debug) lg_log("%s: '%s' split state axis %d", d->name, t->name, (int)out->axis);
     return LOOM_OK;
 }
 

@@ -309,8 +309,9 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
     memset(&r->t, 0, sizeof r->t);
     /* an unallocated tensor (ggml's scheduler asking supports_op before it allocates) gets a
      * twin without storage: enough for loom to derive its split state */
-    const bool unallocated = !t->buffer && !(t->view_src && t->view_src->buffer);
-    if (d->probing && !unallocated && !lg_buffer_is_ours(d, t->buffer)) {
+    const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
+    const bool unallocated = !owner->buffer;
+    if (d->probing && !unallocated && !lg_buffer_is_ours(d, owner->buffer)) {
         /* placed elsewhere (a CPU input, the token embeddings): it reaches this device as a
          * whole copy, whatever made it */
         loom_ctx *c = loom_ctx_new((loom_ctx_params){4096, NULL, true});
@@ -322,11 +323,11 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
         r->t.data = NULL;
         return LOOM_OK;
     }
-    if (!unallocated && !lg_buffer_is_ours(d, t->buffer)) {
+    if (!unallocated && !lg_buffer_is_ours(d, owner->buffer)) {
         return loom_error(LOOM_ERR_INVALID_ARG, "'%s' (%s) is not in a %s buffer", t->name,
                           ggml_op_desc(t), d->name);
     }
-    const lg_buffer *lb = unallocated ? NULL : t->buffer->context;
+    const lg_buffer *lb = unallocated ? NULL : owner->buffer->context;
     char scratch[LG_SCRATCH] __attribute__((aligned(64)));
     loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
     if (!c) return loom_last_status();
@@ -372,7 +373,7 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
     r->t.data = NULL;
     r->t.extra = NULL;
     r->t.flags = 0;
-    if (t->buffer && t->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    if (owner->buffer && owner->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         r->t.flags |= LOOM_TENSOR_FLAG_PARAM;
     if (unallocated) return LOOM_OK;
     loom_status st;
@@ -443,6 +444,18 @@ loom_tensor *lg_twin_get(lg_device *d, const struct ggml_tensor *t) {
 
 /* ---------------------------------------------------------------- supports_op */
 
+/* Whether the device accepts op over the sources s (twins) after loom's builder made it. */
+static bool accepts(lg_device *d, loom_ctx *c, const struct ggml_tensor *op, loom_tensor **s) {
+    loom_tensor *x = build(c, op, s);
+    bool ok = x && matches(x, op) && loom_dev_supports_op(d->dev, x);
+    if (!ok && d->debug) {
+        lg_log("%s refuses %s '%s': %s", d->name, ggml_op_desc(op), op->name,
+               x ? (loom_last_error()[0] ? loom_last_error() : "the device refuses it")
+                 : loom_last_error());
+    }
+    return ok;
+}
+
 bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
     /* views and leaves are metadata: ggml asks about them for every tensor it places (the
      * KV cache among them), and a device that refuses them cannot hold such tensors */
@@ -458,41 +471,39 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         while (a && !a->buffer && is_view_op(a->op)) a = a->src[0];
         return !a || a->buffer || a->op == GGML_OP_NONE || lg_supports_op(d, a);
     }
+    /* ggml's scheduler asks before it knows where each source will be computed. A source
+     * computed here has the split state its op chain derives; one computed elsewhere
+     * arrives as a whole copy. The op is accepted only if loom runs it either way, so the
+     * graph the scheduler hands over always runs. */
     bool ok = false;
     pthread_mutex_lock(&d->lock);
     char scratch[LG_SCRATCH] __attribute__((aligned(64)));
     loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
     if (c) {
-        loom_tensor *s[GGML_MAX_SRC] = {0};
-        bool have = true;
+        loom_tensor *derived[GGML_MAX_SRC] = {0}, *whole[GGML_MAX_SRC] = {0};
+        bool have = true, any_computed = false;
         d->pass++;
         d->probing = true;
         for (int i = 0; i < GGML_MAX_SRC && have; i++) {
             const struct ggml_tensor *src = op->src[i];
             if (!src) continue;
-            /* a source already in one of this device's buffers (a weight, the KV cache)
-             * brings its split state; anything else arrives as a whole copy */
-            lg_twin *r = NULL;
             const struct ggml_tensor *owner = src->view_src ? src->view_src : src;
+            lg_twin *r = NULL;
             if (lg_buffer_is_ours(d, owner->buffer) || !owner->buffer) r = get_rec(d, src, 0);
-            else if (owner->buffer->buft == &d->gbuft && src->op == GGML_OP_NONE) {
-                /* a weight in ggml's zero-size probe buffer: its state by its name */
-                s[i] = leaf(c, src);
-                have = s[i] != NULL;
-                continue;
-            }
-            /* what loom cannot build (it will run elsewhere) arrives as a whole copy */
-            s[i] = r ? &r->t : leaf(c, src);
-            have = s[i] != NULL;
+            whole[i] = leaf(c, src);
+            /* a weight in ggml's zero-size probe buffer: its state by its name */
+            if (owner->buffer && owner->buffer->buft == &d->gbuft && !owner->buffer->context &&
+                whole[i])
+                whole[i]->buffer = NULL;
+            /* placed in our memory already (weights, cache, a view of them): no choice */
+            const bool placed = owner->buffer != NULL;
+            derived[i] = r ? &r->t : whole[i];
+            if (placed && r) whole[i] = derived[i];
+            if (!placed && r && src->op != GGML_OP_NONE) any_computed = true;
+            have = whole[i] && derived[i];
         }
         d->probing = false;
-        loom_tensor *x = have ? build(c, op, s) : NULL;
-        ok = x && matches(x, op) && loom_dev_supports_op(d->dev, x);
-        if (!ok && d->debug) {
-            lg_log("%s refuses %s '%s': %s", d->name, ggml_op_desc(op), op->name,
-                   x ? (loom_last_error()[0] ? loom_last_error() : "the device refuses it")
-                     : loom_last_error());
-        }
+        ok = have && accepts(d, c, op, derived) && (!any_computed || accepts(d, c, op, whole));
         loom_ctx_free(c);
     }
     pthread_mutex_unlock(&d->lock);
@@ -524,6 +535,12 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *t = ggml_graph_node(g, i);
         if (!(t->flags & GGML_TENSOR_FLAG_COMPUTE)) continue; /* its inputs are never filled */
+        /* a view computes nothing: one of another backend's memory (ggml's scheduler puts
+         * such views in any split) is that backend's business, and whoever reads it here
+         * gets a copy */
+        const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
+        if ((is_view_op(t->op) || t->op == GGML_OP_NONE) && !lg_buffer_is_ours(d, owner->buffer))
+            continue;
         lg_twin *r = get_rec(d, t, 0);
         if (!r) {
             lg_log("%s: graph node %d (%s '%s'): %s", d->name, i, ggml_op_desc(t), t->name,
