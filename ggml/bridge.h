@@ -37,6 +37,7 @@ typedef struct lg_device {
     loom_dev_t dev;  /* the loom device: a meta device, or one member */
     bool owns_meta;  /* dev is a meta device this bridge made */
     bool debug;      /* LOOM_GGML_DEBUG: say why each op is refused */
+    bool wrapped;    /* ggml's meta device slices the weights it hands over (-sm tensor) */
     loom_buft_t lbuft;
     struct ggml_backend_device gdev;
     struct ggml_backend_buffer_type gbuft;
@@ -81,6 +82,9 @@ bool lg_buffer_is_ours(const lg_device *d, const struct ggml_backend_buffer *buf
 /* The split-state callback of every meta device of the bridge (rules of the model found
  * through LOOM_GGML_MODEL or the engine's -m argument, LOOM_GGML_SPLIT_RULES in front). */
 loom_status lg_leaf_state(const loom_tensor *t, loom_split_state *out, void *user_data);
+/* Whether weight t arrives in another shape than the model file's: ggml's own tensor split
+ * wraps the device (d->wrapped is set, and said once). Only for meta devices. */
+bool lg_weight_sliced(lg_device *d, const struct ggml_tensor *t);
 /* Prints "loom-ggml: ..." on stderr. */
 void lg_log(const char *fmt, ...) LOOM_PRINTF(1, 2);
 

@@ -137,6 +137,7 @@ static size_t buft_max_size(ggml_backend_buffer_type_t buft) {
 static size_t buft_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t) {
     lg_device *d = buft->context;
     if (!loom_type_traits_get((int)t->type)) return ggml_nbytes(t);
+    if (d->owns_meta && (d->wrapped || lg_weight_sliced(d, t))) return ggml_nbytes(t);
     loom_tensor x;
     memset(&x, 0, sizeof x);
     x.type = (loom_type)t->type;

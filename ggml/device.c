@@ -42,6 +42,7 @@ static struct {
     bool split_tried;
     loom_rules *rules;
     loom_hparams hp;
+    loom_gguf *model; /* its header: the shapes weights must arrive in */
     char rules_path[4096];
 } g = {.once = PTHREAD_ONCE_INIT, .split_lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -92,7 +93,8 @@ static void split_tables_load(void) {
     loom_gguf *f = NULL;
     loom_status st = loom_gguf_open_header(path, &f);
     if (!st) st = loom_hparams_from_gguf(f, &g.hp);
-    loom_gguf_free(f);
+    if (!st) g.model = f;
+    else loom_gguf_free(f);
     if (!st) st = loom_rules_builtin(g.hp.arch, g.hp.n_expert > 0, &g.rules);
     if (!st && g.rules_path[0]) {
         loom_rules *user = NULL;
@@ -108,15 +110,43 @@ static void split_tables_load(void) {
     }
 }
 
-loom_status lg_leaf_state(const loom_tensor *t, loom_split_state *out, void *user_data) {
-    lg_device *d = user_data;
-    if (!t->name[0]) return LOOM_OK;
+static void split_tables_once(void) {
     pthread_mutex_lock(&g.split_lock);
     if (!g.split_tried) {
         g.split_tried = true;
         split_tables_load();
     }
     pthread_mutex_unlock(&g.split_lock);
+}
+
+bool lg_weight_sliced(lg_device *d, const struct ggml_tensor *t) {
+    split_tables_once();
+    if (!g.model || !t->name[0]) return false;
+    const int64_t i = loom_gguf_find_tensor(g.model, t->name);
+    if (i < 0) return false;
+    int64_t ne[LOOM_MAX_DIMS];
+    loom_gguf_tensor_ne(g.model, i, ne);
+    for (int k = 0; k < LOOM_MAX_DIMS; k++) {
+        if (ne[k] != t->ne[k]) {
+            if (!d->wrapped) {
+                lg_log("%s receives '%s' with %lld x %lld where the model file holds %lld x %lld: "
+                       "ggml's own tensor split (-sm tensor) is wrapping %s, which splits "
+                       "already. %s refuses every op (all runs on the CPU): use -dev %s with "
+                       "-sm layer or none, or -sm tensor over its members (LOOM_GGML_MEMBERS=1)",
+                       d->name, t->name, (long long)t->ne[0], (long long)t->ne[1],
+                       (long long)ne[0], (long long)ne[1], d->name, d->name, d->name);
+            }
+            d->wrapped = true;
+            return true;
+        }
+    }
+    return false;
+}
+
+loom_status lg_leaf_state(const loom_tensor *t, loom_split_state *out, void *user_data) {
+    lg_device *d = user_data;
+    if (!t->name[0]) return LOOM_OK;
+    split_tables_once();
     if (!g.rules || !loom_rules_match(g.rules, t->name)) return LOOM_OK;
     const int n = loom_meta_n_devices(d->dev);
     loom_status st = loom_rules_split_state(g.rules, &g.hp, t, n, out, NULL);

@@ -457,6 +457,13 @@ static bool accepts(lg_device *d, loom_ctx *c, const struct ggml_tensor *op, loo
 }
 
 bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
+    if (d->wrapped) return false;
+    for (int i = 0; d->owns_meta && i < GGML_MAX_SRC; i++) {
+        const struct ggml_tensor *s = op->src[i];
+        if (s && s->op == GGML_OP_NONE && s->buffer && s->buffer->buft == &d->gbuft &&
+            lg_weight_sliced(d, s))
+            return false;
+    }
     /* views and leaves are metadata: ggml asks about them for every tensor it places (the
      * KV cache among them), and a device that refuses them cannot hold such tensors */
     if (op->op == GGML_OP_NONE || is_view_op(op->op)) {
@@ -541,6 +548,7 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
         const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
         if ((is_view_op(t->op) || t->op == GGML_OP_NONE) && !lg_buffer_is_ours(d, owner->buffer))
             continue;
+        if (ggml_nelements(t) == 0) continue; /* an empty batch: nothing to compute */
         lg_twin *r = get_rec(d, t, 0);
         if (!r) {
             lg_log("%s: graph node %d (%s '%s'): %s", d->name, i, ggml_op_desc(t), t->name,
