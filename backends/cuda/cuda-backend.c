@@ -559,7 +559,7 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     if (s == LOOM_OK)
         s = LOOM_CUBLAS_CHECK(w, cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_size));
     if (s == LOOM_OK) {
-        cb->gcache = loom__cuda_gcache_new();
+        cb->gcache = loom__cuda_gcache_new(loom__cuda_graph_exec_release, cb->name);
         if (!cb->gcache)
             s = loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a graph cache", w);
     }

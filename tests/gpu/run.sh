@@ -459,6 +459,7 @@ used=$(($(now) - t_start))
     echo "figures:"
     grep -h '^FIGURE ' "$work"/cases/*.log 2>/dev/null | sed 's/^FIGURE /  /'
     grep -h 'max |diff|' "$work"/cases/cuda.model_synth_file_vs_cpu.*.log 2>/dev/null | sed 's/^/  logits: /'
+    grep -h 'CUDA graphs:' "$work"/cases/loom.bench.*.log 2>/dev/null | sed 's/^loom bench: /  /'
     echo
     echo "speed (loom bench; speed.md):"
     cat "$speed"
