@@ -676,8 +676,14 @@ static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, loom__cuda
         e->no_capture = true;
         return false;
     }
-    if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(
-                                      cb->stream, cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
+    /* begun and ended under the device's lock, with cb->capturing: loom__cuda_dev_order
+     * (another host thread's buffer call) never records into this capture */
+    pthread_mutex_lock(&cb->cd->mu);
+    loom_status bs = LOOM_CUDA_CHECK(
+        cb->name, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
+    cb->capturing = bs == LOOM_OK;
+    pthread_mutex_unlock(&cb->cd->mu);
+    if (bs != LOOM_OK) {
         LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());
         return false;
     }
@@ -685,7 +691,10 @@ static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, loom__cuda
     char why[512] = "";
     if (rs != LOOM_OK) snprintf(why, sizeof why, "%s", loom_last_error());
     cudaGraph_t graph = NULL;
+    pthread_mutex_lock(&cb->cd->mu);
     loom_status es = LOOM_CUDA_CHECK(cb->name, cudaStreamEndCapture(cb->stream, &graph));
+    cb->capturing = false;
+    pthread_mutex_unlock(&cb->cd->mu);
     if (es != LOOM_OK && !why[0]) snprintf(why, sizeof why, "%s", loom_last_error());
     cudaGraphExec_t exec = NULL;
     if (rs == LOOM_OK && es == LOOM_OK &&

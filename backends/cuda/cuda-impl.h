@@ -114,6 +114,7 @@ struct loom__cuda_backend {
     int stage_next;
     bool stage_failed; /* could not allocate: copy directly (effectively synchronous) */
     bool graphs_enabled;
+    bool capturing; /* its stream is being captured; set and read under cd->mu */
     loom__cuda_gcache *gcache;
     loom_cuda_backend_stats stats;
 };

@@ -9,7 +9,9 @@
 #     test case (run or skipped), synthesises the model and benchmarks it on the CPU, and
 #     nothing fails, times out or is cut by the budget;
 #   - the budget rules (RUNNER_SELFTEST, BUDGET=60): a case whose limit fits runs, one past
-#     its limit is TIMEOUT and fails the run, one whose limit cannot fit is NOTRUN.
+#     its limit is TIMEOUT and fails the run, one whose limit cannot fit is NOTRUN;
+#   - dist_nccl.sh with stand-ins for mpirun and loom: the image's mpirun runs with the
+#     image's library path, never the bundle's Open MPI; only loom gets the bundle's.
 # The window's budget is the real one (540 s), not a figure tuned to this machine, so a
 # loaded machine does not fail it; the dry run itself takes about 20 s once the opt build
 # is cached (CI's first step builds it).
@@ -89,5 +91,28 @@ grep -Eq '^PASS +selftest\.fits ' "$s2" || fail "selftest.fits did not pass: $(c
 grep -Eq '^TIMEOUT +selftest\.past-its-limit ' "$s2" || fail "no TIMEOUT for a case past its limit"
 grep -Eq '^NOTRUN +selftest\.does-not-fit ' "$s2" || fail "no NOTRUN for a case that cannot fit"
 [ "$rc2" -eq 1 ] || fail "a TIMEOUT must fail the run (exit $rc2)"
+
+# ---------------------------------------------------------------- mpirun not shadowed
+# dist_nccl.sh with stand-ins for mpirun and loom: mpirun must see the image's library path
+# (LOOM_IMAGE_LD_LIBRARY_PATH, as run.sh exports it), the loom it starts the bundle's.
+fake="$work/fake"
+mkdir -p "$fake/bin"
+cat >"$fake/bin/mpirun" <<'SH'
+#!/usr/bin/env bash
+echo "${LD_LIBRARY_PATH-}" >"$FAKE_REC/mpirun.env"
+while [ $# -gt 0 ] && [ "$1" != env ]; do shift; done
+exec "$@"
+SH
+cat >"$fake/loom" <<'SH'
+#!/usr/bin/env bash
+echo "${LD_LIBRARY_PATH-}" >>"$FAKE_REC/loom.env"
+SH
+chmod +x "$fake/bin/mpirun" "$fake/loom"
+PATH="$fake/bin:$PATH" FAKE_REC="$fake" LOOM_IMAGE_LD_LIBRARY_PATH=/image/lib \
+    LD_LIBRARY_PATH=/bundle/lib bash "$work/.gpu/dist_nccl.sh" "$fake/loom" /none >/dev/null 2>&1
+[ "$(cat "$fake/mpirun.env" 2>/dev/null)" = /image/lib ] ||
+    fail "dist_nccl.sh runs mpirun with LD_LIBRARY_PATH '$(cat "$fake/mpirun.env" 2>/dev/null)', not the image's"
+[ "$(sort -u "$fake/loom.env" 2>/dev/null)" = /bundle/lib ] ||
+    fail "dist_nccl.sh runs loom with LD_LIBRARY_PATH '$(sort -u "$fake/loom.env" 2>/dev/null)', not the bundle's"
 
 echo "gpu bundle dry run: ok ($n_cases test cases, window ${took}s of 540s, self-test ${took2}s of 60s, bundle $((kib / 1024)) MiB)"
