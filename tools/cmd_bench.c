@@ -647,7 +647,8 @@ static void report_cuda_graphs(loom_session *s, const config *c) {
         }
     }
     if (any)
-        fprintf(stderr, "loom bench: %s | %s: CUDA graphs: %llu computes, %llu captured, %llu replayed\n",
+        fprintf(stderr,
+                "loom bench: %s | %s: CUDA graphs: %llu computes, %llu captured, %llu replayed\n",
                 c->model ? c->model : "built-in", c->devices, (unsigned long long)sum.graphs,
                 (unsigned long long)sum.graph_captures, (unsigned long long)sum.graph_launches);
 }

@@ -679,8 +679,8 @@ static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, loom__cuda
     /* begun and ended under the device's lock, with cb->capturing: loom__cuda_dev_order
      * (another host thread's buffer call) never records into this capture */
     pthread_mutex_lock(&cb->cd->mu);
-    loom_status bs = LOOM_CUDA_CHECK(
-        cb->name, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
+    loom_status bs =
+        LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
     cb->capturing = bs == LOOM_OK;
     pthread_mutex_unlock(&cb->cd->mu);
     if (bs != LOOM_OK) {

@@ -68,7 +68,6 @@ struct loom__cuda_reg {
     loom__cuda_dev devs[LOOM_CUDA_MAX_DEVICES];
 };
 
-
 #define LOOM_CUDA_STAGE_SLOTS 4                /* pinned staging of pageable async set/get */
 #define LOOM_CUDA_STAGE_SLOT ((size_t)4 << 20) /* bytes per slot */
 

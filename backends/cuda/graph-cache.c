@@ -118,7 +118,8 @@ static bool key_build(loom__cuda_gcache *gc, const loom_graph *g, uint64_t *hash
  * (the new half empty). false when it cannot grow. */
 static bool grow(loom__cuda_gcache *gc, uint64_t hash) {
     bool thrash = false;
-    for (int i = 0; i < gc->n_evicted && !thrash; i++) thrash = gc->evicted[i] == hash;
+    for (int i = 0; i < gc->n_evicted && !thrash; i++)
+        thrash = gc->evicted[i] == hash;
     if (!thrash || gc->cap >= LOOM_CUDA_GCACHE_MAX) return false;
     loom__cuda_gentry *e = loom_realloc(gc->e, (size_t)gc->cap * 2 * sizeof *e);
     if (!e) return false; /* keep the size; evicting still works */

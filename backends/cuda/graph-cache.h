@@ -41,7 +41,7 @@ typedef struct loom__cuda_gcache loom__cuda_gcache;
 /* release(exec, ud) frees a captured graph (evicted, cleared or freed); NULL when the cache
  * is out of host memory. */
 loom__cuda_gcache *loom__cuda_gcache_new(void (*release)(void *exec, void *ud), void *ud);
-void loom__cuda_gcache_free(loom__cuda_gcache *gc); /* NULL: no-op */
+void loom__cuda_gcache_free(loom__cuda_gcache *gc);  /* NULL: no-op */
 void loom__cuda_gcache_clear(loom__cuda_gcache *gc); /* every entry released; size kept */
 
 /* The entry of g's key when it was seen before (its last use updated), else NULL after

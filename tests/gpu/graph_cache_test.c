@@ -71,7 +71,8 @@ LOOM_TEST(graph_cache, grows_to_replay_129_subgraphs_per_token) {
     uint64_t replays_last = 0;
     for (int tok = 0; tok < tokens; tok++) {
         const uint64_t before = st.replays;
-        for (int k = 0; k < n_sub; k++) compute(gc, &f, k, &st);
+        for (int k = 0; k < n_sub; k++)
+            compute(gc, &f, k, &st);
         replays_last = st.replays - before;
     }
     loom__cuda_gcache_stats cs;
@@ -95,13 +96,15 @@ LOOM_TEST(graph_cache, no_growth_without_thrashing) {
     fake_graph f;
     fake_init(&f);
     for (int tok = 0; tok < 6; tok++)
-        for (int k = 0; k < LOOM_CUDA_GCACHE_MIN / 2; k++) compute(gc, &f, k, &st);
+        for (int k = 0; k < LOOM_CUDA_GCACHE_MIN / 2; k++)
+            compute(gc, &f, k, &st);
     loom__cuda_gcache_stats cs;
     loom__cuda_gcache_get_stats(gc, &cs);
     LOOM_CHECK_EQ_INT(cs.capacity, LOOM_CUDA_GCACHE_MIN);
     /* the first token runs eagerly, the second captures and replays, the rest replay */
     LOOM_CHECK_EQ_INT(st.replays, 5 * (LOOM_CUDA_GCACHE_MIN / 2));
-    for (int k = 0; k < 10 * LOOM_CUDA_GCACHE_MIN; k++) compute(gc, &f, 100000 + k, &st);
+    for (int k = 0; k < 10 * LOOM_CUDA_GCACHE_MIN; k++)
+        compute(gc, &f, 100000 + k, &st);
     loom__cuda_gcache_get_stats(gc, &cs);
     LOOM_CHECK_EQ_INT(cs.capacity, LOOM_CUDA_GCACHE_MIN);
     LOOM_CHECK_EQ_INT(cs.entries, LOOM_CUDA_GCACHE_MIN);
@@ -123,7 +126,8 @@ LOOM_TEST(graph_cache, bounded_by_its_maximum) {
     fake_init(&f);
     const int n_sub = LOOM_CUDA_GCACHE_MAX + 100;
     for (int tok = 0; tok < 4; tok++)
-        for (int k = 0; k < n_sub; k++) compute(gc, &f, k, &st);
+        for (int k = 0; k < n_sub; k++)
+            compute(gc, &f, k, &st);
     loom__cuda_gcache_stats cs;
     loom__cuda_gcache_get_stats(gc, &cs);
     LOOM_CHECK_EQ_INT(cs.capacity, LOOM_CUDA_GCACHE_MAX);
