@@ -825,6 +825,28 @@ static const loom_rank_comm_iface *rank_comm_of(loom_dev_t local, char *why, siz
 /* The mode of LOOM_DIST_NCCL: 0 never (host memory and MPI), 1 required, else automatic. */
 enum { RC_OFF, RC_AUTO, RC_REQUIRED };
 
+static loom_status use_host_path(loom_dist *d) {
+    d->path = LOOM__DIST_PATH_HOST;
+    snprintf(d->path_desc, sizeof d->path_desc, "MPI through host memory");
+    LOOM_LOG_INFO("dist: rank %d: %s (%s)", d->rank, d->path_desc, d->path_why);
+    return LOOM_OK;
+}
+
+/* The id or init failed on some rank (every rank agreed, so every rank is here; the
+ * message, loom_last_error, names the rank): an error when LOOM_DIST_NCCL=1, else the
+ * host path on every rank, saying why. */
+static loom_status setup_failed(loom_dist *d, loom_status st, const loom_rank_comm_iface *api,
+                                int mode) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", loom_last_error());
+    if (mode == RC_REQUIRED)
+        return loom_error(st, "dist: %s across %d ranks: %s", api->name, d->size, msg);
+    snprintf(d->path_why, sizeof d->path_why, "%s across %d ranks failed, so not used: %s",
+             api->name, d->size, msg);
+    if (d->rank == 0) LOOM_LOG_WARN("dist: %s; MPI through host memory instead", d->path_why);
+    return use_host_path(d);
+}
+
 loom_status loom_dist_comm_setup(loom_dist *d) {
     if (!d) return loom_error(LOOM_ERR_INVALID_ARG, "loom_dist_comm_setup: NULL dist");
     if (d->path != LOOM__DIST_PATH_UNSET) return LOOM_OK; /* every rank set up already */
@@ -892,12 +914,7 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
                                   d->path_why);
         }
     }
-    if (mode == RC_OFF || st != LOOM_OK) {
-        d->path = LOOM__DIST_PATH_HOST;
-        snprintf(d->path_desc, sizeof d->path_desc, "MPI through host memory");
-        LOOM_LOG_INFO("dist: rank %d: %s (%s)", d->rank, d->path_desc, d->path_why);
-        return LOOM_OK;
-    }
+    if (mode == RC_OFF || st != LOOM_OK) return use_host_path(d);
 
     /* 2. rank 0 makes the id; 3. every rank gets it; 4. every rank joins */
     unsigned char id[LOOM_RANK_COMM_ID_MAX] = {0};
@@ -905,7 +922,8 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
     st = d->rank == 0 ? api->get_id(id, err, sizeof err) : LOOM_OK;
     if (st) loom_error(st, "%s", err);
     st = loom_dist_agree(d, st);
-    if (st == LOOM_OK) st = loom_dist_bcast(d, id, api->id_size, 0);
+    if (st) return setup_failed(d, st, api, mode);
+    st = loom_dist_bcast(d, id, api->id_size, 0); /* MPI itself: no path without it */
     if (st)
         return loom_error(st, "dist: %s across %d ranks: %s", api->name, d->size,
                           loom_last_error());
@@ -918,7 +936,8 @@ loom_status loom_dist_comm_setup(loom_dist *d) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", loom_last_error());
         if (rc && api->free) api->free(rc);
-        return loom_error(st, "dist: %s across %d ranks: %s", api->name, d->size, msg);
+        loom_error(st, "%s", msg);
+        return setup_failed(d, st, api, mode);
     }
     d->rc = rc;
     d->path = LOOM__DIST_PATH_RANK;

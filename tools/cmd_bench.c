@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "loom/cuda.h"
 #include "loom/sim.h"
 #include "tools/cli.h"
 #include "tools/dist_cli.h"
@@ -621,6 +622,37 @@ static bool single_device(const char *spec) {
     return false;
 }
 
+/* The CUDA graphs of a configuration (every CUDA backend, meta members included, through
+ * the module's "loom_cuda_backend_get_stats"): one line on stderr when any CUDA backend
+ * ran, so a graph cache that never replays shows. */
+static void report_cuda_graphs(loom_session *s, const config *c) {
+    loom_cuda_backend_stats st, sum = {0};
+    bool any = false;
+    loom_sched *sc = loom_session_sched(s);
+    for (int i = 0; sc && i < loom_sched_get_n_backends(sc); i++) {
+        loom_backend_t b = loom_sched_get_backend(sc, i);
+        const int n = loom_backend_is_meta(b) ? loom_meta_n_devices(loom_backend_device(b)) : 1;
+        for (int j = 0; j < n; j++) {
+            loom_backend_t m = loom_backend_is_meta(b) ? loom_meta_backend_member(b, j) : b;
+            loom_reg_t reg = m ? loom_dev_reg(loom_backend_device(m)) : NULL;
+            void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_backend_get_stats") : NULL;
+            void (*get)(loom_backend_t, loom_cuda_backend_stats *) = NULL;
+            memcpy(&get, &p, sizeof get);
+            if (!get) continue;
+            get(m, &st);
+            sum.graphs += st.graphs;
+            sum.graph_captures += st.graph_captures;
+            sum.graph_launches += st.graph_launches;
+            any = true;
+        }
+    }
+    if (any)
+        fprintf(stderr,
+                "loom bench: %s | %s: CUDA graphs: %llu computes, %llu captured, %llu replayed\n",
+                c->model ? c->model : "built-in", c->devices, (unsigned long long)sum.graphs,
+                (unsigned long long)sum.graph_captures, (unsigned long long)sum.graph_launches);
+}
+
 static void describe(config *c, loom_session *s, const loom_gguf *g) {
     const loom_model *m = loom_session_model(s);
     double size = 0, params = 0, by_type[LOOM_TYPE_COUNT] = {0};
@@ -1159,6 +1191,7 @@ int loom_cli_bench(int argc, char **argv) {
                             }
                             row(&pr, &c, &tests[k], &r, when);
                         }
+                        if (cd.rank == 0) report_cuda_graphs(s, &c);
                         loom_session_free(s);
                     }
                 }

@@ -113,10 +113,10 @@ loom_status loom__cuda_dev_order(loom__cuda_dev *cd, cudaStream_t stream) {
     pthread_mutex_lock(&cd->mu);
     for (loom__cuda_backend *cb = cd->backends; cb && s == LOOM_OK; cb = cb->dev_next) {
         /* a stream being captured runs nothing until its graph is launched (and an event
-         * recorded into a capture cannot be waited for outside it) */
-        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        if (cudaStreamIsCapturing(cb->stream, &cs) != cudaSuccess) (void)cudaGetLastError();
-        if (cs != cudaStreamCaptureStatusNone) continue;
+         * recorded into a capture cannot be waited for outside it). The flag, not
+         * cudaStreamIsCapturing: a capture begins and ends under cd->mu (cuda-graph.c), so
+         * no other host thread can start one between this check and the record. */
+        if (cb->capturing) continue;
         s = LOOM_CUDA_CHECK(cd->name, cudaEventRecord(cb->order_ev, cb->stream));
         if (s == LOOM_OK)
             s = LOOM_CUDA_CHECK(cd->name, cudaStreamWaitEvent(stream, cb->order_ev, 0));
@@ -559,7 +559,7 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     if (s == LOOM_OK)
         s = LOOM_CUBLAS_CHECK(w, cublasSetWorkspace(cb->cublas, cb->cublas_ws, cb->cublas_ws_size));
     if (s == LOOM_OK) {
-        cb->gcache = loom__cuda_gcache_new();
+        cb->gcache = loom__cuda_gcache_new(loom__cuda_graph_exec_release, cb->name);
         if (!cb->gcache)
             s = loom_error(LOOM_ERR_NOMEM, "%s: out of host memory for a graph cache", w);
     }

@@ -535,6 +535,21 @@ static loom_status rc_init(loom_dev_t local, int nranks, int rank, const void *i
 
 enum { RC_ALLREDUCE, RC_SEND, RC_RECV };
 
+/* Seconds a call between ranks may wait before its peers are taken for dead:
+ * LOOM_DIST_NCCL_TIMEOUT (default 300; 0 = wait for ever). NCCL reports a peer that exits
+ * only when its transport notices; a peer that hangs or was killed mid-collective may
+ * leave the stream waiting for ever. */
+static double rc_timeout_s(void) {
+    const char *v = getenv("LOOM_DIST_NCCL_TIMEOUT");
+    char *end = NULL;
+    double t = v && v[0] ? strtod(v, &end) : 300.0;
+    if (v && v[0] && (end == v || *end || t < 0)) {
+        LOOM_LOG_WARN("CUDA: LOOM_DIST_NCCL_TIMEOUT='%s' is not a number of seconds; 300", v);
+        t = 300.0;
+    }
+    return t;
+}
+
 static loom_status rc_call(loom__cuda_rc *c, int kind, void *data, size_t count, int peer,
                            char *err, size_t cap) {
     if (c->broken[0]) {
@@ -558,7 +573,10 @@ static loom_status rc_call(loom__cuda_rc *c, int kind, void *data, size_t count,
     else
         s = LOOM_NCCL_CHECK(api, w, Recv(data, count, ncclInt8, peer, c->nccl, c->stream));
     /* wait polling NCCL's asynchronous error, as NCCL advises: a peer or network failure
-     * would otherwise leave the stream waiting for ever */
+     * would otherwise leave the stream waiting for ever; past the timeout the peers are
+     * taken for dead and the communicator is aborted */
+    const double timeout = rc_timeout_s();
+    const int64_t t0 = loom_time_ns();
     while (s == LOOM_OK) {
         cudaError_t q = cudaStreamQuery(c->stream);
         if (q == cudaSuccess) {
@@ -575,6 +593,16 @@ static loom_status rc_call(loom__cuda_rc *c, int kind, void *data, size_t count,
         if (s == LOOM_OK && ae != ncclSuccess && ae != ncclInProgress)
             s = loom_error(LOOM_ERR_DEVICE, "%s: NCCL asynchronous error: %s (NCCL result %d)", w,
                            api->GetErrorString(ae), ae);
+        if (s == LOOM_OK && timeout > 0 && (double)(loom_time_ns() - t0) * 1e-9 > timeout) {
+            static const char *const what[] = {"AllReduce", "Send to rank", "Recv from rank"};
+            char peer_s[16] = "";
+            if (kind != RC_ALLREDUCE) snprintf(peer_s, sizeof peer_s, " %d", peer);
+            s = loom_error(LOOM_ERR_DEVICE,
+                           "%s: rank %d of %d: NCCL %s%s (%zu %s) did not finish within %.0f s: "
+                           "a peer rank died or stopped (LOOM_DIST_NCCL_TIMEOUT)",
+                           w, c->rank, c->nranks, what[kind], peer_s, count,
+                           kind == RC_ALLREDUCE ? "floats" : "bytes", timeout);
+        }
         if (s == LOOM_OK) sched_yield();
     }
     if (s == LOOM_OK) return LOOM_OK;

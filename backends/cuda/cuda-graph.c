@@ -17,8 +17,9 @@
  * CUDA graphs: a graph is identified by a key holding, per node, the tensor and source
  * pointers, data addresses, types, shapes, strides and op params: everything a launch's
  * arguments are made of. The first compute of a key runs eagerly; the second captures the
- * launches into a CUDA graph and replays it; later computes only replay it. A cache of
- * recent keys (LRU) serves the meta device, which alternates many small graphs per token.
+ * launches into a CUDA graph and replays it; later computes only replay it. The cache of
+ * keys (graph-cache.c: LRU, growing while keys evicted earlier come back, 64 to 4096
+ * entries) serves the meta device, which alternates 2L+1 small graphs per token.
  * LOOM_CUDA_GRAPHS=0 disables capture; a capture that fails falls back to eager launches.
  */
 #include <limits.h>
@@ -29,7 +30,6 @@
 #include "backends/cuda/cuda-impl.h"
 
 #define LOOM_CUDA_MMV_MAX_N 8       /* columns up to which the dot kernel runs */
-#define LOOM_CUDA_GCACHE_CAP 128    /* captured graphs kept per backend */
 #define LOOM_CUDA_GRAPH_MIN_NODES 4 /* smaller graphs are not worth capturing */
 
 static const char *tname(const loom_tensor *t) {
@@ -660,143 +660,30 @@ static loom_status validate(const loom__cuda_backend *cb, const loom_graph *g, s
 
 /* ---------------------------------------------------------------- graph cache */
 
-typedef struct gentry {
-    uint64_t hash;
-    uint64_t *key; /* words */
-    size_t n;
-    cudaGraphExec_t exec; /* NULL until captured */
-    uint64_t last_use;
-    bool no_capture; /* capture failed once: always eager */
-} gentry;
-
-struct loom__cuda_gcache {
-    gentry e[LOOM_CUDA_GCACHE_CAP];
-    int n;
-    uint64_t clock;
-    uint64_t *key; /* the key being built */
-    size_t key_n, key_cap;
-    bool oom;
-};
-
-loom__cuda_gcache *loom__cuda_gcache_new(void) {
-    return loom_calloc(1, sizeof(loom__cuda_gcache));
-}
-
-static void gentry_release(gentry *e) {
-    if (e->exec) (void)LOOM_CUDA_CHECK("CUDA graph cache", cudaGraphExecDestroy(e->exec));
-    loom_free(e->key);
-    memset(e, 0, sizeof *e);
-}
-
-void loom__cuda_gcache_clear(loom__cuda_gcache *gc) {
-    if (!gc) return;
-    for (int i = 0; i < gc->n; i++)
-        gentry_release(&gc->e[i]);
-    gc->n = 0;
-}
-
-void loom__cuda_gcache_free(loom__cuda_gcache *gc) {
-    if (!gc) return;
-    loom__cuda_gcache_clear(gc);
-    loom_free(gc->key);
-    loom_free(gc);
-}
-
-static void key_push(loom__cuda_gcache *gc, uint64_t w) {
-    if (gc->oom) return;
-    if (gc->key_n == gc->key_cap) {
-        size_t cap = gc->key_cap ? 2 * gc->key_cap : 1024;
-        uint64_t *p = loom_realloc(gc->key, cap * sizeof *p);
-        if (!p) {
-            gc->oom = true;
-            return;
-        }
-        gc->key = p;
-        gc->key_cap = cap;
-    }
-    gc->key[gc->key_n++] = w;
-}
-
-static void key_push_tensor(loom__cuda_gcache *gc, const loom_tensor *t) {
-    key_push(gc, (uint64_t)(uintptr_t)t);
-    key_push(gc, (uint64_t)(uintptr_t)t->data);
-    key_push(gc, (uint64_t)t->type | ((uint64_t)t->op << 32));
-    for (int i = 0; i < LOOM_MAX_DIMS; i++) {
-        key_push(gc, (uint64_t)t->ne[i]);
-        key_push(gc, (uint64_t)t->nb[i]);
-    }
-}
-
-/* Builds the key of g; false when the host is out of memory (then no caching). */
-static bool key_build(loom__cuda_gcache *gc, const loom_graph *g, uint64_t *hash) {
-    gc->key_n = 0;
-    gc->oom = false;
-    key_push(gc, (uint64_t)g->n_nodes);
-    for (int i = 0; i < g->n_nodes; i++) {
-        const loom_tensor *t = g->nodes[i];
-        key_push_tensor(gc, t);
-        for (size_t w = 0; w < LOOM_MAX_OP_PARAMS / sizeof(uint64_t); w++) {
-            uint64_t v;
-            memcpy(&v, (const char *)t->op_params + w * sizeof v, sizeof v);
-            key_push(gc, v);
-        }
-        for (int j = 0; j < LOOM_MAX_SRC; j++) {
-            if (!t->src[j]) continue;
-            key_push(gc, 0x5352430000000000ull | (uint64_t)j); /* "SRC" + slot */
-            key_push_tensor(gc, t->src[j]);
-        }
-    }
-    if (gc->oom) return false;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < gc->key_n; i++)
-        h = (h ^ gc->key[i]) * 1099511628211ull;
-    *hash = h;
-    return true;
-}
-
-static gentry *gcache_find(loom__cuda_gcache *gc, uint64_t hash) {
-    for (int i = 0; i < gc->n; i++) {
-        gentry *e = &gc->e[i];
-        if (e->hash == hash && e->n == gc->key_n &&
-            memcmp(e->key, gc->key, gc->key_n * sizeof *gc->key) == 0)
-            return e;
-    }
-    return NULL;
-}
-
-/* Remembers the current key (evicting the least recently used entry when full). */
-static gentry *gcache_insert(loom__cuda_gcache *gc, uint64_t hash) {
-    uint64_t *copy = loom_malloc(gc->key_n * sizeof *copy);
-    if (!copy) return NULL;
-    memcpy(copy, gc->key, gc->key_n * sizeof *copy);
-    gentry *e;
-    if (gc->n < LOOM_CUDA_GCACHE_CAP) {
-        e = &gc->e[gc->n++];
-    } else {
-        e = &gc->e[0];
-        for (int i = 1; i < gc->n; i++)
-            if (gc->e[i].last_use < e->last_use) e = &gc->e[i];
-        gentry_release(e);
-    }
-    e->hash = hash;
-    e->key = copy;
-    e->n = gc->key_n;
-    e->last_use = ++gc->clock;
-    return e;
+/* The cache's release callback (graph-cache.h): a captured graph of this backend. */
+void loom__cuda_graph_exec_release(void *exec, void *ud) {
+    const char *name = ud;
+    (void)LOOM_CUDA_CHECK(name, cudaGraphExecDestroy((cudaGraphExec_t)exec));
 }
 
 /* Captures g's launches into a CUDA graph, instantiates and launches it. false (with
  * nothing launched and every error cleared) when the capture did not work out; the caller
  * then runs the graph eagerly. */
-static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e) {
+static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, loom__cuda_gentry *e) {
     const char *fault = getenv("LOOM_CUDA_FAULT"); /* tests: "capture" fails every capture */
     if (fault && strcmp(fault, "capture") == 0) {
         LOOM_LOG_DEBUG("%s: CUDA graph capture failed (injected fault); running eagerly", cb->name);
         e->no_capture = true;
         return false;
     }
-    if (LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(
-                                      cb->stream, cudaStreamCaptureModeRelaxed)) != LOOM_OK) {
+    /* begun and ended under the device's lock, with cb->capturing: loom__cuda_dev_order
+     * (another host thread's buffer call) never records into this capture */
+    pthread_mutex_lock(&cb->cd->mu);
+    loom_status bs =
+        LOOM_CUDA_CHECK(cb->name, cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeRelaxed));
+    cb->capturing = bs == LOOM_OK;
+    pthread_mutex_unlock(&cb->cd->mu);
+    if (bs != LOOM_OK) {
         LOOM_LOG_DEBUG("%s: no CUDA graph capture: %s", cb->name, loom_last_error());
         return false;
     }
@@ -804,7 +691,10 @@ static bool capture_and_launch(loom__cuda_backend *cb, loom_graph *g, gentry *e)
     char why[512] = "";
     if (rs != LOOM_OK) snprintf(why, sizeof why, "%s", loom_last_error());
     cudaGraph_t graph = NULL;
+    pthread_mutex_lock(&cb->cd->mu);
     loom_status es = LOOM_CUDA_CHECK(cb->name, cudaStreamEndCapture(cb->stream, &graph));
+    cb->capturing = false;
+    pthread_mutex_unlock(&cb->cd->mu);
     if (es != LOOM_OK && !why[0]) snprintf(why, sizeof why, "%s", loom_last_error());
     cudaGraphExec_t exec = NULL;
     if (rs == LOOM_OK && es == LOOM_OK &&
@@ -883,21 +773,14 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     if (s == LOOM_OK) s = ensure_scratch(cb, need);
     if (s != LOOM_OK) return s;
 
-    uint64_t hash = 0;
-    if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES &&
-        key_build(cb->gcache, g, &hash)) {
-        loom__cuda_gcache *gc = cb->gcache;
-        gentry *e = gcache_find(gc, hash);
-        if (e) {
-            e->last_use = ++gc->clock;
-            if (!e->exec && !e->no_capture) capture_and_launch(cb, g, e);
-            if (e->exec) {
-                s = LOOM_CUDA_CHECK(cb->name, cudaGraphLaunch(e->exec, cb->stream));
-                if (s == LOOM_OK) cb->stats.graph_launches++;
-                return s;
-            }
-        } else {
-            (void)gcache_insert(gc, hash); /* seen once: eager now, captured next time */
+    if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES) {
+        /* seen once: eager now, captured next time; then replayed */
+        loom__cuda_gentry *e = loom__cuda_gcache_lookup(cb->gcache, g);
+        if (e && !e->exec && !e->no_capture) capture_and_launch(cb, g, e);
+        if (e && e->exec) {
+            s = LOOM_CUDA_CHECK(cb->name, cudaGraphLaunch((cudaGraphExec_t)e->exec, cb->stream));
+            if (s == LOOM_OK) cb->stats.graph_launches++;
+            return s;
         }
     }
     return run_nodes(cb, g);

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backends/backend-impl.h"
+#include "backends/cuda/graph-cache.h"
 #include "backends/cuda/kernels.h"
 #include "loom/cuda.h"
 
@@ -66,8 +67,6 @@ struct loom__cuda_reg {
     char no_devices_reason[256];
     loom__cuda_dev devs[LOOM_CUDA_MAX_DEVICES];
 };
-
-typedef struct loom__cuda_gcache loom__cuda_gcache; /* cuda-graph.c */
 
 #define LOOM_CUDA_STAGE_SLOTS 4                /* pinned staging of pageable async set/get */
 #define LOOM_CUDA_STAGE_SLOT ((size_t)4 << 20) /* bytes per slot */
@@ -114,6 +113,7 @@ struct loom__cuda_backend {
     int stage_next;
     bool stage_failed; /* could not allocate: copy directly (effectively synchronous) */
     bool graphs_enabled;
+    bool capturing; /* its stream is being captured; set and read under cd->mu */
     loom__cuda_gcache *gcache;
     loom_cuda_backend_stats stats;
 };
@@ -175,9 +175,8 @@ loom_status loom__cuda_backend_get_status(loom_backend_t backend);
 /* ---------------------------------------------------------------- cuda-graph.c */
 
 loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g);
-loom__cuda_gcache *loom__cuda_gcache_new(void);
-void loom__cuda_gcache_free(loom__cuda_gcache *gc); /* NULL: no-op */
-void loom__cuda_gcache_clear(loom__cuda_gcache *gc);
+/* The graph cache's release callback (ud: the backend's name). */
+void loom__cuda_graph_exec_release(void *exec, void *ud);
 
 /* ---------------------------------------------------------------- cuda-comm.c */
 

@@ -410,6 +410,32 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
     }
 }
 
+/* The tiled kernel's shared-memory opt-in beyond 48 KiB, once per device (not per launch):
+ * the largest it can need (D = Dv = FA_TILED_MAX_D: 73 KiB, within every sm_80+ limit),
+ * remembered per device ordinal; a device that refuses it gets this launch's size. */
+#define FA_MAX_DEVICES 64
+static int fa_smem_set[FA_MAX_DEVICES]; /* bytes opted in per device; 0 = not yet */
+
+static cudaError_t fa_tiled_smem_opt_in(int smem) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const bool known = dev >= 0 && dev < FA_MAX_DEVICES;
+    if (known && __atomic_load_n(&fa_smem_set[dev], __ATOMIC_ACQUIRE) >= smem) return cudaSuccess;
+    const int most = (int)sizeof(float) * (FA_TK * (FA_TILED_MAX_D + 1) + FA_TK * FA_TILED_MAX_D +
+                                           FA_TQ * FA_TILED_MAX_D + FA_TQ * FA_TK);
+    int want = most > smem ? most : smem;
+    e = cudaFuncSetAttribute(k_flash_attn_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize, want);
+    if (e != cudaSuccess && want != smem) {
+        (void)cudaGetLastError();
+        want = smem;
+        e = cudaFuncSetAttribute(k_flash_attn_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 want);
+    }
+    if (e == cudaSuccess && known) __atomic_store_n(&fa_smem_set[dev], want, __ATOMIC_RELEASE);
+    return e;
+}
+
 extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap,
                                            loom_cu_t dst, loom_cu_t q, loom_cu_t k, loom_cu_t v,
                                            loom_cu_t mask, loom_cu_t sinks, cudaStream_t s) {
@@ -421,8 +447,7 @@ extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float so
         const size_t smem =
             sizeof(float) * (size_t)(FA_TK * ldk + FA_TK * Dv + FA_TQ * D + FA_TQ * FA_TK);
         if (smem > 48 * 1024) {
-            cudaError_t e = cudaFuncSetAttribute(
-                k_flash_attn_tiled, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cudaError_t e = fa_tiled_smem_opt_in((int)smem);
             if (e != cudaSuccess) return e;
         }
         const int64_t rows = (q.ne[2] / k.ne[2]) * q.ne[1];

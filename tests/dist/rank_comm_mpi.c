@@ -7,10 +7,12 @@
  *
  *   bootstrap   rank 0 alone makes the id; every rank's init gets rank 0's bytes with
  *               (nranks, rank); a second setup does nothing
- *   id_fails    rank 0's id fails (FAKE_FAIL_ID=1): every rank returns rank 0's error, no
- *               rank enters init
- *   init_fails  rank FAKE_FAIL_INIT_RANK's init fails: every rank returns its error naming
- *               the rank; the ranks whose init succeeded free their communicator
+ *   id_fails    rank 0's id fails (FAKE_FAIL_ID=1): no rank enters init; in automatic mode
+ *               every rank takes the host path with rank 0's error as the reason, with
+ *               LOOM_DIST_NCCL=1 every rank returns that error
+ *   init_fails  rank FAKE_FAIL_INIT_RANK's init fails: the host path on every rank
+ *               (automatic) or its error on every rank (LOOM_DIST_NCCL=1), naming the rank;
+ *               the ranks whose init succeeded free their communicator
  *   unusable    rank FAKE_UNUSABLE_RANK cannot join: every rank takes the host path, saying
  *               which rank and why; no id, no init anywhere
  *   other_version  rank FAKE_OTHER_VERSION_RANK has another version of the library: the
@@ -189,6 +191,26 @@ static void check_bootstrap(loom_dist *d, loom_status st) {
     CHECK(F.get_id_calls == (my_rank == 0) && F.init_calls == 1, "second setup called again");
 }
 
+/* The id or an init failed on some rank: with LOOM_DIST_NCCL=1 every rank returns the
+ * failing rank's message; in automatic mode every rank takes the host path with it as the
+ * reason. */
+static void check_setup_failure(loom_dist *d, loom_status st, const char *err, const char *msg) {
+    const char *mode = getenv("LOOM_DIST_NCCL");
+    const char *why = NULL;
+    const char *desc = loom_dist_comm_describe(d, &why);
+    CHECK(!loom_dist_uses_rank_comm(d), "the rank communicator was chosen");
+    if (mode && !strcmp(mode, "1")) {
+        CHECK(st == LOOM_ERR_DEVICE, "setup: %d", (int)st);
+        CHECK(contains(err, msg) && contains(err, "fake-nccl 9.9.9 across"), "message: %s", err);
+    } else {
+        CHECK(st == LOOM_OK, "setup: %s", err);
+        CHECK(!strcmp(desc, "MPI through host memory"), "describe '%s'", desc);
+        CHECK(contains(why, msg) && contains(why, "fake-nccl 9.9.9 across") &&
+                  contains(why, "failed, so not used"),
+              "why '%s'", why);
+    }
+}
+
 static void check_host_path(loom_dist *d, loom_status st, const char *why_part) {
     CHECK(st == LOOM_OK, "setup: %s", loom_last_error());
     CHECK(!loom_dist_uses_rank_comm(d), "the rank communicator was chosen");
@@ -343,17 +365,13 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "bootstrap")) {
         check_bootstrap(d, st);
     } else if (!strcmp(mode, "id_fails")) {
-        CHECK(st == LOOM_ERR_DEVICE, "setup: %d", (int)st);
-        CHECK(contains(err, "rank 0: fake ncclGetUniqueId failed") &&
-                  contains(err, "fake-nccl 9.9.9 across"),
-              "message: %s", err);
-        CHECK(F.init_calls == 0 && !loom_dist_uses_rank_comm(d), "init entered");
+        check_setup_failure(d, st, err, "rank 0: fake ncclGetUniqueId failed");
+        CHECK(F.init_calls == 0, "init entered");
     } else if (!strcmp(mode, "init_fails")) {
         const int bad = env_int("FAKE_FAIL_INIT_RANK");
         snprintf(rank_tag, sizeof rank_tag, "rank %d: fake ncclCommInitRank failed", bad);
-        CHECK(st == LOOM_ERR_DEVICE, "setup: %d", (int)st);
-        CHECK(contains(err, rank_tag), "message: %s", err);
-        CHECK(F.init_calls == 1 && !loom_dist_uses_rank_comm(d), "init %d", F.init_calls);
+        check_setup_failure(d, st, err, rank_tag);
+        CHECK(F.init_calls == 1, "init %d", F.init_calls);
         CHECK(F.free_calls == (my_rank != bad), "freed %d", F.free_calls);
     } else if (!strcmp(mode, "unusable")) {
         snprintf(rank_tag, sizeof rank_tag, "rank %d: fake: no NCCL",

@@ -2,9 +2,10 @@
 # The rank communicator of dist/ (NCCL's place for CUDA members, here a stand-in table:
 # rank_comm_mpi.c) over 2, 3 and 4 local MPI ranks on loopback: the id bootstrap (rank 0's
 # bytes reach every rank's init with the right nranks and rank), the agreed host fallback
-# (an unusable rank, another library version on one rank, LOOM_DIST_NCCL=0) saying why, the failures (rank 0's id, one rank's
-# init, LOOM_DIST_NCCL=1 without a communicator, ranks disagreeing on an AllReduce's count)
-# returned on every rank, none hanging (each run bounded by a timeout), and stories260K's
+# (an unusable rank, another library version on one rank, LOOM_DIST_NCCL=0; in automatic mode
+# also rank 0's id or one rank's init failing) saying why, the failures (rank 0's id or one
+# rank's init with LOOM_DIST_NCCL=1, LOOM_DIST_NCCL=1 without a communicator, ranks
+# disagreeing on an AllReduce's count) returned on every rank, none hanging (each run bounded by a timeout), and stories260K's
 # logits through it equal the CPU's in tensor and layer mode.
 # Skips (exit 0) without mpirun, with a loom built without MPI, or (the session runs only)
 # without the shared models.
@@ -48,11 +49,14 @@ run() {
 for np in 2 3 4; do
     run bootstrap "$np" -- bootstrap
     run id_fails "$np" FAKE_FAIL_ID=1 -- id_fails
+    run id_fails_required "$np" FAKE_FAIL_ID=1 LOOM_DIST_NCCL=1 -- id_fails
     run init_fails "$np" FAKE_FAIL_INIT_RANK=$((np - 1)) -- init_fails
+    run init_fails_required "$np" FAKE_FAIL_INIT_RANK=$((np - 1)) LOOM_DIST_NCCL=1 -- init_fails
     run unusable "$np" FAKE_UNUSABLE_RANK=$((np - 1)) -- unusable
     run mismatch "$np" -- mismatch
 done
 run init_fails_rank0 2 FAKE_FAIL_INIT_RANK=0 -- init_fails
+run init_fails_rank0_required 2 FAKE_FAIL_INIT_RANK=0 LOOM_DIST_NCCL=1 -- init_fails
 run other_version 3 FAKE_OTHER_VERSION_RANK=1 -- other_version
 run forced_off 2 LOOM_DIST_NCCL=0 -- forced_off
 run required 3 LOOM_DIST_NCCL=1 FAKE_UNUSABLE_RANK=1 -- required

@@ -3,19 +3,25 @@
 # folder, .gpu/, that can be carried to a bare GPU machine (CUDA driver, cuBLAS, cudart and
 # NCCL in its image; no Bazel, no package manager, no network) and run there with
 #
-#   bash .gpu/run.sh            # OUT=./gpu-out BUDGET=300 by default
+#   bash .gpu/window.sh         # the whole window: BUDGET=540, four files in $OUT
 #
-# Layout of .gpu/ (kept well under 60 MiB; the script fails if it grows past that):
-#   run.sh                      the runner (a copy of tests/gpu/run.sh)
+# Layout of .gpu/ (kept under 60 MiB, as the device tool carries 64 MiB; the script fails if
+# it grows past that):
+#   window.sh, run.sh           the window and the runner (copies of tests/gpu/)
 #   dist_nccl.sh                `loom run --dist mpi` over cuda:0 with NCCL (run.sh runs it with mpirun)
 #   bin/cuda_test               //tests/gpu:cuda_test (every op vs the CPU, graphs, models...)
 #   bin/loom                    //tools:loom
+#   bin/synth_model             //bench:synth_model (the TinyLlama-shaped models of the
+#                               speed checks are made on the GPU machine, not carried)
 #   runfiles/loom/backends/cuda/libloom-cuda.so   the module (also the test's runfile;
 #                               LOOM_BACKEND_PATH points here); libloom.so beside it when
 #                               the tree has a //:libloom target
 #   lib/                        non-CUDA shared libraries the binaries need that a bare image
 #                               may lack (found with ldd: libgtest, libpcre2-8, libhwloc, ...)
 #   lib/fallback/               libstdc++/libgcc_s, used only where the image has none
+#   lib/mpi/                    Open MPI's libraries (libmpi, libopen-pal, libpmix, ...), used
+#                               only where the image has no libmpi: an image's own mpirun
+#                               never loads the bundle's copies
 #   models/                     stories260K.gguf, llama-2-tiny-random.gguf
 #   MANIFEST                    commit, build date, CUDA architectures, files and sizes
 # cuBLAS, cudart, NCCL and the driver are never bundled: the runner finds them by name in
@@ -34,7 +40,7 @@ max_mib=60
 bazel_flags=(--color=no --curses=no --show_progress_rate_limit=30)
 [ -n "${LOOM_CUDA_ARCHS:-}" ] && bazel_flags+=("--repo_env=LOOM_CUDA_ARCHS=$LOOM_CUDA_ARCHS")
 
-targets=(//tests/gpu:cuda_test //tools:loom //backends/cuda:libloom-cuda.so)
+targets=(//tests/gpu:cuda_test //tools:loom //backends/cuda:libloom-cuda.so //bench:synth_model)
 # //:libloom (libloom.so.0) is being added on another branch: bundle it when the tree has
 # it (the module and loom then link it; ldd below also copies it into lib/).
 for t in $(grep -oE 'name *= *"libloom(\.so[.0-9]*)?"' BUILD 2>/dev/null | sed 's/.*"\(.*\)"/\1/'); do
@@ -45,9 +51,10 @@ bazel build "${bazel_flags[@]}" "${targets[@]}"
 bin=$(bazel info "${bazel_flags[@]}" bazel-bin 2>/dev/null)
 
 rm -rf "$dest"
-mkdir -p "$dest/bin" "$dest/lib/fallback" "$dest/models" "$dest/runfiles/loom/backends/cuda"
+mkdir -p "$dest/bin" "$dest/lib/fallback" "$dest/lib/mpi" "$dest/models" "$dest/runfiles/loom/backends/cuda"
 install -m 0755 "$bin/tests/gpu/cuda_test" "$dest/bin/cuda_test"
 install -m 0755 "$bin/tools/loom" "$dest/bin/loom"
+install -m 0755 "$bin/bench/synth_model" "$dest/bin/synth_model"
 : >"$dest/runfiles/loom/WORKSPACE" # the test shim finds its runfiles root by this file
 module="$bin/backends/cuda/libloom-cuda.so"
 cuda_built=yes
@@ -61,6 +68,7 @@ for so in "$bin"/libloom.so "$bin"/libloom.so.*; do
     [ -f "$so" ] && install -m 0755 "$so" "$dest/runfiles/loom/backends/cuda/"
 done
 install -m 0755 tests/gpu/run.sh "$dest/run.sh"
+install -m 0755 tests/gpu/window.sh "$dest/window.sh"
 install -m 0755 tests/gpu/dist_nccl.sh "$dest/dist_nccl.sh"
 for m in stories260K.gguf llama-2-tiny-random.gguf; do
     if [ -f "$models/$m" ]; then
@@ -82,9 +90,22 @@ is_image_lib() {
     esac
     return 1
 }
+# bundle_lib NAME PATH: into lib/fallback (libstdc++, libgcc_s), lib/mpi (Open MPI and what
+# only it uses) or lib/; the runner adds the first two only where the image lacks them.
+bundle_lib() {
+    local sub
+    case "$1" in
+    libstdc++.so* | libgcc_s.so*) sub=lib/fallback ;;
+    libmpi.so* | libmpi_*.so* | libopen-pal.so* | libopen-rte.so* | libopen-orted*.so* | \
+        libprrte.so* | libpmix.so* | libevent*.so* | libucp.so* | libucs.so* | libuct.so* | \
+        libucm.so*) sub=lib/mpi ;;
+    *) sub=lib ;;
+    esac
+    [ -f "$dest/$sub/$1" ] || install -m 0644 "$(readlink -f "$2")" "$dest/$sub/$1"
+}
 # ldd runs on the originals in bazel-bin, whose rpaths find Bazel's _solib_k8 libraries
 # (the test links its packages dynamically); those go to lib/ too.
-objs=("$bin/tests/gpu/cuda_test" "$bin/tools/loom")
+objs=("$bin/tests/gpu/cuda_test" "$bin/tools/loom" "$bin/bench/synth_model")
 # NEEDED: the CUDA sonames the runner must find in the image (NCCL is dlopened lazily by
 # the module, so it is named here although no object links it).
 needed="$dest/NEEDED"
@@ -103,27 +124,19 @@ for o in "${objs[@]}"; do
             echo "bundle: $o needs $name, which this machine cannot resolve" >&2
             exit 1
         fi
-        case "$name" in
-        libstdc++.so* | libgcc_s.so*) sub=lib/fallback ;;
-        *) sub=lib ;;
-        esac
-        [ -f "$dest/$sub/$name" ] || install -m 0644 "$(readlink -f "$path")" "$dest/$sub/$name"
+        bundle_lib "$name" "$path"
     done < <(ldd "$o" 2>/dev/null || true)
 done
 
 # Dependencies of the bundled libraries themselves (hwloc pulls in libudev, ...).
 for pass in 1 2; do
-    for l in "$dest"/lib/*.so*; do
+    for l in "$dest"/lib/*.so* "$dest"/lib/mpi/*.so*; do
         [ -f "$l" ] || continue
         while read -r name arrow path _; do
             [ "$arrow" = "=>" ] || continue
             is_image_lib "$name" && continue
             [ -f "$path" ] || continue
-            case "$name" in
-            libstdc++.so* | libgcc_s.so*) sub=lib/fallback ;;
-            *) sub=lib ;;
-            esac
-            [ -f "$dest/$sub/$name" ] || install -m 0644 "$(readlink -f "$path")" "$dest/$sub/$name"
+            bundle_lib "$name" "$path"
         done < <(ldd "$l" 2>/dev/null || true)
     done
     : "$pass"

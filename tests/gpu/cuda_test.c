@@ -815,10 +815,13 @@ LOOM_TEST(cuda, index_errors_of_set_rows_add_id_mul_mat_id) {
         check_index_error(dev, v);
 }
 
-/* LRU eviction: 130 graphs (> the cache's 128) computed once each, then in reverse order
- * (the 128 still cached are captured and replayed, the 2 evicted run eagerly), then the
- * captured ones again (replays only); every result checked. */
-LOOM_TEST(cuda, graph_cache_evicts_least_recently_used) {
+/* The graph cache grows for a working set larger than its first size (64): 130 graphs
+ * (tensor split's 2L+1 subgraphs of a 64-layer model plus one) computed in turn 4 times,
+ * as tokens are: the first pass runs eagerly and evicts, the second grows the cache (the
+ * keys evicted come back) and captures, the last replays every one of the 130; every
+ * result checked. The stand-in of tests/gpu/graph_cache_test.c checks the same rules on
+ * any machine. */
+LOOM_TEST(cuda, graph_cache_grows_to_replay_every_subgraph) {
     GPU_DEVICE_OR_SKIP(dev);
     enum { NG = 130, NX = 256 };
     loom_backend_t be = loom_dev_init(dev, NULL);
@@ -843,16 +846,16 @@ LOOM_TEST(cuda, graph_cache_evicts_least_recently_used) {
     for (int k = 0; k < NX; k++)
         xv[k] = (float)(k % 17) / 8.0f - 1.0f;
     loom_tensor_set(x, xv, 0, sizeof xv);
-    int order[3 * NG], n_order = 0;
-    for (int i = 0; i < NG; i++)
-        order[n_order++] = i;
-    for (int i = NG - 1; i >= 0; i--)
-        order[n_order++] = i;
-    for (int i = NG - 3; i >= 2; i--) /* 128..129 became least recently used and left */
-        order[n_order++] = i;
+    enum { PASSES = 4 };
+    int order[PASSES * NG], n_order = 0;
+    for (int pass = 0; pass < PASSES; pass++)
+        for (int i = 0; i < NG; i++)
+            order[n_order++] = i;
+    loom_cuda_backend_stats before_last = {0};
     int bad = 0;
     for (int o = 0; o < n_order; o++) {
         const int i = order[o];
+        if (o == (PASSES - 1) * NG) loom_cuda_backend_get_stats(be, &before_last);
         LOOM_CHECK(loom_backend_graph_compute(be, gs[i]) == LOOM_OK);
         loom_tensor_get(ys[i], yv, 0, sizeof yv);
         const double s = 1.0 + i / 64.0;
@@ -864,11 +867,13 @@ LOOM_TEST(cuda, graph_cache_evicts_least_recently_used) {
     LOOM_CHECK_EQ_INT(bad, 0);
     loom_cuda_backend_stats st;
     loom_cuda_backend_get_stats(be, &st);
-    printf("FIGURE graph cache: %llu graphs, %llu captures, %llu replays\n",
+    printf("FIGURE graph cache: %llu graphs, %llu captures, %llu replays (%llu in the last pass "
+           "of %d graphs)\n",
            (unsigned long long)st.graphs, (unsigned long long)st.graph_captures,
-           (unsigned long long)st.graph_launches);
-    LOOM_CHECK_EQ_INT(st.graph_captures, NG - 2);
-    LOOM_CHECK_EQ_INT(st.graph_launches, (NG - 2) + (NG - 4));
+           (unsigned long long)st.graph_launches,
+           (unsigned long long)(st.graph_launches - before_last.graph_launches), NG);
+    LOOM_CHECK_EQ_INT(st.graph_captures, NG); /* each once: none evicted after the growth */
+    LOOM_CHECK_EQ_INT(st.graph_launches - before_last.graph_launches, NG);
     loom_buffer_free(buf);
     loom_ctx_free(ctx);
     loom_backend_free(be);
@@ -1227,18 +1232,14 @@ static float *run_model_ids(loom_gguf *g, loom_buft_t buft, loom_backend_t be, i
     return run_ids(g, buft, be, real_ids, 5, 7, V);
 }
 
-/* A real model's logits on one CUDA device and on meta devices over 2 and 3 loom devices
+/* A model file's logits on one CUDA device and on meta devices over 2 .. max_n loom devices
  * of one GPU (the reducer's fallback AllReduce, NCCL declining a shared GPU) against the
- * CPU, within 1e-4 of the logit scale. */
-static void check_real_model(const char *file) {
-    GPU_DEVICE_OR_SKIP(dev);
-    const char *dir = loom_test_models_dir();
-    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, file);
+ * CPU (cpu_threads threads), within tol of the logit scale. */
+static void check_model_file(loom_dev_t dev, const char *path, const char *file, int max_n,
+                             int cpu_threads, double tol) {
     loom_gguf *g = NULL;
     if (loom_gguf_open(path, &g) != LOOM_OK) LOOM_SKIP("model file not found");
-    loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
+    loom_backend_t cpu = loom_cpu_backend_new(cpu_threads), be = loom_dev_init(dev, NULL);
     LOOM_REQUIRE(cpu && be);
     int64_t V = 0;
     const int64_t n_rows = 8;
@@ -1246,10 +1247,10 @@ static void check_real_model(const char *file) {
     float *one = want ? run_model_ids(g, loom_dev_buffer_type(dev), be, &V) : NULL;
     char what[128];
     snprintf(what, sizeof what, "%s on cuda:0 vs cpu", file);
-    if (one) compare_logits(want, one, n_rows * V, 1e-4, what);
+    if (one) compare_logits(want, one, n_rows * V, tol, what);
     loom_hparams hp;
     LOOM_CHECK(loom_hparams_from_gguf(g, &hp) == LOOM_OK);
-    for (int N = 2; N <= 3 && want; N++) {
+    for (int N = 2; N <= max_n && want; N++) {
         loom_reg_t vr = NULL;
         LOOM_REQUIRE(loom_cuda_reg_new_virtual(N, &vr) == LOOM_OK);
         loom_dev_t devs[3];
@@ -1263,7 +1264,7 @@ static void check_real_model(const char *file) {
         LOOM_CHECK_MSG(mb != NULL, "meta init: %s", loom_last_error());
         float *got = mb ? run_model_ids(g, loom_dev_buffer_type(meta), mb, &V) : NULL;
         snprintf(what, sizeof what, "%s on a %d-way meta device over GPU 0 vs cpu", file, N);
-        if (got) compare_logits(want, got, n_rows * V, 1e-4, what);
+        if (got) compare_logits(want, got, n_rows * V, tol, what);
         if (mb) {
             loom_meta_stats ms;
             loom_meta_backend_get_stats(mb, &ms);
@@ -1281,6 +1282,31 @@ static void check_real_model(const char *file) {
     loom_backend_free(be);
     loom_backend_free(cpu);
     loom_gguf_free(g);
+}
+
+/* A model in the shared models folder, within 1e-4 of the logit scale. */
+static void check_real_model(const char *file) {
+    GPU_DEVICE_OR_SKIP(dev);
+    const char *dir = loom_test_models_dir();
+    if (!dir) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    check_model_file(dev, path, file, 3, 2, 1e-4);
+}
+
+/* The TinyLlama-shaped model the GPU window synthesises (tests/gpu/run.sh:
+ * LOOM_GPU_SYNTH_MODEL, a block-type file of bench/synth_model): cuda:0 and a 2-way meta
+ * device against the CPU, within 5e-2 of the logit scale, as the other block-type models
+ * (the CPU quantises activations to Q8_0 for the block types, the GPU does not); the
+ * window reports each max |diff|. The CPU uses up to 16 threads (1.1B parameters). */
+LOOM_TEST(cuda, model_synth_file_vs_cpu) {
+    GPU_DEVICE_OR_SKIP(dev);
+    const char *path = getenv("LOOM_GPU_SYNTH_MODEL");
+    if (!path || !path[0]) LOOM_SKIP("LOOM_GPU_SYNTH_MODEL not set (the GPU window sets it)");
+    long nproc = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = nproc < 2 ? 2 : nproc > 16 ? 16 : (int)nproc;
+    const char *file = strrchr(path, '/');
+    check_model_file(dev, path, file ? file + 1 : path, 2, threads, 5e-2);
 }
 
 LOOM_TEST(cuda, model_stories260k_cuda_and_meta_vs_cpu) {
