@@ -302,7 +302,11 @@ static void device_init(lg_device *d, loom_dev_t ldev, bool owns_meta, const cha
     const char *dbg = getenv("LOOM_GGML_DEBUG");
     d->debug = dbg && *dbg && strcmp(dbg, "0") != 0;
     d->lbuft = loom_dev_buffer_type(ldev);
-    pthread_mutex_init(&d->lock, NULL);
+    pthread_mutexattr_t attr; /* supports_op asks itself about a source */
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&d->lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     d->gdev = (struct ggml_backend_device){.iface = lg_device_iface, .reg = &g.reg, .context = d};
     lg_buft_init(d);
 }

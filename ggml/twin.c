@@ -35,6 +35,7 @@ struct lg_twin {
     uint64_t in_graph; /* the last graph_compute pass that ran it */
     bool ok;
     bool probed; /* made for supports_op: tensors placed elsewhere are whole copies */
+    const void *owner_ctx; /* the storage owner's buffer context (a probe buffer has none) */
     char err[256];
     loom_tensor t;
 };
@@ -140,7 +141,18 @@ static float param_f32(const struct ggml_tensor *t, int i) {
 }
 
 /* A leaf header with t's type, shape, strides and name (no storage). */
+static loom_tensor *leaf_named(loom_ctx *c, const struct ggml_tensor *t, bool copy);
 static loom_tensor *leaf(loom_ctx *c, const struct ggml_tensor *t) {
+    return leaf_named(c, t, false);
+}
+
+/* The same for a whole copy of t, as ggml's scheduler brings a tensor placed elsewhere: its
+ * name ("copy of NAME") matches no split rule, so loom sees it MIRRORED. */
+static loom_tensor *copy_leaf(loom_ctx *c, const struct ggml_tensor *t) {
+    return leaf_named(c, t, true);
+}
+
+static loom_tensor *leaf_named(loom_ctx *c, const struct ggml_tensor *t, bool copy) {
     loom_type ty;
     if (!to_loom_type(t->type, &ty)) {
         loom_error(LOOM_ERR_UNSUPPORTED, "'%s': ggml type %s is not a loom type", t->name,
@@ -150,7 +162,8 @@ static loom_tensor *leaf(loom_ctx *c, const struct ggml_tensor *t) {
     loom_tensor *x = loom_new_tensor_4d(c, ty, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
     if (!x) return NULL;
     for (int i = 0; i < 4; i++) x->nb[i] = t->nb[i];
-    loom_set_name(x, t->name);
+    if (copy) loom_format_name(x, "copy of %s", t->name);
+    else loom_set_name(x, t->name);
     return x;
 }
 
@@ -315,7 +328,7 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
         /* placed elsewhere (a CPU input, the token embeddings): it reaches this device as a
          * whole copy, whatever made it */
         loom_ctx *c = loom_ctx_new((loom_ctx_params){4096, NULL, true});
-        loom_tensor *x = c ? leaf(c, t) : NULL;
+        loom_tensor *x = c ? copy_leaf(c, t) : NULL;
         if (x) r->t = *x;
         loom_ctx_free(c);
         if (!x) return loom_last_status();
@@ -359,6 +372,15 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
             loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': loom's result views another tensor",
                        ggml_op_desc(t), t->name);
             x = NULL;
+        }
+    }
+    if (!x && d->probing && t->op != GGML_OP_NONE) {
+        /* loom cannot compute it: ggml's scheduler will, elsewhere, and copy it in whole */
+        x = copy_leaf(c, t);
+        if (x) {
+            r->t = *x;
+            loom_ctx_free(c);
+            return LOOM_OK;
         }
     }
     if (!x) {
@@ -412,7 +434,10 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
         loom_error(LOOM_ERR_NOMEM, "'%s': no memory for its twin", t->name);
         return NULL;
     }
-    bool fresh = ok && r->ok && r->version && r->probed == d->probing && same_tensor(&r->seen, t) &&
+    const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
+    const void *owner_ctx = owner->buffer ? owner->buffer->context : NULL;
+    bool fresh = ok && r->ok && r->version && r->probed == d->probing &&
+                 r->owner_ctx == owner_ctx && same_tensor(&r->seen, t) &&
                  r->view == view &&
                  (!view || r->view_version == view->version);
     for (int i = 0; fresh && i < GGML_MAX_SRC; i++) {
@@ -422,6 +447,7 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
     if (fresh) return r;
     r->seen = *t;
     r->probed = d->probing;
+    r->owner_ctx = owner_ctx;
     r->view = view;
     r->view_version = view ? view->version : 0;
     for (int i = 0; i < GGML_MAX_SRC; i++) {
@@ -452,8 +478,35 @@ static bool accepts(lg_device *d, loom_ctx *c, const struct ggml_tensor *op, loo
         lg_log("%s refuses %s '%s': %s", d->name, ggml_op_desc(op), op->name,
                x ? (loom_last_error()[0] ? loom_last_error() : "the device refuses it")
                  : loom_last_error());
+        for (int i = 0; i < GGML_MAX_SRC && loom_dev_is_meta(d->dev); i++) {
+            if (!s[i]) continue;
+            loom_split_state st;
+            loom_status e = loom_meta_tensor_state(d->dev, s[i], true, &st);
+            lg_log("  src %d '%s' op %s buffer %p: state %d (%s)", i, s[i]->name,
+                   loom_op_name(s[i]->op), (void *)s[i]->buffer, e ? -1 : (int)st.axis,
+                   e ? loom_last_error() : "");
+            for (const loom_tensor *v = s[i]; v && v->src[0]; v = v->src[0]) {
+                e = loom_meta_tensor_state(d->dev, v->src[0], true, &st);
+                lg_log("    <- '%s' op %s buffer %p: state %d", v->src[0]->name,
+                       loom_op_name(v->src[0]->op), (void *)v->src[0]->buffer, e ? -1 : (int)st.axis);
+            }
+        }
     }
     return ok;
+}
+
+/* t reads a tensor already placed in this device's memory (a weight, the cache) and the
+ * device accepts t: ggml's scheduler will run t here. Called with d->lock held. */
+static bool anchored(lg_device *d, const struct ggml_tensor *t) {
+    if (is_view_op(t->op) || t->op == GGML_OP_NONE) return false;
+    bool weight = false;
+    for (int i = 0; i < GGML_MAX_SRC && !weight; i++) {
+        const struct ggml_tensor *s = t->src[i];
+        const struct ggml_tensor *owner = s ? (s->view_src ? s->view_src : s) : NULL;
+        weight = owner && owner->buffer && owner->buffer->buft == &d->gbuft &&
+                 owner->op == GGML_OP_NONE;
+    }
+    return weight && lg_supports_op(d, t); /* d->lock is recursive */
 }
 
 bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
@@ -490,6 +543,7 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         loom_tensor *derived[GGML_MAX_SRC] = {0}, *whole[GGML_MAX_SRC] = {0};
         bool have = true, any_computed = false;
         d->pass++;
+        const bool was_probing = d->probing;
         d->probing = true;
         for (int i = 0; i < GGML_MAX_SRC && have; i++) {
             const struct ggml_tensor *src = op->src[i];
@@ -497,19 +551,28 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
             const struct ggml_tensor *owner = src->view_src ? src->view_src : src;
             lg_twin *r = NULL;
             if (lg_buffer_is_ours(d, owner->buffer) || !owner->buffer) r = get_rec(d, src, 0);
-            whole[i] = leaf(c, src);
-            /* a weight in ggml's zero-size probe buffer: its state by its name */
-            if (owner->buffer && owner->buffer->buft == &d->gbuft && !owner->buffer->context &&
-                whole[i])
-                whole[i]->buffer = NULL;
+            /* a weight in ggml's zero-size probe buffer: llama.cpp asks whether this
+             * device can hold it for an op of that kind, over made-up operands; the
+             * question is the op's, so the weight counts whole (a split weight meets
+             * operands split to match in the real graph) */
+            const bool probe_buffer = owner->buffer && owner->buffer->buft == &d->gbuft &&
+                                      !owner->buffer->context;
+            whole[i] = copy_leaf(c, src);
+            if (probe_buffer) r = NULL;
             /* placed in our memory already (weights, cache, a view of them): no choice */
             const bool placed = owner->buffer != NULL;
             derived[i] = r ? &r->t : whole[i];
             if (placed && r) whole[i] = derived[i];
-            if (!placed && r && src->op != GGML_OP_NONE) any_computed = true;
+            /* a result computed from a weight of this device is computed here (ggml's
+             * scheduler runs an op next to its weights) when this device accepts it: it has
+             * the derived state, not a whole copy's */
+            if (!placed && r && src->op != GGML_OP_NONE) {
+                if (anchored(d, src)) whole[i] = derived[i];
+                else any_computed = true;
+            }
             have = whole[i] && derived[i];
         }
-        d->probing = false;
+        d->probing = was_probing;
         ok = have && accepts(d, c, op, derived) && (!any_computed || accepts(d, c, op, whole));
         loom_ctx_free(c);
     }
