@@ -328,6 +328,10 @@ static ggml_backend_dev_t reg_device(ggml_backend_reg_t reg, size_t i) {
     return i < g.n_devs ? &g.devs[i]->gdev : NULL;
 }
 
+/* No extras: the ggml_backend_comm_* communicator that would let ggml's own meta device
+ * (-sm tensor over LOOMk.j) reduce through loom's reducer was tried and gave wrong text under
+ * ggml 0.27 although both members held the same sums (its contract is not in a public
+ * header); ggml's generic reduction over the members is right, so it stays. */
 static void *reg_proc(ggml_backend_reg_t reg, const char *name) {
     (void)reg;
     (void)name;

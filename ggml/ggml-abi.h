@@ -132,7 +132,8 @@ struct ggml_backend_reg {
     void *context;
 };
 
-/* exported by libggml-base, declared only in the private header */
+/* exported by libggml-base, declared only in the private headers */
+bool ggml_backend_buffer_is_meta(ggml_backend_buffer_t buf);
 ggml_backend_buffer_t ggml_backend_buffer_init(ggml_backend_buffer_type_t buft,
                                                struct ggml_backend_buffer_i iface, void *context,
                                                size_t size);

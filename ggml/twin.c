@@ -176,6 +176,19 @@ static loom_glu_op glu_map(enum ggml_glu_op op, bool *ok) {
     }
 }
 
+/* Whether loom's quantiser into `type` gives ggml's bits: the legacy types round the same
+ * way; IQ4_NL (ggml searches its scale, loom rounds to nearest), the K-quants, IQ4_XS and
+ * MXFP4 are not claimed, so writes into them run on ggml's CPU. */
+static bool same_quantiser(enum ggml_type type) {
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+    case GGML_TYPE_I32:
+        return true;
+    default: return false;
+    }
+}
+
 /* The loom node computing what t computes, built in c from s (the twins of t's sources).
  * NULL with loom_last_error when loom has no such op or the builder refuses it. */
 static loom_tensor *build(loom_ctx *c, const struct ggml_tensor *t, loom_tensor **s) {
@@ -187,6 +200,14 @@ static loom_tensor *build(loom_ctx *c, const struct ggml_tensor *t, loom_tensor 
         }
     }
     loom_tensor *a = s[0], *b = s[1];
+    if ((t->op == GGML_OP_CPY || t->op == GGML_OP_DUP || t->op == GGML_OP_CONT ||
+         t->op == GGML_OP_SET_ROWS) &&
+        !same_quantiser(t->type)) {
+        loom_error(LOOM_ERR_UNSUPPORTED,
+                   "%s '%s': loom's quantiser into %s does not give ggml's bits", op, t->name,
+                   ggml_type_name(t->type));
+        return NULL;
+    }
     switch (t->op) {
     case GGML_OP_DUP: return loom_dup(c, a);
     case GGML_OP_CPY: return loom_cpy(c, a, b);
@@ -523,7 +544,11 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         loom_type ty;
         const struct ggml_tensor *owner = op->view_src ? op->view_src : op;
         /* (a zero-size buffer of our type, ggml's probe of a weight, counts as ours) */
-        if (!to_loom_type(op->type, &ty) || (owner->buffer && owner->buffer->buft != &d->gbuft))
+        /* ggml's own meta device (-sm tensor) asks about tensors of its buffers, whose
+         * slices are in ours */
+        if (!to_loom_type(op->type, &ty) ||
+            (owner->buffer && owner->buffer->buft != &d->gbuft &&
+             !ggml_backend_buffer_is_meta(owner->buffer)))
             return false;
         /* a view of a result this device will not compute stays with that result: ggml's
          * scheduler would otherwise hand this device a view of another backend's memory */

@@ -151,6 +151,26 @@ for f in "$dir$work"/arch/*.gguf; do
     done
 done
 
+# ggml's own split modes over loom's devices (LOOM_GGML_MEMBERS=1: LOOM0.0, LOOM0.1), and
+# ggml's tensor split wrapping LOOM0 itself
+if [ $have_stories = 1 ]; then
+    want=$(complete sim:2 none $work/stories260K.gguf 32)
+    for mode in "-sm tensor -dev LOOM0.0,LOOM0.1" "-sm layer -dev LOOM0.0,LOOM0.1" "-sm tensor -dev LOOM0"; do
+        got=""
+        for try in 1 2 3; do
+            got=$(in_root LOOM_GGML_DEVICES=sim:2 LOOM_GGML_MEMBERS=1 timeout 300 llama-completion \
+                -m $work/stories260K.gguf -p "Once upon a time" -n 32 --temp 0 -s 1 -t 2 \
+                --no-warmup $mode 2>"$dir$work/mode.err")
+            [ "$got" = "$want" ] && break
+        done
+        if [ -n "$got" ] && [ "$got" = "$want" ]; then
+            record passed "stories260K $mode: ggml's CPU text"
+        else
+            record failed "stories260K $mode: '$got' vs '$want' ($(grep -a -m2 'loom-ggml\|error' "$dir$work/mode.err" | tr '\n' ' '))"
+        fi
+    done
+fi
+
 # ---------------------------------------------------------------- 3. test-backend-ops
 tbo=/usr/libexec/x86_64-linux-gnu/llama.cpp-tests/test-backend-ops
 ops=(ADD MUL RMS_NORM SCALE SOFT_MAX ROPE GET_ROWS SET_ROWS CPY SWIGLU GEGLU CONT SILU ADD_ID
@@ -161,17 +181,18 @@ for spec in sim:1 sim:2; do
         # the big ones in the shapes llama-family graphs use
         filt=()
         case $op in
-        MUL_MAT) filt=(-p 'type_a=(f32|f16|q8_0|q4_0|q4_K),type_b=f32,.*n=(1|9),k=256') ;;
-        MUL_MAT_ID) filt=(-p 'type_a=(f32|q8_0),type_b=f32,n_mats=4,n_used=2,b=0,m=512,n=(1|32),k=256') ;;
+        MUL_MAT) filt=(-p 'type_a=(f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_K|q3_K|q4_K|q5_K|q6_K|iq4_nl|iq4_xs|mxfp4),type_b=f32,.*n=(1|9),k=256') ;;
+        MUL_MAT_ID) filt=(-p 'type_a=(f32|q8_0|q4_0|q4_K),type_b=f32,n_mats=4,n_used=(1|2|4),b=0,m=512,n=(1|16),k=256') ;;
         ROPE) filt=(-p 'type=f32,ne_a=\[(64|128),.*v=0,inplace=0') ;;
-        FLASH_ATTN_EXT) filt=(-p 'hsk=64,hsv=64,nh=4,.*kv=512,nb=(1|8),.*type_KV=f16') ;;
+        FLASH_ATTN_EXT) filt=(-p 'hsk=64,hsv=64,nh=(4|8),.*kv=(113|512),nb=(1|3|8),.*type_K=(f16|q8_0)') ;;
         esac
         log="$dir$work/tbo-$spec-$op.log"
         in_root LOOM_GGML_DEVICES=$spec timeout 600 $tbo test -b LOOM0 -o "$op" "${filt[@]}" >"$log" 2>&1
         rc=$?
-        okn=$(grep -c 'OK' "$log")
-        failn=$(grep -c 'FAIL' "$log")
-        nsn=$(grep -c 'not supported' "$log")
+        # one line per case: "  OP(params): OK | FAIL | not supported [LOOM0,CPU]"
+        okn=$(grep -ac '^  [A-Z_]*(.*): .*OK' "$log")
+        failn=$(grep -ac '^  [A-Z_]*(.*): .*FAIL' "$log")
+        nsn=$(grep -ac '^  [A-Z_]*(.*): .*not supported' "$log")
         echo "ggml: test-backend-ops $spec $op: $okn OK, $failn FAIL, $nsn not supported (rc $rc)"
         if [ "$failn" -eq 0 ] && [ $rc -eq 0 ]; then
             record passed "test-backend-ops $spec $op ($okn OK, $nsn not supported)"
