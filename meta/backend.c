@@ -51,6 +51,7 @@ typedef struct plan {
      * published to the device after each compute (meta_out) */
     int n_outs;
     int *out_node;
+    bool *out_owner; /* publish the node's view_src (a NONE leaf it writes), not the node */
     loom_split_state *out_state;
 } plan;
 
@@ -91,6 +92,7 @@ static void plan_free(plan *p, int n) {
     loom_free(p->meta);
     loom_free(p->slot);
     loom_free(p->out_node);
+    loom_free(p->out_owner);
     loom_free(p->out_state);
     loom_free(p);
 }
@@ -221,8 +223,10 @@ static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const 
     return LOOM_OK;
 }
 
-/* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). */
-static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
+/* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). layout[x]
+ * (NULL: its own state): the state a NONE leaf x takes from the op that writes it. */
+static loom_status plan_fill(meta_backend *mb, plan *p, int idx,
+                             const loom_split_state *const *layout) {
     const int n = mb->md->n;
     const loom_tensor *t = p->meta[idx];
     int vsrc = t->view_src ? plan_find(p, t->view_src) : -1;
@@ -231,9 +235,11 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
     loom_split_state s;
     loom_status st = loom__meta_state(mb->md, t, true, &s);
     if (st) return st;
+    if (layout[idx]) s = *layout[idx];
     for (int j = 0; j < n; j++) {
         loom_tensor *d = &p->dev[j][idx];
-        st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL, d);
+        st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL,
+                              vsrc >= 0 ? layout[vsrc] : NULL, d);
         if (st) return st;
         if (vsrc >= 0) {
             d->view_src = &p->dev[j][vsrc];
@@ -464,6 +470,16 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
 
 /* ---------------------------------------------------------------- building a plan */
 
+/* Whether t is a CPY or SET_ROWS writing all of a leaf whose state is NONE ("follows the op
+ * that writes it"): the leaf is laid out by t's state. */
+static bool writes_none_leaf(meta_backend *mb, const loom_tensor *t) {
+    const loom_tensor *leaf = t->view_src;
+    return (t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && leaf && leaf->op == LOOM_OP_NONE &&
+           t->view_offs == 0 && loom_nelements(t) == loom_nelements(leaf) &&
+           leaf->buffer && leaf->buffer->iface == &loom__meta_buffer_i &&
+           state_is(mb, leaf, false, LOOM_SPLIT_NONE);
+}
+
 /* z becomes a FILL with zeros of d's storage (z may be d itself): a device's terms of a
  * sum over nothing. */
 static void zero_fill(loom_tensor *z, const loom_tensor *d) {
@@ -516,18 +532,21 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         if (!p->dev[j] || !p->kslice[j])
             st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
     }
-    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
     /* the layout of each OUTPUT node's data once computed (as meta/buffer.c's true_state
-     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply */
+     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply; and
+     * of each NONE leaf a CPY or SET_ROWS writes whole (out_owner: the node's view_src),
+     * whose device headers take that layout */
     for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         const loom_tensor *t = g->nodes[i];
-        if (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
-            !t->buffer || t->buffer->iface != &loom__meta_buffer_i)
+        const bool owner = writes_none_leaf(mb, t);
+        if (!owner && (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
+                       !t->buffer || t->buffer->iface != &loom__meta_buffer_i))
             continue;
         if (!p->out_node) {
             p->out_node = loom_malloc((size_t)g->n_nodes * sizeof *p->out_node);
+            p->out_owner = loom_malloc((size_t)g->n_nodes * sizeof *p->out_owner);
             p->out_state = loom_malloc((size_t)g->n_nodes * sizeof *p->out_state);
-            if (!p->out_node || !p->out_state) {
+            if (!p->out_node || !p->out_owner || !p->out_state) {
                 st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
                 break;
             }
@@ -535,8 +554,18 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         loom_split_state *os = &p->out_state[p->n_outs];
         if ((st = loom__meta_state(mb->md, t, false, os))) break;
         if (os->axis == LOOM_SPLIT_PARTIAL) loom_split_state_assume_sync(t, os);
+        p->out_owner[p->n_outs] = owner;
         p->out_node[p->n_outs++] = i;
     }
+    const loom_split_state **layout = NULL;
+    if (st == LOOM_OK && !(layout = loom_calloc((size_t)p->n_tensors + 1, sizeof *layout)))
+        st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+    for (int k = 0; k < p->n_outs && st == LOOM_OK; k++) {
+        int x = p->out_owner[k] ? plan_find(p, g->nodes[p->out_node[k]]->view_src) : -1;
+        if (x >= 0 && !layout[x]) layout[x] = &p->out_state[k];
+    }
+    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x, layout);
+    loom_free(layout);
 
     /* cut into subgraphs */
     int start = 0;
@@ -752,8 +781,10 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.bytes_reduced += bytes;
         mb->stats.last_bytes_reduced += bytes;
     }
-    for (int k = 0; k < p->n_outs; k++)
-        loom__meta_out_publish(mb->md, g->nodes[p->out_node[k]], &p->out_state[k]);
+    for (int k = 0; k < p->n_outs; k++) {
+        const loom_tensor *t = g->nodes[p->out_node[k]];
+        loom__meta_out_publish(mb->md, p->out_owner[k] ? t->view_src : t, &p->out_state[k]);
+    }
     mb->stats.delayed += (uint64_t)p->n_delayed;
     mb->stats.reduce_ns += (uint64_t)t_reduce;
     mb->stats.issue_ns += (uint64_t)(loom_time_ns() - t_start - t_reduce);

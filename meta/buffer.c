@@ -123,7 +123,7 @@ static void for_each_run(meta_buffer *mb, const loom_tensor *t, const loom_split
     size_t lo = offset, hi = offset + size;
     for (int j = 0; j < mb->md->n; j++) {
         loom_tensor dev;
-        if (loom__meta_slice(mb->md, t, s, j, NULL, &dev) != LOOM_OK) continue;
+        if (loom__meta_slice(mb->md, t, s, j, NULL, NULL, &dev) != LOOM_OK) continue;
         for (int seg = 0; seg < s->n_segments; seg++) {
             for (int64_t rep = 0; rep < s->nr[seg]; rep++) {
                 loom_split_range r;
@@ -230,7 +230,7 @@ static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *
 static void whole(meta_buffer *mb, const loom_tensor *t, int j, loom_tensor *dev) {
     loom_split_state m;
     loom_split_state_init(&m, LOOM_SPLIT_MIRRORED, mb->md->n);
-    loom_status st = loom__meta_slice(mb->md, t, &m, j, NULL, dev);
+    loom_status st = loom__meta_slice(mb->md, t, &m, j, NULL, NULL, dev);
     LOOM_ASSERT(st == LOOM_OK);
 }
 

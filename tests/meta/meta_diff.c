@@ -214,19 +214,24 @@ static loom_graph *builder_run(md_builder *b, int n, uint64_t seed, md_build_fn 
     return b->failed ? NULL : g;
 }
 
-static bool ctx_has_tensors(const loom_ctx *ctx) {
-    return loom_ctx_first_tensor(ctx) != NULL;
-}
-
 /* Allocates ctx's tensors in buft (none: NULL, fine). false on failure. */
 static bool alloc_ctx(loom_ctx *ctx, loom_buft_t buft, loom_buffer_t *out, bool nan_fill,
                       loom_buffer_usage usage) {
     *out = NULL;
-    if (!ctx_has_tensors(ctx)) return true;
-    *out = loom_alloc_ctx_tensors(ctx, buft);
-    if (!*out) return false;
-    loom_buffer_set_usage(*out, usage);
-    if (nan_fill) loom_buffer_clear(*out, 0xff); /* every F32 a NaN */
+    bool owners = false;
+    for (loom_tensor *t = loom_ctx_first_tensor(ctx); t; t = loom_ctx_next_tensor(ctx, t))
+        owners |= !t->view_src;
+    if (owners) {
+        *out = loom_alloc_ctx_tensors(ctx, buft);
+        if (!*out) return false;
+        loom_buffer_set_usage(*out, usage);
+        if (nan_fill) loom_buffer_clear(*out, 0xff); /* every F32 a NaN */
+    }
+    /* views of leafs (a CPY's result, a SET_ROWS's) live in the leafs' buffers */
+    for (loom_tensor *t = loom_ctx_first_tensor(ctx); t; t = loom_ctx_next_tensor(ctx, t))
+        if (t->view_src && !t->buffer && t->view_src->buffer &&
+            loom_buffer_init_view(t) != LOOM_OK)
+            return false;
     return true;
 }
 

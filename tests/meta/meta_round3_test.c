@@ -100,3 +100,35 @@ static void build_concat_empty_operand(md_builder *b, void *ud) {
 LOOM_TEST(meta_round3, concat_with_an_empty_operand_slice_keeps_both_parts) {
     check_exact("concat(hi, lo)", build_concat_empty_operand, NULL, 2, 2);
 }
+
+/* A leaf whose state is NONE ("follows the op that writes it") written by CPY, and by
+ * SET_ROWS (every row), from a value split along axis 0 (unevenly when uneven is set):
+ * the leaf and the op's result read back exactly. */
+static void build_none_leaf_written(md_builder *b, void *ud) {
+    const bool uneven = ud != NULL;
+    loom_split_state none;
+    loom_split_state_init(&none, LOOM_SPLIT_NONE, b->n);
+    const int64_t ne[4] = {8, T, 1, 1}, ne_rows[4] = {T, 1, 1, 1};
+    int64_t counts[LOOM_META_MAX_DEVICES];
+    last_holds_all(b->n, 8, counts);
+    loom_tensor *t = uneven ? md_f32_counts(b, "t", 8, T, 1, LOOM_SPLIT_AXIS_0, counts)
+                            : md_f32(b, "t", 8, T, 1, LOOM_SPLIT_AXIS_0);
+    loom_tensor *dst = md_leaf_new(b, "dst", LOOM_TYPE_F32, ne, &none, MD_FILL_FLOAT, 0);
+    loom_tensor *rows_dst = md_leaf_new(b, "rows_dst", LOOM_TYPE_F32, ne, &none, MD_FILL_FLOAT, 0);
+    loom_tensor *rows = md_leaf_new(b, "rows", LOOM_TYPE_I32, ne_rows, NULL, MD_FILL_ROWS, T);
+    if (b->failed) return;
+    loom_tensor *sq = md_check(b, loom_sqr(b->ctx, t), "sq");
+    if (!sq) return;
+    loom_tensor *c = md_check(b, loom_cpy(b->ctx, sq, dst), "cpy");
+    loom_tensor *sr = md_check(b, loom_set_rows(b->ctx, rows_dst, sq, rows), "set_rows");
+    md_output(b, c);
+    md_output(b, sr);
+    md_output(b, dst);
+    md_output(b, rows_dst);
+}
+
+LOOM_TEST(meta_round3, none_leaf_written_by_cpy_or_set_rows_takes_its_layout) {
+    check_exact("cpy/set_rows into a NONE leaf", build_none_leaf_written, NULL, 1, 3);
+    int uneven = 1;
+    check_exact("cpy/set_rows into a NONE leaf, uneven", build_none_leaf_written, &uneven, 2, 3);
+}
