@@ -32,6 +32,7 @@ typedef enum loom__cause {
     LOOM__CAUSE_CUR,   /* 4.cur */
     LOOM__CAUSE_SUP,   /* 4.sup: first backend that supports it */
     LOOM__CAUSE_CPY,   /* 4.cpy: a copy made by the scheduler */
+    LOOM__CAUSE_FBK,   /* 5.fbk: its backend refused it once its inputs were copies */
     LOOM__CAUSE_COUNT
 } loom__cause;
 

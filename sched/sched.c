@@ -31,6 +31,11 @@ typedef struct loom__sched_pins {
 typedef struct loom__sched_full {
     struct loom_sched s;
     loom__sched_pins pins;
+    /* nodes of the graph being split that their backend refused once their sources were
+     * replaced by copies (a meta device cannot split a value that arrives whole the way
+     * its rule needs): the next attempt places them on the CPU (cause 5.fbk) */
+    const loom_tensor **fbk;
+    int n_fbk, cap_fbk;
     bool dirty; /* a split ran since the last reset */
 } loom__sched_full;
 
@@ -55,6 +60,7 @@ static const char *const cause_names[LOOM__CAUSE_COUNT] = {
     [LOOM__CAUSE_UPG] = "3.upg",       [LOOM__CAUSE_BEST] = "3.best",
     [LOOM__CAUSE_VSRC4] = "4.vsrc",    [LOOM__CAUSE_CUR] = "4.cur",
     [LOOM__CAUSE_SUP] = "4.sup",       [LOOM__CAUSE_CPY] = "4.cpy",
+    [LOOM__CAUSE_FBK] = "5.fbk",
 };
 
 const char *loom__cause_name(int cause) {
@@ -327,6 +333,7 @@ void loom_sched_free(loom_sched *s) {
         loom_free(s->rounds[c].graphs);
     }
     loom_free(f->pins.pins);
+    loom_free(f->fbk);
     loom_free(f);
 }
 
@@ -397,6 +404,13 @@ loom_status loom__sched_apply_pins(loom_sched *s) {
         s->t_cause[id] = LOOM__CAUSE_USR;
         p->used = true;
     }
+    for (int i = 0; i < f->n_fbk; i++) {
+        int id = loom__sched_id_add(s, f->fbk[i]);
+        if (id < 0) return loom_last_status();
+        if (s->t_cause[id] == LOOM__CAUSE_USR) continue;
+        s->t_backend[id] = (int8_t)(s->n_backends - 1);
+        s->t_cause[id] = LOOM__CAUSE_FBK;
+    }
     return LOOM_OK;
 }
 
@@ -418,6 +432,22 @@ static void undo_rewrites(loom_sched *s) {
 
 static bool is_current(const loom_sched *s, const loom_graph *g);
 
+/* The first node placed on a backend other than the CPU that this backend refuses now
+ * that its sources are what the split made them (copies), or NULL. */
+static const loom_tensor *refused_as_placed(loom_sched *s, const loom_graph *g) {
+    const int cpu = s->n_backends - 1;
+    const loom_tensor *bad = NULL;
+    for (int b = 0; b < s->n_backends; b++) loom_backend_split_begin(s->backends[b]);
+    for (int i = 0; i < g->n_nodes && !bad; i++) {
+        const loom_tensor *t = g->nodes[i];
+        int b = loom__sched_backend_of(s, t);
+        if (t->op == LOOM_OP_NONE || b < 0 || b == cpu) continue;
+        if (!loom_backend_supports_op(s->backends[b], t)) bad = t;
+    }
+    for (int b = 0; b < s->n_backends; b++) loom_backend_split_end(s->backends[b]);
+    return bad;
+}
+
 static loom_status split_round(loom_sched *s, loom_graph *g) {
     loom__sched_full *f = full_of(s);
     /* splitting the graph of this round again: put its sources back first (its copies are
@@ -431,7 +461,54 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
     f->dirty = true;
     s->is_reset = false;
     round_begin(s);
+    f->n_fbk = 0;
     loom_status st = loom__sched_split(s, g);
+    /* a node whose backend refuses it with its sources as placed (copies from another
+     * backend arrive whole) falls back to the CPU: split again without it, until none
+     * does (each attempt moves at least one node) */
+    const loom_tensor *bad;
+    while (st == LOOM_OK && (bad = refused_as_placed(s, g)) != NULL) {
+        bool seen = false; /* pinned there by the user: its compute will say why */
+        for (int i = 0; i < f->n_fbk && !seen; i++) seen = f->fbk[i] == bad;
+        if (seen) break;
+        const int cpu = s->n_backends - 1;
+        loom_buffer_t home = bad->view_src ? bad->view_src->buffer : bad->buffer;
+        if (home && !loom__sched_buffer_supported(s, bad, cpu) &&
+            (bad->op == LOOM_OP_CPY || bad->op == LOOM_OP_SET_ROWS || !bad->view_src)) {
+            /* it writes memory only its backend can use: nowhere else to run it */
+            char why[384];
+            snprintf(why, sizeof why, "%s", loom_last_error());
+            st = loom_error(LOOM_ERR_UNSUPPORTED,
+                            "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and %s "
+                            "cannot run it with its inputs as placed (%s); no other backend can "
+                            "write that buffer",
+                            bad->name, loom_op_name(bad->op), loom_buffer_name(home),
+                            loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]), why);
+            break;
+        }
+        if (f->n_fbk == f->cap_fbk) {
+            int cap = f->cap_fbk ? 2 * f->cap_fbk : 16;
+            const loom_tensor **fbk = loom_realloc(f->fbk, (size_t)cap * sizeof *fbk);
+            if (!fbk) {
+                st = loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+                break;
+            }
+            f->fbk = fbk;
+            f->cap_fbk = cap;
+        }
+        f->fbk[f->n_fbk++] = bad;
+        LOOM_LOG_DEBUG("sched: %s refuses %s '%s' with its inputs as placed; it runs on %s",
+                       loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]),
+                       loom_op_name(bad->op), bad->name,
+                       loom_backend_name(s->backends[s->n_backends - 1]));
+        undo_rewrites(s);
+        for (int i = 0; i < f->pins.n; i++) f->pins.pins[i].used = false; /* applied again */
+        sched_reset(s, true);
+        f->dirty = true;
+        s->is_reset = false;
+        round_begin(s);
+        st = loom__sched_split(s, g);
+    }
     if (st == LOOM_OK) st = loom__sched_build_graph(s, g);
     if (st != LOOM_OK) {
         s->is_split = false;
