@@ -201,6 +201,14 @@ static loom_graph *builder_run(md_builder *b, int n, uint64_t seed, md_build_fn 
         fail(b, "graph: %s", loom_last_error());
         return NULL;
     }
+    if (getenv("LOOM_META_DIFF_ALL")) { /* debugging: compare every computed node */
+        loom_graph *all = loom_graph_new(b->ctx, MD_GRAPH_SIZE);
+        for (int i = 0; all && i < b->n_outs; i++)
+            if (b->outs[i]->op != LOOM_OP_NONE) loom_graph_build_forward(all, b->outs[i]);
+        if (all) b->n_outs = 0;
+        for (int i = 0; all && i < all->n_nodes; i++)
+            if (!loom_op_is_view(all->nodes[i]->op)) md_output(b, all->nodes[i]);
+    }
     bool any = false;
     for (int i = 0; i < b->n_outs; i++) {
         if (b->outs[i]->op == LOOM_OP_NONE) continue;
@@ -281,9 +289,9 @@ static bool outputs_differ(const md_builder *b, const outputs *want, const outpu
             bad++;
         }
         if (bad) {
-            snprintf(msg, size, "output '%s' (%s): %d of %lld elements differ, max error %g; "
+            snprintf(msg, size, "output %d '%s' (%s): %d of %lld elements differ, max error %g; "
                      "element %lld: got %g, want %g",
-                     b->outs[i]->name, loom_op_name(b->outs[i]->op), bad, (long long)want->n[i],
+                     i, b->outs[i]->name, loom_op_name(b->outs[i]->op), bad, (long long)want->n[i],
                      worst, (long long)first, got->v[i][first], want->v[i][first]);
             return true;
         }
@@ -399,6 +407,14 @@ md_result md_run(const md_config *c, md_build_fn build, void *ud) {
         goto done;
     }
     for (int i = 0; i < b.n_leaves; i++) leaf_fill(&b.leaves[i], c->seed);
+    if (getenv("LOOM_META_DIFF_DUMP"))
+        for (int i = 0; i < b.n_leaves; i++) {
+            char st[160];
+            loom_split_state_format(&b.leaves[i].state, st, sizeof st);
+            fprintf(stderr, "leaf %s [%lld,%lld,%lld]: %s\n", b.leaves[i].t->name,
+                    (long long)b.leaves[i].t->ne[0], (long long)b.leaves[i].t->ne[1],
+                    (long long)b.leaves[i].t->ne[2], st);
+        }
     be[0] = loom_dev_init(meta, NULL);
     if (!be[0]) {
         r = result(MD_SETUP, "meta backend: %s", loom_last_error());

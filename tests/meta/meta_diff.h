@@ -16,7 +16,7 @@
 #include "loom/splitstate.h"
 
 #define MD_MAX_LEAVES 96
-#define MD_MAX_OUTS 16
+#define MD_MAX_OUTS 256
 
 typedef enum md_fill {
     MD_FILL_FLOAT, /* uniform in [-1, 1) */

@@ -14,7 +14,7 @@
  *   - on the meta backend alone an error is a clean refusal (counted);
  *   - under the scheduler a "rules" case must be exact (the scheduler falls back to the CPU
  *     for what the devices refuse); a "wild" case may be refused only with a message.
- * The seed list is fixed, plus LOOM_META_FUZZ_FRESH fresh seeds (default 64) drawn from
+ * The seed list is fixed, plus LOOM_META_FUZZ_FRESH fresh seeds (default 500; 2,000 fixed) drawn from
  * the clock (or LOOM_META_FUZZ_SEED for one case); every failure prints its seed, so
  *   LOOM_META_FUZZ_SEED=<seed> bazel test //tests/meta:meta_fuzz_test
  * reproduces it, and each one found becomes a case of meta_round3_test.
@@ -326,6 +326,8 @@ static void run_case(uint64_t seed, tally *t) {
     c.n = 1 + (int)(r % 8);
     r = mix64(r);
     c.sched = r & 1;
+    const char *mode = getenv("LOOM_META_FUZZ_MODE"); /* rerun a seed alone or scheduled */
+    if (mode && *mode) c.sched = strcmp(mode, "sched") == 0;
     c.nan_fill = !c.sched;
     c.repeats = 1 + (int)((r >> 1) & 1);
     static const loom_allreduce_algo algos[] = {LOOM_ALLREDUCE_AUTO, LOOM_ALLREDUCE_RING,
@@ -394,8 +396,8 @@ LOOM_TEST(meta_fuzz, random_graphs_match_the_cpu) {
 #else
         const int scale = 4; /* sanitizer builds: a quarter of the cases */
 #endif
-        const int fixed = env_int("LOOM_META_FUZZ_FIXED", 256) / scale;
-        const int fresh = env_int("LOOM_META_FUZZ_FRESH", 64) / scale;
+        const int fixed = env_int("LOOM_META_FUZZ_FIXED", 2000) / scale;
+        const int fresh = env_int("LOOM_META_FUZZ_FRESH", 500) / scale;
         for (int i = 0; i < fixed; i++) run_case((uint64_t)i + 1, &t);
         uint64_t base = mix64((uint64_t)time(NULL) ^ ((uint64_t)clock() << 32));
         for (int i = 0; i < fresh; i++) run_case(base + (uint64_t)i, &t);

@@ -13,11 +13,13 @@
 
 /* Runs build over N devices, alone and under a scheduler, over every AllReduce algorithm
  * and with NaN-filled memory; every run must match the CPU exactly. */
-static void check_exact(const char *what, md_build_fn build, void *ud, int n_lo, int n_hi) {
+static void check_modes(const char *what, md_build_fn build, void *ud, int n_lo, int n_hi,
+                        int modes) {
     for (int n = n_lo; n <= n_hi; n++)
         for (int mode = 0; mode < 2; mode++)
             for (int algo = LOOM_ALLREDUCE_AUTO; algo < LOOM_ALLREDUCE_COUNT; algo++) {
                 if (algo == LOOM_ALLREDUCE_NATIVE) continue; /* sim has no communicator */
+                if (!(modes & (1 << mode))) continue;
                 md_config c = {.n = n,
                                .algo = (loom_allreduce_algo)algo,
                                .sched = mode == 1,
@@ -29,6 +31,11 @@ static void check_exact(const char *what, md_build_fn build, void *ud, int n_lo,
                                mode ? "sched" : "alone", loom_allreduce_algo_name(c.algo),
                                md_verdict_name(r.verdict), r.msg);
             }
+}
+
+/* Alone and under a scheduler. */
+static void check_exact(const char *what, md_build_fn build, void *ud, int n_lo, int n_hi) {
+    check_modes(what, build, ud, n_lo, n_hi, 3);
 }
 
 enum { K = 6, M = 5, T = 3, E = 4, U = 2 };
@@ -131,4 +138,35 @@ LOOM_TEST(meta_round3, none_leaf_written_by_cpy_or_set_rows_takes_its_layout) {
     check_exact("cpy/set_rows into a NONE leaf", build_none_leaf_written, NULL, 1, 3);
     int uneven = 1;
     check_exact("cpy/set_rows into a NONE leaf, uneven", build_none_leaf_written, &uneven, 2, 3);
+}
+
+/* Found by meta_fuzz_test (seed 321, N = 7): v = wv x h split unevenly along its rows
+ * (devices without any), reshaped to heads of size 1 or 2 (a split inside a head: the
+ * devices cannot map that reshape, which falls back to the CPU), permuted, transposed and
+ * made contiguous. */
+static void build_uneven_value_heads(md_builder *b, void *ud) {
+    int64_t counts[LOOM_META_MAX_DEVICES] = {0};
+    const int64_t want[7] = {1, 0, 1, 0, 1, 0, 3};
+    for (int j = 0; j < b->n; j++) counts[j] = j < 7 ? want[j] : 0;
+    if (b->n < 7) { /* the same pattern folded onto fewer devices */
+        for (int j = 0; j < b->n; j++) counts[j] = 0;
+        for (int j = 0; j < 7; j++) counts[j % b->n] += want[j];
+    }
+    loom_tensor *wv = md_f32_counts(b, "wv", 11, 6, 1, LOOM_SPLIT_AXIS_1, counts);
+    loom_tensor *h = md_f32(b, "h", 11, T, 1, LOOM_SPLIT_MIRRORED);
+    if (b->failed) return;
+    loom_tensor *v = md_check(b, loom_mul_mat(b->ctx, wv, h), "v");
+    const int64_t hd = ud ? 2 : 1;
+    loom_tensor *v3 = v ? md_check(b, loom_reshape_3d(b->ctx, v, hd, 6 / hd, T), "v3") : NULL;
+    loom_tensor *vp = v3 ? md_check(b, loom_permute(b->ctx, v3, 0, 2, 1, 3), "vp") : NULL;
+    loom_tensor *vt = vp ? md_check(b, loom_transpose(b->ctx, vp), "vt") : NULL;
+    md_output(b, vt ? md_check(b, loom_cont(b->ctx, vt), "vtc") : NULL);
+}
+
+LOOM_TEST(meta_round3, uneven_value_heads_through_a_fallen_back_reshape) {
+    check_exact("cont(transpose(permute(reshape(v))))", build_uneven_value_heads, NULL, 7, 7);
+    /* alone, the devices refuse that reshape (a clean error); scheduled, it is exact */
+    int hd2 = 1;
+    check_modes("cont(transpose(permute(reshape(v)))), heads of 2", build_uneven_value_heads, &hd2,
+                2, 7, 2);
 }
