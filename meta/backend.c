@@ -578,7 +578,8 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         plan_sub *sub = &p->subs[p->n_subs++];
         sub->first = start;
         sub->last = r;
-        sub->reduce = partial && n > 1 ? r : -1;
+        /* an empty sum (no tokens) has nothing to reduce */
+        sub->reduce = partial && n > 1 && loom_nelements(g->nodes[r]) > 0 ? r : -1;
         start = r + 1;
         i = r;
     }

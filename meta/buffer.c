@@ -420,8 +420,20 @@ loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
 }
 
 loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i) {
-    LOOM_ASSERT(buf->iface == &loom__meta_buffer_i);
-    return ((meta_buffer *)buf->context)->bufs[i];
+    if (!buf || buf->iface != &loom__meta_buffer_i) {
+        /* a zero-size buffer of a meta buffer type is the generic empty buffer: it has no
+         * members (nothing lives in it) */
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_meta_buffer_member: %s is not a meta buffer%s",
+                   buf ? loom_buffer_name(buf) : "(null)",
+                   buf && loom_buffer_size(buf) == 0 ? " (a zero-size buffer has no members)" : "");
+        return NULL;
+    }
+    meta_buffer *mb = buf->context;
+    if (i < 0 || i >= mb->md->n) {
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_meta_buffer_member: member %d of %d", i, mb->md->n);
+        return NULL;
+    }
+    return mb->bufs[i];
 }
 
 size_t loom_meta_buffer_member_offset(loom_buffer_t buf, const loom_tensor *t, int i) {

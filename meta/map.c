@@ -62,6 +62,13 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
             memcpy(out->nb, t->nb, sizeof out->nb);
         if (!t->buffer || !t->data)
             return loom_error(LOOM_ERR_INVALID_ARG, "meta: tensor '%s' is not allocated", t->name);
+        if (t->buffer->iface != &loom__meta_buffer_i && loom_buffer_buft(t->buffer) == &md->buft &&
+            loom_buffer_size(t->buffer) == 0) {
+            /* a zero-size buffer of this type (nothing but empty tensors): no memory */
+            out->buffer = NULL;
+            out->data = NULL;
+            return LOOM_OK;
+        }
         if (t->buffer->iface != &loom__meta_buffer_i)
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "meta: tensor '%s' lives in %s, not in a buffer of %s", t->name,

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "loom/sim.h"
 #include "tests/meta/meta_diff.h"
 #include "tests/shim/loom_test.h"
 
@@ -169,4 +170,44 @@ LOOM_TEST(meta_round3, uneven_value_heads_through_a_fallen_back_reshape) {
     int hd2 = 1;
     check_modes("cont(transpose(permute(reshape(v)))), heads of 2", build_uneven_value_heads, &hd2,
                 2, 7, 2);
+}
+
+/* Zero-element tensors: no tokens (T = 0) through a column- then row-parallel pair and a
+ * PARTIAL bias; the outputs are empty and nothing fails. */
+static void build_zero_tokens(md_builder *b, void *ud) {
+    (void)ud;
+    loom_tensor *up = md_f32(b, "up", K, M, 1, LOOM_SPLIT_AXIS_1);
+    loom_tensor *down = md_f32(b, "down", M, K, 1, LOOM_SPLIT_AXIS_0);
+    loom_tensor *x = md_f32(b, "x", K, 0, 1, LOOM_SPLIT_MIRRORED);
+    loom_tensor *bias = md_f32(b, "bias", K, 1, 1, LOOM_SPLIT_PARTIAL);
+    if (b->failed) return;
+    loom_tensor *h = md_check(b, loom_mul_mat(b->ctx, up, x), "h");
+    loom_tensor *o = h ? md_check(b, loom_mul_mat(b->ctx, down, md_check(b, loom_silu(b->ctx, h), "silu")), "o") : NULL;
+    md_output(b, o ? md_check(b, loom_add(b->ctx, o, bias), "y") : NULL);
+}
+
+LOOM_TEST(meta_round3, zero_element_tensors_run) {
+    check_exact("T = 0", build_zero_tokens, NULL, 1, 3);
+}
+
+/* A zero-size buffer of a meta buffer type (the generic empty buffer) has no members: the
+ * question is answered with NULL and a message, not an abort. */
+LOOM_TEST(meta_round3, zero_size_meta_buffer_has_no_members) {
+    loom_reg_t reg = NULL;
+    LOOM_REQUIRE(loom_sim_reg_new_from_spec("sim:2", &reg) == LOOM_OK);
+    loom_dev_t devs[2] = {loom_reg_dev_get(reg, 0), loom_reg_dev_get(reg, 1)}, meta = NULL;
+    LOOM_REQUIRE(loom_meta_device_new(devs, 2, NULL, NULL, &meta) == LOOM_OK);
+    loom_buffer_t empty = loom_buft_alloc_buffer(loom_dev_buffer_type(meta), 0);
+    LOOM_REQUIRE(empty != NULL);
+    LOOM_CHECK(loom_meta_buffer_member(empty, 0) == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "a zero-size buffer has no members");
+    loom_buffer_t full = loom_buft_alloc_buffer(loom_dev_buffer_type(meta), 64);
+    LOOM_REQUIRE(full != NULL);
+    LOOM_CHECK(loom_meta_buffer_member(full, 1) != NULL);
+    LOOM_CHECK(loom_meta_buffer_member(full, 2) == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "member 2 of 2");
+    loom_buffer_free(full);
+    loom_buffer_free(empty);
+    loom_meta_device_free(meta);
+    loom_sim_reg_free(reg);
 }
