@@ -632,6 +632,7 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                 bool empty_src = false;
                 for (int k = 0; k < LOOM_MAX_SRC; k++)
                     empty_src |= d->src[k] && loom_nelements(d->src[k]) == 0;
+                if (empty_src && d->op == LOOM_OP_SET_ROWS) continue; /* no rows to write */
                 if (empty_src && is_partial_node(mb, g->nodes[i])) {
                     /* a contraction over an empty slice: this device's terms are zeros */
                     zero_fill(d, d);

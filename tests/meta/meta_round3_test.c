@@ -184,6 +184,16 @@ static void build_zero_tokens(md_builder *b, void *ud) {
     loom_tensor *h = md_check(b, loom_mul_mat(b->ctx, up, x), "h");
     loom_tensor *o = h ? md_check(b, loom_mul_mat(b->ctx, down, md_check(b, loom_silu(b->ctx, h), "silu")), "o") : NULL;
     md_output(b, o ? md_check(b, loom_add(b->ctx, o, bias), "y") : NULL);
+    /* no rows written into a split cache (found by meta_fuzz_test, seed 15) */
+    const int64_t ne_c[4] = {M, 4, 1, 1}, ne_r[4] = {0, 1, 1, 1};
+    loom_split_state cs;
+    if (loom_split_state_even(&cs, LOOM_SPLIT_AXIS_0, b->n, M, 1, 0) != LOOM_OK) return;
+    loom_tensor *cache = md_leaf_new(b, "cache", LOOM_TYPE_F32, ne_c, &cs, MD_FILL_FLOAT, 0);
+    loom_tensor *rows = md_leaf_new(b, "rows", LOOM_TYPE_I32, ne_r, NULL, MD_FILL_ROWS, 4);
+    if (!h || b->failed) return;
+    loom_tensor *hc = md_check(b, loom_reshape_2d(b->ctx, md_check(b, loom_cont(b->ctx, h), "hc"), M, 0), "hr");
+    loom_tensor *w = hc ? md_check(b, loom_set_rows(b->ctx, cache, hc, rows), "set_rows") : NULL;
+    md_output(b, w ? md_check(b, loom_scale(b->ctx, w, 2.0f), "cache x 2") : NULL);
 }
 
 LOOM_TEST(meta_round3, zero_element_tensors_run) {
