@@ -12,6 +12,8 @@
 #include "tests/meta/meta_diff.h"
 #include "tests/shim/loom_test.h"
 
+static const char *g_sim_opts; /* appended to "sim:N" (member refusals) */
+
 /* Runs build over N devices, alone and under a scheduler, over every AllReduce algorithm
  * and with NaN-filled memory; every run must match the CPU exactly. */
 static void check_modes(const char *what, md_build_fn build, void *ud, int n_lo, int n_hi,
@@ -22,6 +24,7 @@ static void check_modes(const char *what, md_build_fn build, void *ud, int n_lo,
                 if (algo == LOOM_ALLREDUCE_NATIVE) continue; /* sim has no communicator */
                 if (!(modes & (1 << mode))) continue;
                 md_config c = {.n = n,
+                               .sim_opts = g_sim_opts,
                                .algo = (loom_allreduce_algo)algo,
                                .sched = mode == 1,
                                .nan_fill = mode == 0,
@@ -220,4 +223,24 @@ LOOM_TEST(meta_round3, zero_size_meta_buffer_has_no_members) {
     loom_buffer_free(empty);
     loom_meta_device_free(meta);
     loom_sim_reg_free(reg);
+}
+
+/* Issue 29, item 6 (meta_fuzz_test seed 16): the devices refuse SOFT_MAX, so the attention
+ * weights are computed on the CPU and come back whole, while V is split on heads: the
+ * devices cannot multiply a head-split V by a whole operand the way their rule needs, and
+ * under a scheduler that product falls back to the CPU too (exact); alone it is refused. */
+static void build_whole_weights_split_values(md_builder *b, void *ud) {
+    (void)ud;
+    enum { HD = 2, H = 4, NKV = 3 };
+    loom_tensor *kq = md_f32(b, "kq", NKV, T, H, LOOM_SPLIT_AXIS_2);
+    loom_tensor *vt = md_f32(b, "vt", NKV, HD, H, LOOM_SPLIT_AXIS_2);
+    if (b->failed) return;
+    loom_tensor *sm = md_check(b, loom_soft_max(b->ctx, kq), "soft_max");
+    md_output(b, sm ? md_check(b, loom_mul_mat(b->ctx, vt, sm), "kqv") : NULL);
+}
+
+LOOM_TEST(meta_round3, refused_producer_brings_back_a_whole_value_and_its_consumer_falls_back) {
+    g_sim_opts = ",refuse=soft_max";
+    check_modes("v x soft_max(kq), soft_max refused", build_whole_weights_split_values, NULL, 2, 4, 2);
+    g_sim_opts = NULL;
 }
