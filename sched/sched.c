@@ -432,6 +432,14 @@ static void undo_rewrites(loom_sched *s) {
 
 static bool is_current(const loom_sched *s, const loom_graph *g);
 
+/* The computed source a CPY or SET_ROWS writes (made on the CPU, it arrives whole, and a
+ * whole value can be written into any split of the destination), or NULL. */
+static const loom_tensor *whole_source(const loom_tensor *t) {
+    if (t->op != LOOM_OP_CPY && t->op != LOOM_OP_SET_ROWS) return NULL;
+    const loom_tensor *src = t->src[0];
+    return src && src->op != LOOM_OP_NONE ? src : NULL;
+}
+
 /* The first node placed on a backend other than the CPU that this backend refuses now
  * that its sources are what the split made them (copies), or NULL. */
 static const loom_tensor *refused_as_placed(loom_sched *s, const loom_graph *g) {
@@ -462,30 +470,40 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
     s->is_reset = false;
     round_begin(s);
     f->n_fbk = 0;
+    s->want_whole = NULL;
     loom_status st = loom__sched_split(s, g);
-    /* a node whose backend refuses it with its sources as placed (copies from another
-     * backend arrive whole) falls back to the CPU: split again without it, until none
-     * does (each attempt moves at least one node) */
-    const loom_tensor *bad;
-    while (st == LOOM_OK && (bad = refused_as_placed(s, g)) != NULL) {
-        bool seen = false; /* pinned there by the user: its compute will say why */
-        for (int i = 0; i < f->n_fbk && !seen; i++) seen = f->fbk[i] == bad;
-        if (seen) break;
-        const int cpu = s->n_backends - 1;
-        loom_buffer_t home = bad->view_src ? bad->view_src->buffer : bad->buffer;
-        if (home && !loom__sched_buffer_supported(s, bad, cpu) &&
-            (bad->op == LOOM_OP_CPY || bad->op == LOOM_OP_SET_ROWS || !bad->view_src)) {
-            /* it writes memory only its backend can use: nowhere else to run it */
-            char why[384];
-            snprintf(why, sizeof why, "%s", loom_last_error());
-            st = loom_error(LOOM_ERR_UNSUPPORTED,
-                            "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and %s "
-                            "cannot run it with its inputs as placed (%s); no other backend can "
-                            "write that buffer",
-                            bad->name, loom_op_name(bad->op), loom_buffer_name(home),
-                            loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]), why);
-            break;
+    /* a node its backend refuses with its sources as placed (copies from another backend
+     * arrive whole) falls back to the CPU; a CPY or SET_ROWS writing memory only its
+     * backend can use gets its source made on the CPU instead, so that it arrives whole
+     * and each device writes its part. Split again until nothing moves (each attempt
+     * moves one more node; one already moved ends it with the error). */
+    for (;;) {
+        const loom_tensor *move = NULL;
+        if (st == LOOM_OK) {
+            const loom_tensor *bad = refused_as_placed(s, g);
+            if (!bad) break;
+            move = bad;
+            loom_buffer_t home = bad->view_src ? bad->view_src->buffer : bad->buffer;
+            if (home && !loom__sched_buffer_supported(s, bad, s->n_backends - 1) &&
+                (bad->op == LOOM_OP_CPY || bad->op == LOOM_OP_SET_ROWS || !bad->view_src)) {
+                char why[384];
+                snprintf(why, sizeof why, "%s", loom_last_error());
+                st = loom_error(LOOM_ERR_UNSUPPORTED,
+                                "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and "
+                                "%s cannot run it with its inputs as placed (%s); no other "
+                                "backend can write that buffer",
+                                bad->name, loom_op_name(bad->op), loom_buffer_name(home),
+                                loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]),
+                                why);
+                move = whole_source(bad);
+            }
+        } else {
+            move = s->want_whole; /* pass 1: a pre-allocated CPY/SET_ROWS nobody can run */
         }
+        s->want_whole = NULL;
+        bool seen = !move; /* moved already (or pinned there by the user): give up */
+        for (int i = 0; i < f->n_fbk && !seen; i++) seen = f->fbk[i] == move;
+        if (seen) break;
         if (f->n_fbk == f->cap_fbk) {
             int cap = f->cap_fbk ? 2 * f->cap_fbk : 16;
             const loom_tensor **fbk = loom_realloc(f->fbk, (size_t)cap * sizeof *fbk);
@@ -496,10 +514,10 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
             f->fbk = fbk;
             f->cap_fbk = cap;
         }
-        f->fbk[f->n_fbk++] = bad;
-        LOOM_LOG_DEBUG("sched: %s refuses %s '%s' with its inputs as placed; it runs on %s",
-                       loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]),
-                       loom_op_name(bad->op), bad->name,
+        f->fbk[f->n_fbk++] = move;
+        LOOM_LOG_DEBUG("sched: %s '%s' runs on %s (its backend refuses it as placed, or a "
+                       "consumer needs it whole)",
+                       loom_op_name(move->op), move->name,
                        loom_backend_name(s->backends[s->n_backends - 1]));
         undo_rewrites(s);
         for (int i = 0; i < f->pins.n; i++) f->pins.pins[i].used = false; /* applied again */

@@ -103,6 +103,22 @@ static int backend_from_cur(const loom_sched *s, const loom_tensor *t, int *caus
         }
         /* a view op the owner's backend cannot map falls back (pass 4) and reads a copy */
         if (is_view_op(t->op) && t->op != LOOM_OP_NONE && t->view_src) return -1;
+        /* a CPY/SET_ROWS its backend cannot run with the value split as it is: the next
+         * attempt makes the value on the CPU (it then arrives whole), and the node stays
+         * with its memory (checked again once its source is that copy) */
+        if ((t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && t->src[0] &&
+            t->src[0]->op != LOOM_OP_NONE) {
+            int sid = loom__sched_id(s, t->src[0]);
+            if (sid >= 0 && s->t_cause[sid] == LOOM__CAUSE_FBK) {
+                loom_buft_t buft = loom_buffer_buft(buf);
+                for (int b = 0; b < s->n_backends; b++) {
+                    if (!buft_supported(s, b, buft)) continue;
+                    *cause = LOOM__CAUSE_DST;
+                    return b;
+                }
+            }
+            ((loom_sched *)s)->want_whole = t->src[0];
+        }
         *st = loom_error(LOOM_ERR_UNSUPPORTED,
                          "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and no "
                          "backend that can use that buffer can run %s",

@@ -244,3 +244,31 @@ LOOM_TEST(meta_round3, refused_producer_brings_back_a_whole_value_and_its_consum
     check_modes("v x soft_max(kq), soft_max refused", build_whole_weights_split_values, NULL, 2, 4, 2);
     g_sim_opts = NULL;
 }
+
+/* Issue 29, item 3: CPY of a value split along one axis (a column-parallel product) into a
+ * destination split another way. The devices cannot write it slice to slice; under a
+ * scheduler the value is made on the CPU and arrives whole, and each device writes its
+ * part of the destination (exact). Alone it is refused with a message. */
+static void build_cpy_across_states(md_builder *b, void *ud) {
+    const bool other_counts = ud != NULL;
+    loom_tensor *w = md_f32(b, "w", K, M, 1, LOOM_SPLIT_AXIS_1);
+    loom_tensor *x = md_f32(b, "x", K, T, 1, LOOM_SPLIT_MIRRORED);
+    int64_t counts[LOOM_META_MAX_DEVICES];
+    last_holds_all(b->n, other_counts ? M : T, counts);
+    const int64_t ne[4] = {M, T, 1, 1};
+    loom_split_state ds;
+    loom_split_state_init(&ds, other_counts ? LOOM_SPLIT_AXIS_0 : LOOM_SPLIT_AXIS_1, b->n);
+    if (loom_split_state_add_segment(&ds, counts, 1) != LOOM_OK) return;
+    loom_tensor *dst = md_leaf_new(b, "p", LOOM_TYPE_F32, ne, &ds, MD_FILL_FLOAT, 0);
+    if (b->failed) return;
+    loom_tensor *y = md_check(b, loom_mul_mat(b->ctx, w, x), "y");
+    loom_tensor *c = y ? md_check(b, loom_cpy(b->ctx, y, dst), "cpy") : NULL;
+    md_output(b, c ? md_check(b, loom_scale(b->ctx, c, 3.0f), "p x 3") : NULL);
+    md_output(b, dst);
+}
+
+LOOM_TEST(meta_round3, cpy_into_a_destination_split_another_way) {
+    check_modes("cpy AXIS_0 -> AXIS_1", build_cpy_across_states, NULL, 2, 3, 2);
+    int other = 1;
+    check_modes("cpy AXIS_0 -> AXIS_0 (other counts)", build_cpy_across_states, &other, 2, 3, 2);
+}
