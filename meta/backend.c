@@ -40,7 +40,7 @@ typedef struct plan {
     uint64_t used;           /* LRU stamp */
     int n_tensors, cap;
     const loom_tensor **meta;         /* [cap] meta tensor of each mapped index */
-    loom_tensor *dev[LOOM_META_MAX_DEVICES]; /* [cap] headers per device */
+    loom_tensor *dev[LOOM_META_MAX_DEVICES];    /* [cap] headers per device */
     loom_tensor *kslice[LOOM_META_MAX_DEVICES]; /* [n_tensors] K-slices of whole activations */
     int *slot;               /* open addressing: meta tensor -> index */
     int slot_cap;
@@ -245,7 +245,8 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx,
             d->view_src = &p->dev[j][vsrc];
             d->view_offs = (size_t)((char *)d->data - (char *)d->view_src->data);
         }
-        for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
+        for (int k = 0; k < LOOM_MAX_SRC; k++)
+            d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
     }
     if ((st = slice_whole_source(mb, p, idx, &s))) return st;
     return kslice_activations(mb, p, idx);
@@ -474,9 +475,10 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
  * that writes it"): the leaf is laid out by t's state. */
 static bool writes_none_leaf(meta_backend *mb, const loom_tensor *t) {
     const loom_tensor *leaf = t->view_src;
-    return (t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && leaf && leaf->op == LOOM_OP_NONE &&
-           t->view_offs == 0 && loom_nelements(t) == loom_nelements(leaf) &&
-           leaf->buffer && leaf->buffer->iface == &loom__meta_buffer_i &&
+    return (t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && leaf &&
+           leaf->op == LOOM_OP_NONE && t->view_offs == 0 &&
+           loom_nelements(t) == loom_nelements(leaf) && leaf->buffer &&
+           leaf->buffer->iface == &loom__meta_buffer_i &&
            state_is(mb, leaf, false, LOOM_SPLIT_NONE);
 }
 
@@ -539,8 +541,9 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         const loom_tensor *t = g->nodes[i];
         const bool owner = writes_none_leaf(mb, t);
-        if (!owner && (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
-                       !t->buffer || t->buffer->iface != &loom__meta_buffer_i))
+        if (!owner &&
+            (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
+             !t->buffer || t->buffer->iface != &loom__meta_buffer_i))
             continue;
         if (!p->out_node) {
             p->out_node = loom_malloc((size_t)g->n_nodes * sizeof *p->out_node);
@@ -564,7 +567,8 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         int x = p->out_owner[k] ? plan_find(p, g->nodes[p->out_node[k]]->view_src) : -1;
         if (x >= 0 && !layout[x]) layout[x] = &p->out_state[k];
     }
-    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x, layout);
+    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++)
+        st = plan_fill(mb, p, x, layout);
     loom_free(layout);
 
     /* cut into subgraphs */

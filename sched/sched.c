@@ -445,14 +445,16 @@ static const loom_tensor *whole_source(const loom_tensor *t) {
 static const loom_tensor *refused_as_placed(loom_sched *s, const loom_graph *g) {
     const int cpu = s->n_backends - 1;
     const loom_tensor *bad = NULL;
-    for (int b = 0; b < s->n_backends; b++) loom_backend_split_begin(s->backends[b]);
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_split_begin(s->backends[b]);
     for (int i = 0; i < g->n_nodes && !bad; i++) {
         const loom_tensor *t = g->nodes[i];
         int b = loom__sched_backend_of(s, t);
         if (t->op == LOOM_OP_NONE || b < 0 || b == cpu) continue;
         if (!loom_backend_supports_op(s->backends[b], t)) bad = t;
     }
-    for (int b = 0; b < s->n_backends; b++) loom_backend_split_end(s->backends[b]);
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_split_end(s->backends[b]);
     return bad;
 }
 
@@ -488,13 +490,13 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
                 (bad->op == LOOM_OP_CPY || bad->op == LOOM_OP_SET_ROWS || !bad->view_src)) {
                 char why[384];
                 snprintf(why, sizeof why, "%s", loom_last_error());
-                st = loom_error(LOOM_ERR_UNSUPPORTED,
-                                "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and "
-                                "%s cannot run it with its inputs as placed (%s); no other "
-                                "backend can write that buffer",
-                                bad->name, loom_op_name(bad->op), loom_buffer_name(home),
-                                loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]),
-                                why);
+                st =
+                    loom_error(LOOM_ERR_UNSUPPORTED,
+                               "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and "
+                               "%s cannot run it with its inputs as placed (%s); no other "
+                               "backend can write that buffer",
+                               bad->name, loom_op_name(bad->op), loom_buffer_name(home),
+                               loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]), why);
                 move = whole_source(bad);
             }
         } else {
@@ -502,7 +504,8 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
         }
         s->want_whole = NULL;
         bool seen = !move; /* moved already (or pinned there by the user): give up */
-        for (int i = 0; i < f->n_fbk && !seen; i++) seen = f->fbk[i] == move;
+        for (int i = 0; i < f->n_fbk && !seen; i++)
+            seen = f->fbk[i] == move;
         if (seen) break;
         if (f->n_fbk == f->cap_fbk) {
             int cap = f->cap_fbk ? 2 * f->cap_fbk : 16;
@@ -520,7 +523,8 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
                        loom_op_name(move->op), move->name,
                        loom_backend_name(s->backends[s->n_backends - 1]));
         undo_rewrites(s);
-        for (int i = 0; i < f->pins.n; i++) f->pins.pins[i].used = false; /* applied again */
+        for (int i = 0; i < f->pins.n; i++)
+            f->pins.pins[i].used = false; /* applied again */
         sched_reset(s, true);
         f->dirty = true;
         s->is_reset = false;

@@ -110,10 +110,14 @@ void md_output(md_builder *b, loom_tensor *t) {
 
 const char *md_verdict_name(md_verdict v) {
     switch (v) {
-    case MD_EXACT: return "exact";
-    case MD_REFUSED: return "refused";
-    case MD_WRONG: return "WRONG";
-    default: return "setup";
+    case MD_EXACT:
+        return "exact";
+    case MD_REFUSED:
+        return "refused";
+    case MD_WRONG:
+        return "WRONG";
+    default:
+        return "setup";
     }
 }
 
@@ -121,7 +125,8 @@ const char *md_verdict_name(md_verdict v) {
 
 static uint64_t name_hash(const char *s) {
     uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
     return h;
 }
 
@@ -172,9 +177,9 @@ static void builder_free(md_builder *b) {
 }
 
 static loom_ctx *ctx_of(int tensors) {
-    return loom_ctx_new((loom_ctx_params){
-        .mem_size = (size_t)tensors * loom_tensor_overhead() + loom_graph_overhead(MD_GRAPH_SIZE),
-        .no_alloc = true});
+    return loom_ctx_new((loom_ctx_params){.mem_size = (size_t)tensors * loom_tensor_overhead() +
+                                                      loom_graph_overhead(MD_GRAPH_SIZE),
+                                          .no_alloc = true});
 }
 
 /* Runs the builder into fresh contexts and a graph of its outputs. Host leafs move from
@@ -237,8 +242,7 @@ static bool alloc_ctx(loom_ctx *ctx, loom_buft_t buft, loom_buffer_t *out, bool 
     }
     /* views of leafs (a CPY's result, a SET_ROWS's) live in the leafs' buffers */
     for (loom_tensor *t = loom_ctx_first_tensor(ctx); t; t = loom_ctx_next_tensor(ctx, t))
-        if (t->view_src && !t->buffer && t->view_src->buffer &&
-            loom_buffer_init_view(t) != LOOM_OK)
+        if (t->view_src && !t->buffer && t->view_src->buffer && loom_buffer_init_view(t) != LOOM_OK)
             return false;
     return true;
 }
@@ -249,7 +253,8 @@ typedef struct outputs {
 } outputs;
 
 static void outputs_free(outputs *o) {
-    for (int i = 0; i < MD_MAX_OUTS; i++) free(o->v[i]);
+    for (int i = 0; i < MD_MAX_OUTS; i++)
+        free(o->v[i]);
     memset(o, 0, sizeof *o);
 }
 
@@ -263,7 +268,8 @@ static void outputs_read(const md_builder *b, outputs *o) {
         if (t->type == LOOM_TYPE_I32) {
             int32_t *tmp = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
             loom_tensor_get(t, tmp, 0, sizeof(int32_t) * (size_t)n);
-            for (int64_t k = 0; k < n; k++) o->v[i][k] = (float)tmp[k];
+            for (int64_t k = 0; k < n; k++)
+                o->v[i][k] = (float)tmp[k];
             free(tmp);
         } else if (n > 0) {
             loom_tensor_get(t, o->v[i], 0, sizeof(float) * (size_t)n);
@@ -289,7 +295,8 @@ static bool outputs_differ(const md_builder *b, const outputs *want, const outpu
             bad++;
         }
         if (bad) {
-            snprintf(msg, size, "output %d '%s' (%s): %d of %lld elements differ, max error %g; "
+            snprintf(msg, size,
+                     "output %d '%s' (%s): %d of %lld elements differ, max error %g; "
                      "element %lld: got %g, want %g",
                      i, b->outs[i]->name, loom_op_name(b->outs[i]->op), bad, (long long)want->n[i],
                      worst, (long long)first, got->v[i][first], want->v[i][first]);
@@ -343,7 +350,8 @@ static md_result run_cpu(const md_config *c, md_build_fn build, void *ud, output
             r = result(MD_SETUP, "cpu alloc: %s", loom_last_error());
             goto done;
         }
-    for (int i = 0; i < b.n_leaves; i++) leaf_fill(&b.leaves[i], c->seed);
+    for (int i = 0; i < b.n_leaves; i++)
+        leaf_fill(&b.leaves[i], c->seed);
     cpu = loom_cpu_backend_new(1);
     if (!cpu || loom_backend_graph_compute(cpu, g) != LOOM_OK) {
         r = result(MD_SETUP, "cpu compute: %s", loom_last_error());
@@ -352,7 +360,8 @@ static md_result run_cpu(const md_config *c, md_build_fn build, void *ud, output
     outputs_read(&b, want);
 done:
     loom_backend_free(cpu);
-    for (int i = 0; i < 3; i++) loom_buffer_free(bufs[i]);
+    for (int i = 0; i < 3; i++)
+        loom_buffer_free(bufs[i]);
     builder_free(&b);
     return r;
 }
@@ -378,7 +387,8 @@ md_result md_run(const md_config *c, md_build_fn build, void *ud) {
         r = result(MD_SETUP, "%s: %s", spec, loom_last_error());
         goto done;
     }
-    for (int j = 0; j < c->n; j++) devs[j] = loom_reg_dev_get(reg, (size_t)j);
+    for (int j = 0; j < c->n; j++)
+        devs[j] = loom_reg_dev_get(reg, (size_t)j);
     g_leaf_builder = &b;
     if (loom_meta_device_new(devs, c->n, leaf_state, NULL, &meta) != LOOM_OK) {
         r = result(MD_SETUP, "meta device: %s", loom_last_error());
@@ -406,7 +416,8 @@ md_result md_run(const md_config *c, md_build_fn build, void *ud) {
         r = result(MD_REFUSED, "meta alloc: %s", loom_last_error());
         goto done;
     }
-    for (int i = 0; i < b.n_leaves; i++) leaf_fill(&b.leaves[i], c->seed);
+    for (int i = 0; i < b.n_leaves; i++)
+        leaf_fill(&b.leaves[i], c->seed);
     if (getenv("LOOM_META_DIFF_DUMP"))
         for (int i = 0; i < b.n_leaves; i++) {
             char st[160];
@@ -431,8 +442,8 @@ md_result md_run(const md_config *c, md_build_fn build, void *ud) {
     }
     int repeats = c->repeats > 0 ? c->repeats : 1;
     for (int k = 0; k < repeats; k++) {
-        loom_status st = c->sched ? loom_sched_graph_compute(s, g)
-                                  : loom_backend_graph_compute(be[0], g);
+        loom_status st =
+            c->sched ? loom_sched_graph_compute(s, g) : loom_backend_graph_compute(be[0], g);
         if (st != LOOM_OK) {
             r = result(MD_REFUSED, "%s compute %d: %s", c->sched ? "sched" : "meta", k + 1,
                        loom_last_error());
@@ -451,7 +462,8 @@ done:
     loom_sched_free(s);
     loom_backend_free(be[0]);
     loom_backend_free(be[1]);
-    for (int i = 0; i < 3; i++) loom_buffer_free(bufs[i]);
+    for (int i = 0; i < 3; i++)
+        loom_buffer_free(bufs[i]);
     builder_free(&b);
     g_leaf_builder = NULL;
     if (meta) loom_meta_device_free(meta);

@@ -36,9 +36,9 @@ typedef struct md_builder {
     loom_ctx *ctx;  /* the graph's computed tensors (build ops here) */
     loom_ctx *lctx; /* device leafs (md_leaf_new) */
     loom_ctx *hctx; /* host leafs */
-    int n;         /* devices of the meta device (the states' n_devices) */
-    uint64_t seed; /* the case's seed: the builder may draw from it (md_rand) */
-    uint64_t rng;  /* reset to seed before every build */
+    int n;          /* devices of the meta device (the states' n_devices) */
+    uint64_t seed;  /* the case's seed: the builder may draw from it (md_rand) */
+    uint64_t rng;   /* reset to seed before every build */
     md_leaf leaves[MD_MAX_LEAVES];
     int n_leaves;
     loom_tensor *outs[MD_MAX_OUTS];

@@ -46,7 +46,8 @@ enum { K = 6, M = 5, T = 3, E = 4, U = 2 };
 
 /* counts giving the whole of `size` to the last device (the others' slices empty) */
 static void last_holds_all(int n, int64_t size, int64_t *counts) {
-    for (int j = 0; j < n; j++) counts[j] = j == n - 1 ? size : 0;
+    for (int j = 0; j < n; j++)
+        counts[j] = j == n - 1 ? size : 0;
 }
 
 /* o = w x with w split along K, all of it on the last device: the other devices'
@@ -151,10 +152,13 @@ LOOM_TEST(meta_round3, none_leaf_written_by_cpy_or_set_rows_takes_its_layout) {
 static void build_uneven_value_heads(md_builder *b, void *ud) {
     int64_t counts[LOOM_META_MAX_DEVICES] = {0};
     const int64_t want[7] = {1, 0, 1, 0, 1, 0, 3};
-    for (int j = 0; j < b->n; j++) counts[j] = j < 7 ? want[j] : 0;
+    for (int j = 0; j < b->n; j++)
+        counts[j] = j < 7 ? want[j] : 0;
     if (b->n < 7) { /* the same pattern folded onto fewer devices */
-        for (int j = 0; j < b->n; j++) counts[j] = 0;
-        for (int j = 0; j < 7; j++) counts[j % b->n] += want[j];
+        for (int j = 0; j < b->n; j++)
+            counts[j] = 0;
+        for (int j = 0; j < 7; j++)
+            counts[j % b->n] += want[j];
     }
     loom_tensor *wv = md_f32_counts(b, "wv", 11, 6, 1, LOOM_SPLIT_AXIS_1, counts);
     loom_tensor *h = md_f32(b, "h", 11, T, 1, LOOM_SPLIT_MIRRORED);
@@ -185,7 +189,9 @@ static void build_zero_tokens(md_builder *b, void *ud) {
     loom_tensor *bias = md_f32(b, "bias", K, 1, 1, LOOM_SPLIT_PARTIAL);
     if (b->failed) return;
     loom_tensor *h = md_check(b, loom_mul_mat(b->ctx, up, x), "h");
-    loom_tensor *o = h ? md_check(b, loom_mul_mat(b->ctx, down, md_check(b, loom_silu(b->ctx, h), "silu")), "o") : NULL;
+    loom_tensor *o =
+        h ? md_check(b, loom_mul_mat(b->ctx, down, md_check(b, loom_silu(b->ctx, h), "silu")), "o")
+          : NULL;
     md_output(b, o ? md_check(b, loom_add(b->ctx, o, bias), "y") : NULL);
     /* no rows written into a split cache (found by meta_fuzz_test, seed 15) */
     const int64_t ne_c[4] = {M, 4, 1, 1}, ne_r[4] = {0, 1, 1, 1};
@@ -194,7 +200,8 @@ static void build_zero_tokens(md_builder *b, void *ud) {
     loom_tensor *cache = md_leaf_new(b, "cache", LOOM_TYPE_F32, ne_c, &cs, MD_FILL_FLOAT, 0);
     loom_tensor *rows = md_leaf_new(b, "rows", LOOM_TYPE_I32, ne_r, NULL, MD_FILL_ROWS, 4);
     if (!h || b->failed) return;
-    loom_tensor *hc = md_check(b, loom_reshape_2d(b->ctx, md_check(b, loom_cont(b->ctx, h), "hc"), M, 0), "hr");
+    loom_tensor *hc =
+        md_check(b, loom_reshape_2d(b->ctx, md_check(b, loom_cont(b->ctx, h), "hc"), M, 0), "hr");
     loom_tensor *w = hc ? md_check(b, loom_set_rows(b->ctx, cache, hc, rows), "set_rows") : NULL;
     md_output(b, w ? md_check(b, loom_scale(b->ctx, w, 2.0f), "cache x 2") : NULL);
 }
@@ -241,7 +248,8 @@ static void build_whole_weights_split_values(md_builder *b, void *ud) {
 
 LOOM_TEST(meta_round3, refused_producer_brings_back_a_whole_value_and_its_consumer_falls_back) {
     g_sim_opts = ",refuse=soft_max";
-    check_modes("v x soft_max(kq), soft_max refused", build_whole_weights_split_values, NULL, 2, 4, 2);
+    check_modes("v x soft_max(kq), soft_max refused", build_whole_weights_split_values, NULL, 2, 4,
+                2);
     g_sim_opts = NULL;
 }
 
