@@ -74,7 +74,8 @@ typedef struct md_config {
     loom_allreduce_algo algo;
     bool sched;    /* under a scheduler over [Meta, CPU]; else the meta backend alone */
     bool nan_fill; /* meta memory pre-filled with NaN (alone only) */
-    int repeats;   /* computes of the same graph (>= 1) */
+    int repeats;   /* computes of the same graph (>= 1); alone, each after the first marks
+                    * one more intermediate OUTPUT (flags changed between runs) */
     uint64_t seed;
 } md_config;
 

@@ -381,7 +381,7 @@ static void run_case(uint64_t seed, tally *t) {
     const char *mode = getenv("LOOM_META_FUZZ_MODE"); /* rerun a seed alone or scheduled */
     if (mode && *mode) c.sched = strcmp(mode, "sched") == 0;
     c.nan_fill = !c.sched;
-    c.repeats = 1 + (int)((r >> 1) & 1);
+    c.repeats = 1 + (int)((r >> 1) & 1) + (int)((r >> 9) & 1);
     static const loom_allreduce_algo algos[] = {LOOM_ALLREDUCE_AUTO, LOOM_ALLREDUCE_RING,
                                                 LOOM_ALLREDUCE_BUTTERFLY, LOOM_ALLREDUCE_HOST};
     c.algo = algos[(r >> 2) % 4];
