@@ -171,6 +171,22 @@ static loom_tensor *attention(md_builder *b, const fz *f, const dims *d, int l, 
         nkv = d->n_ctx;
         if (b->failed) return NULL;
     }
+    if (nkv == d->T && md_rand_range(b, 0, 2) == 0) {
+        /* CPY of v into a leaf laid out as the rules would (split on heads), whole, or
+         * following its writer (NONE), then read back through the copy */
+        const int64_t ne_c[4] = {hd, d->Hkv, d->T, 1};
+        int kind = (int)md_rand_range(b, 0, 2);
+        loom_split_state cs;
+        if (kind == 0) {
+            cs = state_counts(b, LOOM_SPLIT_AXIS_1, kvc);
+        } else {
+            loom_split_state_init(&cs, kind == 1 ? LOOM_SPLIT_MIRRORED : LOOM_SPLIT_NONE, b->n);
+        }
+        loom_tensor *vc = md_leaf_new(b, NAME(nm, l, "vcopy"), LOOM_TYPE_F32, ne_c, &cs, MD_FILL_FLOAT, 0);
+        if (b->failed) return NULL;
+        v = CK(loom_cpy(b->ctx, CK(loom_cont(b->ctx, v), "vcont"), vc), "cpy v");
+        if (b->failed) return NULL;
+    }
     loom_tensor *mask = NULL;
     if (md_rand_range(b, 0, 1))
         mask = leaf(b, f, NAME(nm, l, "mask"), nkv, d->T, 1, st(b, LOOM_SPLIT_MIRRORED));
