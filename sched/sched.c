@@ -441,20 +441,44 @@ static const loom_tensor *whole_source(const loom_tensor *t) {
 }
 
 /* The first node placed on a backend other than the CPU that this backend refuses now
- * that its sources are what the split made them (copies), or NULL. */
+ * that its sources are what the split made them, or NULL. Only a node downstream of a
+ * change can change its answer: one that reads a copy or was rebased (the rewrite log), and
+ * whatever reads those, transitively (a value that arrives whole changes the split states
+ * derived from it). */
 static const loom_tensor *refused_as_placed(loom_sched *s, const loom_graph *g) {
     const int cpu = s->n_backends - 1;
+    /* only a backend that brackets its queries (split_begin: its answers depend on the
+     * graph, as a meta device's split states do) can answer differently now */
+    bool asks = false;
+    for (int b = 0; b < cpu; b++)
+        asks |= s->backends[b]->iface->split_begin != NULL;
+    if (!asks || s->n_rewrites == 0) return NULL;
+    bool *mark = loom_calloc((size_t)s->n_ids + 1, sizeof *mark);
+    if (!mark) return NULL; /* out of memory: keep the split; a refusal fails at compute */
+    for (int i = 0; i < s->n_rewrites; i++) {
+        int id = loom__sched_id(s, s->rewrites[i].node);
+        if (id >= 0 && id < s->n_ids) mark[id] = true;
+    }
     const loom_tensor *bad = NULL;
     for (int b = 0; b < s->n_backends; b++)
         loom_backend_split_begin(s->backends[b]);
     for (int i = 0; i < g->n_nodes && !bad; i++) {
         const loom_tensor *t = g->nodes[i];
-        int b = loom__sched_backend_of(s, t);
-        if (t->op == LOOM_OP_NONE || b < 0 || b == cpu) continue;
+        int id = s->node_tid[i]; /* the split's ids: node i, and its sources' */
+        if (id < 0 || id >= s->n_ids) continue;
+        for (int j = 0; j < LOOM_MAX_SRC && !mark[id]; j++) {
+            int sid = t->src[j] ? s->src_tid[i * LOOM_MAX_SRC + j] : -1;
+            mark[id] = sid >= 0 && sid < s->n_ids && mark[sid];
+        }
+        int b = s->t_backend[id];
+        if (!mark[id] || t->op == LOOM_OP_NONE || b < 0 || b == cpu ||
+            !s->backends[b]->iface->split_begin)
+            continue;
         if (!loom_backend_supports_op(s->backends[b], t)) bad = t;
     }
     for (int b = 0; b < s->n_backends; b++)
         loom_backend_split_end(s->backends[b]);
+    loom_free(mark);
     return bad;
 }
 
