@@ -7,9 +7,13 @@
  * (several entries, keyed by a fingerprint of the graph's tensors and addresses),
  * so re-running a graph only re-issues work.
  *
- * A device whose slice of a source is empty computes nothing for a node that would read
- * it; if the node itself is whole-shaped (a matmul over an empty contraction) its value is
- * "dead" on that device, and the reduction treats the device as contributing exact zeros.
+ * A device whose slice of a node is empty skips the node. A PARTIAL node (a contraction)
+ * whose source slice is empty on a device is a sum over nothing there: the device fills it
+ * with zeros (FILL), so every consumer, a PARTIAL bias added to it or a concatenation,
+ * reads a value; nothing downstream is ever dropped. A PARTIAL bias added to a sum that is
+ * reduced before the add (read elsewhere too, or computed outside the graph) is added by
+ * device 0 alone while the others write their part of the bias, so the add's result is a
+ * partial sum again and its reduction counts the bias once.
  */
 #include <stdio.h>
 #include <string.h>
@@ -29,7 +33,6 @@ typedef struct plan_sub {
     int reduce;         /* node to reduce after the subgraph, or -1 */
     loom_graph graph[LOOM_META_MAX_DEVICES];
     loom_tensor *red[LOOM_META_MAX_DEVICES];
-    bool empty[LOOM_META_MAX_DEVICES];
 } plan_sub;
 
 typedef struct plan {
@@ -37,8 +40,7 @@ typedef struct plan {
     uint64_t used;           /* LRU stamp */
     int n_tensors, cap;
     const loom_tensor **meta;         /* [cap] meta tensor of each mapped index */
-    loom_tensor *dev[LOOM_META_MAX_DEVICES]; /* [cap] headers per device */
-    bool *dead[LOOM_META_MAX_DEVICES];       /* [cap] */
+    loom_tensor *dev[LOOM_META_MAX_DEVICES];    /* [cap] headers per device */
     loom_tensor *kslice[LOOM_META_MAX_DEVICES]; /* [n_tensors] K-slices of whole activations */
     int *slot;               /* open addressing: meta tensor -> index */
     int slot_cap;
@@ -49,6 +51,7 @@ typedef struct plan {
      * published to the device after each compute (meta_out) */
     int n_outs;
     int *out_node;
+    bool *out_owner; /* publish the node's view_src (a NONE leaf it writes), not the node */
     loom_split_state *out_state;
 } plan;
 
@@ -84,12 +87,12 @@ static void plan_free(plan *p, int n) {
     loom_free(p->subs);
     for (int j = 0; j < n; j++) {
         loom_free(p->dev[j]);
-        loom_free(p->dead[j]);
         loom_free(p->kslice[j]);
     }
     loom_free(p->meta);
     loom_free(p->slot);
     loom_free(p->out_node);
+    loom_free(p->out_owner);
     loom_free(p->out_state);
     loom_free(p);
 }
@@ -220,8 +223,10 @@ static loom_status slice_whole_source(meta_backend *mb, plan *p, int idx, const 
     return LOOM_OK;
 }
 
-/* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). */
-static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
+/* Pass 2: the per-device headers of tensor idx (its dependencies come earlier). layout[x]
+ * (NULL: its own state): the state a NONE leaf x takes from the op that writes it. */
+static loom_status plan_fill(meta_backend *mb, plan *p, int idx,
+                             const loom_split_state *const *layout) {
     const int n = mb->md->n;
     const loom_tensor *t = p->meta[idx];
     int vsrc = t->view_src ? plan_find(p, t->view_src) : -1;
@@ -230,16 +235,18 @@ static loom_status plan_fill(meta_backend *mb, plan *p, int idx) {
     loom_split_state s;
     loom_status st = loom__meta_state(mb->md, t, true, &s);
     if (st) return st;
+    if (layout[idx]) s = *layout[idx];
     for (int j = 0; j < n; j++) {
         loom_tensor *d = &p->dev[j][idx];
-        st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL, d);
+        st = loom__meta_slice(mb->md, t, &s, j, vsrc >= 0 ? &p->dev[j][vsrc] : NULL,
+                              vsrc >= 0 ? layout[vsrc] : NULL, d);
         if (st) return st;
         if (vsrc >= 0) {
             d->view_src = &p->dev[j][vsrc];
             d->view_offs = (size_t)((char *)d->data - (char *)d->view_src->data);
         }
-        for (int k = 0; k < LOOM_MAX_SRC; k++) d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
-        p->dead[j][idx] = false;
+        for (int k = 0; k < LOOM_MAX_SRC; k++)
+            d->src[k] = srcs[k] >= 0 ? &p->dev[j][srcs[k]] : NULL;
     }
     if ((st = slice_whole_source(mb, p, idx, &s))) return st;
     return kslice_activations(mb, p, idx);
@@ -356,8 +363,8 @@ static bool is_partial_node(meta_backend *mb, const loom_tensor *t) {
  * terms added once): when the next consumer of the chain is such an add and the other
  * addend is the end of another delayable chain made since (a shared expert's down
  * projection next to the routed experts' sum), both chains share one reduction after the
- * add; merged[k] marks that add (a device with one addend dead copies the other). */
-static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *merged) {
+ * add. */
+static int delay_reduction(meta_backend *mb, const loom_graph *g, int i) {
     const loom_tensor *cur = g->nodes[i];
     int r = i;
     for (;;) {
@@ -374,7 +381,7 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *m
             if (reads(n, cur)) break;
             if (is_partial_node(mb, n)) {
                 if (nested_end >= 0) return r;
-                nested_end = delay_reduction(mb, g, k, merged);
+                nested_end = delay_reduction(mb, g, k);
                 for (int q = k + 1; q <= nested_end; q++)
                     if (reads(g->nodes[q], cur)) return r; /* cur inside the other chain */
                 k = nested_end + 1;
@@ -394,7 +401,6 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *m
                 (b->flags & (LOOM_TENSOR_FLAG_OUTPUT | LOOM_TENSOR_FLAG_EXTERNAL)) ||
                 use_count(g, b, nested_end + 1) != 1)
                 return r;
-            merged[k] = true;
             cur = n;
             r = k;
             continue;
@@ -465,6 +471,29 @@ static int delay_reduction(meta_backend *mb, const loom_graph *g, int i, bool *m
 
 /* ---------------------------------------------------------------- building a plan */
 
+/* Whether t is a CPY or SET_ROWS writing all of a leaf whose state is NONE ("follows the op
+ * that writes it"): the leaf is laid out by t's state. */
+static bool writes_none_leaf(meta_backend *mb, const loom_tensor *t) {
+    const loom_tensor *leaf = t->view_src;
+    return (t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && leaf &&
+           leaf->op == LOOM_OP_NONE && t->view_offs == 0 &&
+           loom_nelements(t) == loom_nelements(leaf) && leaf->buffer &&
+           leaf->buffer->iface == &loom__meta_buffer_i &&
+           state_is(mb, leaf, false, LOOM_SPLIT_NONE);
+}
+
+/* z becomes a FILL with zeros of d's storage (z may be d itself): a device's terms of a
+ * sum over nothing. */
+static void zero_fill(loom_tensor *z, const loom_tensor *d) {
+    if (z != d) *z = *d;
+    z->op = LOOM_OP_FILL;
+    memset(z->op_params, 0, sizeof z->op_params); /* value 0.0f */
+    memset(z->src, 0, sizeof z->src);
+    z->view_src = NULL;
+    z->view_offs = 0;
+    z->flags |= LOOM_TENSOR_FLAG_COMPUTE;
+}
+
 static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     const int n = mb->md->n;
     plan *p = loom_calloc(1, sizeof *p);
@@ -476,10 +505,11 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     p->slot = loom_malloc((size_t)p->slot_cap * sizeof *p->slot);
     p->subs = loom_calloc((size_t)g->n_nodes + 1, sizeof *p->subs);
     int *idx = loom_malloc((size_t)(g->n_nodes + 1) * sizeof *idx);
-    bool *merged = loom_calloc((size_t)g->n_nodes + 1, sizeof *merged);
-    if (!p->meta || !p->slot || !p->subs || !idx || !merged) {
+    /* bias_first[i]: node i adds a PARTIAL bias to a sum already reduced (device 0 adds) */
+    bool *bias_first = loom_calloc((size_t)g->n_nodes + 1, sizeof *bias_first);
+    if (!p->meta || !p->slot || !p->subs || !idx || !bias_first) {
         loom_free(idx);
-        loom_free(merged);
+        loom_free(bias_first);
         plan_free(p, n);
         return loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning %d nodes", g->n_nodes);
     }
@@ -500,23 +530,26 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
     }
     for (int j = 0; j < n && st == LOOM_OK; j++) {
         p->dev[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(loom_tensor));
-        p->dead[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(bool));
         p->kslice[j] = loom_calloc((size_t)p->n_tensors + 1, sizeof(loom_tensor));
-        if (!p->dev[j] || !p->dead[j] || !p->kslice[j])
+        if (!p->dev[j] || !p->kslice[j])
             st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
     }
-    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++) st = plan_fill(mb, p, x);
     /* the layout of each OUTPUT node's data once computed (as meta/buffer.c's true_state
-     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply */
+     * derives it: a computed PARTIAL is reduced by then), for reading it back cheaply; and
+     * of each NONE leaf a CPY or SET_ROWS writes whole (out_owner: the node's view_src),
+     * whose device headers take that layout */
     for (int i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         const loom_tensor *t = g->nodes[i];
-        if (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
-            !t->buffer || t->buffer->iface != &loom__meta_buffer_i)
+        const bool owner = writes_none_leaf(mb, t);
+        if (!owner &&
+            (!(t->flags & LOOM_TENSOR_FLAG_OUTPUT) || t->view_src || t->op == LOOM_OP_NONE ||
+             !t->buffer || t->buffer->iface != &loom__meta_buffer_i))
             continue;
         if (!p->out_node) {
             p->out_node = loom_malloc((size_t)g->n_nodes * sizeof *p->out_node);
+            p->out_owner = loom_malloc((size_t)g->n_nodes * sizeof *p->out_owner);
             p->out_state = loom_malloc((size_t)g->n_nodes * sizeof *p->out_state);
-            if (!p->out_node || !p->out_state) {
+            if (!p->out_node || !p->out_owner || !p->out_state) {
                 st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
                 break;
             }
@@ -524,8 +557,19 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         loom_split_state *os = &p->out_state[p->n_outs];
         if ((st = loom__meta_state(mb->md, t, false, os))) break;
         if (os->axis == LOOM_SPLIT_PARTIAL) loom_split_state_assume_sync(t, os);
+        p->out_owner[p->n_outs] = owner;
         p->out_node[p->n_outs++] = i;
     }
+    const loom_split_state **layout = NULL;
+    if (st == LOOM_OK && !(layout = loom_calloc((size_t)p->n_tensors + 1, sizeof *layout)))
+        st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory planning");
+    for (int k = 0; k < p->n_outs && st == LOOM_OK; k++) {
+        int x = p->out_owner[k] ? plan_find(p, g->nodes[p->out_node[k]]->view_src) : -1;
+        if (x >= 0 && !layout[x]) layout[x] = &p->out_state[k];
+    }
+    for (int x = 0; x < p->n_tensors && st == LOOM_OK; x++)
+        st = plan_fill(mb, p, x, layout);
+    loom_free(layout);
 
     /* cut into subgraphs */
     int start = 0;
@@ -533,21 +577,24 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         const loom_tensor *t = g->nodes[i];
         bool partial = is_partial_node(mb, t);
         if (!partial && i + 1 < g->n_nodes) continue;
-        int r = partial && n > 1 ? delay_reduction(mb, g, i, merged) : i;
+        int r = partial && n > 1 ? delay_reduction(mb, g, i) : i;
         if (r > i) p->n_delayed++;
         plan_sub *sub = &p->subs[p->n_subs++];
         sub->first = start;
         sub->last = r;
-        sub->reduce = partial && n > 1 ? r : -1;
+        /* an empty sum (no tokens) has nothing to reduce */
+        sub->reduce = partial && n > 1 && loom_nelements(g->nodes[r]) > 0 ? r : -1;
         start = r + 1;
         i = r;
     }
-    /* a PARTIAL bias added to a partial sum is exact only if that sum is reduced after the
-     * add (delayed past it): otherwise every device would add the bias to the whole sum */
+    /* a PARTIAL bias added to a partial sum: exact as it is when the sum is still unreduced
+     * at the add (each device adds its part of the bias to its terms); when the sum was
+     * reduced before (read elsewhere too, or computed outside this graph) every device
+     * holds all of it, so device 0 adds its part of the bias and the others write only
+     * theirs (bias_first): the result is a partial sum either way, reduced after the add */
     int *node_at = NULL; /* tensor index -> the node index computing it (or -1) */
     for (int i = 0; i < g->n_nodes && st == LOOM_OK && n > 1; i++) {
-        const loom_tensor *y = g->nodes[i], *a = y->src[0], *b = y->src[1];
-        if (!partial_bias_add(mb, y)) continue;
+        if (idx[i] < 0 || !partial_bias_add(mb, g->nodes[i])) continue;
         if (!node_at) {
             node_at = loom_malloc(((size_t)p->n_tensors + 1) * sizeof *node_at);
             if (!node_at) {
@@ -559,17 +606,11 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
             for (int q = 0; q < g->n_nodes; q++)
                 if (idx[q] >= 0) node_at[idx[q]] = q;
         }
-        int ax = plan_find(p, a), k = ax >= 0 ? node_at[ax] : -1;
-        if (k >= i) k = -1; /* computed here, before the add */
-        bool ok = false;
-        for (int q = 0; q < p->n_subs && k >= 0; q++)
-            if (p->subs[q].first <= k && k <= p->subs[q].last) ok = p->subs[q].reduce >= i;
-        if (!ok)
-            st = loom_error(LOOM_ERR_UNSUPPORTED,
-                            "meta: '%s' adds the PARTIAL bias '%s' to the partial sum '%s', "
-                            "which is also read elsewhere (or computed outside this graph), so "
-                            "it cannot be reduced after the add; store the bias MIRRORED",
-                            y->name, b->name, a->name);
+        int ax = plan_find(p, g->nodes[i]->src[0]), k = ax >= 0 ? node_at[ax] : -1;
+        bool reduced = k < 0 || k >= i; /* computed outside this graph: reduced there */
+        for (int q = 0; q < p->n_subs && !reduced; q++)
+            if (p->subs[q].first <= k && k <= p->subs[q].last) reduced = p->subs[q].reduce == k;
+        bias_first[i] = reduced;
     }
     loom_free(node_at);
     loom_split_ctx_end(mb->md->split);
@@ -580,60 +621,38 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
         int len = sub->last - sub->first + 1;
         for (int j = 0; j < n && st == LOOM_OK; j++) {
             loom_graph *dg = &sub->graph[j];
-            dg->nodes = loom_malloc((size_t)len * sizeof(loom_tensor *));
+            dg->nodes = loom_malloc((size_t)len * 2 * sizeof(loom_tensor *));
             if (!dg->nodes) {
                 st = loom_error(LOOM_ERR_NOMEM, "meta: out of memory");
                 break;
             }
-            dg->size = len;
+            dg->size = len * 2;
             dg->uid = loom_graph_next_uid();
             for (int i = sub->first; i <= sub->last; i++) {
                 int x = idx[i];
                 if (x < 0) continue; /* a foreign view */
                 loom_tensor *d = &p->dev[j][x];
-                bool dead = false;
                 if (loom_nelements(d) == 0) continue; /* nothing of it lives here */
-                for (int k = 0; k < LOOM_MAX_SRC; k++) {
-                    const loom_tensor *sd = d->src[k];
-                    if (!sd) continue;
-                    int sx = plan_find(p, g->nodes[i]->src[k]);
-                    if (loom_nelements(sd) == 0 || (sx >= 0 && p->dead[j][sx])) dead = true;
+                bool empty_src = false;
+                for (int k = 0; k < LOOM_MAX_SRC; k++)
+                    empty_src |= d->src[k] && loom_nelements(d->src[k]) == 0;
+                if (empty_src && d->op == LOOM_OP_SET_ROWS) continue; /* no rows to write */
+                if (empty_src && is_partial_node(mb, g->nodes[i])) {
+                    /* a contraction over an empty slice: this device's terms are zeros */
+                    zero_fill(d, d);
+                } else if (bias_first[i] && j > 0) {
+                    /* the sum counts on device 0 only: here the result is the bias's part,
+                     * written over zeros in place (kslice holds the fill's header) */
+                    loom_tensor *z = &p->kslice[j][x];
+                    zero_fill(z, d);
+                    d->src[0] = z;
+                    dg->nodes[dg->n_nodes++] = z;
                 }
-                if (d->view_src) {
-                    int vx = plan_find(p, g->nodes[i]->view_src);
-                    if (vx >= 0 && p->dead[j][vx]) dead = true;
-                }
-                if (dead && merged[i]) {
-                    /* PARTIAL + PARTIAL with one addend's terms all zero here: the sum is
-                     * the other addend (scaled by 1: the add's own destination) */
-                    int a0 = plan_find(p, g->nodes[i]->src[0]),
-                        a1 = plan_find(p, g->nodes[i]->src[1]);
-                    bool d0 = a0 >= 0 && p->dead[j][a0], d1 = a1 >= 0 && p->dead[j][a1];
-                    if (d0 != d1) {
-                        d->op = LOOM_OP_SCALE;
-                        memset(d->op_params, 0, sizeof d->op_params);
-                        float one = 1.0f;
-                        memcpy(d->op_params, &one, sizeof one);
-                        d->src[0] = d0 ? d->src[1] : d->src[0];
-                        d->src[1] = NULL;
-                        dead = false;
-                    }
-                }
-                if (dead && !loom_op_is_view(d->op)) {
-                    p->dead[j][x] = true;
-                    d->flags &= ~LOOM_TENSOR_FLAG_COMPUTE;
-                    continue;
-                }
-                if (dead) p->dead[j][x] = true;
                 dg->nodes[dg->n_nodes++] = d;
             }
             /* each member may fuse or reorder its own subgraph (upstream never asks) */
             if (dg->n_nodes > 0) loom_backend_graph_optimize(mb->be[j], dg);
-            if (sub->reduce >= 0) {
-                int x = idx[sub->reduce];
-                sub->red[j] = &p->dev[j][x];
-                sub->empty[j] = p->dead[j][x];
-            }
+            if (sub->reduce >= 0) sub->red[j] = &p->dev[j][idx[sub->reduce]];
         }
         if (sub->reduce >= 0) {
             const loom_tensor *t = g->nodes[sub->reduce];
@@ -642,12 +661,10 @@ static loom_status plan_build(meta_backend *mb, loom_graph *g, plan **out) {
                                 "meta: cannot reduce '%s' (%s %s): partial sums must be "
                                 "contiguous F32",
                                 t->name, loom_op_name(t->op), loom_type_name(t->type));
-            /* after the reduction every device holds the value */
-            for (int j = 0; j < n; j++) p->dead[j][idx[sub->reduce]] = false;
         }
     }
     loom_free(idx);
-    loom_free(merged);
+    loom_free(bias_first);
     if (st) {
         plan_free(p, n);
         return st;
@@ -761,7 +778,7 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.last_subgraphs++;
         if (sub->reduce < 0) continue;
         const int64_t t_r = loom_time_ns();
-        loom_status st = loom_reducer_allreduce(mb->reducer, sub->red, sub->empty);
+        loom_status st = loom_reducer_allreduce(mb->reducer, sub->red, NULL);
         t_reduce += loom_time_ns() - t_r;
         if (st) return loom_error(st, "%s: reducing '%s': %s", mb->name, g->nodes[sub->reduce]->name, loom_last_error());
         size_t bytes = loom_nbytes(g->nodes[sub->reduce]);
@@ -770,8 +787,10 @@ static loom_status mbe_compute(loom_backend_t backend, loom_graph *g) {
         mb->stats.bytes_reduced += bytes;
         mb->stats.last_bytes_reduced += bytes;
     }
-    for (int k = 0; k < p->n_outs; k++)
-        loom__meta_out_publish(mb->md, g->nodes[p->out_node[k]], &p->out_state[k]);
+    for (int k = 0; k < p->n_outs; k++) {
+        const loom_tensor *t = g->nodes[p->out_node[k]];
+        loom__meta_out_publish(mb->md, p->out_owner[k] ? t->view_src : t, &p->out_state[k]);
+    }
     mb->stats.delayed += (uint64_t)p->n_delayed;
     mb->stats.reduce_ns += (uint64_t)t_reduce;
     mb->stats.issue_ns += (uint64_t)(loom_time_ns() - t_start - t_reduce);

@@ -123,7 +123,7 @@ static void for_each_run(meta_buffer *mb, const loom_tensor *t, const loom_split
     size_t lo = offset, hi = offset + size;
     for (int j = 0; j < mb->md->n; j++) {
         loom_tensor dev;
-        if (loom__meta_slice(mb->md, t, s, j, NULL, &dev) != LOOM_OK) continue;
+        if (loom__meta_slice(mb->md, t, s, j, NULL, NULL, &dev) != LOOM_OK) continue;
         for (int seg = 0; seg < s->n_segments; seg++) {
             for (int64_t rep = 0; rep < s->nr[seg]; rep++) {
                 loom_split_range r;
@@ -230,7 +230,7 @@ static bool true_state(meta_buffer *mb, const loom_tensor *t, loom_split_state *
 static void whole(meta_buffer *mb, const loom_tensor *t, int j, loom_tensor *dev) {
     loom_split_state m;
     loom_split_state_init(&m, LOOM_SPLIT_MIRRORED, mb->md->n);
-    loom_status st = loom__meta_slice(mb->md, t, &m, j, NULL, dev);
+    loom_status st = loom__meta_slice(mb->md, t, &m, j, NULL, NULL, dev);
     LOOM_ASSERT(st == LOOM_OK);
 }
 
@@ -420,8 +420,20 @@ loom_buffer_t loom__meta_buffer_new(meta_dev *md, size_t size) {
 }
 
 loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i) {
-    LOOM_ASSERT(buf->iface == &loom__meta_buffer_i);
-    return ((meta_buffer *)buf->context)->bufs[i];
+    if (!buf || buf->iface != &loom__meta_buffer_i) {
+        /* a zero-size buffer of a meta buffer type is the generic empty buffer: it has no
+         * members (nothing lives in it) */
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_meta_buffer_member: %s is not a meta buffer%s",
+                   buf ? loom_buffer_name(buf) : "(null)",
+                   buf && loom_buffer_size(buf) == 0 ? " (a zero-size buffer has no members)" : "");
+        return NULL;
+    }
+    meta_buffer *mb = buf->context;
+    if (i < 0 || i >= mb->md->n) {
+        loom_error(LOOM_ERR_INVALID_ARG, "loom_meta_buffer_member: member %d of %d", i, mb->md->n);
+        return NULL;
+    }
+    return mb->bufs[i];
 }
 
 size_t loom_meta_buffer_member_offset(loom_buffer_t buf, const loom_tensor *t, int i) {

@@ -43,7 +43,8 @@ static size_t recompose(const int64_t c[4], const size_t nb[4]) {
 }
 
 loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_split_state *state,
-                             int j, const loom_tensor *vsrc_dev, loom_tensor *out) {
+                             int j, const loom_tensor *vsrc_dev, const loom_split_state *vsrc_state,
+                             loom_tensor *out) {
     memset(out, 0, sizeof *out);
     out->type = t->type;
     out->op = t->op;
@@ -61,6 +62,13 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
             memcpy(out->nb, t->nb, sizeof out->nb);
         if (!t->buffer || !t->data)
             return loom_error(LOOM_ERR_INVALID_ARG, "meta: tensor '%s' is not allocated", t->name);
+        if (t->buffer->iface != &loom__meta_buffer_i && loom_buffer_buft(t->buffer) == &md->buft &&
+            loom_buffer_size(t->buffer) == 0) {
+            /* a zero-size buffer of this type (nothing but empty tensors): no memory */
+            out->buffer = NULL;
+            out->data = NULL;
+            return LOOM_OK;
+        }
         if (t->buffer->iface != &loom__meta_buffer_i)
             return loom_error(LOOM_ERR_INVALID_ARG,
                               "meta: tensor '%s' lives in %s, not in a buffer of %s", t->name,
@@ -81,8 +89,11 @@ loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_spli
     const loom_tensor *src = t->view_src;
     out->buffer = vsrc_dev->buffer;
     loom_split_state ss;
-    loom_status st = loom__meta_state(md, src, true, &ss);
-    if (st) return st;
+    loom_status st = LOOM_OK;
+    if (vsrc_state)
+        ss = *vsrc_state;
+    else if ((st = loom__meta_state(md, src, true, &ss)))
+        return st;
     if (!loom_split_axis_is_dim(ss.axis)) {
         /* the owner is whole on every device: the view is too */
         memcpy(out->ne, t->ne, sizeof out->ne);

@@ -92,7 +92,8 @@ loom_status loom__meta_state(meta_dev *md, const loom_tensor *t, bool assume_syn
  * view_src NOT set). `state` is t's consumer state (assume_sync). For a view, the slice of
  * its view_src on device j must be given (vsrc_dev); NULL otherwise. */
 loom_status loom__meta_slice(meta_dev *md, const loom_tensor *t, const loom_split_state *state,
-                             int j, const loom_tensor *vsrc_dev, loom_tensor *out);
+                             int j, const loom_tensor *vsrc_dev, const loom_split_state *vsrc_state,
+                             loom_tensor *out);
 
 /* Windows in which the graph is only queried share one split-ctx batch (each tensor
  * revalidated once instead of once per query): a scheduler's assignment passes (opened and

@@ -32,6 +32,7 @@ typedef enum loom__cause {
     LOOM__CAUSE_CUR,   /* 4.cur */
     LOOM__CAUSE_SUP,   /* 4.sup: first backend that supports it */
     LOOM__CAUSE_CPY,   /* 4.cpy: a copy made by the scheduler */
+    LOOM__CAUSE_FBK,   /* 5.fbk: its backend refused it once its inputs were copies */
     LOOM__CAUSE_COUNT
 } loom__cause;
 
@@ -68,6 +69,9 @@ typedef struct loom__rewrite {
 } loom__rewrite;
 
 struct loom_sched {
+    /* set by pass 1 when a pre-allocated CPY/SET_ROWS can run nowhere: its computed
+     * source, which the next split attempt makes on the CPU (sched.c split_round) */
+    const loom_tensor *want_whole;
     int n_backends;
     loom_backend_t backends[LOOM_SCHED_MAX_BACKENDS];
     loom_buft_t bufts[LOOM_SCHED_MAX_BACKENDS];

@@ -31,6 +31,11 @@ typedef struct loom__sched_pins {
 typedef struct loom__sched_full {
     struct loom_sched s;
     loom__sched_pins pins;
+    /* nodes of the graph being split that their backend refused once their sources were
+     * replaced by copies (a meta device cannot split a value that arrives whole the way
+     * its rule needs): the next attempt places them on the CPU (cause 5.fbk) */
+    const loom_tensor **fbk;
+    int n_fbk, cap_fbk;
     bool dirty; /* a split ran since the last reset */
 } loom__sched_full;
 
@@ -55,6 +60,7 @@ static const char *const cause_names[LOOM__CAUSE_COUNT] = {
     [LOOM__CAUSE_UPG] = "3.upg",       [LOOM__CAUSE_BEST] = "3.best",
     [LOOM__CAUSE_VSRC4] = "4.vsrc",    [LOOM__CAUSE_CUR] = "4.cur",
     [LOOM__CAUSE_SUP] = "4.sup",       [LOOM__CAUSE_CPY] = "4.cpy",
+    [LOOM__CAUSE_FBK] = "5.fbk",
 };
 
 const char *loom__cause_name(int cause) {
@@ -327,6 +333,7 @@ void loom_sched_free(loom_sched *s) {
         loom_free(s->rounds[c].graphs);
     }
     loom_free(f->pins.pins);
+    loom_free(f->fbk);
     loom_free(f);
 }
 
@@ -397,6 +404,13 @@ loom_status loom__sched_apply_pins(loom_sched *s) {
         s->t_cause[id] = LOOM__CAUSE_USR;
         p->used = true;
     }
+    for (int i = 0; i < f->n_fbk; i++) {
+        int id = loom__sched_id_add(s, f->fbk[i]);
+        if (id < 0) return loom_last_status();
+        if (s->t_cause[id] == LOOM__CAUSE_USR) continue;
+        s->t_backend[id] = (int8_t)(s->n_backends - 1);
+        s->t_cause[id] = LOOM__CAUSE_FBK;
+    }
     return LOOM_OK;
 }
 
@@ -418,6 +432,56 @@ static void undo_rewrites(loom_sched *s) {
 
 static bool is_current(const loom_sched *s, const loom_graph *g);
 
+/* The computed source a CPY or SET_ROWS writes (made on the CPU, it arrives whole, and a
+ * whole value can be written into any split of the destination), or NULL. */
+static const loom_tensor *whole_source(const loom_tensor *t) {
+    if (t->op != LOOM_OP_CPY && t->op != LOOM_OP_SET_ROWS) return NULL;
+    const loom_tensor *src = t->src[0];
+    return src && src->op != LOOM_OP_NONE ? src : NULL;
+}
+
+/* The first node placed on a backend other than the CPU that this backend refuses now
+ * that its sources are what the split made them, or NULL. Only a node downstream of a
+ * change can change its answer: one that reads a copy or was rebased (the rewrite log), and
+ * whatever reads those, transitively (a value that arrives whole changes the split states
+ * derived from it). */
+static const loom_tensor *refused_as_placed(loom_sched *s, const loom_graph *g) {
+    const int cpu = s->n_backends - 1;
+    /* only a backend that brackets its queries (split_begin: its answers depend on the
+     * graph, as a meta device's split states do) can answer differently now */
+    bool asks = false;
+    for (int b = 0; b < cpu; b++)
+        asks |= s->backends[b]->iface->split_begin != NULL;
+    if (!asks || s->n_rewrites == 0) return NULL;
+    bool *mark = loom_calloc((size_t)s->n_ids + 1, sizeof *mark);
+    if (!mark) return NULL; /* out of memory: keep the split; a refusal fails at compute */
+    for (int i = 0; i < s->n_rewrites; i++) {
+        int id = loom__sched_id(s, s->rewrites[i].node);
+        if (id >= 0 && id < s->n_ids) mark[id] = true;
+    }
+    const loom_tensor *bad = NULL;
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_split_begin(s->backends[b]);
+    for (int i = 0; i < g->n_nodes && !bad; i++) {
+        const loom_tensor *t = g->nodes[i];
+        int id = s->node_tid[i]; /* the split's ids: node i, and its sources' */
+        if (id < 0 || id >= s->n_ids) continue;
+        for (int j = 0; j < LOOM_MAX_SRC && !mark[id]; j++) {
+            int sid = t->src[j] ? s->src_tid[i * LOOM_MAX_SRC + j] : -1;
+            mark[id] = sid >= 0 && sid < s->n_ids && mark[sid];
+        }
+        int b = s->t_backend[id];
+        if (!mark[id] || t->op == LOOM_OP_NONE || b < 0 || b == cpu ||
+            !s->backends[b]->iface->split_begin)
+            continue;
+        if (!loom_backend_supports_op(s->backends[b], t)) bad = t;
+    }
+    for (int b = 0; b < s->n_backends; b++)
+        loom_backend_split_end(s->backends[b]);
+    loom_free(mark);
+    return bad;
+}
+
 static loom_status split_round(loom_sched *s, loom_graph *g) {
     loom__sched_full *f = full_of(s);
     /* splitting the graph of this round again: put its sources back first (its copies are
@@ -431,7 +495,66 @@ static loom_status split_round(loom_sched *s, loom_graph *g) {
     f->dirty = true;
     s->is_reset = false;
     round_begin(s);
+    f->n_fbk = 0;
+    s->want_whole = NULL;
     loom_status st = loom__sched_split(s, g);
+    /* a node its backend refuses with its sources as placed (copies from another backend
+     * arrive whole) falls back to the CPU; a CPY or SET_ROWS writing memory only its
+     * backend can use gets its source made on the CPU instead, so that it arrives whole
+     * and each device writes its part. Split again until nothing moves (each attempt
+     * moves one more node; one already moved ends it with the error). */
+    for (;;) {
+        const loom_tensor *move = NULL;
+        if (st == LOOM_OK) {
+            const loom_tensor *bad = refused_as_placed(s, g);
+            if (!bad) break;
+            move = bad;
+            loom_buffer_t home = bad->view_src ? bad->view_src->buffer : bad->buffer;
+            if (home && !loom__sched_buffer_supported(s, bad, s->n_backends - 1) &&
+                (bad->op == LOOM_OP_CPY || bad->op == LOOM_OP_SET_ROWS || !bad->view_src)) {
+                char why[384];
+                snprintf(why, sizeof why, "%s", loom_last_error());
+                st =
+                    loom_error(LOOM_ERR_UNSUPPORTED,
+                               "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and "
+                               "%s cannot run it with its inputs as placed (%s); no other "
+                               "backend can write that buffer",
+                               bad->name, loom_op_name(bad->op), loom_buffer_name(home),
+                               loom_backend_name(s->backends[loom__sched_backend_of(s, bad)]), why);
+                move = whole_source(bad);
+            }
+        } else {
+            move = s->want_whole; /* pass 1: a pre-allocated CPY/SET_ROWS nobody can run */
+        }
+        s->want_whole = NULL;
+        bool seen = !move; /* moved already (or pinned there by the user): give up */
+        for (int i = 0; i < f->n_fbk && !seen; i++)
+            seen = f->fbk[i] == move;
+        if (seen) break;
+        if (f->n_fbk == f->cap_fbk) {
+            int cap = f->cap_fbk ? 2 * f->cap_fbk : 16;
+            const loom_tensor **fbk = loom_realloc(f->fbk, (size_t)cap * sizeof *fbk);
+            if (!fbk) {
+                st = loom_error(LOOM_ERR_NOMEM, "sched: out of host memory splitting a graph");
+                break;
+            }
+            f->fbk = fbk;
+            f->cap_fbk = cap;
+        }
+        f->fbk[f->n_fbk++] = move;
+        LOOM_LOG_DEBUG("sched: %s '%s' runs on %s (its backend refuses it as placed, or a "
+                       "consumer needs it whole)",
+                       loom_op_name(move->op), move->name,
+                       loom_backend_name(s->backends[s->n_backends - 1]));
+        undo_rewrites(s);
+        for (int i = 0; i < f->pins.n; i++)
+            f->pins.pins[i].used = false; /* applied again */
+        sched_reset(s, true);
+        f->dirty = true;
+        s->is_reset = false;
+        round_begin(s);
+        st = loom__sched_split(s, g);
+    }
     if (st == LOOM_OK) st = loom__sched_build_graph(s, g);
     if (st != LOOM_OK) {
         s->is_split = false;

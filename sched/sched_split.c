@@ -103,6 +103,22 @@ static int backend_from_cur(const loom_sched *s, const loom_tensor *t, int *caus
         }
         /* a view op the owner's backend cannot map falls back (pass 4) and reads a copy */
         if (is_view_op(t->op) && t->op != LOOM_OP_NONE && t->view_src) return -1;
+        /* a CPY/SET_ROWS its backend cannot run with the value split as it is: the next
+         * attempt makes the value on the CPU (it then arrives whole), and the node stays
+         * with its memory (checked again once its source is that copy) */
+        if ((t->op == LOOM_OP_CPY || t->op == LOOM_OP_SET_ROWS) && t->src[0] &&
+            t->src[0]->op != LOOM_OP_NONE) {
+            int sid = loom__sched_id(s, t->src[0]);
+            if (sid >= 0 && s->t_cause[sid] == LOOM__CAUSE_FBK) {
+                loom_buft_t buft = loom_buffer_buft(buf);
+                for (int b = 0; b < s->n_backends; b++) {
+                    if (!buft_supported(s, b, buft)) continue;
+                    *cause = LOOM__CAUSE_DST;
+                    return b;
+                }
+            }
+            ((loom_sched *)s)->want_whole = t->src[0];
+        }
         *st = loom_error(LOOM_ERR_UNSUPPORTED,
                          "sched: pre-allocated tensor %s (op %s) lives in buffer %s, and no "
                          "backend that can use that buffer can run %s",
@@ -353,6 +369,31 @@ static loom_status rebase_view(loom_sched *s, loom_tensor *node, loom_tensor *or
     return LOOM_OK;
 }
 
+/* A view whose source was rebased onto a copy in this split (a view upstream fell back)
+ * follows it: the same place within its source, now inside that copy. Otherwise it would
+ * still address the old storage, laid out by a backend other than the one reading it. */
+static loom_status follow_rebased_source(loom_sched *s, loom_tensor *node) {
+    loom_tensor *src = node->src[0];
+    if (!src || !node->view_src || node->op == LOOM_OP_NONE) return LOOM_OK;
+    loom_tensor *owner = src->view_src ? src->view_src : src;
+    if (owner == node->view_src) return LOOM_OK;
+    bool found = false;
+    size_t old = 0; /* src's offset in the old storage */
+    for (int i = s->n_rewrites - 1; i >= 0 && !found; i--) {
+        if (s->rewrites[i].node != src || s->rewrites[i].j >= 0) continue;
+        found = true;
+        old = s->rewrites[i].offs;
+    }
+    if (!found) return LOOM_OK;
+    loom_status st = log_rewrite(s, node, -1, node->view_src);
+    if (st != LOOM_OK) return st;
+    node->view_offs = src->view_offs + (node->view_offs - old);
+    node->view_src = owner;
+    node->data = NULL; /* placed in the copy by the allocator */
+    node->buffer = NULL;
+    return LOOM_OK;
+}
+
 /* n_copies headers of src on backend b, named "<backend>#<src>#<c>"; copy `self` (or -1)
  * is src itself. Pipeline copies are INPUT|OUTPUT so the allocator gives each its own,
  * never reused, place. */
@@ -437,6 +478,8 @@ static loom_status pass5_cut(loom_sched *s, loom_graph *g, const int *nt, const 
         const bool foreign = s->node_view[i] && foreign_view(s, node, s->t_backend[nt[i]]);
         if (s->node_view[i] && !foreign) { /* views never cut and never need copies */
             const int k = s->n_splits - 1;
+            st = follow_rebased_source(s, node);
+            if (st != LOOM_OK) return st;
             for (int j = 0; j < LOOM_MAX_SRC; j++) {
                 if (!node->src[j]) continue;
                 fp = mix(fp, ((uint64_t)j << 32) | (uint32_t)sids[j]);

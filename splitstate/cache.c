@@ -7,7 +7,7 @@
  * of the tensor's own fields its state depends on (type, shape, strides, op, params,
  * sources, view placement, name, and for leafs flags and buffer) and the version of each
  * source's entry it was derived from. A source's version changes when its result changes
- * or when a field its consumers read changes (type, shape, strides, view placement,
+ * or when a field its consumers read changes (type, op, shape, strides, view placement,
  * name). Every query walks the tensor's upstream graph iteratively (each tensor once per
  * query, or once per begin/end batch), sources before consumers, and rederives any entry
  * whose snapshot or source versions differ; so an edit anywhere upstream is seen, and a
@@ -46,7 +46,7 @@ typedef struct snapshot {
 
 typedef struct entry {
     const loom_tensor *key;
-    /* changes when the result or a field consumers read (type, shape, strides, view
+    /* changes when the result or a field consumers read (type, op, shape, strides, view
      * placement, name) changes; 0: never derived */
     uint64_t version;
     uint64_t validated; /* the pass in which it was last checked */
@@ -189,9 +189,11 @@ static void take_snapshot(const loom_tensor *t, snapshot *s) {
 }
 
 /* Whether a consumer could see the change from a to b: the fields rules read of their
- * sources (and name their sources by in messages). */
+ * sources (and name their sources by in messages), and the op, which decides how a
+ * consumer reads the state (assume-sync: a computed PARTIAL reads MIRRORED, a leaf's does
+ * not; the PARTIAL-bias predicate asks whether the bias is a leaf). */
 static bool visible_change(const snapshot *a, const snapshot *b) {
-    return a->type != b->type || memcmp(a->ne, b->ne, sizeof a->ne) != 0 ||
+    return a->type != b->type || a->op != b->op || memcmp(a->ne, b->ne, sizeof a->ne) != 0 ||
            memcmp(a->nb, b->nb, sizeof a->nb) != 0 || a->view_src != b->view_src ||
            a->view_offs != b->view_offs || memcmp(a->name, b->name, sizeof a->name) != 0;
 }

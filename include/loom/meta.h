@@ -51,6 +51,8 @@ LOOM_API loom_status loom_meta_tensor_state(loom_dev_t dev, const loom_tensor *t
 
 LOOM_API bool loom_backend_is_meta(loom_backend_t backend);
 LOOM_API loom_backend_t loom_meta_backend_member(loom_backend_t backend, int i);
+/* Member i's buffer of meta buffer buf; NULL (and loom_last_error) when buf is not a meta
+ * buffer (a zero-size buffer has no members) or i is out of range. */
 LOOM_API loom_buffer_t loom_meta_buffer_member(loom_buffer_t buf, int i);
 /* The byte offset in member i's buffer (loom_meta_buffer_member) of the slice of t, a tensor
  * owning storage in meta buffer buf; SIZE_MAX (and loom_last_error) if it is not one. A

@@ -157,7 +157,8 @@ LOOM_API loom_backend_t loom_sched_get_tensor_backend(const loom_sched *sched,
                                                       const loom_tensor *t);
 /* Why t got its backend: "usr", "1.dst", "1.vsrc", "1.inp", "1.wgt<j>", "1.off",
  * "2.gpu-dn", "2.gpu-up", "2.any-dn", "2.any-up", "3.upg", "3.best", "4.vsrc", "4.cur",
- * "4.sup" (first backend that supports it), "4.cpy" (a copy); "" if unassigned. */
+ * "4.sup" (first backend that supports it), "4.cpy" (a copy), "5.fbk" (its backend refused it
+ * once its sources were the split's copies: it fell back to the CPU); "" if unassigned. */
 LOOM_API const char *loom_sched_get_tensor_cause(const loom_sched *sched, const loom_tensor *t);
 
 LOOM_API void loom_sched_set_eval_callback(loom_sched *sched, loom_sched_eval_cb cb,

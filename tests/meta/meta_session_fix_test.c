@@ -129,3 +129,46 @@ LOOM_TEST(meta_session_fix, many_meta_splits_do_not_thrash_the_plan_cache) {
     free(got);
     loom_session_free(s);
 }
+
+/* Issue 29, item 4: a rules file that swaps the FFN axes (gate/up split along axis 0, the
+ * contraction; down along axis 1) is consistent, if slow: the session runs, exactly, with
+ * what the devices cannot split falling back to the CPU. */
+LOOM_TEST(meta_session_fix, swapped_ffn_axes_run_exactly) {
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char rules[4096];
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(rules, sizeof rules, "%s/swapped_ffn.rules", tmp ? tmp : "/tmp");
+    FILE *f = fopen(rules, "w");
+    LOOM_REQUIRE(f != NULL);
+    fputs("blk\\.\\d+\\.ffn_gate\\.weight  0\n"
+          "blk\\.\\d+\\.ffn_up\\.weight    0\n"
+          "blk\\.\\d+\\.ffn_down\\.weight  1\n",
+          f);
+    fclose(f);
+    enum { STEPS = 2 };
+    loom_session_params p = loom_session_params_default();
+    p.devices = "cpu";
+    p.n_ctx = 64;
+    p.threads = 1;
+    int64_t V = 0, V2 = 0;
+    float *want = run(path, &p, STEPS, &V, NULL);
+    LOOM_REQUIRE(want != NULL);
+    for (int n = 2; n <= 3; n++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "sim:%d", n);
+        p.devices = spec;
+        p.split_mode = LOOM_SPLIT_MODE_TENSOR;
+        p.split_rules = rules;
+        float *got = run(path, &p, STEPS, &V2, NULL);
+        if (!got) continue;
+        for (int k = 0; k <= STEPS; k++) {
+            double scale, d = max_diff(got + V * k, want + V * k, V, &scale);
+            LOOM_CHECK_MSG(d <= 1e-4 * scale, "N=%d step %d: max |diff| %g (scale %g)", n, k, d,
+                           scale);
+        }
+        free(got);
+    }
+    free(want);
+    remove(rules);
+}

@@ -172,6 +172,34 @@ LOOM_TEST(splitcache, edits_are_seen) {
     fx_free(&f);
 }
 
+/* A reused arena: the header of a PARTIAL leaf becomes a computed PARTIAL (same address,
+ * name, shape and state). Its consumer reads it reduced now (MIRRORED), so the consumer
+ * must rederive though the source's own state did not change (issue 29: the consumer kept
+ * the leaf's PARTIAL, and the meta device reduced the value a second time). */
+LOOM_TEST(splitcache, an_op_change_with_the_same_state_is_seen_by_consumers) {
+    fixture f;
+    LOOM_REQUIRE(fx_init(&f, 2));
+    loom_tensor *w = leaf(&f, "w", ST_AX(0, 2, 4, 4), 8, 4, 1);
+    loom_tensor *x = leaf(&f, "x", M(2), 8, 3, 1);
+    loom_tensor *p = leaf(&f, "p", st_kind(LOOM_SPLIT_PARTIAL, 2), 4, 3, 1);
+    loom_tensor *c = named(loom_scale(f.ctx, p, 2.0f), "c");
+    loom_tensor *mm = loom_mul_mat(f.ctx, w, x);
+    LOOM_REQUIRE(c && mm);
+    CHECK_DERIVED(&f, c, st_kind(LOOM_SPLIT_PARTIAL, 2));
+    *p = *mm; /* p's header now holds the product (still PARTIAL), keeping its name */
+    loom_set_name(p, "p");
+    CHECK_DERIVED(&f, p, st_kind(LOOM_SPLIT_PARTIAL, 2));
+    CHECK_DERIVED(&f, c, M(2));
+    /* a fresh context agrees */
+    loom_split_ctx *fresh = loom_split_ctx_new(2, leaf_table_fn, &f.lt);
+    LOOM_REQUIRE(fresh != NULL);
+    loom_split_state want, got = state_of(&f, c);
+    LOOM_CHECK(loom_split_ctx_get(fresh, c, false, &want) == LOOM_OK);
+    CHECK_STATE(got, want);
+    loom_split_ctx_free(fresh);
+    fx_free(&f);
+}
+
 LOOM_TEST(splitcache, an_edit_ripples_only_as_far_as_it_matters) {
     fixture f;
     LOOM_REQUIRE(fx_init(&f, 2));
