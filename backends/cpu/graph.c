@@ -16,12 +16,14 @@
 /* ---------------------------------------------------------------- errors, barrier */
 
 void loom__cpu_barrier(const loom__cpu_params *p) {
-    if (p->nth > 1) loom_threadpool_barrier(p->state->tp);
+    if (p->nth == 1) return;
+    loom_threadpool_barrier(p->state->tp);
+    ++*p->epoch;
 }
 
 void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, ...) {
-    int expected = 0;
-    if (!atomic_compare_exchange_strong(&p->state->failed, &expected, 1)) return;
+    int expected = LOOM__CPU_NO_FAIL;
+    if (!atomic_compare_exchange_strong(&p->state->fail_epoch, &expected, *p->epoch)) return;
     p->state->status = s;
     va_list ap;
     va_start(ap, fmt);
@@ -298,6 +300,7 @@ static size_t align64(size_t n) {
 
 typedef struct exec_ctx {
     loom_graph *g;
+    const uint8_t *plan; /* [n_nodes]: EXEC_* flags (plan_phases) */
     loom__cpu_state *state;
     char *work;
     size_t shared_size;     /* aligned */
@@ -307,8 +310,7 @@ typedef struct exec_ctx {
 
 /* Nodes cheaper than this (about a few microseconds of one core: multiply-adds of a matmul
  * or attention, elements of anything else) run on thread 0 alone when the pool has more
- * threads: splitting them costs more in barriers than it saves. A run of such nodes takes
- * no barrier between its members, only one before the next node that all threads share. */
+ * threads: splitting them costs more in barriers than it saves. */
 #define LOOM__CPU_SOLO_COST 32768
 
 static bool node_solo(const loom_tensor *t) {
@@ -328,8 +330,110 @@ static bool node_solo(const loom_tensor *t) {
     return cost < LOOM__CPU_SOLO_COST;
 }
 
+/* ---------------------------------------------------------------- phases */
+
+/* Per node of the plan: it runs (has a kernel and elements), on thread 0 alone, and all
+ * threads meet at a barrier before it. */
+enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4 };
+
+/* A phase is a run of nodes between two barriers. A node joins the current phase when no
+ * thread can see another thread's half-done work: its bytes written overlap nothing the
+ * phase reads or writes, its bytes read overlap nothing the phase writes (the kernels'
+ * shared scratch counts as read and written by each node that uses it), or all of them
+ * run on thread 0 alone (solo). So Q, K and V of a token's attention, the gate and up
+ * projections, and an independent norm share one phase; a node that reads its
+ * predecessor's result starts a new one. Byte ranges are each tensor's whole extent from
+ * its data pointer (loom_nbytes), conservative for strided views. */
+#define EXEC_PHASE_MAX 16          /* nodes compared per phase (then a barrier regardless) */
+#define EXEC_RANGES (LOOM_MAX_SRC + 1) /* reads of one node: its sources and the scratch */
+
+typedef struct byte_range {
+    uintptr_t lo, hi; /* [lo, hi), empty when lo == hi */
+} byte_range;
+
+typedef struct node_ranges {
+    byte_range w;               /* the node's own bytes */
+    byte_range r[EXEC_RANGES];  /* sources, then the shared scratch */
+    int nr;
+    bool scratch;               /* uses the shared scratch: counts as written too */
+    bool solo;
+} node_ranges;
+
+static byte_range range_of(const loom_tensor *t) {
+    byte_range r = {0, 0};
+    if (t && t->data) {
+        r.lo = (uintptr_t)t->data;
+        r.hi = r.lo + loom_nbytes(t);
+    }
+    return r;
+}
+
+static bool overlap(byte_range a, byte_range b) {
+    return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+static bool overlaps_any(byte_range a, const byte_range *rs, int n) {
+    for (int i = 0; i < n; i++)
+        if (overlap(a, rs[i])) return true;
+    return false;
+}
+
+static void node_ranges_of(const loom_tensor *t, bool solo, byte_range scratch, node_ranges *nr) {
+    nr->w = range_of(t);
+    nr->nr = 0;
+    nr->solo = solo;
+    for (int s = 0; s < LOOM_MAX_SRC; s++)
+        if (t->src[s] && t->op != LOOM_OP_FILL) nr->r[nr->nr++] = range_of(t->src[s]);
+    nr->scratch = scratch.lo < scratch.hi;
+    if (nr->scratch) nr->r[nr->nr++] = scratch;
+}
+
+/* Whether node b may run in the same phase as node a (a earlier). */
+static bool independent(const node_ranges *a, const node_ranges *b, byte_range scratch) {
+    if (a->solo && b->solo) return true; /* both on thread 0, in order */
+    if (a->scratch && b->scratch) return false;
+    if (overlap(b->w, a->w) || overlaps_any(b->w, a->r, a->nr) || overlaps_any(a->w, b->r, b->nr))
+        return false;
+    /* the scratch a writes against what b reads, and the reverse */
+    if (a->scratch && (overlap(scratch, b->w) || overlaps_any(scratch, b->r, b->nr))) return false;
+    if (b->scratch && (overlap(scratch, a->w) || overlaps_any(scratch, a->r, a->nr))) return false;
+    return true;
+}
+
+/* Fills plan[i] for every node; returns the barriers between nodes a run takes (the
+ * kernels' own barriers not counted). */
+static int plan_phases(const loom_graph *g, int nth, const loom__cpu_simd *simd,
+                       const void *scratch_base, size_t scratch_size, uint8_t *plan) {
+    node_ranges phase[EXEC_PHASE_MAX];
+    int n_phase = 0, barriers = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        plan[i] = 0;
+        if (!kernel_for(t) || loom_nelements(t) == 0) continue;
+        const bool solo = nth > 1 && node_solo(t);
+        plan[i] = (uint8_t)(EXEC_RUN | (solo ? EXEC_SOLO : 0));
+        if (nth == 1) continue;
+        const byte_range scratch = {(uintptr_t)scratch_base,
+                                    (uintptr_t)scratch_base + scratch_size};
+        const bool uses_scratch = node_work(t, nth, simd).shared > 0;
+        node_ranges nr;
+        node_ranges_of(t, solo, uses_scratch ? scratch : (byte_range){0, 0}, &nr);
+        bool join = n_phase < EXEC_PHASE_MAX;
+        for (int k = n_phase - 1; join && k >= 0; k--)
+            join = independent(&phase[k], &nr, scratch);
+        if (!join && n_phase > 0) {
+            plan[i] |= EXEC_BARRIER;
+            barriers++;
+            n_phase = 0;
+        }
+        phase[n_phase++] = nr;
+    }
+    return barriers;
+}
+
 static void exec_worker(int ith, int nth, void *user_data) {
     exec_ctx *x = user_data;
+    int epoch = 0;
     loom__cpu_params p = {
         .ith = ith,
         .nth = nth,
@@ -339,30 +443,26 @@ static void exec_worker(int ith, int nth, void *user_data) {
         .wthread_size = x->per_thread_size,
         .simd = x->simd,
         .state = x->state,
+        .epoch = &epoch,
     };
     loom__cpu_params solo = p;
     solo.ith = 0;
     solo.nth = 1;
-    /* prev_solo: the last node run was thread 0's alone and no barrier followed it yet */
-    bool prev_solo = false;
     for (int i = 0; i < x->g->n_nodes; i++) {
+        const uint8_t f = x->plan[i];
+        if (!(f & EXEC_RUN)) continue;
         loom_tensor *t = x->g->nodes[i];
-        loom__cpu_kernel_fn fn = kernel_for(t);
-        if (!fn || loom_nelements(t) == 0) continue;
-        if (nth > 1 && node_solo(t)) {
-            /* after a failure thread 0 skips the rest of the run; all stop at the barrier */
-            if (ith == 0 && !loom__cpu_failed(&p)) fn(&solo, t);
-            prev_solo = true;
-            continue;
-        }
-        if (prev_solo) {
+        if (f & EXEC_BARRIER) {
             loom__cpu_barrier(&p);
-            prev_solo = false;
             if (loom__cpu_failed(&p)) return;
         }
-        fn(&p, t);
-        loom__cpu_barrier(&p);
-        if (loom__cpu_failed(&p)) return;
+        if (f & EXEC_SOLO) {
+            /* after a failure thread 0 skips the rest of the run; all stop at a barrier */
+            if (ith == 0 && !loom__cpu_failed(&solo)) kernel_for(t)(&solo, t);
+            continue;
+        }
+        if (nth == 1 && loom__cpu_failed(&p)) return;
+        kernel_for(t)(&p, t);
     }
     /* the caller reads results after loom_threadpool_run returns: no barrier needed here */
 }
@@ -415,7 +515,8 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     shared = align64(shared);
     per_thread = align64(per_thread);
-    size_t need = shared + per_thread * (size_t)nth;
+    const size_t plan_size = align64((size_t)g->n_nodes);
+    size_t need = plan_size + shared + per_thread * (size_t)nth;
     if (need > *work_size) {
         void *p = loom_malloc(need + 64);
         if (!p)
@@ -427,13 +528,17 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     /* 64-byte alignment for the packed matmul panels */
     char *base = *work ? (char *)(((uintptr_t)*work + 63) & ~(uintptr_t)63) : NULL;
+    uint8_t *plan = (uint8_t *)base;
+    char *scratch = base ? base + plan_size : NULL;
+    plan_phases(g, nth, simd, scratch, shared, plan);
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
-    atomic_init(&state.failed, 0);
+    atomic_init(&state.fail_epoch, LOOM__CPU_NO_FAIL);
     exec_ctx x = {
         .g = g,
+        .plan = plan,
         .state = &state,
-        .work = base,
+        .work = scratch,
         .shared_size = shared,
         .per_thread_size = per_thread,
         .simd = simd,
@@ -442,7 +547,8 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         loom_threadpool_run(tp, exec_worker, &x);
     else
         exec_worker(0, 1, &x);
-    if (atomic_load(&state.failed)) return loom_error(state.status, "%s", state.message);
+    if (atomic_load(&state.fail_epoch) != LOOM__CPU_NO_FAIL)
+        return loom_error(state.status, "%s", state.message);
     return LOOM_OK;
 }
 
