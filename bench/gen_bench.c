@@ -140,8 +140,8 @@ static pid_t spawn_busy(void) {
 /* One repetition: a fresh KV cache, depth tokens of prompt, then n_gen tokens one at a
  * time (each the argmax of the last logits). Fills *gen with the counters around the
  * generation only. */
-static bool run_once(loom_session *s, const gen_opts *o, int64_t n_vocab, float *logits,
-                     sample *t0, sample *t1) {
+static bool run_once(loom_session *s, const gen_opts *o, int64_t n_vocab, float *logits, sample *t0,
+                     sample *t1) {
     loom_session_clear(s);
     int32_t *prompt = malloc(sizeof *prompt * (size_t)(o->depth + 1));
     if (!prompt) return false;
@@ -218,8 +218,8 @@ int main(int argc, char **argv) {
         printf("| %d | %.1f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2f |\n",
                r + 1, n / wall, wall * 1e3 / n, (double)(vol + inv) / n, (double)vol / n,
                (double)inv / n, util, (double)(b.tp.runs - a.tp.runs) / n,
-               (double)(b.tp.barriers - a.tp.barriers) / n,
-               (double)(b.tp.sleeps - a.tp.sleeps) / n, (double)(b.tp.wakes - a.tp.wakes) / n);
+               (double)(b.tp.barriers - a.tp.barriers) / n, (double)(b.tp.sleeps - a.tp.sleeps) / n,
+               (double)(b.tp.wakes - a.tp.wakes) / n);
         if (done < 64) {
             tps[done] = n / wall;
             csw[done] = (double)(vol + inv) / n;

@@ -137,7 +137,8 @@ static void loom__ww_wait(const loom_threadpool *tp, loom__waitword *w, unsigned
                                   memory_order_relaxed);
         return;
     }
-    atomic_store_explicit(&w->spin_ns, budget / 2 > LOOM__SPIN_MIN_NS ? budget / 2 : LOOM__SPIN_MIN_NS,
+    atomic_store_explicit(&w->spin_ns,
+                          budget / 2 > LOOM__SPIN_MIN_NS ? budget / 2 : LOOM__SPIN_MIN_NS,
                           memory_order_relaxed);
     atomic_fetch_add(&w->sleepers, 1);
     while (atomic_load(&w->word) == seen) {

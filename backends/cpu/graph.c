@@ -344,7 +344,7 @@ enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4 };
  * projections, and an independent norm share one phase; a node that reads its
  * predecessor's result starts a new one. Byte ranges are each tensor's whole extent from
  * its data pointer (loom_nbytes), conservative for strided views. */
-#define EXEC_PHASE_MAX 16          /* nodes compared per phase (then a barrier regardless) */
+#define EXEC_PHASE_MAX 16              /* nodes compared per phase (then a barrier regardless) */
 #define EXEC_RANGES (LOOM_MAX_SRC + 1) /* reads of one node: its sources and the scratch */
 
 typedef struct byte_range {
@@ -352,10 +352,10 @@ typedef struct byte_range {
 } byte_range;
 
 typedef struct node_ranges {
-    byte_range w;               /* the node's own bytes */
-    byte_range r[EXEC_RANGES];  /* sources, then the shared scratch */
+    byte_range w;              /* the node's own bytes */
+    byte_range r[EXEC_RANGES]; /* sources, then the shared scratch */
     int nr;
-    bool scratch;               /* uses the shared scratch: counts as written too */
+    bool scratch; /* uses the shared scratch: counts as written too */
     bool solo;
 } node_ranges;
 
