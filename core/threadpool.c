@@ -277,10 +277,21 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
 /* Sense-reversing barrier: the last thread to arrive resets the count, then advances the
  * phase that the others wait on (loom__ww_wait: spin, then sleep on the phase word). */
 void loom_threadpool_barrier(loom_threadpool *tp) {
-    if (!tp || tp->n_threads == 1) return;
+    loom_threadpool_barrier_last(tp, NULL, NULL);
+}
+
+/* The last thread to arrive has seen every other thread's writes (the arrivals are
+ * sequentially consistent read-modify-writes of one counter), runs last(arg), and its
+ * writes reach the others through the phase advance they acquire. */
+void loom_threadpool_barrier_last(loom_threadpool *tp, void (*last)(void *arg), void *arg) {
+    if (!tp || tp->n_threads == 1) {
+        if (last) last(arg);
+        return;
+    }
     unsigned phase = atomic_load(&tp->barrier.word);
     if (atomic_fetch_add(&tp->barrier_count, 1) == tp->n_threads - 1) {
         atomic_store(&tp->barrier_count, 0);
+        if (last) last(arg);
         atomic_fetch_add_explicit(&loom__tp_barriers, 1, memory_order_relaxed);
         atomic_fetch_add(&tp->barrier.word, 1u);
         loom__ww_wake(&tp->barrier);

@@ -675,8 +675,9 @@ LOOM_TEST(cpu_threads, independent_nodes_share_a_phase) {
     loom_ctx_free(ctx);
 }
 
-/* A data error in one of two nodes of the same phase (both split over the threads) stops
- * every thread at the same barrier: an error, never a hang, whichever node fails. */
+/* A data error in one of two nodes of the same phase (both split over the threads), or in a
+ * tiny node run inside a barrier, stops every thread at the same barrier: an error, never
+ * a hang, whichever node fails. */
 LOOM_TEST(cpu_threads, error_inside_a_shared_phase) {
     loom_ctx *ctx = loom_cpu_test_ctx(16);
     loom_tensor *ea = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
@@ -686,25 +687,41 @@ LOOM_TEST(cpu_threads, error_inside_a_shared_phase) {
     fill_f32(ea->data, 1024 * 64, -1, 1);
     fill_f32(eb->data, 1024 * 64, -1, 1);
     loom_tensor *ra = loom_get_rows(ctx, ea, ia), *rb = loom_get_rows(ctx, eb, ib);
-    loom_tensor *out = loom_scale(ctx, loom_add(ctx, ra, rb), 0.5f);
+    loom_tensor *mid = loom_scale(ctx, loom_add(ctx, ra, rb), 0.5f);
+    /* then a tiny node (run inside the next barrier by the last thread to arrive) and a
+     * split matmul over its result */
+    loom_tensor *ic = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 2);
+    loom_tensor *w = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
+    fill_f32(w->data, 1024 * 64, -0.1f, 0.1f);
+    loom_tensor *rc = loom_get_rows(ctx, mid, ic);
+    loom_tensor *out = loom_mul_mat(ctx, w, rc);
     LOOM_REQUIRE(out);
     loom_set_name(ra, "rows_a");
     loom_set_name(rb, "rows_b");
+    loom_set_name(rc, "rows_c");
+    ((int32_t *)ic->data)[0] = 39, ((int32_t *)ic->data)[1] = 3;
     int32_t *a = ia->data, *b = ib->data;
     for (int i = 0; i < 40; i++)
         a[i] = i, b[i] = 63 - i;
     for (int threads = 1; threads <= 3; threads++) {
         LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_OK);
-        LOOM_CHECK_NEAR(loom_get_f32_nd(out, 5, 39, 0, 0),
-                        0.5f * (loom_get_f32_nd(ea, 5, 39, 0, 0) + loom_get_f32_nd(eb, 5, 24, 0, 0)),
-                        1e-6);
-        for (int bad = 0; bad < 2; bad++) {
-            int32_t *ids = bad ? b : a;
+        LOOM_CHECK_NEAR(
+            loom_get_f32_nd(mid, 5, 39, 0, 0),
+            0.5f * (loom_get_f32_nd(ea, 5, 39, 0, 0) + loom_get_f32_nd(eb, 5, 24, 0, 0)), 1e-6);
+        double dot = 0; /* out[7, 0] = w row 7 . mid row 39 */
+        for (int k = 0; k < 1024; k++)
+            dot += (double)loom_get_f32_nd(w, k, 7, 0, 0) * loom_get_f32_nd(mid, k, 39, 0, 0);
+        LOOM_CHECK_NEAR(loom_get_f32_nd(out, 7, 0, 0, 0), dot, 1e-4);
+        for (int bad = 0; bad < 3; bad++) {
+            int32_t *ids = bad == 0 ? a : bad == 1 ? b : ic->data;
+            const int n = bad == 2 ? 2 : 40;
             for (int rep = 0; rep < 20; rep++) {
-                const int at = (rep * 7) % 40, keep = ids[at];
+                const int at = (rep * 7) % n, keep = ids[at];
                 ids[at] = 64 + rep;
                 LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_ERR_INVALID_ARG);
-                LOOM_CHECK_STR_CONTAINS(loom_last_error(), bad ? "'rows_b'" : "'rows_a'");
+                LOOM_CHECK_STR_CONTAINS(loom_last_error(), bad == 0   ? "'rows_a'"
+                                                           : bad == 1 ? "'rows_b'"
+                                                                      : "'rows_c'");
                 ids[at] = keep;
             }
         }

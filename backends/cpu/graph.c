@@ -300,7 +300,9 @@ static size_t align64(size_t n) {
 
 typedef struct exec_ctx {
     loom_graph *g;
-    const uint8_t *plan; /* [n_nodes]: EXEC_* flags (plan_phases) */
+    const int32_t *order; /* [n_steps]: the nodes in the order they run (plan_phases) */
+    const uint8_t *flags; /* [n_steps]: EXEC_* of each step */
+    int n_steps;
     loom__cpu_state *state;
     char *work;
     size_t shared_size;     /* aligned */
@@ -334,7 +336,7 @@ static bool node_solo(const loom_tensor *t) {
 
 /* Per node of the plan: it runs (has a kernel and elements), on thread 0 alone, and all
  * threads meet at a barrier before it. */
-enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4 };
+enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4, EXEC_SERIAL = 8 };
 
 /* A phase is a run of nodes between two barriers. A node joins the current phase when no
  * thread can see another thread's half-done work: its bytes written overlap nothing the
@@ -388,9 +390,13 @@ static void node_ranges_of(const loom_tensor *t, bool solo, byte_range scratch, 
     if (nr->scratch) nr->r[nr->nr++] = scratch;
 }
 
-/* Whether node b may run in the same phase as node a (a earlier). */
-static bool independent(const node_ranges *a, const node_ranges *b, byte_range scratch) {
-    if (a->solo && b->solo) return true; /* both on thread 0, in order */
+/* Whether nodes a and b may run in either order or at once on different threads: neither
+ * writes bytes the other reads or writes (the shared scratch counts as written by both).
+ * same_phase: b joins a phase holding a (b runs after a on each thread), so two solo nodes
+ * (both on thread 0, in that order) are always compatible. */
+static bool independent(const node_ranges *a, const node_ranges *b, byte_range scratch,
+                        bool same_phase) {
+    if (same_phase && a->solo && b->solo) return true;
     if (a->scratch && b->scratch) return false;
     if (overlap(b->w, a->w) || overlaps_any(b->w, a->r, a->nr) || overlaps_any(a->w, b->r, b->nr))
         return false;
@@ -400,35 +406,88 @@ static bool independent(const node_ranges *a, const node_ranges *b, byte_range s
     return true;
 }
 
-/* Fills plan[i] for every node; returns the barriers between nodes a run takes (the
- * kernels' own barriers not counted). */
+/* A node waiting to be placed in a phase. */
+typedef struct pending_node {
+    int node;
+    node_ranges nr;
+} pending_node;
+
+/* Orders the nodes that run into phases: fills order[] (node indices) and flags[] (EXEC_*)
+ * per step, returns the steps. Each phase looks at the next EXEC_PHASE_MAX nodes not yet
+ * placed, in graph order; a node may pass over others only when compatible with each
+ * (they keep their order relative to it). Behind each barrier first come the solo nodes
+ * that can go there (EXEC_SERIAL: the last thread to arrive runs them before it releases
+ * the others, so serial work between two parallel phases costs one barrier), then every
+ * node compatible with the phase so far. E.g. a token's ROPE and cache writes run inside
+ * the barrier after their projection, its residual add and norms inside the barrier after
+ * the output projection, and the gate and up projections share one phase. */
 static int plan_phases(const loom_graph *g, int nth, const loom__cpu_simd *simd,
-                       const void *scratch_base, size_t scratch_size, uint8_t *plan) {
-    node_ranges phase[EXEC_PHASE_MAX];
-    int n_phase = 0, barriers = 0;
-    for (int i = 0; i < g->n_nodes; i++) {
-        const loom_tensor *t = g->nodes[i];
-        plan[i] = 0;
-        if (!kernel_for(t) || loom_nelements(t) == 0) continue;
-        const bool solo = nth > 1 && node_solo(t);
-        plan[i] = (uint8_t)(EXEC_RUN | (solo ? EXEC_SOLO : 0));
-        if (nth == 1) continue;
-        const byte_range scratch = {(uintptr_t)scratch_base,
-                                    (uintptr_t)scratch_base + scratch_size};
-        const bool uses_scratch = node_work(t, nth, simd).shared > 0;
-        node_ranges nr;
-        node_ranges_of(t, solo, uses_scratch ? scratch : (byte_range){0, 0}, &nr);
-        bool join = n_phase < EXEC_PHASE_MAX;
-        for (int k = n_phase - 1; join && k >= 0; k--)
-            join = independent(&phase[k], &nr, scratch);
-        if (!join && n_phase > 0) {
-            plan[i] |= EXEC_BARRIER;
-            barriers++;
-            n_phase = 0;
+                       const void *scratch_base, size_t scratch_size, int32_t *order,
+                       uint8_t *flags) {
+    const byte_range scratch = {(uintptr_t)scratch_base, (uintptr_t)scratch_base + scratch_size};
+    pending_node pend[EXEC_PHASE_MAX];
+    int np = 0, next = 0, steps = 0;
+    for (;;) {
+        for (; np < EXEC_PHASE_MAX && next < g->n_nodes; next++) {
+            const loom_tensor *t = g->nodes[next];
+            if (!kernel_for(t) || loom_nelements(t) == 0) continue;
+            const bool solo = nth > 1 && node_solo(t);
+            const bool uses_scratch = nth > 1 && node_work(t, nth, simd).shared > 0;
+            pend[np].node = next;
+            node_ranges_of(t, solo, uses_scratch ? scratch : (byte_range){0, 0}, &pend[np].nr);
+            np++;
         }
-        phase[n_phase++] = nr;
+        if (np == 0) return steps;
+        if (nth == 1) { /* one thread: graph order, no phases */
+            order[steps] = pend[0].node;
+            flags[steps++] = EXEC_RUN;
+            memmove(pend, pend + 1, (size_t)--np * sizeof *pend);
+            continue;
+        }
+        const bool behind_barrier = steps > 0;
+        bool serial[EXEC_PHASE_MAX] = {false}, in_phase[EXEC_PHASE_MAX] = {false};
+        int first = steps;
+        for (int pass = behind_barrier ? 0 : 1; pass < 2; pass++) {
+            for (int k = 0; k < np; k++) {
+                if (serial[k] || in_phase[k] || (pass == 0 && !pend[k].nr.solo)) continue;
+                bool ok = true;
+                for (int j = 0; ok && j < np; j++) {
+                    if (j == k || serial[j]) continue; /* done before the phase */
+                    if (in_phase[j])
+                        ok = independent(&pend[j].nr, &pend[k].nr, scratch, true);
+                    else if (j < k) /* passed over */
+                        ok = independent(&pend[j].nr, &pend[k].nr, scratch, false);
+                }
+                if (!ok) continue;
+                (pass == 0 ? serial : in_phase)[k] = true;
+                order[steps] = pend[k].node;
+                flags[steps] = (uint8_t)(EXEC_RUN | (pend[k].nr.solo ? EXEC_SOLO : 0) |
+                                         (pass == 0 ? EXEC_SERIAL : 0) |
+                                         (steps == first && behind_barrier ? EXEC_BARRIER : 0));
+                steps++;
+            }
+        }
+        int keep = 0;
+        for (int k = 0; k < np; k++)
+            if (!serial[k] && !in_phase[k]) pend[keep++] = pend[k];
+        np = keep;
     }
-    return barriers;
+}
+
+/* The solo nodes behind a barrier, run by the last thread to arrive (loom_threadpool_barrier_last).
+ */
+typedef struct serial_run {
+    const exec_ctx *x;
+    loom__cpu_params solo; /* the arriving thread's scratch, as thread 0 of 1 */
+    int s0, s1;            /* steps */
+} serial_run;
+
+static void run_serial(void *arg) {
+    serial_run *r = arg;
+    for (int i = r->s0; i < r->s1 && !loom__cpu_failed(&r->solo); i++) {
+        loom_tensor *t = r->x->g->nodes[r->x->order[i]];
+        kernel_for(t)(&r->solo, t);
+    }
 }
 
 static void exec_worker(int ith, int nth, void *user_data) {
@@ -448,13 +507,20 @@ static void exec_worker(int ith, int nth, void *user_data) {
     loom__cpu_params solo = p;
     solo.ith = 0;
     solo.nth = 1;
-    for (int i = 0; i < x->g->n_nodes; i++) {
-        const uint8_t f = x->plan[i];
-        if (!(f & EXEC_RUN)) continue;
-        loom_tensor *t = x->g->nodes[i];
+    for (int i = 0; i < x->n_steps; i++) {
+        const uint8_t f = x->flags[i];
+        loom_tensor *t = x->g->nodes[x->order[i]];
         if (f & EXEC_BARRIER) {
-            loom__cpu_barrier(&p);
+            serial_run r = {.x = x, .solo = solo, .s0 = i, .s1 = i};
+            while (r.s1 < x->n_steps && (x->flags[r.s1] & EXEC_SERIAL))
+                r.s1++;
+            loom_threadpool_barrier_last(x->state->tp, r.s1 > i ? run_serial : NULL, &r);
+            ++epoch;
             if (loom__cpu_failed(&p)) return;
+            if (r.s1 > i) {
+                i = r.s1 - 1;
+                continue;
+            }
         }
         if (f & EXEC_SOLO) {
             /* after a failure thread 0 skips the rest of the run; all stop at a barrier */
@@ -515,7 +581,8 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     shared = align64(shared);
     per_thread = align64(per_thread);
-    const size_t plan_size = align64((size_t)g->n_nodes);
+    const size_t plan_size =
+        align64((size_t)g->n_nodes * sizeof(int32_t)) + align64((size_t)g->n_nodes);
     size_t need = plan_size + shared + per_thread * (size_t)nth;
     if (need > *work_size) {
         void *p = loom_malloc(need + 64);
@@ -528,15 +595,18 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     /* 64-byte alignment for the packed matmul panels */
     char *base = *work ? (char *)(((uintptr_t)*work + 63) & ~(uintptr_t)63) : NULL;
-    uint8_t *plan = (uint8_t *)base;
+    int32_t *order = (int32_t *)base;
+    uint8_t *flags = base ? (uint8_t *)base + align64((size_t)g->n_nodes * sizeof(int32_t)) : NULL;
     char *scratch = base ? base + plan_size : NULL;
-    plan_phases(g, nth, simd, scratch, shared, plan);
+    const int n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
     atomic_init(&state.fail_epoch, LOOM__CPU_NO_FAIL);
     exec_ctx x = {
         .g = g,
-        .plan = plan,
+        .order = order,
+        .flags = flags,
+        .n_steps = n_steps,
         .state = &state,
         .work = scratch,
         .shared_size = shared,
