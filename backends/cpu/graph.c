@@ -3,9 +3,11 @@
  * (loom_cpu_supports_op), validation of a graph before it runs, scratch sizing, and the
  * threaded run itself.
  *
- * One loom_threadpool_run covers the whole graph: every thread walks the node list, does
- * its share of each node (rows, or output columns for a one-row matmul) and meets the
- * others at a barrier before the next node. View ops compute nothing and get no barrier.
+ * One loom_threadpool_run covers the whole graph: every thread walks the nodes in the
+ * order plan_phases gives them, does its share of each (rows, or output columns for a
+ * one-row matmul) and meets the others at a barrier only between phases, where a node
+ * needs bytes another thread wrote or may overwrite (README.md, Phases). View ops compute
+ * nothing and get no barrier.
  * All scratch is sized up front from every node's needs and allocated once (loom_malloc),
  * so an allocation failure is reported before anything runs and kernels never allocate.
  */
@@ -311,8 +313,9 @@ typedef struct exec_ctx {
 } exec_ctx;
 
 /* Nodes cheaper than this (about a few microseconds of one core: multiply-adds of a matmul
- * or attention, elements of anything else) run on thread 0 alone when the pool has more
- * threads: splitting them costs more in barriers than it saves. */
+ * or attention, elements of anything else) run on one thread alone when the pool has more
+ * (thread 0, or the last to arrive at the barrier before them): splitting them costs more
+ * in barriers than it saves. */
 #define LOOM__CPU_SOLO_COST 32768
 
 static bool node_solo(const loom_tensor *t) {
@@ -334,19 +337,17 @@ static bool node_solo(const loom_tensor *t) {
 
 /* ---------------------------------------------------------------- phases */
 
-/* Per node of the plan: it runs (has a kernel and elements), on thread 0 alone, and all
- * threads meet at a barrier before it. */
+/* Per step of the plan: the node runs (always set), on one thread alone (solo), after a
+ * barrier, inside the barrier before it (serial: by the last thread to arrive). */
 enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4, EXEC_SERIAL = 8 };
 
-/* A phase is a run of nodes between two barriers. A node joins the current phase when no
- * thread can see another thread's half-done work: its bytes written overlap nothing the
- * phase reads or writes, its bytes read overlap nothing the phase writes (the kernels'
- * shared scratch counts as read and written by each node that uses it), or all of them
- * run on thread 0 alone (solo). So Q, K and V of a token's attention, the gate and up
- * projections, and an independent norm share one phase; a node that reads its
- * predecessor's result starts a new one. Byte ranges are each tensor's whole extent from
- * its data pointer (loom_nbytes), conservative for strided views. */
-#define EXEC_PHASE_MAX 16              /* nodes compared per phase (then a barrier regardless) */
+/* A phase is a run of nodes between two barriers. Two nodes may share one when no thread
+ * can see another thread's half-done work: the bytes each writes overlap nothing the other
+ * reads or writes (the kernels' shared scratch counts as read and written by each node
+ * that uses it), or both run on thread 0 alone (solo), in order. Byte ranges are each
+ * tensor's whole extent from its data pointer (loom_nbytes): conservative for strided
+ * views, and the allocator's reuse of a buffer shows as an overlap. */
+#define EXEC_PHASE_MAX 16              /* unplaced nodes looked at per phase, in graph order */
 #define EXEC_RANGES (LOOM_MAX_SRC + 1) /* reads of one node: its sources and the scratch */
 
 typedef struct byte_range {
