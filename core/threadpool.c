@@ -45,7 +45,7 @@ struct loom_threadpool {
     int n_started;
     loom_thread_start_fn start; /* called by each worker once, before its first task */
     void *start_data;
-    bool may_spin_long; /* the pool has a core per thread (else waits spin briefly only) */
+    int n_cpus; /* loom_n_cpus() when the pool was made */
 
     loom__waitword gen;  /* bumped by each run (and by stop): the workers wait on it */
     loom__waitword done; /* workers finished with the current run: the caller waits on it */
@@ -60,6 +60,9 @@ struct loom_threadpool {
 
 /* Process-wide counters (relaxed; loom_threadpool_get_stats). */
 static atomic_ullong loom__tp_barriers, loom__tp_sleeps, loom__tp_wakes, loom__tp_runs;
+/* Threads of all live pools with workers (several backends, sim devices, each with a pool):
+ * above the cores, waits spin briefly only (LOOM__SPIN_MIN_NS). */
+static atomic_int loom__tp_live_threads;
 
 /* How long a waiter spins before it sleeps, adapted per wait word like an adaptive mutex:
  * a wait that ended while spinning raises the budget to twice its length (a token's
@@ -68,7 +71,8 @@ static atomic_ullong loom__tp_barriers, loom__tp_sleeps, loom__tp_wakes, loom__t
  * it. So while the threads have their cores the budget settles above the typical
  * waits and nobody sleeps; when a peer is descheduled (a competing process holds its
  * core), spinning cannot help and the budget falls to LOOM__SPIN_MIN_NS, so a waiter soon
- * gives its core away to that peer. A pool with more threads than cores never spins long. */
+ * gives its core away to that peer. While the live pools have more threads than the
+ * process has cores, waits never spin long. */
 #define LOOM__SPIN_MAX_NS 1000000LL
 #define LOOM__SPIN_MIN_NS 20000LL
 
@@ -115,7 +119,8 @@ static void loom__ww_wake(loom__waitword *w) {
 static void loom__ww_wait(const loom_threadpool *tp, loom__waitword *w, unsigned seen) {
     if (atomic_load_explicit(&w->word, memory_order_acquire) != seen) return;
     long long budget = atomic_load_explicit(&w->spin_ns, memory_order_relaxed);
-    if (!tp->may_spin_long) budget = LOOM__SPIN_MIN_NS;
+    if (atomic_load_explicit(&loom__tp_live_threads, memory_order_relaxed) > tp->n_cpus)
+        budget = LOOM__SPIN_MIN_NS;
     const int64_t t0 = loom_time_ns();
     int64_t now = t0;
     bool changed = false;
@@ -199,7 +204,7 @@ loom_threadpool *loom_threadpool_new_ex(int n_threads, loom_thread_start_fn star
     tp->n_workers = caller_works ? n_threads - 1 : n_threads;
     tp->start = start;
     tp->start_data = start_data;
-    tp->may_spin_long = n_threads <= loom_n_cpus();
+    tp->n_cpus = loom_n_cpus();
     loom__ww_init(&tp->gen);
     loom__ww_init(&tp->done);
     loom__ww_init(&tp->barrier);
@@ -230,12 +235,15 @@ loom_threadpool *loom_threadpool_new_ex(int n_threads, loom_thread_start_fn star
         }
         tp->n_started++;
     }
+    if (nw > 0) atomic_fetch_add_explicit(&loom__tp_live_threads, n_threads, memory_order_relaxed);
     return tp;
 }
 
 void loom_threadpool_free(loom_threadpool *tp) {
     if (!tp) return;
     LOOM_ASSERT(!atomic_load(&tp->running));
+    if (tp->n_workers > 0)
+        atomic_fetch_sub_explicit(&loom__tp_live_threads, tp->n_threads, memory_order_relaxed);
     loom__threadpool_stop(tp);
     loom__threadpool_destroy(tp);
 }

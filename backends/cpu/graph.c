@@ -302,7 +302,8 @@ static size_t align64(size_t n) {
 
 typedef struct exec_ctx {
     loom_graph *g;
-    const int32_t *order; /* [n_steps]: the nodes in the order they run (plan_phases) */
+    const int32_t *order; /* [n_steps]: the nodes in the order they run (plan_phases);
+                           * NULL: one thread, every node in graph order */
     const uint8_t *flags; /* [n_steps]: EXEC_* of each step */
     int n_steps;
     loom__cpu_state *state;
@@ -347,6 +348,7 @@ enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4, EXEC_SERIAL = 8 };
  * that uses it), or both run on thread 0 alone (solo), in order. Byte ranges are each
  * tensor's whole extent from its data pointer (loom_nbytes): conservative for strided
  * views, and the allocator's reuse of a buffer shows as an overlap. */
+#define EXEC_STACK_NODES 512           /* plans of graphs up to this size live on the stack */
 #define EXEC_PHASE_MAX 16              /* unplaced nodes looked at per phase, in graph order */
 #define EXEC_RANGES (LOOM_MAX_SRC + 1) /* reads of one node: its sources and the scratch */
 
@@ -439,12 +441,6 @@ static int plan_phases(const loom_graph *g, int nth, const loom__cpu_simd *simd,
             np++;
         }
         if (np == 0) return steps;
-        if (nth == 1) { /* one thread: graph order, no phases */
-            order[steps] = pend[0].node;
-            flags[steps++] = EXEC_RUN;
-            memmove(pend, pend + 1, (size_t)--np * sizeof *pend);
-            continue;
-        }
         const bool behind_barrier = steps > 0;
         bool serial[EXEC_PHASE_MAX] = {false}, in_phase[EXEC_PHASE_MAX] = {false};
         int first = steps;
@@ -508,6 +504,13 @@ static void exec_worker(int ith, int nth, void *user_data) {
     loom__cpu_params solo = p;
     solo.ith = 0;
     solo.nth = 1;
+    if (!x->order) { /* one thread: graph order */
+        for (int i = 0; i < x->g->n_nodes && !loom__cpu_failed(&p); i++) {
+            loom_tensor *t = x->g->nodes[i];
+            if (kernel_for(t) && loom_nelements(t) > 0) kernel_for(t)(&p, t);
+        }
+        return;
+    }
     for (int i = 0; i < x->n_steps; i++) {
         const uint8_t f = x->flags[i];
         loom_tensor *t = x->g->nodes[x->order[i]];
@@ -528,7 +531,6 @@ static void exec_worker(int ith, int nth, void *user_data) {
             if (ith == 0 && !loom__cpu_failed(&solo)) kernel_for(t)(&solo, t);
             continue;
         }
-        if (nth == 1 && loom__cpu_failed(&p)) return;
         kernel_for(t)(&p, t);
     }
     /* the caller reads results after loom_threadpool_run returns: no barrier needed here */
@@ -582,8 +584,13 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     shared = align64(shared);
     per_thread = align64(per_thread);
-    const size_t plan_size =
-        align64((size_t)g->n_nodes * sizeof(int32_t)) + align64((size_t)g->n_nodes);
+    /* the plan: on the stack for graphs up to EXEC_STACK_NODES nodes, else ahead of the
+     * scratch (a graph that needs no scratch allocates nothing) */
+    int32_t stack_order[EXEC_STACK_NODES];
+    uint8_t stack_flags[EXEC_STACK_NODES];
+    const bool plan_in_work = nth > 1 && g->n_nodes > EXEC_STACK_NODES;
+    const size_t order_size = align64((size_t)g->n_nodes * sizeof(int32_t));
+    const size_t plan_size = plan_in_work ? order_size + align64((size_t)g->n_nodes) : 0;
     size_t need = plan_size + shared + per_thread * (size_t)nth;
     if (need > *work_size) {
         void *p = loom_malloc(need + 64);
@@ -596,10 +603,15 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     /* 64-byte alignment for the packed matmul panels */
     char *base = *work ? (char *)(((uintptr_t)*work + 63) & ~(uintptr_t)63) : NULL;
-    int32_t *order = (int32_t *)base;
-    uint8_t *flags = base ? (uint8_t *)base + align64((size_t)g->n_nodes * sizeof(int32_t)) : NULL;
     char *scratch = base ? base + plan_size : NULL;
-    const int n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
+    int32_t *order = NULL;
+    uint8_t *flags = NULL;
+    int n_steps = 0;
+    if (nth > 1) {
+        order = plan_in_work ? (int32_t *)base : stack_order;
+        flags = plan_in_work ? (uint8_t *)base + order_size : stack_flags;
+        n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
+    }
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
     atomic_init(&state.fail_epoch, LOOM__CPU_NO_FAIL);
