@@ -15,6 +15,7 @@
 #ifndef LOOM_CPU_IMPL_H
 #define LOOM_CPU_IMPL_H
 
+#include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -154,10 +155,16 @@ bool loom__cpu_has_avx512(void);
 
 /* ---------------------------------------------------------------- execution */
 
+/* No failure yet (loom__cpu_state.fail_epoch). */
+#define LOOM__CPU_NO_FAIL INT_MAX
+
 typedef struct loom__cpu_state {
     loom_threadpool *tp; /* NULL when single-threaded */
     int nth;
-    _Atomic int failed; /* first failing thread wins */
+    /* The barriers the first failing thread had passed when it failed (LOOM__CPU_NO_FAIL:
+     * none failed yet). Every thread stops after the next barrier (loom__cpu_failed), so
+     * all stop at the same one. */
+    _Atomic int fail_epoch;
     loom_status status;
     char message[256];
 } loom__cpu_state;
@@ -170,6 +177,7 @@ typedef struct loom__cpu_params {
     size_t wthread_size;
     const loom__cpu_simd *simd;
     loom__cpu_state *state;
+    int *epoch; /* barriers this thread has passed in this run (loom__cpu_barrier counts) */
 } loom__cpu_params;
 
 /* Scratch bytes a node needs: shared by all threads, and private per thread. */
@@ -182,8 +190,12 @@ void loom__cpu_barrier(const loom__cpu_params *p);
 /* Records a data error for the whole graph compute (first one wins). */
 void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, ...)
     LOOM_PRINTF(3, 4);
+/* Whether this thread must stop: single-threaded, after any failure; with several
+ * threads, once a barrier after the failure is passed, so every thread stops at the same
+ * barrier (a thread that only saw the failure earlier would leave the others waiting). */
 static inline bool loom__cpu_failed(const loom__cpu_params *p) {
-    return atomic_load_explicit(&p->state->failed, memory_order_relaxed) != 0;
+    const int f = atomic_load_explicit(&p->state->fail_epoch, memory_order_acquire);
+    return f != LOOM__CPU_NO_FAIL && (p->nth == 1 || f < *p->epoch);
 }
 
 /* Runs a graph with a caller-provided work buffer cache (*work, *work_size grow with

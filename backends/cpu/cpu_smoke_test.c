@@ -608,6 +608,127 @@ LOOM_TEST(cpu_threads, tiny_nodes_run_solo_between_split_nodes) {
     loom_ctx_free(ctx);
 }
 
+/* Nodes that touch no bytes another node of the phase writes share a phase (graph.c): the
+ * Q, K and V projections of one token (QUANT, QDOT and DOT paths, each quantising b in its
+ * own scratch) run without a barrier between them, and the values are those of one thread.
+ * Phases here: {q, k, v}, then {s = k + v (tiny), o = wo q}, then {out = o + s (tiny)}. */
+LOOM_TEST(cpu_threads, independent_nodes_share_a_phase) {
+    loom_ctx *ctx = loom_cpu_test_ctx(16);
+    const int64_t E = 256;
+    loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, E, 1);
+    loom_tensor *wq = loom_new_tensor_2d(ctx, LOOM_TYPE_Q4_0, E, 2 * E);
+    loom_tensor *wk = loom_new_tensor_2d(ctx, LOOM_TYPE_Q4_K, E, E);
+    loom_tensor *wv = loom_new_tensor_2d(ctx, LOOM_TYPE_F16, E, E);
+    loom_tensor *wo = loom_new_tensor_2d(ctx, LOOM_TYPE_Q8_0, 2 * E, E);
+    static float buf[2 * 256 * 256];
+    loom_tensor *ws[] = {wq, wk, wv, wo};
+    for (int i = 0; i < 4; i++) {
+        fill_f32(buf, loom_nelements(ws[i]), -0.1f, 0.1f);
+        set_from_f32(ws[i], buf);
+    }
+    fill_f32(x->data, E, -1, 1);
+    loom_tensor *q = loom_mul_mat(ctx, wq, x), *k = loom_mul_mat(ctx, wk, x);
+    loom_tensor *v = loom_mul_mat(ctx, wv, x);
+    loom_tensor *sum = loom_add(ctx, k, v);
+    loom_tensor *out = loom_add(ctx, loom_mul_mat(ctx, wo, q), sum);
+    LOOM_REQUIRE(out);
+    static float ref[256];
+    LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, 1), LOOM_OK);
+    memcpy(ref, out->data, sizeof ref);
+    /* one output against a double-precision evaluation of the chain from the same
+     * dequantised weights (the activations' Q8 rounding bounds the difference) */
+    {
+        static float dq[2 * 256 * 256];
+        double qv[512], kv = 0, vv = 0, o = 0;
+        const int m = 17;
+        for (int i = 0; i < 2 * E; i++) {
+            loom__cpu_row_to_f32(wq->type, (char *)wq->data + i * wq->nb[1], wq->nb[0], 0, E, dq);
+            qv[i] = 0;
+            for (int j = 0; j < E; j++)
+                qv[i] += (double)dq[j] * ((float *)x->data)[j];
+        }
+        loom__cpu_row_to_f32(wk->type, (char *)wk->data + m * wk->nb[1], wk->nb[0], 0, E, dq);
+        for (int j = 0; j < E; j++)
+            kv += (double)dq[j] * ((float *)x->data)[j];
+        loom__cpu_row_to_f32(wv->type, (char *)wv->data + m * wv->nb[1], wv->nb[0], 0, E, dq);
+        for (int j = 0; j < E; j++)
+            vv += (double)dq[j] * ((float *)x->data)[j];
+        loom__cpu_row_to_f32(wo->type, (char *)wo->data + m * wo->nb[1], wo->nb[0], 0, 2 * E, dq);
+        for (int j = 0; j < 2 * E; j++)
+            o += (double)dq[j] * qv[j];
+        LOOM_CHECK_NEAR(ref[m], o + kv + vv, 0.02 * (1.0 + fabs(o + kv + vv)));
+    }
+    for (int threads = 2; threads <= 4; threads++) {
+        for (int rep = 0; rep < 10; rep++) {
+            memset(out->data, 0, sizeof ref);
+            loom_threadpool_stats a, b;
+            loom_threadpool_get_stats(&a);
+            LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_OK);
+            loom_threadpool_get_stats(&b);
+            /* two barriers between the three phases, none inside the token matmuls */
+            LOOM_CHECK_EQ_INT(b.barriers - a.barriers, 2);
+            const float *got = out->data;
+            for (int i = 0; i < E; i++)
+                LOOM_CHECK_NEAR(got[i], ref[i], 1e-6f * (1.0f + fabsf(ref[i])));
+        }
+    }
+    loom_ctx_free(ctx);
+}
+
+/* A data error in one of two nodes of the same phase (both split over the threads), or in a
+ * tiny node run inside a barrier, stops every thread at the same barrier: an error, never
+ * a hang, whichever node fails. */
+LOOM_TEST(cpu_threads, error_inside_a_shared_phase) {
+    loom_ctx *ctx = loom_cpu_test_ctx(16);
+    loom_tensor *ea = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
+    loom_tensor *eb = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
+    loom_tensor *ia = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 40);
+    loom_tensor *ib = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 40);
+    fill_f32(ea->data, 1024 * 64, -1, 1);
+    fill_f32(eb->data, 1024 * 64, -1, 1);
+    loom_tensor *ra = loom_get_rows(ctx, ea, ia), *rb = loom_get_rows(ctx, eb, ib);
+    loom_tensor *mid = loom_scale(ctx, loom_add(ctx, ra, rb), 0.5f);
+    /* then a tiny node (run inside the next barrier by the last thread to arrive) and a
+     * split matmul over its result */
+    loom_tensor *ic = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 2);
+    loom_tensor *w = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
+    fill_f32(w->data, 1024 * 64, -0.1f, 0.1f);
+    loom_tensor *rc = loom_get_rows(ctx, mid, ic);
+    loom_tensor *out = loom_mul_mat(ctx, w, rc);
+    LOOM_REQUIRE(out);
+    loom_set_name(ra, "rows_a");
+    loom_set_name(rb, "rows_b");
+    loom_set_name(rc, "rows_c");
+    ((int32_t *)ic->data)[0] = 39, ((int32_t *)ic->data)[1] = 3;
+    int32_t *a = ia->data, *b = ib->data;
+    for (int i = 0; i < 40; i++)
+        a[i] = i, b[i] = 63 - i;
+    for (int threads = 1; threads <= 3; threads++) {
+        LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_OK);
+        LOOM_CHECK_NEAR(
+            loom_get_f32_nd(mid, 5, 39, 0, 0),
+            0.5f * (loom_get_f32_nd(ea, 5, 39, 0, 0) + loom_get_f32_nd(eb, 5, 24, 0, 0)), 1e-6);
+        double dot = 0; /* out[7, 0] = w row 7 . mid row 39 */
+        for (int k = 0; k < 1024; k++)
+            dot += (double)loom_get_f32_nd(w, k, 7, 0, 0) * loom_get_f32_nd(mid, k, 39, 0, 0);
+        LOOM_CHECK_NEAR(loom_get_f32_nd(out, 7, 0, 0, 0), dot, 1e-4);
+        for (int bad = 0; bad < 3; bad++) {
+            int32_t *ids = bad == 0 ? a : bad == 1 ? b : ic->data;
+            const int n = bad == 2 ? 2 : 40;
+            for (int rep = 0; rep < 20; rep++) {
+                const int at = (rep * 7) % n, keep = ids[at];
+                ids[at] = 64 + rep;
+                LOOM_CHECK_EQ_INT(loom_cpu_test_compute(out, threads), LOOM_ERR_INVALID_ARG);
+                LOOM_CHECK_STR_CONTAINS(loom_last_error(), bad == 0   ? "'rows_a'"
+                                                           : bad == 1 ? "'rows_b'"
+                                                                      : "'rows_c'");
+                ids[at] = keep;
+            }
+        }
+    }
+    loom_ctx_free(ctx);
+}
+
 static int g_fail_after = -1;
 static void *failing_malloc(size_t n, void *ud) {
     (void)ud;

@@ -3,9 +3,11 @@
  * (loom_cpu_supports_op), validation of a graph before it runs, scratch sizing, and the
  * threaded run itself.
  *
- * One loom_threadpool_run covers the whole graph: every thread walks the node list, does
- * its share of each node (rows, or output columns for a one-row matmul) and meets the
- * others at a barrier before the next node. View ops compute nothing and get no barrier.
+ * One loom_threadpool_run covers the whole graph: every thread walks the nodes in the
+ * order plan_phases gives them, does its share of each (rows, or output columns for a
+ * one-row matmul) and meets the others at a barrier only between phases, where a node
+ * needs bytes another thread wrote or may overwrite (README.md, Phases). View ops compute
+ * nothing and get no barrier.
  * All scratch is sized up front from every node's needs and allocated once (loom_malloc),
  * so an allocation failure is reported before anything runs and kernels never allocate.
  */
@@ -16,12 +18,14 @@
 /* ---------------------------------------------------------------- errors, barrier */
 
 void loom__cpu_barrier(const loom__cpu_params *p) {
-    if (p->nth > 1) loom_threadpool_barrier(p->state->tp);
+    if (p->nth == 1) return;
+    loom_threadpool_barrier(p->state->tp);
+    ++*p->epoch;
 }
 
 void loom__cpu_fail(const loom__cpu_params *p, loom_status s, const char *fmt, ...) {
-    int expected = 0;
-    if (!atomic_compare_exchange_strong(&p->state->failed, &expected, 1)) return;
+    int expected = LOOM__CPU_NO_FAIL;
+    if (!atomic_compare_exchange_strong(&p->state->fail_epoch, &expected, *p->epoch)) return;
     p->state->status = s;
     va_list ap;
     va_start(ap, fmt);
@@ -298,6 +302,10 @@ static size_t align64(size_t n) {
 
 typedef struct exec_ctx {
     loom_graph *g;
+    const int32_t *order; /* [n_steps]: the nodes in the order they run (plan_phases);
+                           * NULL: one thread, every node in graph order */
+    const uint8_t *flags; /* [n_steps]: EXEC_* of each step */
+    int n_steps;
     loom__cpu_state *state;
     char *work;
     size_t shared_size;     /* aligned */
@@ -306,9 +314,9 @@ typedef struct exec_ctx {
 } exec_ctx;
 
 /* Nodes cheaper than this (about a few microseconds of one core: multiply-adds of a matmul
- * or attention, elements of anything else) run on thread 0 alone when the pool has more
- * threads: splitting them costs more in barriers than it saves. A run of such nodes takes
- * no barrier between its members, only one before the next node that all threads share. */
+ * or attention, elements of anything else) run on one thread alone when the pool has more
+ * (thread 0, or the last to arrive at the barrier before them): splitting them costs more
+ * in barriers than it saves. */
 #define LOOM__CPU_SOLO_COST 32768
 
 static bool node_solo(const loom_tensor *t) {
@@ -328,8 +336,160 @@ static bool node_solo(const loom_tensor *t) {
     return cost < LOOM__CPU_SOLO_COST;
 }
 
+/* ---------------------------------------------------------------- phases */
+
+/* Per step of the plan: the node runs (always set), on one thread alone (solo), after a
+ * barrier, inside the barrier before it (serial: by the last thread to arrive). */
+enum { EXEC_RUN = 1, EXEC_SOLO = 2, EXEC_BARRIER = 4, EXEC_SERIAL = 8 };
+
+/* A phase is a run of nodes between two barriers. Two nodes may share one when no thread
+ * can see another thread's half-done work: the bytes each writes overlap nothing the other
+ * reads or writes (the kernels' shared scratch counts as read and written by each node
+ * that uses it), or both run on thread 0 alone (solo), in order. Byte ranges are each
+ * tensor's whole extent from its data pointer (loom_nbytes): conservative for strided
+ * views, and the allocator's reuse of a buffer shows as an overlap. */
+#define EXEC_STACK_NODES 512           /* plans of graphs up to this size live on the stack */
+#define EXEC_PHASE_MAX 16              /* unplaced nodes looked at per phase, in graph order */
+#define EXEC_RANGES (LOOM_MAX_SRC + 1) /* reads of one node: its sources and the scratch */
+
+typedef struct byte_range {
+    uintptr_t lo, hi; /* [lo, hi), empty when lo == hi */
+} byte_range;
+
+typedef struct node_ranges {
+    byte_range w;              /* the node's own bytes */
+    byte_range r[EXEC_RANGES]; /* sources, then the shared scratch */
+    int nr;
+    bool scratch; /* uses the shared scratch: counts as written too */
+    bool solo;
+} node_ranges;
+
+static byte_range range_of(const loom_tensor *t) {
+    byte_range r = {0, 0};
+    if (t && t->data) {
+        r.lo = (uintptr_t)t->data;
+        r.hi = r.lo + loom_nbytes(t);
+    }
+    return r;
+}
+
+static bool overlap(byte_range a, byte_range b) {
+    return a.lo < a.hi && b.lo < b.hi && a.lo < b.hi && b.lo < a.hi;
+}
+
+static bool overlaps_any(byte_range a, const byte_range *rs, int n) {
+    for (int i = 0; i < n; i++)
+        if (overlap(a, rs[i])) return true;
+    return false;
+}
+
+static void node_ranges_of(const loom_tensor *t, bool solo, byte_range scratch, node_ranges *nr) {
+    nr->w = range_of(t);
+    nr->nr = 0;
+    nr->solo = solo;
+    for (int s = 0; s < LOOM_MAX_SRC; s++)
+        if (t->src[s] && t->op != LOOM_OP_FILL) nr->r[nr->nr++] = range_of(t->src[s]);
+    nr->scratch = scratch.lo < scratch.hi;
+    if (nr->scratch) nr->r[nr->nr++] = scratch;
+}
+
+/* Whether nodes a and b may run in either order or at once on different threads: neither
+ * writes bytes the other reads or writes (the shared scratch counts as written by both).
+ * same_phase: b joins a phase holding a (b runs after a on each thread), so two solo nodes
+ * (both on thread 0, in that order) are always compatible. */
+static bool independent(const node_ranges *a, const node_ranges *b, byte_range scratch,
+                        bool same_phase) {
+    if (same_phase && a->solo && b->solo) return true;
+    if (a->scratch && b->scratch) return false;
+    if (overlap(b->w, a->w) || overlaps_any(b->w, a->r, a->nr) || overlaps_any(a->w, b->r, b->nr))
+        return false;
+    /* the scratch a writes against what b reads, and the reverse */
+    if (a->scratch && (overlap(scratch, b->w) || overlaps_any(scratch, b->r, b->nr))) return false;
+    if (b->scratch && (overlap(scratch, a->w) || overlaps_any(scratch, a->r, a->nr))) return false;
+    return true;
+}
+
+/* A node waiting to be placed in a phase. */
+typedef struct pending_node {
+    int node;
+    node_ranges nr;
+} pending_node;
+
+/* Orders the nodes that run into phases: fills order[] (node indices) and flags[] (EXEC_*)
+ * per step, returns the steps. Each phase looks at the next EXEC_PHASE_MAX nodes not yet
+ * placed, in graph order; a node may pass over others only when compatible with each
+ * (they keep their order relative to it). Behind each barrier first come the solo nodes
+ * that can go there (EXEC_SERIAL: the last thread to arrive runs them before it releases
+ * the others, so serial work between two parallel phases costs one barrier), then every
+ * node compatible with the phase so far. E.g. a token's ROPE and cache writes run inside
+ * the barrier after their projection, its residual add and norms inside the barrier after
+ * the output projection, and the gate and up projections share one phase. */
+static int plan_phases(const loom_graph *g, int nth, const loom__cpu_simd *simd,
+                       const void *scratch_base, size_t scratch_size, int32_t *order,
+                       uint8_t *flags) {
+    const byte_range scratch = {(uintptr_t)scratch_base, (uintptr_t)scratch_base + scratch_size};
+    pending_node pend[EXEC_PHASE_MAX];
+    int np = 0, next = 0, steps = 0;
+    for (;;) {
+        for (; np < EXEC_PHASE_MAX && next < g->n_nodes; next++) {
+            const loom_tensor *t = g->nodes[next];
+            if (!kernel_for(t) || loom_nelements(t) == 0) continue;
+            const bool solo = nth > 1 && node_solo(t);
+            const bool uses_scratch = nth > 1 && node_work(t, nth, simd).shared > 0;
+            pend[np].node = next;
+            node_ranges_of(t, solo, uses_scratch ? scratch : (byte_range){0, 0}, &pend[np].nr);
+            np++;
+        }
+        if (np == 0) return steps;
+        const bool behind_barrier = steps > 0;
+        bool serial[EXEC_PHASE_MAX] = {false}, in_phase[EXEC_PHASE_MAX] = {false};
+        int first = steps;
+        for (int pass = behind_barrier ? 0 : 1; pass < 2; pass++) {
+            for (int k = 0; k < np; k++) {
+                if (serial[k] || in_phase[k] || (pass == 0 && !pend[k].nr.solo)) continue;
+                bool ok = true;
+                for (int j = 0; ok && j < np; j++) {
+                    if (j == k || serial[j]) continue; /* done before the phase */
+                    if (in_phase[j])
+                        ok = independent(&pend[j].nr, &pend[k].nr, scratch, true);
+                    else if (j < k) /* passed over */
+                        ok = independent(&pend[j].nr, &pend[k].nr, scratch, false);
+                }
+                if (!ok) continue;
+                (pass == 0 ? serial : in_phase)[k] = true;
+                order[steps] = pend[k].node;
+                flags[steps] = (uint8_t)(EXEC_RUN | (pend[k].nr.solo ? EXEC_SOLO : 0) |
+                                         (pass == 0 ? EXEC_SERIAL : 0) |
+                                         (steps == first && behind_barrier ? EXEC_BARRIER : 0));
+                steps++;
+            }
+        }
+        int keep = 0;
+        for (int k = 0; k < np; k++)
+            if (!serial[k] && !in_phase[k]) pend[keep++] = pend[k];
+        np = keep;
+    }
+}
+
+/* The solo nodes behind a barrier, run by the last thread to arrive (loom_threadpool_barrier_last).
+ */
+typedef struct serial_run {
+    const exec_ctx *x;
+    loom__cpu_params solo; /* the arriving thread's scratch, as thread 0 of 1 */
+    int s0, s1;            /* steps */
+} serial_run;
+
+static void run_serial(void *arg) {
+    serial_run *r = arg;
+    for (int i = r->s0; i < r->s1 && !loom__cpu_failed(&r->solo); i++) {
+        loom_tensor *t = r->x->g->nodes[r->x->order[i]];
+        kernel_for(t)(&r->solo, t);
+    }
+}
+
 static void exec_worker(int ith, int nth, void *user_data) {
     exec_ctx *x = user_data;
+    int epoch = 0;
     loom__cpu_params p = {
         .ith = ith,
         .nth = nth,
@@ -339,30 +499,39 @@ static void exec_worker(int ith, int nth, void *user_data) {
         .wthread_size = x->per_thread_size,
         .simd = x->simd,
         .state = x->state,
+        .epoch = &epoch,
     };
     loom__cpu_params solo = p;
     solo.ith = 0;
     solo.nth = 1;
-    /* prev_solo: the last node run was thread 0's alone and no barrier followed it yet */
-    bool prev_solo = false;
-    for (int i = 0; i < x->g->n_nodes; i++) {
-        loom_tensor *t = x->g->nodes[i];
-        loom__cpu_kernel_fn fn = kernel_for(t);
-        if (!fn || loom_nelements(t) == 0) continue;
-        if (nth > 1 && node_solo(t)) {
-            /* after a failure thread 0 skips the rest of the run; all stop at the barrier */
-            if (ith == 0 && !loom__cpu_failed(&p)) fn(&solo, t);
-            prev_solo = true;
+    if (!x->order) { /* one thread: graph order */
+        for (int i = 0; i < x->g->n_nodes && !loom__cpu_failed(&p); i++) {
+            loom_tensor *t = x->g->nodes[i];
+            if (kernel_for(t) && loom_nelements(t) > 0) kernel_for(t)(&p, t);
+        }
+        return;
+    }
+    for (int i = 0; i < x->n_steps; i++) {
+        const uint8_t f = x->flags[i];
+        loom_tensor *t = x->g->nodes[x->order[i]];
+        if (f & EXEC_BARRIER) {
+            serial_run r = {.x = x, .solo = solo, .s0 = i, .s1 = i};
+            while (r.s1 < x->n_steps && (x->flags[r.s1] & EXEC_SERIAL))
+                r.s1++;
+            loom_threadpool_barrier_last(x->state->tp, r.s1 > i ? run_serial : NULL, &r);
+            ++epoch;
+            if (loom__cpu_failed(&p)) return;
+            if (r.s1 > i) {
+                i = r.s1 - 1;
+                continue;
+            }
+        }
+        if (f & EXEC_SOLO) {
+            /* after a failure thread 0 skips the rest of the run; all stop at a barrier */
+            if (ith == 0 && !loom__cpu_failed(&solo)) kernel_for(t)(&solo, t);
             continue;
         }
-        if (prev_solo) {
-            loom__cpu_barrier(&p);
-            prev_solo = false;
-            if (loom__cpu_failed(&p)) return;
-        }
-        fn(&p, t);
-        loom__cpu_barrier(&p);
-        if (loom__cpu_failed(&p)) return;
+        kernel_for(t)(&p, t);
     }
     /* the caller reads results after loom_threadpool_run returns: no barrier needed here */
 }
@@ -415,7 +584,14 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     shared = align64(shared);
     per_thread = align64(per_thread);
-    size_t need = shared + per_thread * (size_t)nth;
+    /* the plan: on the stack for graphs up to EXEC_STACK_NODES nodes, else ahead of the
+     * scratch (a graph that needs no scratch allocates nothing) */
+    int32_t stack_order[EXEC_STACK_NODES];
+    uint8_t stack_flags[EXEC_STACK_NODES];
+    const bool plan_in_work = nth > 1 && g->n_nodes > EXEC_STACK_NODES;
+    const size_t order_size = align64((size_t)g->n_nodes * sizeof(int32_t));
+    const size_t plan_size = plan_in_work ? order_size + align64((size_t)g->n_nodes) : 0;
+    size_t need = plan_size + shared + per_thread * (size_t)nth;
     if (need > *work_size) {
         void *p = loom_malloc(need + 64);
         if (!p)
@@ -427,13 +603,25 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     }
     /* 64-byte alignment for the packed matmul panels */
     char *base = *work ? (char *)(((uintptr_t)*work + 63) & ~(uintptr_t)63) : NULL;
+    char *scratch = base ? base + plan_size : NULL;
+    int32_t *order = NULL;
+    uint8_t *flags = NULL;
+    int n_steps = 0;
+    if (nth > 1) {
+        order = plan_in_work ? (int32_t *)base : stack_order;
+        flags = plan_in_work ? (uint8_t *)base + order_size : stack_flags;
+        n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
+    }
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
-    atomic_init(&state.failed, 0);
+    atomic_init(&state.fail_epoch, LOOM__CPU_NO_FAIL);
     exec_ctx x = {
         .g = g,
+        .order = order,
+        .flags = flags,
+        .n_steps = n_steps,
         .state = &state,
-        .work = base,
+        .work = scratch,
         .shared_size = shared,
         .per_thread_size = per_thread,
         .simd = simd,
@@ -442,7 +630,8 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         loom_threadpool_run(tp, exec_worker, &x);
     else
         exec_worker(0, 1, &x);
-    if (atomic_load(&state.failed)) return loom_error(state.status, "%s", state.message);
+    if (atomic_load(&state.fail_epoch) != LOOM__CPU_NO_FAIL)
+        return loom_error(state.status, "%s", state.message);
     return LOOM_OK;
 }
 

@@ -205,6 +205,21 @@ static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t 
     return l;
 }
 
+/* QUANT, QDOT and BDOT with at most this many rows of b (a token's matmul): every thread
+ * converts all of b into its own scratch instead of its share into the shared one, so the
+ * node needs no barrier between the conversion and the dots, and uses no shared scratch
+ * (graph.c can then run it in one phase with independent nodes, e.g. Q, K and V). */
+#define MM_LOCAL_B_ROWS 4
+
+static bool b_local(const mm_shape *s) {
+    return s->N * s->B2 * s->B3 <= MM_LOCAL_B_ROWS;
+}
+
+/* Where a thread's converted rows of b start in its scratch, after K floats of staging. */
+static size_t b_local_off(const mm_shape *s) {
+    return align64_size((size_t)s->K * sizeof(float));
+}
+
 loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loom__cpu_simd *simd) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     mm_shape s = shape_of(dst);
@@ -213,13 +228,17 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
     (void)nth;
     switch (choose_path(dst, simd)) {
     case MM_QUANT:
-        w.shared = brows * loom__q8a_row_bytes(s.K / LOOM_QK8_0);
-        w.per_thread = (size_t)s.K * sizeof(float);
+    case MM_QDOT: {
+        const size_t rb = is_quant(a->type) ? loom__q8a_row_bytes(s.K / LOOM_QK8_0)
+                                            : qdot_row_bytes(a->type, s.K);
+        if (b_local(&s)) {
+            w.per_thread = b_local_off(&s) + brows * rb;
+        } else {
+            w.shared = brows * rb;
+            w.per_thread = (size_t)s.K * sizeof(float);
+        }
         break;
-    case MM_QDOT:
-        w.shared = brows * qdot_row_bytes(a->type, s.K);
-        w.per_thread = (size_t)s.K * sizeof(float);
-        break;
+    }
     case MM_DOT:
         if (!b_in_place(b)) w.shared = brows * (size_t)s.K * sizeof(float);
         if (!a_in_place(a)) w.per_thread = (size_t)s.K * sizeof(float);
@@ -236,7 +255,10 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
         w = loom__cpu_bgemm_work(dst);
         break;
     case MM_BDOT:
-        w.shared = brows * loom__cpu_bdot_row_elems(s.K) * sizeof(uint16_t);
+        if (b_local(&s))
+            w.per_thread = brows * loom__cpu_bdot_row_elems(s.K) * sizeof(uint16_t);
+        else
+            w.shared = brows * loom__cpu_bdot_row_elems(s.K) * sizeof(uint16_t);
         break;
     case MM_QGEMM: {
         const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
@@ -328,16 +350,29 @@ static void mm_path_dot(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
                 rb * (size_t)(s->N * s->B2));
 }
 
+/* The rows of b (flat over n, i2, i3) this thread converts: all of them when local, else
+ * its share. */
+static void b_rows_of(const loom__cpu_params *p, const mm_shape *s, bool local, int64_t *r0,
+                      int64_t *r1) {
+    if (local) {
+        *r0 = 0;
+        *r1 = s->N * s->B2 * s->B3;
+    } else {
+        loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, r0, r1);
+    }
+}
+
 /* BF16 weights, few columns: b rounded to bf16 rows once (shared), then vdpbf16ps dots. */
 static void mm_path_bdot(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const size_t re = loom__cpu_bdot_row_elems(s->K), rb = re * sizeof(uint16_t);
-    uint16_t *bb = p->wshared;
+    const bool local = b_local(s);
+    uint16_t *bb = local ? p->wthread : p->wshared;
     int64_t r0, r1;
-    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
+    b_rows_of(p, s, local, &r0, &r1);
     for (int64_t r = r0; r < r1; r++)
         loom__cpu_bdot_round_row(b_row_at(b, r), b->nb[0], s->K, bb + r * (int64_t)re);
-    loom__cpu_barrier(p);
+    if (!local) loom__cpu_barrier(p);
     mm_dot_args x = {
         .a = a,
         .atype = a->type,
@@ -367,14 +402,23 @@ static void quantize_b_rows(const loom__cpu_params *p, const loom_tensor *b, int
     }
 }
 
+/* b quantised for the dots: rows of rb bytes, either all of them in this thread's scratch
+ * (b_local: no barrier) or this thread's share in the shared scratch, then a barrier. */
+static const char *quantize_b(const loom__cpu_params *p, const loom_tensor *b, const mm_shape *s,
+                              loom__cpu_qact_fn quant, size_t rb) {
+    const bool local = b_local(s);
+    char *qb = local ? (char *)p->wthread + b_local_off(s) : p->wshared;
+    int64_t r0, r1;
+    b_rows_of(p, s, local, &r0, &r1);
+    quantize_b_rows(p, b, r0, r1, quant, rb, qb);
+    if (!local) loom__cpu_barrier(p);
+    return qb;
+}
+
 static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const int64_t nblk = s->K / LOOM_QK8_0;
-    char *qb = p->wshared;
-    int64_t r0, r1;
-    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
-    quantize_b_rows(p, b, r0, r1, p->simd->quantize_q8a, loom__q8a_row_bytes(nblk), qb);
-    loom__cpu_barrier(p);
+    const char *qb = quantize_b(p, b, s, p->simd->quantize_q8a, loom__q8a_row_bytes(nblk));
     mm_dot_args x = {
         .a = a,
         .atype = a->type,
@@ -395,11 +439,7 @@ static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     const loom__cpu_qact_fn quant =
         loom__cpu_qact_get(loom_type_traits_get((int)a->type)->vec_dot_type, p->simd);
     const size_t rb = qdot_row_bytes(a->type, s->K);
-    char *qb = p->wshared;
-    int64_t r0, r1;
-    loom__range(s->N * s->B2 * s->B3, p->ith, p->nth, &r0, &r1);
-    quantize_b_rows(p, b, r0, r1, quant, rb, qb);
-    loom__cpu_barrier(p);
+    const char *qb = quantize_b(p, b, s, quant, rb);
     mm_dot_args x = {
         .a = a,
         .atype = a->type,

@@ -671,6 +671,17 @@ LOOM_API int loom_threadpool_size(const loom_threadpool *tp);
 LOOM_API void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data);
 /* A barrier across all threads of the current run() (callable only inside fn). */
 LOOM_API void loom_threadpool_barrier(loom_threadpool *tp);
+/* The same, and the last thread to arrive calls last(arg) with its own arg before any
+ * thread leaves: serial work between two parallel phases costs one barrier, not two
+ * (last NULL: a plain barrier; a pool of one thread just calls it). */
+LOOM_API void loom_threadpool_barrier_last(loom_threadpool *tp, void (*last)(void *arg), void *arg);
+/* Process-wide counts since start, over every pool (for benchmarks): runs, barriers
+ * completed, waits that went to sleep on a futex (after their spin), and futex wake-ups
+ * (system calls made because a waiter slept). */
+typedef struct loom_threadpool_stats {
+    unsigned long long runs, barriers, sleeps, wakes;
+} loom_threadpool_stats;
+LOOM_API void loom_threadpool_get_stats(loom_threadpool_stats *out);
 /* Number of hardware threads available to this process (>= 1). */
 LOOM_API int loom_n_cpus(void);
 

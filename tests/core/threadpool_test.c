@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core-impl.h"
 #include "tests/shim/loom_test.h"
@@ -91,6 +92,60 @@ LOOM_TEST(threadpool, barrier_orders_phases) {
             loom_threadpool_run(b.tp, barrier_task, &b);
         }
         LOOM_CHECK_EQ_INT(atomic_load(&b.violations), 0);
+        loom_threadpool_free(b.tp);
+    }
+}
+
+enum { SLOW_PHASES = 12 };
+
+/* As barrier_task, but in each phase one thread (in turn) arrives 1.5 ms late, longer than
+ * any spin (LOOM__SPIN_MAX_NS): the others go to sleep on the futex and must be woken. */
+static void slow_barrier_task(int ith, int nth, void *ud) {
+    barrier_ctx *b = ud;
+    for (int p = 1; p <= SLOW_PHASES; p++) {
+        if (p % nth == ith) {
+            struct timespec ts = {0, 1500000};
+            nanosleep(&ts, NULL);
+        }
+        __atomic_store_n(&b->slots[ith], p, __ATOMIC_RELAXED);
+        loom_threadpool_barrier(b->tp);
+        for (int j = 0; j < nth; j++)
+            if (__atomic_load_n(&b->slots[j], __ATOMIC_RELAXED) != p)
+                atomic_fetch_add(&b->violations, 1);
+        loom_threadpool_barrier(b->tp);
+    }
+}
+
+/* Waits that outlast the spin: late arrivals at the barrier, and runs 3 ms apart (the
+ * workers sleep between them). Every phase is still ordered, every run complete, and the
+ * process-wide counters count exactly the runs and barriers made. */
+LOOM_TEST(threadpool, sleeping_waiters_are_woken) {
+    const int sizes[] = {2, 3};
+    for (int k = 0; k < 2; k++) {
+        barrier_ctx b;
+        memset(&b, 0, sizeof b);
+        atomic_init(&b.violations, 0);
+        b.tp = loom_threadpool_new(sizes[k]);
+        LOOM_REQUIRE(b.tp != NULL);
+        loom_threadpool_stats s0, s1;
+        loom_threadpool_get_stats(&s0);
+        for (int rep = 0; rep < 3; rep++) {
+            struct timespec ts = {0, 3000000};
+            nanosleep(&ts, NULL);
+            memset(b.slots, 0, sizeof b.slots);
+            loom_threadpool_run(b.tp, slow_barrier_task, &b);
+            count_ctx c;
+            memset(&c, 0, sizeof c);
+            c.thread0 = pthread_self();
+            nanosleep(&ts, NULL);
+            loom_threadpool_run(b.tp, count_task, &c);
+            LOOM_CHECK_EQ_INT(atomic_load(&c.calls), sizes[k]);
+            LOOM_CHECK_EQ_INT(atomic_load(&c.sum), 99999LL * 100000 / 2);
+        }
+        loom_threadpool_get_stats(&s1);
+        LOOM_CHECK_EQ_INT(atomic_load(&b.violations), 0);
+        LOOM_CHECK_EQ_INT(s1.runs - s0.runs, 6);
+        LOOM_CHECK_EQ_INT(s1.barriers - s0.barriers, 3 * 2 * SLOW_PHASES);
         loom_threadpool_free(b.tp);
     }
 }
