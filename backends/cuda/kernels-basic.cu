@@ -1,9 +1,9 @@
 /*
  * CUDA kernels for every op except the matrix products and attention (kernels-mm.cu):
  * copies with type conversion, elementwise arithmetic with broadcasting, the one-input
- * maps, GLU, FILL, per-row reductions (sum, mean, argmax, norms, softmax), argsort/top-k,
- * rope, row gathers and scatters, concat, and the communicator's helpers (BF16 conversion,
- * the one-shot peer sum).
+ * maps, GLU, FILL, per-row reductions (sum, mean, argmax, norms, softmax), argsort/top-k
+ * (in the CPU backend's order, NaN included), rope, row gathers and scatters, concat, and
+ * the communicator's helpers (BF16 conversion, the one-shot peer sum).
  *
  * Each kernel is written for clarity: one thread per output element (or block, for
  * quantised rows), or one block per row for reductions, every element reached through

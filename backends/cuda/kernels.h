@@ -202,7 +202,7 @@ cudaError_t loom__cu_dequantize_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t
 
 /* FLASH_ATTN_EXT: D, Dv <= 256: blocks of 8 queries sharing a KV head, keys and values
  * staged through shared memory in tiles of 32; larger heads (<= 1024): one warp per output
- * row. A NaN score makes its output row NaN. */
+ * row. A NaN score or a NaN sink makes its output row NaN (as the CPU). */
 cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
                                 loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
                                 loom_cu_t sinks, cudaStream_t s);
