@@ -401,10 +401,11 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
         break;
     case LOOM_OP_ARGSORT:
         e = loom__cu_argsort(loom_get_op_params_i32(t, 0) == LOOM_SORT_DESC, a->ne[0], loom__cu(t),
-                             loom__cu(a), st);
+                             loom__cu(a), cb->scratch, cb->scratch_size, st);
         break;
     case LOOM_OP_TOP_K:
-        e = loom__cu_argsort(1, t->ne[0], loom__cu(t), loom__cu(a), st);
+        e = loom__cu_argsort(1, t->ne[0], loom__cu(t), loom__cu(a), cb->scratch, cb->scratch_size,
+                             st);
         break;
     case LOOM_OP_ROPE:
         e = loom__cu_rope(loom_get_op_params_i32(t, 0),
@@ -425,7 +426,8 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
     case LOOM_OP_MUL_MAT:
         return mul_mat(cb, t, index);
     case LOOM_OP_MUL_MAT_ID:
-        e = loom__cu_mul_mat_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), err, index, st);
+        e = loom__cu_mul_mat_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), cb->scratch,
+                                err, index, st);
         break;
     case LOOM_OP_FLASH_ATTN_EXT:
         e = loom__cu_flash_attn(loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
@@ -509,6 +511,8 @@ static loom_status check_shapes(const loom__cuda_backend *cb, const loom_tensor 
             c->ne[1] != t->ne[2] || b->ne[2] != t->ne[2] || b->ne[1] <= 0 ||
             (b->ne[1] != 1 && b->ne[1] != c->ne[0]))
             return bad_shape(cb, t, "expected as [K,M,E], b [K,U or 1,T], ids [U,T] -> [M,U,T]");
+        if (a->ne[2] >= INT32_MAX || t->ne[1] * t->ne[2] >= INT32_MAX) /* 32-bit buckets */
+            return bad_shape(cb, t, "more than 2^31 - 1 experts or routed (u, t) pairs");
         break;
     case LOOM_OP_GET_ROWS:
         if (t->ne[0] != a->ne[0] || t->ne[1] != b->ne[0] || t->ne[2] != b->ne[1] ||
@@ -650,10 +654,14 @@ static loom_status validate(const loom__cuda_backend *cb, const loom_graph *g, s
         if (s == LOOM_OK) s = check_shapes(cb, t);
         if (s != LOOM_OK) return s;
         (*n_work)++;
-        if (t->op == LOOM_OP_MUL_MAT) {
-            mm_plan p = mm_plan_of(cb, t);
-            if (p.total > *scratch) *scratch = p.total;
-        }
+        size_t need = 0;
+        if (t->op == LOOM_OP_MUL_MAT)
+            need = mm_plan_of(cb, t).total;
+        else if (t->op == LOOM_OP_MUL_MAT_ID) /* the routing bucketed by expert */
+            need = loom__cu_mul_mat_id_scratch(t->src[0]->ne[2], t->ne[1] * t->ne[2]);
+        else if (t->op == LOOM_OP_ARGSORT || t->op == LOOM_OP_TOP_K) /* rows beyond a chunk */
+            need = loom__cu_argsort_scratch(t->src[0]->ne[0], loom_nrows(t->src[0]));
+        if (need > *scratch) *scratch = need;
     }
     return LOOM_OK;
 }

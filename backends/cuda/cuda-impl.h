@@ -92,7 +92,7 @@ struct loom__cuda_backend {
     void *cublas_ws; /* cuBLAS workspace (fixed, so captured GEMMs never allocate) */
     size_t cublas_ws_size;
     size_t panel_bytes; /* F32 weight conversion budget of one matmul (LOOM_CUDA_PANEL_BYTES) */
-    void *scratch;      /* per-node temporaries of graph_compute (matmul panels) */
+    void *scratch;      /* node temporaries: matmul panels, MUL_MAT_ID buckets, long sorts */
     size_t scratch_size;
     loom_cu_err *err_dev;       /* device memory written by the index-checking kernels */
     loom_cu_err *err_host;      /* pinned copy, read back by synchronize */

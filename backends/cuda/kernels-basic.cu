@@ -1,9 +1,9 @@
 /*
  * CUDA kernels for every op except the matrix products and attention (kernels-mm.cu):
  * copies with type conversion, elementwise arithmetic with broadcasting, the one-input
- * maps, GLU, FILL, per-row reductions (sum, mean, argmax, norms, softmax), argsort/top-k,
- * rope, row gathers and scatters, concat, and the communicator's helpers (BF16 conversion,
- * the one-shot peer sum).
+ * maps, GLU, FILL, per-row reductions (sum, mean, argmax, norms, softmax), argsort/top-k
+ * (in the CPU backend's order, NaN included), rope, row gathers and scatters, concat, and
+ * the communicator's helpers (BF16 conversion, the one-shot peer sum).
  *
  * Each kernel is written for clarity: one thread per output element (or block, for
  * quantised rows), or one block per row for reductions, every element reached through
@@ -506,13 +506,26 @@ extern "C" cudaError_t loom__cu_soft_max(float scale, float max_bias, loom_cu_t 
 
 /* ---------------------------------------------------------------- argsort, top_k */
 
-#define CU_SORT_TILE CU_BLOCK
-#define CU_BITONIC_MAX 4096 /* rows up to this length sort in shared memory (32 KiB) */
+#define CU_SORT_CHUNK LOOM_CU_SORT_CHUNK /* sorted in shared memory (48 KiB) by one block */
 #define CU_BITONIC_THREADS 512
 
-/* The stable order of argsort: value (larger first when desc), ties by lower index; the
- * padding (index >= n) after everything. A NaN compares neither way (then the result is a
- * permutation in an unspecified order, as for the CPU's comparison sort). */
+/* The CPU's order (backends/cpu/ops-rows.c): a bottom-up stable merge sort of widths 1, 2,
+ * 4, ... whose merge takes the right run's head only when it comes strictly before the
+ * left's. Without NaN that order is unique (value, then lower index), so any algorithm that
+ * finds it agrees with the CPU: a bitonic network in shared memory per chunk, then merge
+ * passes by binary search. A NaN compares neither way, so with one the result is defined
+ * by the CPU's steps alone: a chunk or row holding a NaN replays them (still a permutation,
+ * and exactly the CPU's). */
+static __device__ __forceinline__ bool cu_merge_takes_right(int desc, float vl, float vr) {
+    return desc ? vr > vl : vr < vl;
+}
+
+static __device__ __forceinline__ float cu_sort_x(const char *x, int64_t nb0, int64_t i) {
+    return *(const float *)(x + i * nb0);
+}
+
+/* The stable order of argsort without NaN: value (larger first when desc), ties by lower
+ * index; the padding (index >= n) after everything. */
 static __device__ __forceinline__ bool cu_sort_before(int desc, float va, int ia, float vb, int ib,
                                                       int n) {
     if (ia >= n) return false;
@@ -521,101 +534,213 @@ static __device__ __forceinline__ bool cu_sort_before(int desc, float va, int ia
     return desc ? va > vb : va < vb;
 }
 
-/* One block per row: a bitonic sorting network over the row padded to P = 2^k <=
- * CU_BITONIC_MAX, in shared memory: O(n log^2 n) work, log^2 n barriers. */
-static __global__ void k_argsort_bitonic(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
-                                         int64_t nrows, int P) {
-    __shared__ float kv[CU_BITONIC_MAX];
-    __shared__ int ki[CU_BITONIC_MAX];
-    const int n = (int)a.ne[0];
-    CU_FOR_BLOCK(r, nrows) {
+/* Where a sorted chunk or merged run goes: rows of one chunk straight to dst (its first keep
+ * positions), longer rows into their scratch buffer. */
+static __device__ __forceinline__ void cu_sort_put(bool to_dst, int64_t keep, const loom_cu_t &dst,
+                                                   int64_t i1, int64_t i2, int64_t i3, int32_t *buf,
+                                                   int64_t pos, int32_t idx) {
+    if (!to_dst)
+        buf[pos] = idx;
+    else if (pos < keep)
+        *(int32_t *)cu_at(dst, pos, i1, i2, i3) = idx;
+}
+
+/* One CPU merge of runs [lo, mid) and [mid, hi) of src (indices base + k into x) into
+ * positions [lo, hi). */
+template <typename Put>
+static __device__ __forceinline__ void cu_merge_seq(int desc, const float *kv, const char *x,
+                                                    int64_t nb0, const int32_t *src, int64_t lo,
+                                                    int64_t mid, int64_t hi, Put put) {
+    int64_t i = lo, j = mid, k = lo;
+    while (i < mid && j < hi) {
+        const float vi = kv ? kv[src[i]] : cu_sort_x(x, nb0, src[i]);
+        const float vj = kv ? kv[src[j]] : cu_sort_x(x, nb0, src[j]);
+        put(k++, cu_merge_takes_right(desc, vi, vj) ? src[j++] : src[i++]);
+    }
+    while (i < mid)
+        put(k++, src[i++]);
+    while (j < hi)
+        put(k++, src[j++]);
+}
+
+/* One block per (row, chunk of CU_SORT_CHUNK elements) of rows r0 .. r0 + nrows - 1: the
+ * chunk's indices in the CPU's order (a bitonic network without NaN, the CPU's merge sort
+ * replayed in shared memory with one). Rows of one chunk write their first keep positions
+ * to dst; longer rows write the chunk's sorted row indices to their first scratch buffer
+ * (ws + 2 n rr) and a chunk with a NaN sets its row's flag (ws + 2 n nrows + rr). */
+static __global__ void k_argsort_chunk(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
+                                       int64_t r0, int64_t nrows, int32_t *ws) {
+    __shared__ float kv[CU_SORT_CHUNK];
+    __shared__ int32_t ki[CU_SORT_CHUNK];
+    __shared__ int32_t kt[CU_SORT_CHUNK];
+    const int64_t n = a.ne[0], nch = (n + CU_SORT_CHUNK - 1) / CU_SORT_CHUNK;
+    const bool to_dst = nch == 1;
+    CU_FOR_BLOCK(bi, nrows * nch) {
+        const int64_t rr = bi / nch, c0 = bi % nch * CU_SORT_CHUNK;
         int64_t i1, i2, i3;
-        cu_row_index(a, r, &i1, &i2, &i3);
-        const char *x = cu_at(a, 0, i1, i2, i3);
-        __syncthreads(); /* the previous row's results are written */
+        cu_row_index(a, r0 + rr, &i1, &i2, &i3);
+        const char *x = cu_at(a, c0, i1, i2, i3);
+        const int len = (int)(n - c0 < CU_SORT_CHUNK ? n - c0 : CU_SORT_CHUNK);
+        int P = 1;
+        while (P < len)
+            P <<= 1;
+        __syncthreads(); /* the previous chunk's results are written */
+        int nan = 0;
         for (int i = threadIdx.x; i < P; i += blockDim.x) {
-            kv[i] = i < n ? *(const float *)(x + i * a.nb[0]) : 0.0f;
+            const float v = i < len ? cu_sort_x(x, a.nb[0], i) : 0.0f;
+            nan |= v != v;
+            kv[i] = v;
             ki[i] = i;
         }
-        __syncthreads();
-        for (int k = 2; k <= P; k <<= 1) {
-            for (int j = k >> 1; j > 0; j >>= 1) {
-                for (int i = threadIdx.x; i < P; i += blockDim.x) {
-                    const int l = i ^ j;
-                    if (l <= i) continue;
-                    /* blocks with (i & k) == 0 sort in the order, the others reversed */
-                    const bool wrong = (i & k) == 0
-                                           ? cu_sort_before(desc, kv[l], ki[l], kv[i], ki[i], n)
-                                           : cu_sort_before(desc, kv[i], ki[i], kv[l], ki[l], n);
-                    if (wrong) {
-                        const float tv = kv[i];
-                        kv[i] = kv[l];
-                        kv[l] = tv;
-                        const int ti = ki[i];
-                        ki[i] = ki[l];
-                        ki[l] = ti;
+        nan = __syncthreads_or(nan); /* block-uniform */
+        const int32_t *res = ki;
+        if (!nan) {
+            for (int k = 2; k <= P; k <<= 1) {
+                for (int j = k >> 1; j > 0; j >>= 1) {
+                    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+                        const int l = i ^ j;
+                        if (l <= i) continue;
+                        /* blocks with (i & k) == 0 sort in the order, the others reversed */
+                        const bool wrong =
+                            (i & k) == 0 ? cu_sort_before(desc, kv[l], ki[l], kv[i], ki[i], len)
+                                         : cu_sort_before(desc, kv[i], ki[i], kv[l], ki[l], len);
+                        if (wrong) {
+                            const float tv = kv[i];
+                            kv[i] = kv[l];
+                            kv[l] = tv;
+                            const int32_t ti = ki[i];
+                            ki[i] = ki[l];
+                            ki[l] = ti;
+                        }
                     }
+                    __syncthreads();
+                }
+            }
+        } else { /* the CPU's passes; kv stays in index order */
+            int32_t *src = ki, *out = kt;
+            for (int w = 1; w < len; w <<= 1) {
+                for (int lo = threadIdx.x * 2 * w; lo < len; lo += blockDim.x * 2 * w) {
+                    const int mid = lo + w < len ? lo + w : len;
+                    const int hi = lo + 2 * w < len ? lo + 2 * w : len;
+                    cu_merge_seq(desc, kv, x, a.nb[0], src, lo, mid, hi,
+                                 [out](int64_t k, int32_t v) { out[k] = v; });
                 }
                 __syncthreads();
+                int32_t *t = src;
+                src = out;
+                out = t;
             }
+            res = src;
         }
-        const int64_t m = keep < n ? keep : n;
-        for (int64_t i = threadIdx.x; i < m; i += blockDim.x)
-            *(int32_t *)cu_at(dst, i, i1, i2, i3) = ki[i];
+        int32_t *buf = to_dst ? (int32_t *)NULL : ws + 2 * n * rr + c0;
+        for (int i = threadIdx.x; i < len; i += blockDim.x)
+            cu_sort_put(to_dst, keep, dst, i1, i2, i3, buf, i, (int32_t)c0 + res[i]);
+        if (!to_dst && nan && threadIdx.x == 0) atomicOr(ws + 2 * n * nrows + rr, 1);
     }
 }
 
-/* Element i of a row goes to position rank(i) = #{j : x_j before x_i}, where "before"
- * is the stable order (descending: larger first; ties: lower index first). Positions at or
- * beyond keep are dropped (TOP_K). The row is staged through shared memory in tiles. */
-static __global__ void k_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
-                                 int64_t nrows) {
-    __shared__ float tile[CU_SORT_TILE];
+/* A merge pass of width w (>= CU_SORT_CHUNK) over the rows without NaN: the element at
+ * position p of a run goes to p plus the number of the other run's elements the CPU's
+ * merge takes before it (a binary search: the runs are sorted in a total order). From
+ * buffer sb to the other one, or to dst on the last pass. */
+static __global__ void k_argsort_merge(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
+                                       int64_t r0, int64_t nrows, int32_t *ws, int64_t w, int sb,
+                                       int last) {
     const int64_t n = a.ne[0];
-    const int64_t nchunks = (n + CU_SORT_TILE - 1) / CU_SORT_TILE;
-    for (int64_t bi = blockIdx.x; bi < nrows * nchunks; bi += gridDim.x) {
-        const int64_t r = bi / nchunks, c = bi % nchunks;
+    const int32_t *flags = ws + 2 * n * nrows;
+    CU_FOR(e, nrows * n) {
+        const int64_t rr = e / n, p = e % n;
+        if (flags[rr]) continue;
         int64_t i1, i2, i3;
-        cu_row_index(a, r, &i1, &i2, &i3);
+        cu_row_index(a, r0 + rr, &i1, &i2, &i3);
         const char *x = cu_at(a, 0, i1, i2, i3);
-        const int64_t i = c * CU_SORT_TILE + threadIdx.x;
-        const float xi = i < n ? *(const float *)(x + i * a.nb[0]) : 0.0f;
-        int64_t rank = 0;
-        for (int64_t j0 = 0; j0 < n; j0 += CU_SORT_TILE) {
-            __syncthreads();
-            if (j0 + threadIdx.x < n)
-                tile[threadIdx.x] = *(const float *)(x + (j0 + threadIdx.x) * a.nb[0]);
-            __syncthreads();
-            const int64_t m = n - j0 < CU_SORT_TILE ? n - j0 : CU_SORT_TILE;
-            if (i < n) {
-                for (int64_t k = 0; k < m; k++) {
-                    const float xj = tile[k];
-                    const int64_t j = j0 + k;
-                    const bool before = desc ? xj > xi : xj < xi;
-                    rank += before || (xj == xi && j < i);
-                }
+        const int32_t *src = ws + 2 * n * rr + sb * n;
+        const int64_t lo = p / (2 * w) * (2 * w);
+        const int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+        const int32_t idx = src[p];
+        const float v = cu_sort_x(x, a.nb[0], idx);
+        const bool left = p < mid;
+        /* left: the right run's elements that come strictly before v; right: the left
+         * run's elements that do not come after v. Either is a prefix of the other run. */
+        int64_t b = left ? mid : lo, cnt = left ? hi - mid : mid - lo;
+        int64_t found = 0;
+        while (cnt > 0) {
+            const int64_t half = cnt / 2;
+            const float u = cu_sort_x(x, a.nb[0], src[b + half]);
+            const bool before =
+                left ? cu_merge_takes_right(desc, v, u) : !cu_merge_takes_right(desc, u, v);
+            if (before) {
+                b += half + 1;
+                found += half + 1;
+                cnt -= half + 1;
+            } else {
+                cnt = half;
             }
         }
-        if (i < n && rank < keep) *(int32_t *)cu_at(dst, rank, i1, i2, i3) = (int32_t)i;
+        const int64_t pos = left ? p + found : lo + (p - mid) + found;
+        cu_sort_put(last, keep, dst, i1, i2, i3, ws + 2 * n * rr + (1 - sb) * n, pos, idx);
+    }
+}
+
+/* The same pass over the rows with a NaN: one thread per pair of runs replays the CPU's
+ * merge. */
+static __global__ void k_argsort_merge_nan(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
+                                           int64_t r0, int64_t nrows, int32_t *ws, int64_t w,
+                                           int sb, int last) {
+    const int64_t n = a.ne[0], npairs = (n + 2 * w - 1) / (2 * w);
+    const int32_t *flags = ws + 2 * n * nrows;
+    CU_FOR(e, nrows * npairs) {
+        const int64_t rr = e / npairs, lo = e % npairs * 2 * w;
+        if (!flags[rr]) continue;
+        int64_t i1, i2, i3;
+        cu_row_index(a, r0 + rr, &i1, &i2, &i3);
+        const char *x = cu_at(a, 0, i1, i2, i3);
+        const int32_t *src = ws + 2 * n * rr + sb * n;
+        int32_t *out = ws + 2 * n * rr + (1 - sb) * n;
+        const int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+        const bool to_dst = last != 0;
+        cu_merge_seq(
+            desc, (const float *)NULL, x, a.nb[0], src, lo, mid, hi,
+            [&](int64_t k, int32_t v) { cu_sort_put(to_dst, keep, dst, i1, i2, i3, out, k, v); });
     }
 }
 
 extern "C" cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a,
-                                        cudaStream_t s) {
+                                        int32_t *ws, size_t ws_bytes, cudaStream_t s) {
     const int64_t nrows = cu_nrows(a), n = a.ne[0];
     if (nrows == 0 || n == 0 || keep == 0) return cudaSuccess;
-    if (n <= CU_BITONIC_MAX) {
-        int P = 1;
-        while (P < n)
-            P <<= 1;
-        k_argsort_bitonic<<<cu_blocks(nrows, 1), CU_BITONIC_THREADS, 0, s>>>(desc, keep, dst, a,
-                                                                             nrows, P);
+    if (n <= CU_SORT_CHUNK) {
+        k_argsort_chunk<<<cu_blocks(nrows, 1), CU_BITONIC_THREADS, 0, s>>>(desc, keep, dst, a, 0,
+                                                                           nrows, NULL);
         return cu_launched();
     }
-    /* longer rows: each element's rank, counted against the row in shared-memory tiles */
-    const int64_t nchunks = (n + CU_SORT_TILE - 1) / CU_SORT_TILE;
-    k_argsort<<<cu_blocks(nrows * nchunks, 1), CU_SORT_TILE, 0, s>>>(desc, keep, dst, a, nrows);
-    return cu_launched();
+    /* longer rows, a group of g at a time (as many as ws holds): sorted chunks, then
+     * log2(n / CU_SORT_CHUNK) merge passes between the row's two buffers: O(n log^2 n) */
+    const size_t per_row = sizeof(int32_t) * (size_t)(2 * n + 1);
+    int64_t g = (int64_t)(ws_bytes / per_row);
+    if (g < 1) return cudaErrorInvalidValue; /* the caller sized ws too small */
+    if (g > nrows) g = nrows;
+    const int64_t nch = (n + CU_SORT_CHUNK - 1) / CU_SORT_CHUNK;
+    for (int64_t r0 = 0; r0 < nrows; r0 += g) {
+        const int64_t m = nrows - r0 < g ? nrows - r0 : g;
+        cudaError_t e = cudaMemsetAsync(ws + 2 * n * m, 0, sizeof(int32_t) * (size_t)m, s);
+        if (e != cudaSuccess) return e;
+        k_argsort_chunk<<<cu_blocks(m * nch, 1), CU_BITONIC_THREADS, 0, s>>>(desc, keep, dst, a, r0,
+                                                                             m, ws);
+        if ((e = cu_launched()) != cudaSuccess) return e;
+        int sb = 0;
+        for (int64_t w = CU_SORT_CHUNK; w < n; w *= 2, sb ^= 1) {
+            const int last = 2 * w >= n;
+            k_argsort_merge<<<cu_blocks(m * n), CU_BLOCK, 0, s>>>(desc, keep, dst, a, r0, m, ws, w,
+                                                                  sb, last);
+            if ((e = cu_launched()) != cudaSuccess) return e;
+            const int64_t npairs = (n + 2 * w - 1) / (2 * w);
+            k_argsort_merge_nan<<<cu_blocks(m * npairs, 32), 32, 0, s>>>(desc, keep, dst, a, r0, m,
+                                                                         ws, w, sb, last);
+            if ((e = cu_launched()) != cudaSuccess) return e;
+        }
+    }
+    return cudaSuccess;
 }
 
 /* ---------------------------------------------------------------- rope */

@@ -2,7 +2,8 @@
  * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
  * weight type, block types dequantised 32 values at a time in registers, any strides, batch
  * broadcasting),
- * MUL_MAT_ID (one warp per weight row and expert, over the tokens routed to it), the
+ * MUL_MAT_ID (routed tokens bucketed by expert first, then one warp per weight row and
+ * expert over that expert's bucket), the
  * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (tiled:
  * blocks of queries sharing a KV head stage keys and values through shared memory, with an
  * online softmax per query; head sizes above 256 use one warp per output row).
@@ -143,51 +144,91 @@ static __device__ __forceinline__ void cu_mmid_flush(const loom_cu_t &dst, const
             *(float *)cu_at(dst, m, pend[c] % U, pend[c] / U, 0) = acc[c];
 }
 
-/* Work item w = (m, e): weight row m of expert e against every (u, t) routed to e, up to
- * MMV_COLS columns of b per pass over the row (the warp finds them in order with ballots
- * over ids), so a weight row is read once per MMV_COLS tokens that use it instead of once
- * per output element. out[m, u, t] = as[:, m, ids[u, t]] . b[:, u % B1, t]. The items of
- * expert 0 also zero the outputs of out-of-range ids and report them. */
-static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
-                                    int64_t n_items, loom_cu_err *err, long long node) {
-    const int lane = threadIdx.x & 31;
-    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], T = dst.ne[2];
-    const int64_t n_pairs = U * T;
+/* The routing of MUL_MAT_ID bucketed by expert, in one block: ws[0..E] the first slot of
+ * each expert's pairs (ws[E] = the number of routed pairs), ws[E+1..2E] a cursor per
+ * expert, ws[2E+1] the number of experts with pairs, then those experts in increasing order
+ * (min(E, P) slots), then the pairs p = u + U t of each expert, expert after expert (P
+ * slots; their order within an expert does not matter: every output is one warp's dot
+ * product whichever columns share its pass). A pair with an id outside [0, E) is reported,
+ * its outputs zeroed, and it joins no bucket. */
+static __global__ void k_mul_mat_id_bucket(loom_cu_t dst, loom_cu_t ids, int64_t E, int32_t *ws,
+                                           loom_cu_err *err, long long node) {
+    const int64_t M = dst.ne[0], U = dst.ne[1], P = dst.ne[1] * dst.ne[2];
+    int32_t *first = ws, *cur = ws + E + 1, *n_act = ws + 2 * E + 1, *act = n_act + 1;
+    int32_t *pairs = act + (E < P ? E : P);
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+        cur[e] = 0;
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+        const int32_t id = *(const int32_t *)cu_at(ids, p % U, p / U, 0, 0);
+        if (id >= 0 && id < E) {
+            atomicAdd(&cur[id], 1);
+        } else {
+            cu_report(err, LOOM_CU_ERR_MUL_MAT_ID, node, id, E);
+            for (int64_t m = 0; m < M; m++)
+                *(float *)cu_at(dst, m, p % U, p / U, 0) = 0.0f;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* E is the number of experts: a short serial scan */
+        int32_t off = 0, na = 0;
+        for (int64_t e = 0; e < E; e++) {
+            const int32_t c = cur[e];
+            first[e] = off;
+            cur[e] = off;
+            if (c > 0) act[na++] = (int32_t)e;
+            off += c;
+        }
+        first[E] = off;
+        *n_act = na;
+    }
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < P; p += blockDim.x) {
+        const int32_t id = *(const int32_t *)cu_at(ids, p % U, p / U, 0, 0);
+        if (id >= 0 && id < E) pairs[atomicAdd(&cur[id], 1)] = (int32_t)p;
+    }
+}
+
+/* Work item w = (m, k): weight row m of the k-th expert that has pairs (items beyond the
+ * number of such experts do nothing) against that expert's bucket, up to MMV_COLS columns
+ * of b per pass over the row, so a weight row is read once per MMV_COLS tokens that use it
+ * and no warp scans the pairs of other experts. out[m, u, t] = as[:, m, ids[u, t]] .
+ * b[:, u % B1, t]. */
+static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, const int32_t *ws,
+                                    int64_t n_items) {
+    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], P = dst.ne[1] * dst.ne[2];
+    const int32_t *first = ws, *n_act = ws + 2 * E + 1, *act = n_act + 1;
+    const int32_t *pairs = act + (E < P ? E : P);
     const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
     for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
          w += nwarps) {
-        const int64_t m = w % M, e = w / M;
+        const int64_t m = w % M, k = w / M;
+        if (k >= *n_act) continue; /* warp-uniform */
+        const int32_t e = act[k];
         const char *arow = cu_at(as, 0, m, e, 0);
-        int64_t pend[MMV_COLS];
-        int np = 0;
-        for (int64_t p0 = 0; p0 < n_pairs; p0 += 32) {
-            const int64_t p = p0 + lane;
-            int32_t id = -1;
-            if (p < n_pairs) id = *(const int32_t *)cu_at(ids, p % U, p / U, 0, 0);
-            if (e == 0 && p < n_pairs && (id < 0 || id >= E)) {
-                cu_report(err, LOOM_CU_ERR_MUL_MAT_ID, node, id, E);
-                *(float *)cu_at(dst, m, p % U, p / U, 0) = 0.0f;
-            }
-            unsigned mask = __ballot_sync(CU_FULL_MASK, p < n_pairs && id == (int32_t)e);
-            while (mask) { /* warp-uniform */
-                pend[np++] = p0 + (__ffs(mask) - 1);
-                mask &= mask - 1;
-                if (np == MMV_COLS) {
-                    cu_mmid_flush(dst, as, b, arow, m, U, pend, np);
-                    np = 0;
-                }
-            }
+        const int32_t p1 = first[e + 1];
+        for (int32_t p0 = first[e]; p0 < p1; p0 += MMV_COLS) {
+            int64_t pend[MMV_COLS];
+            const int np = p1 - p0 < MMV_COLS ? p1 - p0 : MMV_COLS;
+#pragma unroll
+            for (int c = 0; c < MMV_COLS; c++)
+                pend[c] = c < np ? pairs[p0 + c] : 0;
+            cu_mmid_flush(dst, as, b, arow, m, U, pend, np);
         }
-        if (np > 0) cu_mmid_flush(dst, as, b, arow, m, U, pend, np);
     }
 }
 
 extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
-                                           loom_cu_err *err, long long node, cudaStream_t s) {
-    const int64_t n_items = as.ne[1] * as.ne[2]; /* (weight row, expert) */
-    if (n_items == 0 || dst.ne[1] * dst.ne[2] == 0) return cudaSuccess;
-    k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ids, n_items,
-                                                                          err, node);
+                                           int32_t *ws, loom_cu_err *err, long long node,
+                                           cudaStream_t s) {
+    const int64_t M = as.ne[1], E = as.ne[2], P = dst.ne[1] * dst.ne[2];
+    if (P == 0 || E == 0) return cudaSuccess;
+    k_mul_mat_id_bucket<<<1, 1024, 0, s>>>(dst, ids, E, ws, err, node);
+    cudaError_t e = cu_launched();
+    /* (weight row, expert with pairs): at most min(E, P) experts have any */
+    const int64_t n_items = M * (E < P ? E : P);
+    if (e != cudaSuccess || n_items == 0) return e;
+    k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ws, n_items);
     return cu_launched();
 }
 
@@ -283,6 +324,7 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
                 S += expf(sk - M);
             }
         }
+        if (S != S) nan = true; /* a NaN sink: NaN, as the CPU (S > 0 alone would give 0) */
         const float inv = S > 0.0f ? 1.0f / S : 0.0f;
         char *y = cu_at(dst, 0, h, j, s);
         for (int64_t d = lane; d < Dv; d += 32)
@@ -399,6 +441,7 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
                 S += expf(sk - M);
             }
         }
+        if (S != S) nan = true; /* a NaN sink: NaN, as the CPU (S > 0 alone would give 0) */
         const float inv = S > 0.0f ? 1.0f / S : 0.0f;
         char *y = cu_at(dst, 0, h, j, s);
 #pragma unroll

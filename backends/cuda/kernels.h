@@ -16,6 +16,7 @@
 #ifndef LOOM_CUDA_KERNELS_H
 #define LOOM_CUDA_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -136,8 +137,24 @@ cudaError_t loom__cu_argmax(loom_cu_t dst, loom_cu_t a, cudaStream_t s);
 cudaError_t loom__cu_norm(int rms, float eps, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
 cudaError_t loom__cu_soft_max(float scale, float max_bias, loom_cu_t dst, loom_cu_t a,
                               loom_cu_t mask, loom_cu_t sinks, cudaStream_t s);
-/* ARGSORT (keep = ne0) / TOP_K (keep = k, desc = 1). */
-cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a, cudaStream_t s);
+/* ARGSORT (keep = ne0) / TOP_K (keep = k, desc = 1), in the CPU's order, NaN included
+ * (kernels-basic.cu). Rows of up to LOOM_CU_SORT_CHUNK sort in shared memory; longer rows
+ * sort their chunks, then merge them through ws (device scratch of ws_bytes, at least
+ * loom__cu_argsort_scratch(ne0, 1)), as many rows at a time as it holds. */
+#define LOOM_CU_SORT_CHUNK 4096
+#define LOOM_CU_SORT_SCRATCH_MAX ((size_t)64 << 20) /* rows beyond it wait for a later group */
+cudaError_t loom__cu_argsort(int desc, int64_t keep, loom_cu_t dst, loom_cu_t a, int32_t *ws,
+                             size_t ws_bytes, cudaStream_t s);
+/* The scratch bytes loom__cu_argsort takes for nrows rows of n: two index buffers and a
+ * flag per row, for as many rows as fit in LOOM_CU_SORT_SCRATCH_MAX (at least one). */
+static inline size_t loom__cu_argsort_scratch(int64_t n, int64_t nrows) {
+    if (n <= LOOM_CU_SORT_CHUNK || nrows <= 0) return 0;
+    const size_t per_row = sizeof(int32_t) * (size_t)(2 * n + 1);
+    int64_t g = (int64_t)(LOOM_CU_SORT_SCRATCH_MAX / per_row);
+    if (g < 1) g = 1;
+    if (g > nrows) g = nrows;
+    return per_row * (size_t)g;
+}
 /* ROPE: neox rotates halves, otherwise adjacent pairs. */
 cudaError_t loom__cu_rope(int n_dims, int neox, float freq_base, float freq_scale, loom_cu_t dst,
                           loom_cu_t a, loom_cu_t pos, loom_cu_t ff, cudaStream_t s);
@@ -163,9 +180,14 @@ cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t 
  * batch broadcasting of a over b. The backend's path for few columns and for layouts
  * cuBLAS cannot take. */
 cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
-/* MUL_MAT_ID: one warp per (weight row, expert), over up to 8 routed tokens per pass. */
+/* MUL_MAT_ID: the routed (u, t) pairs bucketed by expert into ws (device scratch of
+ * loom__cu_mul_mat_id_scratch(E, U * T) bytes), then one warp per (weight row, expert with
+ * pairs) over its bucket, up to 8 routed tokens per pass over the row. */
 cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
-                                loom_cu_err *err, long long node, cudaStream_t s);
+                                int32_t *ws, loom_cu_err *err, long long node, cudaStream_t s);
+static inline size_t loom__cu_mul_mat_id_scratch(int64_t E, int64_t pairs) {
+    return sizeof(int32_t) * (size_t)(2 * E + 2 + (E < pairs ? E : pairs) + pairs);
+}
 /* The M-rows [m0, m0 + mc) of weight batch (i2, i3) of a, as a contiguous F32 [K, mc]
  * matrix at out (cuBLAS's A operand; any weight type and layout). */
 cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
@@ -180,7 +202,7 @@ cudaError_t loom__cu_dequantize_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t
 
 /* FLASH_ATTN_EXT: D, Dv <= 256: blocks of 8 queries sharing a KV head, keys and values
  * staged through shared memory in tiles of 32; larger heads (<= 1024): one warp per output
- * row. A NaN score makes its output row NaN. */
+ * row. A NaN score or a NaN sink makes its output row NaN (as the CPU). */
 cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
                                 loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
                                 loom_cu_t sinks, cudaStream_t s);

@@ -31,7 +31,19 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
 /* F_NAN1: uniform, with a NaN at flat element ne0 (the first of row 1). F_STEPS: floats
  * with integer values in [lo, hi) (many ties). */
 /* F_EYE: element (i0, i1) is 1 when i0 == i1, else 0 (an identity matrix). */
-typedef enum { F_UNIFORM, F_INT, F_MASK, F_DISTINCT, F_NAN1, F_STEPS, F_EYE } oc_fill_kind;
+/* F_NAN_AT1: uniform, with a NaN at flat element 1. F_STEPS_NANS: F_STEPS with about one
+ * element in 8 NaN (ties and NaN together). */
+typedef enum {
+    F_UNIFORM,
+    F_INT,
+    F_MASK,
+    F_DISTINCT,
+    F_NAN1,
+    F_STEPS,
+    F_EYE,
+    F_NAN_AT1,
+    F_STEPS_NANS
+} oc_fill_kind;
 
 typedef struct oc_leaf {
     loom_tensor *t;
@@ -143,9 +155,13 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
             f[i] = -INFINITY;
     }
     if (l->kind == F_NAN1 && n > t->ne[0]) f[t->ne[0]] = NAN;
-    if (l->kind == F_STEPS)
+    if (l->kind == F_NAN_AT1 && n > 1) f[1] = NAN;
+    if (l->kind == F_STEPS || l->kind == F_STEPS_NANS)
         for (int64_t i = 0; i < n; i++)
             f[i] = floorf(f[i]);
+    if (l->kind == F_STEPS_NANS)
+        for (int64_t i = 0; i < n; i++)
+            if ((gpu_rand_next(rng) >> 61) == 0) f[i] = NAN;
     if (l->kind == F_EYE)
         for (int64_t i = 0; i < n; i++)
             f[i] = i % t->ne[0] == (i / t->ne[0]) % t->ne[1] ? 1.0f : 0.0f;
@@ -558,8 +574,8 @@ static void build_sort(oc_case *c, int v) {
 }
 
 /* Longer rows and ties: v 0 4096 ascending (the largest bitonic row), 1 5000 descending
- * (the rank kernel), 2/3 ties (values 0..5, kept in index order) ascending/descending, 4
- * top_k 8 of 5000, 5 top_k 8 over ties. */
+ * (two chunks and a merge pass), 2/3 ties (values 0..5, kept in index order)
+ * ascending/descending, 4 top_k 8 of 5000, 5 top_k 8 over ties. */
 static void build_sort_more(oc_case *c, int v) {
     static const int64_t lens[6] = {4096, 5000, 300, 300, 5000, 300};
     loom_tensor *a = oc_src(c, LOOM_TYPE_F32, lens[v], 2, 1, 1, L_CONTIG);
@@ -568,6 +584,25 @@ static void build_sort_more(oc_case *c, int v) {
         oc_out(c, loom_argsort(c->ctx, a, v == 1 || v == 3 ? LOOM_SORT_DESC : LOOM_SORT_ASC));
     else
         oc_out(c, loom_top_k(c->ctx, a, 8));
+}
+
+/* NaN in sorted rows (issue 25): the CPU's merge sort defines where they go (a NaN compares
+ * neither way), the GPU must give exactly its permutation. Values 0..9 with ties and about
+ * one NaN in 8. v 0/1 300 ascending/descending (one chunk), 2 4096 ascending (a full
+ * chunk), 3 5000 descending (two chunks, merged by the CPU's steps), 4 top_k 20 of 9000, 5
+ * 9000 ascending with a NaN in row 1 only (row 0 merged by binary search, row 1 by the
+ * CPU's steps, in the same launches). */
+static void build_sort_nan(oc_case *c, int v) {
+    static const int64_t lens[6] = {300, 300, 4096, 5000, 9000, 9000};
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, lens[v], 3, 1, 1, v == 3 ? L_TRANSPOSED : L_CONTIG);
+    if (v == 5)
+        oc_fill(c, a, F_NAN1, -1, 1);
+    else
+        oc_fill(c, a, F_STEPS_NANS, 0, 10);
+    if (v == 4)
+        oc_out(c, loom_top_k(c->ctx, a, 20));
+    else
+        oc_out(c, loom_argsort(c->ctx, a, v == 1 || v == 3 ? LOOM_SORT_DESC : LOOM_SORT_ASC));
 }
 
 OC_TEST(rows_and_sorting) {
@@ -580,26 +615,49 @@ OC_TEST(rows_and_sorting) {
         oc_check(env, "argsort/top_k", build_sort, v, TOL_EXACT);
     for (int v = 0; v < 6; v++)
         oc_check(env, "argsort/top_k (long rows, ties)", build_sort_more, v, TOL_EXACT);
+    for (int v = 0; v < 6; v++)
+        oc_check(env, "argsort/top_k with NaN", build_sort_nan, v, TOL_EXACT);
+}
+
+/* Whole vocabularies (issue 25: the rank count was O(n^2) beyond 4096): v 0 top_k 40 of
+ * 152064 over 2 rows, 1 argsort descending of 32000 with ties, 2 top_k 40 of 152064 with a
+ * NaN in row 1 (the CPU's steps over the whole row), 3 top_k 8 of 152064 over 60 rows
+ * (more rows than the scratch holds at once: two groups). */
+static void build_sort_vocab(oc_case *c, int v) {
+    static const int64_t lens[4] = {152064, 32000, 152064, 152064}, rows[4] = {2, 3, 2, 60};
+    loom_tensor *a = oc_src(c, LOOM_TYPE_F32, lens[v], rows[v], 1, 1, L_CONTIG);
+    if (v == 1) oc_fill(c, a, F_STEPS, 0, 100);
+    if (v == 2) oc_fill(c, a, F_NAN1, -8, 8);
+    if (v == 1)
+        oc_out(c, loom_argsort(c->ctx, a, LOOM_SORT_DESC));
+    else
+        oc_out(c, loom_top_k(c->ctx, a, v == 3 ? 8 : 40));
+}
+
+OC_TEST(sorting_whole_vocabulary) {
+    for (int v = 0; v < 4; v++)
+        oc_check(env, "top_k/argsort over a vocabulary", build_sort_vocab, v, TOL_EXACT);
 }
 
 /* ---------------------------------------------------------------- attention */
 
 /* v: 0 plain, 1 scale, 2 F32 mask broadcast over dim 2, 3 F16 mask, 4 ALiBi, 5 sinks,
- *    6 sinks + mask over dims 2 and 3, 7 a long row */
+ *    6 sinks + mask over dims 2 and 3, 7 a long row, 8 as 6 with a NaN sink */
 static void build_soft_max(oc_case *c, int v) {
-    const int64_t n = v == 7 ? 1031 : 33, ne2 = v == 4 ? 5 : 3, ne3 = v == 6 ? 2 : 1;
+    const int64_t n = v == 7 ? 1031 : 33, ne2 = v == 4 ? 5 : 3, ne3 = v == 6 || v == 8 ? 2 : 1;
     loom_tensor *a = oc_src(c, LOOM_TYPE_F32, n, 4, ne2, ne3, v % 2 ? L_PADDED : L_CONTIG);
     oc_fill(c, a, F_UNIFORM, -4, 4);
     loom_tensor *mask = NULL, *sinks = NULL;
     if (v >= 2 && v != 5) {
-        mask = oc_src(c, v == 3 || v == 7 ? LOOM_TYPE_F16 : LOOM_TYPE_F32, n, 6, v == 6 ? ne2 : 1,
-                      v == 6 ? ne3 : 1, L_CONTIG);
+        mask = oc_src(c, v == 3 || v == 7 ? LOOM_TYPE_F16 : LOOM_TYPE_F32, n, 6,
+                      v == 6 || v == 8 ? ne2 : 1, v == 6 || v == 8 ? ne3 : 1, L_CONTIG);
         oc_fill(c, mask, F_MASK, -2, 1);
     }
-    if (v == 5 || v == 6) {
+    if (v == 5 || v == 6 || v == 8) {
         sinks = oc_src(c, LOOM_TYPE_F32, ne2, 1, 1, 1, L_CONTIG);
         oc_fill(c, sinks, F_UNIFORM, -2, 3);
     }
+    if (v == 8) oc_fill(c, sinks, F_NAN_AT1, -2, 3); /* rows of head 1: NaN, as the CPU */
     if (v == 0)
         oc_out(c, loom_soft_max(c->ctx, a));
     else
@@ -688,6 +746,20 @@ static void build_nan(oc_case *c, int v) {
     oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, NULL, NULL, 0.125f, 0.0f, 0.0f));
 }
 
+/* A NaN sink (issue 25): the CPU makes that head's outputs NaN (docs/ops.md), the GPU gave
+ * zeros. Sinks [H] with head 1 NaN, the other heads finite; v 0 the tiled kernel (D 64), 1
+ * the one-warp-per-row kernel (D 320). */
+static void build_flash_nan_sink(oc_case *c, int v) {
+    const int64_t D = v ? 320 : 64, Nkv = 40, Nq = 3, H = 4, Hk = 2;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, D, Nq, H, 1, L_CONTIG);
+    loom_tensor *k = oc_src(c, LOOM_TYPE_F32, D, Nkv, Hk, 1, L_CONTIG);
+    loom_tensor *vv = oc_src(c, LOOM_TYPE_F32, 32, Nkv, Hk, 1, L_CONTIG);
+    loom_tensor *sinks = oc_src(c, LOOM_TYPE_F32, H, 1, 1, 1, L_CONTIG);
+    oc_fill(c, sinks, F_NAN_AT1, -1, 2);
+    oc_out(c,
+           loom_flash_attn_ext(c->ctx, q, k, vv, NULL, sinks, 1.0f / sqrtf((float)D), 0.0f, 0.0f));
+}
+
 OC_TEST(nan_propagates) {
     for (int v = 0; v < 3; v++) {
         oc_result got;
@@ -711,7 +783,7 @@ OC_TEST(nan_propagates) {
 
 OC_TEST(attention) {
     const oc_tol tol = {1e-5, 1e-6};
-    for (int v = 0; v < 8; v++)
+    for (int v = 0; v < 9; v++)
         oc_check(env, "soft_max", build_soft_max, v, tol);
     /* theta in double on both; the rotation a few float roundings */
     for (int v = 0; v < 16; v++)
@@ -721,6 +793,8 @@ OC_TEST(attention) {
         oc_check(env, "flash_attn_ext", build_flash, v, (oc_tol){1e-4, 1e-5});
     for (int v = 0; v < 8; v++)
         oc_check(env, "flash_attn_ext (large heads)", build_flash_big, v, (oc_tol){1e-4, 1e-5});
+    for (int v = 0; v < 2; v++)
+        oc_check(env, "flash_attn_ext (NaN sink)", build_flash_nan_sink, v, (oc_tol){1e-4, 1e-5});
 }
 
 /* ---------------------------------------------------------------- rows, concat */
@@ -834,6 +908,25 @@ static void build_mul_mat_id(oc_case *c, int v) {
     oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
 }
 
+/* The routing bucketed by expert (issue 25): more experts and routed pairs than the
+ * bucket kernel's block, experts without pairs, and skewed routing. v 0 F32 E 16, U 4, T 37
+ * uniform; 1 Q4_0 as 0; 2 F32 every pair to expert 5 (148 pairs in one bucket); 3 F16 as 0
+ * with b broadcast (B1 = 1); 4 F32 decode: E 128, U 8, T 1; 5 BF16 E 8, U 2, T 700 (1400
+ * pairs, more than one per thread of the bucket kernel). */
+static void build_mul_mat_id_routed(oc_case *c, int v) {
+    static const loom_type types[6] = {LOOM_TYPE_F32, LOOM_TYPE_Q4_0, LOOM_TYPE_F32,
+                                       LOOM_TYPE_F16, LOOM_TYPE_F32,  LOOM_TYPE_BF16};
+    static const int64_t shp[6][3] = {/* E, U, T */
+                                      {16, 4, 37}, {16, 4, 37}, {16, 4, 37},
+                                      {16, 4, 37}, {128, 8, 1}, {8, 2, 700}};
+    const int64_t K = 64, M = 11, E = shp[v][0], U = shp[v][1], T = shp[v][2];
+    loom_tensor *as = oc_src(c, types[v], K, M, E, 1, L_CONTIG);
+    loom_tensor *b = oc_src(c, LOOM_TYPE_F32, K, v == 3 ? 1 : U, T, 1, L_CONTIG);
+    loom_tensor *ids = oc_src(c, LOOM_TYPE_I32, U, T, 1, 1, L_CONTIG);
+    oc_fill(c, ids, F_INT, v == 2 ? 5 : 0, v == 2 ? 6 : E);
+    oc_out(c, loom_mul_mat_id(c->ctx, as, b, ids));
+}
+
 /* v = type * 4 + variant: the cuBLAS path with results in a padded (ldc > M) or a
  * transposed (copied out of a temporary) layout, with weight batches broadcast. */
 static void build_mul_mat_strided(oc_case *c, int v) {
@@ -873,6 +966,9 @@ OC_TEST(matmul) {
         snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(t));
         oc_check(env, label, build_mul_mat_id, v, tol);
     }
+    for (int v = 0; v < 6; v++) /* as above: Q4_0 against the CPU's Q8_0 activations */
+        oc_check(env, "mul_mat_id, routing bucketed by expert", build_mul_mat_id_routed, v,
+                 v == 1 ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5});
     for (int v = 0; v < 5 * 4; v++) {
         const loom_type t = k_mm_types[v / 4];
         const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
