@@ -5,10 +5,12 @@
  * through set/get/memset, which scatter and gather each tensor's slices by its split state.
  */
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ggml/bridge.h"
+#include "loom/meta.h"
 
 static const struct ggml_backend_buffer_i lg_buffer_iface;
 
@@ -116,6 +118,7 @@ static ggml_backend_buffer_t buft_alloc(ggml_backend_buffer_type_t buft, size_t 
         return NULL;
     }
     b->base = loom_buffer_base(b->lb);
+    if (d->debug) lg_log("%s: a buffer of %zu bytes", d->name, size);
     ggml_backend_buffer_t out = ggml_backend_buffer_init(buft, lg_buffer_iface, b, size);
     if (!out) {
         loom_buffer_free(b->lb);
@@ -133,20 +136,84 @@ static size_t buft_max_size(ggml_backend_buffer_type_t buft) {
 }
 
 /* A tensor's share of the buffer: its largest slice when the rules split it (weights, KV
- * cache), else all of it. */
+ * cache), else all of it. Asked of the split callback directly: a header made here for one
+ * question must not enter loom's caches, which key on header addresses. */
 static size_t buft_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t) {
     lg_device *d = buft->context;
-    if (!loom_type_traits_get((int)t->type)) return ggml_nbytes(t);
-    if (d->owns_meta && (d->wrapped || lg_weight_sliced(d, t))) return ggml_nbytes(t);
+    const size_t full = ggml_nbytes(t);
+    if (!loom_type_traits_get((int)t->type)) return full;
+    if (!d->owns_meta) {
+        return full;
+    }
+    if (d->wrapped || lg_weight_sliced(d, t)) return full;
     loom_tensor x;
     memset(&x, 0, sizeof x);
     x.type = (loom_type)t->type;
     memcpy(x.ne, t->ne, sizeof x.ne);
     memcpy(x.nb, t->nb, sizeof x.nb);
     snprintf(x.name, sizeof x.name, "%s", t->name);
-    size_t n = loom_buft_alloc_size(d->lbuft, &x);
-    size_t full = ggml_nbytes(t);
-    return n ? n : full;
+    const int n = loom_meta_n_devices(d->dev);
+    loom_split_state s;
+    loom_split_state_init(&s, LOOM_SPLIT_MIRRORED, n);
+    if (lg_leaf_state(&x, &s, d) != LOOM_OK || !loom_split_axis_is_dim(s.axis)) return full;
+    size_t best = 0;
+    for (int j = 0; j < n; j++) {
+        const size_t nb = loom_split_state_slice_nbytes(&s, &x, j);
+        if (nb > best) best = nb;
+    }
+    return best;
+}
+
+/* The tensors of a list ggml allocates together (a model's weights, the KV cache) placed
+ * one after another, each taking its largest slice: what makes the weights of a split
+ * model shrink on every member. Views and tensors that already have data take no space. */
+static size_t list_layout(ggml_backend_buffer_type_t buft, struct ggml_tensor **ts, int n,
+                          size_t *offs) {
+    const size_t align = buft_alignment(buft);
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (offs) offs[i] = SIZE_MAX;
+        if (!ts[i] || ts[i]->view_src || ts[i]->data) continue;
+        if (offs) offs[i] = off;
+        off += (buft_alloc_size(buft, ts[i]) + align - 1) / align * align;
+    }
+    return off;
+}
+
+static size_t buft_alloc_size_n(ggml_backend_buffer_type_t buft, struct ggml_tensor **ts, int n) {
+    return list_layout(buft, ts, n, NULL);
+}
+
+static ggml_backend_buffer_t buft_alloc_n(ggml_backend_buffer_type_t buft, struct ggml_tensor **ts,
+                                          int n) {
+    lg_device *d = buft->context;
+    size_t *offs = n > 0 ? calloc((size_t)n, sizeof *offs) : NULL;
+    if (n > 0 && !offs) {
+        lg_log("%s: no host memory to place %d tensors", d->name, n);
+        return NULL;
+    }
+    const size_t total = list_layout(buft, ts, n, offs);
+    if (d->debug) lg_log("%s: %d tensors placed in %zu bytes", d->name, n, total);
+    ggml_backend_buffer_t buf = buft_alloc(buft, total ? total : buft_alignment(buft));
+    for (int i = 0; buf && i < n; i++) {
+        if (offs[i] == SIZE_MAX) continue;
+        lg_buffer *b = buf->context;
+        if (ggml_backend_tensor_alloc(buf, ts[i], b->base + offs[i]) != GGML_STATUS_SUCCESS) {
+            lg_log("%s: cannot place '%s'", d->name, ts[i]->name);
+            ggml_backend_buffer_free(buf);
+            buf = NULL;
+        }
+    }
+    for (int i = 0; buf && i < n; i++) {
+        if (ts[i] && ts[i]->view_src && !ts[i]->buffer && ts[i]->view_src->buffer == buf &&
+            ggml_backend_view_init(ts[i]) != GGML_STATUS_SUCCESS) {
+            lg_log("%s: cannot place the view '%s'", d->name, ts[i]->name);
+            ggml_backend_buffer_free(buf);
+            buf = NULL;
+        }
+    }
+    free(offs);
+    return buf;
 }
 
 static bool buft_is_host(ggml_backend_buffer_type_t buft) {
@@ -160,9 +227,11 @@ void lg_buft_init(lg_device *d) {
             {
                 .get_name = buft_name,
                 .alloc_buffer = buft_alloc,
+                .alloc_buffer_n = buft_alloc_n,
                 .get_alignment = buft_alignment,
                 .get_max_size = buft_max_size,
                 .get_alloc_size = buft_alloc_size,
+                .get_alloc_size_n = buft_alloc_size_n,
                 .is_host = buft_is_host,
             },
         .device = &d->gdev,

@@ -30,11 +30,16 @@
 struct ggml_backend_buffer_type_i {
     const char *(*get_name)(ggml_backend_buffer_type_t buft);                     /* +0x00 */
     ggml_backend_buffer_t (*alloc_buffer)(ggml_backend_buffer_type_t buft, size_t size);
-    void *alloc_buffer_n; /* +0x10, new in 0.27: NULL = plan by get_max_size */
+    /* +0x10, new in 0.27: one buffer for the named tensors (NULL = ggml plans by
+     * get_max_size with whole tensor sizes) */
+    ggml_backend_buffer_t (*alloc_buffer_n)(ggml_backend_buffer_type_t buft,
+                                            struct ggml_tensor **tensors, int n_tensors);
     size_t (*get_alignment)(ggml_backend_buffer_type_t buft);                     /* +0x18 */
     size_t (*get_max_size)(ggml_backend_buffer_type_t buft);                      /* +0x20 */
     size_t (*get_alloc_size)(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t);
-    void *get_alloc_size_n; /* +0x30, new in 0.27 */
+    /* +0x30, new in 0.27: the bytes alloc_buffer_n would take */
+    size_t (*get_alloc_size_n)(ggml_backend_buffer_type_t buft, struct ggml_tensor **tensors,
+                               int n_tensors);
     bool (*is_host)(ggml_backend_buffer_type_t buft); /* +0x38 */
 };
 struct ggml_backend_buffer_type {
