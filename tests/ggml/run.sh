@@ -135,6 +135,15 @@ if [ $have_stories = 1 ]; then
             fi
         fi
     done
+    # a member out of memory: a clear message and a clean failure of the engine, no crash
+    out=$(in_root LOOM_GGML_DEVICES='sim:2,mem=64KiB' timeout 120 llama-completion \
+        -m $work/stories260K.gguf -p "Once" -n 4 --temp 0 -dev LOOM0 -fit off 2>&1)
+    rc=$?
+    if [ $rc -eq 1 ] && grep -q 'loom-ggml: LOOM0: cannot allocate .*out of memory' <<<"$out"; then
+        record passed "a member out of memory is named; the engine fails cleanly"
+    else
+        record failed "member out of memory (rc $rc): $(grep -a 'loom-ggml\|error' <<<"$out" | head -3)"
+    fi
     in_root LOOM_GGML_DEVICES=sim:2 llama-completion -m $work/stories260K.gguf -p "Once" -n 4 \
         --temp 0 -dev LOOM0 -v >/dev/null 2>"$dir$work/v.err"
     if grep -q 'graph: nodes = [0-9]*, splits = 2,' "$dir$work/v.err"; then
