@@ -25,12 +25,14 @@
 #include "loom/backend-impl.h"
 #include "loom/topo.h"
 
-/* Statically linked backends, when present (weak: NULL when not linked). */
+/* Statically linked backends, when present (weak: NULL when not linked). sim's under
+ * internal names (backends/sim/sim-reg.c): libloom defines loom_sim_* itself, as forwarders
+ * to the module (backends/module-api.c), which are not a statically linked sim. */
 extern loom_reg_t loom_cpu_reg(void) __attribute__((weak));
-extern loom_reg_t loom_sim_reg_default(void) __attribute__((weak));
-extern loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out)
+extern loom_reg_t loom__sim_static_reg_default(void) __attribute__((weak));
+extern loom_status loom__sim_static_reg_new_from_spec(const char *spec, loom_reg_t *out)
     __attribute__((weak));
-extern void loom_sim_reg_free(loom_reg_t reg) __attribute__((weak));
+extern void loom__sim_static_reg_free(loom_reg_t reg) __attribute__((weak));
 extern loom_reg_t loom_cpu_numa_reg(void) __attribute__((weak));
 /* The topology, when linked (topo/, through the CPU backend): orders "all devices" specs. */
 extern loom_topo *loom_topo_get(void) __attribute__((weak));
@@ -399,8 +401,8 @@ size_t loom_registry_load_all(void) {
             LOOM_LOG_WARN("registry: cannot register the CPU backend: %s", loom_last_error());
         }
     }
-    if (loom_sim_reg_default) {
-        loom_reg_t r = loom_sim_reg_default();
+    if (loom__sim_static_reg_default) {
+        loom_reg_t r = loom__sim_static_reg_default();
         if (!r) {
             LOOM_LOG_WARN("registry: no default sim backend: %s", loom_last_error());
         } else if (loom_registry_add(r) != LOOM_OK) {
@@ -508,9 +510,9 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
         }
     }
     pthread_mutex_unlock(&loom__reg_mutex);
-    if (!new_fn && loom_sim_reg_new_from_spec && loom_sim_reg_free) {
-        new_fn = loom_sim_reg_new_from_spec;
-        free_fn = loom_sim_reg_free;
+    if (!new_fn && loom__sim_static_reg_new_from_spec && loom__sim_static_reg_free) {
+        new_fn = loom__sim_static_reg_new_from_spec;
+        free_fn = loom__sim_static_reg_free;
     }
     if (!new_fn) {
         return loom_error(LOOM_ERR_NOT_FOUND,

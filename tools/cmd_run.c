@@ -1,8 +1,10 @@
 #define _GNU_SOURCE
 /*
- * `loom run`: generate text. Streams the pieces as they are sampled, then prints load time,
- * prompt and generation speed, and the scheduler's node and split counts of the prompt
- * and the one-token graphs (plus reductions per token under tensor parallelism).
+ * `loom run`: generate text. stdout is the prompt and the pieces as they are sampled, and
+ * nothing else (`loom run > out.txt` is the text); on stderr, as llama.cpp's, the memory per
+ * device at load, then load time, prompt and generation speed, the scheduler's node and
+ * split counts of the prompt and the one-token graphs (plus reductions per token under
+ * tensor parallelism). --log-disable leaves only the text and errors.
  */
 #include <errno.h>
 #include <math.h>
@@ -22,8 +24,9 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: loom run [-m FILE] [-p PROMPT | -f FILE] [-n N] [options]\n\n"
-            "Generates text with the model and prints the per-device memory at load (on\n"
-            "stderr), then speed and scheduling figures.\n\n"
+            "Generates text with the model: stdout is the prompt and the text alone; the\n"
+            "per-device memory at load, then speed and scheduling figures go to stderr\n"
+            "(--log-disable: none of them).\n\n"
             "prompt and generation:\n"
             "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
             "  -f, --file FILE           read the prompt from a file (one trailing newline\n"
@@ -264,7 +267,7 @@ static bool rprompt_hit(const rprompts *r, int32_t id, size_t pn) {
 /* --mlock: the mapping of the file and the weights' host buffers locked in memory, as
  * llama.cpp's (a warning, not an error, when the limit refuses; the pages stay locked until
  * the process exits or unmaps them). */
-static void lock_weights(const loom_model *m) {
+static void lock_weights(const loom_model *m, FILE *warn) {
     size_t locked = 0;
     int err = 0;
     if (m->map && m->map_size) {
@@ -281,14 +284,82 @@ static void lock_weights(const loom_model *m) {
         else
             err = errno;
     }
-    if (err) {
+    if (err && warn) {
         struct rlimit rl = {0};
         getrlimit(RLIMIT_MEMLOCK, &rl);
-        fprintf(stderr,
+        fprintf(warn,
                 "loom run: warning: --mlock: cannot lock the weights in memory (after %zu bytes): "
                 "%s (the limit is %llu bytes; raise it with ulimit -l)\n",
                 locked, strerror(err), (unsigned long long)rl.rlim_cur);
     }
+}
+
+/* What a run measured, for the figures after the text. */
+typedef struct run_figures {
+    size_t n_prompt;
+    int64_t n_gen, t_prompt, t_gen; /* tokens; microseconds */
+    bool seed_random;
+    const extra_sampling *xs;
+    const loom_sampler_params *sp;
+    const loom_cli_dist *cd;
+    const loom_cli_mem_row *mem;
+    int nm;
+} run_figures;
+
+/* The figures after the text (on stderr, as llama.cpp's, so stdout is the text alone):
+ * model, devices, sampling, load time, weights per device, speeds, the graphs' node and
+ * split counts and the reductions per token. */
+static void print_figures(FILE *f, const loom_model_opts *o, loom_session *s,
+                          const run_figures *r) {
+    loom_session_stats st;
+    loom_session_get_stats(s, &st);
+    const loom_model *lm = loom_session_model(s);
+    fprintf(f, "\n\n");
+    fprintf(f, "model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n",
+            o->model ? o->model : "built-in synthetic (random weights)", lm->hp.arch,
+            (long long)lm->hp.n_layer, (long long)lm->hp.n_embd, (long long)lm->hp.n_vocab);
+    fprintf(f, "devices:    %s, split mode %s", o->sp.devices ? o->sp.devices : "cpu",
+            loom_split_mode_name(loom_session_split_mode(s)));
+    if (r->cd->d && r->cd->n_local > 1)
+        fprintf(f, ", %d MPI ranks (each stage tensor parallel over %d devices)", r->cd->size,
+                r->cd->n_local);
+    else if (r->cd->d)
+        fprintf(f, ", %d MPI ranks (one device each)", r->cd->size);
+    fprintf(f, "\n");
+    fprintf(f,
+            "sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
+            "(last %ld)\n",
+            (unsigned long long)r->sp->seed, r->seed_random ? " (random; -s repeats it)" : "",
+            (double)r->sp->temp, r->sp->top_k, (double)r->sp->top_p, (double)r->xs->min_p,
+            (double)r->xs->repeat_penalty, r->xs->repeat_last_n);
+    /* the weights: how fast they came in, where they went, how much is used in place */
+    double mb = (double)lm->n_bytes / 1e6, ms = (double)lm->load_us / 1000.0;
+    fprintf(f,
+            "load time:  %.1f ms (weights %.2f MB in %.1f ms, %.0f MB/s; %.2f MB used in "
+            "place from the mapped file)\n",
+            (double)st.load_us / 1000.0, mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0,
+            (double)lm->n_mapped_bytes / 1e6);
+    fprintf(f, "weights per device:");
+    for (int i = 0; i < r->nm; i++) {
+        char w[32];
+        loom_cli_format_bytes(w, sizeof w, r->mem[i].weights);
+        fprintf(f, "%s %s %s", i ? "," : "", r->mem[i].name, w);
+    }
+    fprintf(f, "\n");
+    fprintf(f, "prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", r->n_prompt,
+            (double)r->t_prompt / 1000.0,
+            (double)r->n_prompt * 1e6 / (double)(r->t_prompt > 0 ? r->t_prompt : 1));
+    fprintf(f, "generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)r->n_gen,
+            (double)r->t_gen / 1000.0,
+            (double)(r->n_gen > 1 ? r->n_gen - 1 : 0) * 1e6 /
+                (double)(r->t_gen > 0 ? r->t_gen : 1));
+    fprintf(f, "prompt graph: graph nodes = %d, graph splits = %d\n",
+            st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
+            st.prompt_nodes ? st.prompt_splits : st.gen_splits);
+    fprintf(f, "token graph:  graph nodes = %d, graph splits = %d\n", st.gen_nodes, st.gen_splits);
+    if (loom_session_meta_backend(s))
+        fprintf(f, "tensor parallel: %d subgraphs, %d allreduces, %llu bytes reduced per token\n",
+                st.last_subgraphs, st.last_reductions, (unsigned long long)st.last_bytes_reduced);
 }
 
 int loom_cli_run(int argc, char **argv) {
@@ -473,7 +544,7 @@ int loom_cli_run(int argc, char **argv) {
         goto out;
     }
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
-    if (mlock && lead) lock_weights(loom_session_model(s));
+    if (mlock && lead) lock_weights(loom_session_model(s), loom_model_opts_info(&o));
     for (int k = 0; k < rp.n; k++) { /* a stop that is one token is also matched as that token */
         int32_t one[2];
         size_t nt = 0;
@@ -529,8 +600,8 @@ int loom_cli_run(int argc, char **argv) {
         all_logits = ctl[2] != 0;
     }
     if (n_predict < 0 || (int64_t)n_prompt + n_predict > n_ctx) {
-        if (n_predict >= 0 && lead)
-            fprintf(stderr,
+        if (n_predict >= 0 && lead && loom_model_opts_info(&o))
+            fprintf(loom_model_opts_info(&o),
                     "loom run: -n %ld does not fit the context of %lld after %zu prompt tokens: "
                     "generating %lld\n",
                     n_predict, (long long)n_ctx, n_prompt, (long long)(n_ctx - (int64_t)n_prompt));
@@ -545,7 +616,8 @@ int loom_cli_run(int argc, char **argv) {
             goto out;
         }
         nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
-        if (lead) loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
+        if (lead && loom_model_opts_info(&o))
+            loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):", mem, nm);
     }
     ok = true;
     if (lead && logits_out && !(lf = fopen(logits_out, "w"))) {
@@ -564,8 +636,8 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(stderr, "loom run: out of memory\n");
         goto out;
     }
-    if (!o.model && lead)
-        fprintf(stderr,
+    if (!o.model && lead && loom_model_opts_info(&o))
+        fprintf(loom_model_opts_info(&o),
                 "note: the built-in model has random weights, so its text is noise: look at the "
                 "per-device memory above and the graph splits and allreduces below\n");
     if (lead && display_prompt) {
@@ -632,62 +704,22 @@ int loom_cli_run(int argc, char **argv) {
             goto out;
         }
     }
-    if (cd.d) loom_cli_dist_print_rank_memory(&cd, s, stderr);
+    if (cd.d && loom_model_opts_info(&o))
+        loom_cli_dist_print_rank_memory(&cd, s, loom_model_opts_info(&o));
     if (!lead) {
         rc = 0;
         goto out;
     }
-    loom_session_stats st;
-    loom_session_get_stats(s, &st);
-    printf("\n\n");
-    printf("model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n",
-           o.model ? o.model : "built-in synthetic (random weights)",
-           loom_session_model(s)->hp.arch, (long long)loom_session_model(s)->hp.n_layer,
-           (long long)loom_session_model(s)->hp.n_embd, (long long)V);
-    printf("devices:    %s, split mode %s", o.sp.devices ? o.sp.devices : "cpu",
-           loom_split_mode_name(loom_session_split_mode(s)));
-    if (cd.d && cd.n_local > 1)
-        printf(", %d MPI ranks (each stage tensor parallel over %d devices)", cd.size, cd.n_local);
-    else if (cd.d)
-        printf(", %d MPI ranks (one device each)", cd.size);
-    printf("\n");
-    printf("sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
-           "(last %ld)\n",
-           (unsigned long long)sp.seed, seed_random ? " (random; -s repeats it)" : "",
-           (double)sp.temp, sp.top_k, (double)sp.top_p, (double)xs.min_p, (double)xs.repeat_penalty,
-           xs.repeat_last_n);
-    {
-        /* the weights: how fast they came in, where they went, how much is used in place */
-        const loom_model *lm = loom_session_model(s);
-        double mb = (double)lm->n_bytes / 1e6, ms = (double)lm->load_us / 1000.0;
-        printf("load time:  %.1f ms (weights %.2f MB in %.1f ms, %.0f MB/s; %.2f MB used in "
-               "place from the mapped file)\n",
-               (double)st.load_us / 1000.0, mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0,
-               (double)lm->n_mapped_bytes / 1e6);
-        printf("weights per device:");
-        for (int i = 0; i < nm; i++) {
-            char w[32];
-            loom_cli_format_bytes(w, sizeof w, mem[i].weights);
-            printf("%s %s %s", i ? "," : "", mem[i].name, w);
-        }
-        printf("\n");
-    }
-    printf("prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", n_prompt,
-           (double)t_prompt / 1000.0,
-           (double)n_prompt * 1e6 / (double)(t_prompt > 0 ? t_prompt : 1));
-    printf("generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)n_gen,
-           (double)t_gen / 1000.0,
-           (double)(n_gen > 1 ? n_gen - 1 : 0) * 1e6 / (double)(t_gen > 0 ? t_gen : 1));
-    printf("prompt graph: graph nodes = %d, graph splits = %d\n",
-           st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
-           st.prompt_nodes ? st.prompt_splits : st.gen_splits);
-    printf("token graph:  graph nodes = %d, graph splits = %d\n", st.gen_nodes, st.gen_splits);
-    if (loom_session_meta_backend(s))
-        printf("tensor parallel: %d subgraphs, %d allreduces, %llu bytes reduced per token\n",
-               st.last_subgraphs, st.last_reductions, (unsigned long long)st.last_bytes_reduced);
+    FILE *info = loom_model_opts_info(&o);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "loom run: cannot write the output: %s\n", strerror(errno));
         goto out;
+    }
+    if (info) {
+        run_figures fig = {.n_prompt = n_prompt, .n_gen = n_gen, .t_prompt = t_prompt,
+                           .t_gen = t_gen, .seed_random = seed_random, .xs = &xs, .sp = &sp,
+                           .cd = &cd, .mem = mem, .nm = nm};
+        print_figures(info, &o, s, &fig);
     }
     rc = 0;
 out:

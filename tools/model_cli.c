@@ -111,7 +111,8 @@ const char *loom_model_opts_help(void) {
            "                            weights in place from a mapping of the file\n"
            "  --split-rules FILE        split rules that override/extend the built-in table\n"
            "  -v, --verbose             library log at debug level on stderr\n"
-           "  --log-disable             no library log lines on stderr\n";
+           "  --log-disable             nothing but the output and errors: no library log,\n"
+           "                            statistics, memory tables or warnings on stderr\n";
 }
 
 static bool is(const char *a, const char *x, const char *y, const char *z) {
@@ -250,6 +251,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "-v", "--verbose", "--log-verbose") || is(a, "--log-disable", NULL, NULL)) {
         if (!o->verbose) o->prev_log_level = (int)loom_log_get_level(); /* restored at free */
         o->verbose = true;
+        o->log_disable = !strcmp(a, "--log-disable");
         loom_log_set_level(strcmp(a, "--log-disable") ? LOOM_LOG_DEBUG : LOOM_LOG_NONE);
     } else {
         return 0;
@@ -349,6 +351,10 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     return true;
 }
 
+FILE *loom_model_opts_info(const loom_model_opts *o) {
+    return o->log_disable ? NULL : stderr;
+}
+
 static void progress(size_t done, size_t total, void *ud) {
     (void)ud;
     if (total < (64u << 20)) return; /* only files that take a moment */
@@ -362,7 +368,7 @@ bool loom_model_opts_open(loom_model_opts *o, const char *cmd) {
             fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
             return false;
         }
-        if (isatty(2)) {
+        if (isatty(2) && !o->log_disable) {
             o->sp.progress = progress;
         }
         return true;
@@ -384,16 +390,18 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
     char why[256];
     loom_affinity aff = loom_cpu_affinity(why, sizeof why);
     bool numa = o->sp.devices && strstr(o->sp.devices, "numa") != NULL;
-    if (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa)
-        fprintf(stderr, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
+    FILE *info = loom_model_opts_info(o);
+    if (info && (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa))
+        fprintf(info, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
                 numa && loom_cpu_affinity_is_default() ? "; NUMA devices: numa" : "");
     if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
     }
     const char *sp = o->sp.devices ? o->sp.devices : "";
-    if ((!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) && loom_devices_last_order()[0])
-        fprintf(stderr, "loom %s: device order %s\n", cmd, loom_devices_last_order());
+    if (info && (!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) &&
+        loom_devices_last_order()[0])
+        fprintf(info, "loom %s: device order %s\n", cmd, loom_devices_last_order());
     /* -fa off: the graph is rebuilt on every eval, so the model's switch applies from the
      * next one (the same switch the meta model tests use) */
     ((loom_model *)loom_session_model(s))->no_flash_attn = o->flash_attn == 0;

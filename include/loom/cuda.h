@@ -69,7 +69,12 @@ typedef struct loom_cuda_backend_stats {
 /* Counters of a CUDA backend (zeros for any other backend). */
 LOOM_API void loom_cuda_backend_get_stats(loom_backend_t backend, loom_cuda_backend_stats *out);
 
-/* The same functions are reachable through the reg of a dynamically loaded module:
+/* These functions live in the module libloom-cuda.so. A program linking libloom calls them
+ * as declared here: libloom's definitions forward to the module through the registry
+ * (loading the modules with loom_registry_load_all the first time none is registered), and
+ * those of a device, backend or reg ask that object's reg (another backend's device: false,
+ * zeroed stats). Without the module loom_cuda_reg() is NULL and the others fail, with
+ * loom_last_error naming libloom-cuda.so. The module's entry points are also reg procs:
  * loom_reg_get_proc_address(reg, "loom_cuda_reg_new_virtual") etc. */
 
 #ifdef __cplusplus

@@ -103,7 +103,7 @@ else
     echo "ci_install: note: embed not run (no stories260K.gguf in $models)"
 fi
 "$tmp/examples/custom-device/custom-device" 3 || fail "custom-device"
-"$tmp/examples/cxx/headers_cxx" || fail "headers_cxx"
+make -s -C "$tmp/examples/cxx" run || fail "headers_cxx (make run)"
 
 # 4. the static library, and the tool from the moved tree
 if cc -O2 -std=c11 -I"$prefix/include" -o "$tmp/custom-static" \
