@@ -355,3 +355,15 @@ LOOM_TEST(lib, the_umbrella_includes_every_public_header) {
     free(headers);
     free(included);
 }
+
+/* libloom is C: it needs no C++ runtime (the toolchain's -lstdc++ is dropped as unneeded). */
+LOOM_TEST(lib, libloom_needs_no_cxx_runtime) {
+    char lib[4096], cmd[8192];
+    runfile("libloom.so.0", lib, sizeof lib);
+    snprintf(cmd, sizeof cmd, "readelf -d '%s' | sed -n 's/.*(NEEDED).*\\[\\(.*\\)\\]/\\1/p'", lib);
+    char *needed = run_cmd(cmd);
+    LOOM_REQUIRE(needed != NULL);
+    LOOM_CHECK(has_line(needed, "libc.so.6")); /* the list is real */
+    LOOM_CHECK_MSG(strstr(needed, "libstdc++") == NULL, "libloom.so.0 needs: %s", needed);
+    free(needed);
+}
