@@ -52,7 +52,7 @@ static void usage(FILE *f) {
         "  -t, --threads LIST        CPU threads (default: all cores)\n"
         "  -ngl, --n-gpu-layers LIST layers on the devices (default all)\n"
         "  -fa, --flash-attn LIST    0,1 (or off,on,auto): a configuration each (default auto)\n"
-        "  -ctk, -ctv LIST           K / V cache types, e.g. f16,q8_0 (default f32)\n"
+        "  -ctk, -ctv LIST           K / V cache types, e.g. f16,q8_0 (default f16)\n"
         "  -b, -ub LIST              logical / physical batch sizes (default 2048 / 512)\n"
         "  -nkvo [LIST]              0,1: the KV cache in host memory (alone: 1)\n"
         "  -mmp, --mmap LIST         0,1: use the weights in place from the mapped file\n"
@@ -977,11 +977,11 @@ int loom_cli_bench(int argc, char **argv) {
     if (!n_mmp) mmpl[n_mmp++] = !o.sp.no_mmap;
     if (!n_nkvo) nkvol[n_nkvo++] = o.sp.no_kv_offload;
     if (!n_tk) {
-        tkl[0] = o.ctk ? o.ctk : "f32";
+        tkl[0] = o.ctk ? o.ctk : "f16";
         tkt[n_tk++] = o.sp.kv_type;
     }
     if (!n_tv) {
-        tvl[0] = o.ctv ? o.ctv : "f32";
+        tvl[0] = o.ctv ? o.ctv : "f16";
         tvt[n_tv++] = o.sp.kv_type_v;
     }
     if (!n_b) bl[n_b++] = (long)o.n_batch;

@@ -321,7 +321,7 @@ static void usage(FILE *f) {
                "sim:8,profile=h100-sxm,link=nvlink4\n"
                "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
                "  -b, --batch-size N        prompt tokens per graph (default 512)\n"
-               "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+               "  -ctk, --cache-type-k T    K cache type: f16 (default), f32, bf16, q8_0, q4_0,\n"
                "                            q4_1, q5_0, q5_1, iq4_nl (as in loom run: -ctk\n"
                "                            alone leaves V at f32)\n"
                "  -ctv, --cache-type-v T    V cache type, the same types\n"

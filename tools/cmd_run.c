@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,9 +31,11 @@ static void usage(FILE *f) {
             "prompt and generation:\n"
             "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
             "  -f, --file FILE           read the prompt from a file (one trailing newline\n"
-            "                            dropped, as llama.cpp's)\n"
-            "  -n, --n-predict N         tokens to generate (default 64; -1 or -2 = until the end\n"
-            "                            of text or of the context)\n"
+            "                            dropped, as llama.cpp's); a pipe too: -f /dev/stdin\n"
+            "  --stdin                   the prompt from standard input (-f /dev/stdin)\n"
+            "  -n, --n-predict, --predict N\n"
+            "                            tokens to generate (default 64; -1 or -2 = until the\n"
+            "                            end of text or of the context)\n"
             "  -e, --escape              process \\n \\r \\t \\' \\\" \\\\ \\xHH in the prompt and "
             "in -r\n"
             "                            (the default, as llama.cpp's)\n"
@@ -47,7 +50,8 @@ static void usage(FILE *f) {
             "                            accepted: loom run never enters a chat mode and runs\n"
             "                            no warm-up pass (-cnv, -i and -if are refused)\n"
             "sampling (llama.cpp's order: penalties, top-k, top-p, min-p, temperature):\n"
-            "  --temp T                  temperature; 0 (or below) = greedy (default 0)\n"
+            "  --temp, --temperature T   temperature; 0 (or below) = greedy (default 0.8, as\n"
+            "                            llama.cpp's)\n"
             "  --top-k K                 keep the K most likely tokens (default 40; 0 or -1 = off)\n"
             "  --top-p P                 nucleus sampling (default 0.95; 1 = off)\n"
             "  --min-p P                 drop tokens below P x the top probability (default\n"
@@ -61,6 +65,7 @@ static void usage(FILE *f) {
             "  --frequency-penalty X     subtract X per time a token was seen there (default 0)\n"
             "  -s, --seed S              random seed (default: random, printed; -1 = random)\n"
             "output and memory:\n"
+            "  --list-devices            list the devices (loom devices) and exit\n"
             "  --mlock                   lock the weights in memory (a warning if the limit\n"
             "                            refuses; see ulimit -l)\n"
             "  --logits-out FILE         write every evaluated position's logits, one line each:\n"
@@ -85,6 +90,10 @@ static const char *const run_names[] = {"-h",
                                         "--file",
                                         "-n",
                                         "--n-predict",
+                                        "--predict",
+                                        "--stdin",
+                                        "--list-devices",
+                                        "--temperature",
                                         "-no-cnv",
                                         "--no-conversation",
                                         "--no-warmup",
@@ -128,22 +137,42 @@ static void write_logits(FILE *f, int64_t pos0, const float *logits, int64_t n, 
     }
 }
 
-/* The prompt file, whole (a regular file of at most 64 MiB); NULL and the error printed. */
+/* The prompt file, whole: a regular file, or a pipe or terminal read to its end
+ * (-f /dev/stdin), of at most 64 MiB; NULL and the error printed. */
 static char *read_prompt(const char *path) {
+    enum { MAX = 64 << 20 };
     struct stat sb;
     if (stat(path, &sb) != 0) {
         fprintf(stderr, "loom run: cannot open '%s': %s\n", path, strerror(errno));
         return NULL;
     }
-    if (!S_ISREG(sb.st_mode) || sb.st_size > (64 << 20)) {
-        fprintf(stderr, "loom run: -f '%s' is not a regular file of at most 64 MiB\n", path);
+    if (S_ISDIR(sb.st_mode) || (S_ISREG(sb.st_mode) && sb.st_size > MAX)) {
+        fprintf(stderr, "loom run: -f '%s' is not a file of at most 64 MiB\n", path);
         return NULL;
     }
     FILE *f = fopen(path, "rb");
-    char *text = f ? malloc((size_t)sb.st_size + 1) : NULL;
-    size_t n = text ? fread(text, 1, (size_t)sb.st_size, f) : 0;
+    size_t n = 0, cap = S_ISREG(sb.st_mode) ? (size_t)sb.st_size + 1 : 4096;
+    char *text = f ? malloc(cap) : NULL;
+    while (text && !ferror(f)) {
+        n += fread(text + n, 1, cap - 1 - n, f);
+        if (n < cap - 1 || feof(f)) break;
+        if (n >= MAX) {
+            fprintf(stderr, "loom run: -f '%s' is longer than 64 MiB\n", path);
+            free(text);
+            fclose(f);
+            return NULL;
+        }
+        char *more = realloc(text, cap * 2);
+        if (!more) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = more;
+        cap *= 2;
+    }
     if (!f || !text || ferror(f)) {
-        fprintf(stderr, "loom run: cannot read '%s': %s\n", path, strerror(errno));
+        fprintf(stderr, "loom run: cannot read '%s': %s\n", path, f ? strerror(errno) : "out of memory");
         free(text);
         if (f) fclose(f);
         return NULL;
@@ -151,6 +180,16 @@ static char *read_prompt(const char *path) {
     fclose(f);
     text[n] = 0;
     return text;
+}
+
+/* Ctrl-C during generation: the line ends, the figures are printed and run exits 130, as
+ * llama.cpp's (a second Ctrl-C, the default action again, ends the process at once). */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL);
 }
 
 static bool parse_seed(const char *v, uint64_t *out, bool *random) {
@@ -373,7 +412,7 @@ int loom_cli_run(int argc, char **argv) {
     rprompts rp = {0};
     loom_cli_dist cd = {.size = 1};
     long n_predict = 64;
-    loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 0};
+    loom_sampler_params sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 0};
     extra_sampling xs = {.min_p = 0.05f, .repeat_penalty = 1.0f, .repeat_last_n = 64};
     const char *rp_arg[RUN_MAX_RPROMPTS];
     for (int i = 1; i < argc; i++) {
@@ -395,6 +434,15 @@ int loom_cli_run(int argc, char **argv) {
         }
         if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation") || !strcmp(a, "--no-warmup"))
             continue;
+        if (!strcmp(a, "--list-devices")) { /* llama.cpp's: the list, then exit */
+            char *dv[] = {"devices", NULL};
+            loom_model_opts_free(&o);
+            return loom_cli_devices(1, dv);
+        }
+        if (!strcmp(a, "--stdin")) {
+            prompt_file = "/dev/stdin";
+            continue;
+        }
         if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation") || !strcmp(a, "-i") ||
             !strcmp(a, "--interactive") || !strcmp(a, "-if") || !strcmp(a, "--interactive-first")) {
             fprintf(stderr,
@@ -431,11 +479,11 @@ int loom_cli_run(int argc, char **argv) {
             prompt_given = true;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(prompt_file = loom_cli_path(v, fbuf, sizeof fbuf))) goto usage_error;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict") || !strcmp(a, "--predict")) {
             int x;
             if (!loom_cli_parse_int("run", a, v, -2, 1 << 24, &x)) goto usage_error;
             n_predict = x < 0 ? -1 : x; /* llama.cpp's -2 (until the context is full) is -1 here */
-        } else if (!strcmp(a, "--temp")) {
+        } else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) {
             if (!loom_cli_parse_float("run", a, v, -1e6, 1e6, &sp.temp)) goto usage_error;
             if (sp.temp < 0) sp.temp = 0; /* llama.cpp clamps a negative temperature: greedy */
         } else if (!strcmp(a, "--top-p")) {
@@ -505,7 +553,8 @@ int loom_cli_run(int argc, char **argv) {
     float *logits = NULL, *work = NULL;
     char *file_text = NULL;
     int32_t *scratch = NULL;
-    bool ok = true;
+    bool ok = true, catch_int = false;
+    struct sigaction old_int;
     size_t plen = strlen(prompt);
     if (prompt_file && lead) {
         if (!(file_text = read_prompt(prompt_file)))
@@ -640,6 +689,11 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(loom_model_opts_info(&o),
                 "note: the built-in model has random weights, so its text is noise: look at the "
                 "per-device memory above and the graph splits and allreduces below\n");
+    /* Ctrl-C is caught from before the prompt shows; in one process only: under --dist mpi
+     * the ranks must stop together (mpirun ends them) */
+    struct sigaction on_int = {.sa_handler = on_sigint};
+    interrupted = 0;
+    catch_int = !cd.d && sigaction(SIGINT, &on_int, &old_int) == 0;
     if (lead && display_prompt) {
         fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
@@ -654,7 +708,7 @@ int loom_cli_run(int argc, char **argv) {
     const float *last = all_logits ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
-    for (; n_gen < n_predict; n_gen++) {
+    for (; n_gen < n_predict && !interrupted; n_gen++) {
         memcpy(work, last, sizeof(float) * (size_t)V);
         if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
             for (int64_t t = 0; t < V; t++)
@@ -721,8 +775,13 @@ int loom_cli_run(int argc, char **argv) {
                            .cd = &cd, .mem = mem, .nm = nm};
         print_figures(info, &o, s, &fig);
     }
+    if (interrupted) {
+        rc = 130; /* 128 + SIGINT, as llama.cpp's */
+        goto out;
+    }
     rc = 0;
 out:
+    if (catch_int) sigaction(SIGINT, &old_int, NULL);
     if (lf) fclose(lf);
     free(file_text);
     free(scratch);

@@ -88,7 +88,8 @@ const char *loom_model_opts_help(void) {
            "                            blocks (-sm tensor) or layers (-sm layer) in whole\n"
            "                            units by them; 0 leaves a device empty\n"
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
-           "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
+           "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1, all or auto =\n"
+           "                            all; n_layer + 1 also puts the output layer there)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
            "  --cpu-affinity P          none | compact | spread | numa: how CPU and NUMA\n"
            "                            device threads are pinned (default per topology)\n"
@@ -97,9 +98,9 @@ const char *loom_model_opts_help(void) {
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
            "                            graph batch is min(-b, -ub)\n"
-           "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
-           "                            q4_1, q5_0, q5_1, iq4_nl (blocks: n_head_kv x head_dim\n"
-           "                            whole blocks; with -sm tensor, head_dim too)\n"
+           "  -ctk, --cache-type-k T    K cache type: f16 (default, as llama.cpp's), f32, bf16,\n"
+           "                            q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (blocks: n_head_kv\n"
+           "                            x head_dim whole blocks; with -sm tensor, head_dim too)\n"
            "  -ctv, --cache-type-v T    V cache type, the same types (--kv-type T sets both)\n"
            "  -fa, --flash-attn on|off|auto\n"
            "                            fused flash attention (auto = on) or mul_mat+soft_max\n"
@@ -173,8 +174,12 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         }
         TAKE();
     } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
-        if (!loom_cli_parse_int(cmd, a, v, -1, 100000, &x)) return -1;
+        if (v && (!strcmp(v, "auto") || !strcmp(v, "all")))
+            x = -1; /* llama.cpp's words: every layer (auto: as many as fit, here all) */
+        else if (!loom_cli_parse_int(cmd, a, v, -1, 100000, &x))
+            return -1;
         o->sp.n_gpu_layers = (int)x;
+        o->ngl_given = x >= 0;
         TAKE();
     } else if (is(a, "--cpu-affinity", NULL, NULL)) {
         if (!v) goto missing;
@@ -193,6 +198,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "--ctx", "-c", "--ctx-size")) {
         if (!loom_cli_parse_int(cmd, a, v, 0, 1 << 24, &x)) return -1;
         o->sp.n_ctx = x ? x : -1; /* 0: the training context (loom_session_params.n_ctx < 0) */
+        o->n_ctx_given = x;
         TAKE();
     } else if (is(a, "--batch", "-b", "--batch-size")) {
         if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 20, &x)) return -1;
@@ -325,10 +331,10 @@ bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v
 }
 
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
-    loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
+    loom_type tk = LOOM_TYPE_F16, tv = LOOM_TYPE_F16; /* llama.cpp's defaults */
     if (o->ctk && !loom_model_cli_kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
     if (o->ctv && !loom_model_cli_kv_type(cmd, "-ctv", o->ctv, &tv)) return false;
-    /* llama.cpp: each defaults to f16 there, f32 here; one given alone sets only its own */
+    /* each defaults to f16, as llama.cpp's; one given alone sets only its own */
     o->sp.kv_type = tk;
     o->sp.kv_type_v_set = true;
     o->sp.kv_type_v = tv;
@@ -397,6 +403,21 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
     if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
+    }
+    const loom_hparams *hp = &loom_session_model(s)->hp;
+    if (info && o->n_ctx_given > hp->n_ctx_train && hp->n_ctx_train > 0) /* llama.cpp's warning */
+        fprintf(info,
+                "loom %s: warning: -c %lld exceeds the model's training context (%lld): the "
+                "output may degrade past it\n",
+                cmd, (long long)o->n_ctx_given, (long long)hp->n_ctx_train);
+    if (info && o->ngl_given) {
+        int on = o->sp.n_gpu_layers > hp->n_layer ? (int)hp->n_layer : o->sp.n_gpu_layers;
+        fprintf(info, "loom %s: %s-ngl %d: %d/%lld layers on the devices%s\n", cmd,
+                o->sp.n_gpu_layers > hp->n_layer + 1 ? "warning: " : "", o->sp.n_gpu_layers, on,
+                (long long)hp->n_layer,
+                o->sp.n_gpu_layers > hp->n_layer + 1 ? " (the model has no more)"
+                : o->sp.n_gpu_layers > hp->n_layer ? ", and the output layer"
+                                                    : "");
     }
     const char *sp = o->sp.devices ? o->sp.devices : "";
     if (info && (!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) &&

@@ -21,6 +21,8 @@ typedef struct loom_model_opts {
     const char *tensor_split;  /* -ts as given */
     float ts[16];              /* -ts parsed (sp.tensor_split points here) */
     int main_gpu;              /* -mg */
+    int64_t n_ctx_given;       /* -c N as given (0: none or 0), for the training-context warning */
+    bool ngl_given;            /* -ngl N >= 0 given: the session says N/M layers on the devices */
     bool verbose;              /* -v or --log-disable set the log level: restored at free */
     bool log_disable;          /* --log-disable: no statistics, notes or warnings either */
     bool set_affinity;         /* --cpu-affinity given: reset to the default by _free */

@@ -46,7 +46,7 @@ mpi() {
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 120 mpirun --oversubscribe "$@"
 }
 
-run_args=(run -m "$model" -n 32 -s 1 -t 1)
+run_args=(run -m "$model" -n 32 -s 1 -t 1 --temp 0)
 
 # outside a launcher: a clear refusal (or: this loom has no MPI, and the rest is skipped)
 set +e
@@ -189,7 +189,7 @@ echo "ok: several devices per rank with -sm tensor are refused (mpirun exit $rc)
 
 # micro-batches: a long prompt split into ubatches of 4 that flow through the stages
 long_prompt="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day"
-ub_args=(run -m "$model" -n 8 -s 1 -t 1 -p "$long_prompt")
+ub_args=(run -m "$model" -n 8 -s 1 -t 1 --temp 0 -p "$long_prompt")
 "$loom" "${ub_args[@]}" --logits-out "$tmp/ubref.logits" >"$tmp/ubref.out" 2>"$tmp/ubref.err" ||
     fail "long prompt, one process: $(cat "$tmp/ubref.err")"
 text "$tmp/ubref.out" >"$tmp/ubref.txt"

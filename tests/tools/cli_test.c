@@ -225,7 +225,7 @@ static char *run_text(char **argv, int want_rc) {
 LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *g[] = {"run", "-m", m, "-n", "20", NULL};
+    char *g[] = {"run", "-m", m, "-n", "20", "--temp", "0", NULL};
     char *greedy = run_text(g, 0);
     /* min-p 1 keeps only the top token: hot sampling becomes greedy */
     char *a1[] = {"run", "-m", m, "-n", "20", "--temp", "5", "-s", "3", "--min-p", "1", NULL};
@@ -236,11 +236,11 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     LOOM_CHECK(strcmp(hot, greedy) != 0);
     /* a strong repetition penalty changes greedy text (it repeats "Lily" otherwise) */
     char *a3[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
-                  "-1",  NULL};
+                  "-1",  "--temp", "0", NULL};
     char *pen = run_text(a3, 0);
     LOOM_CHECK(strcmp(pen, greedy) != 0);
     char *a3b[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
-                   "0",   NULL};
+                   "0",   "--temp", "0", NULL};
     char *pen0 = run_text(a3b, 0);
     LOOM_CHECK_STR_EQ(pen0, greedy); /* looking back over 0 tokens: off */
     /* the default seed is random and printed; -s with it repeats the run */
@@ -270,7 +270,7 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     char *m = (char *)loom_test_stories();
     char *out, *err;
     /* -n -1: until the end of text or of the context (-c 40, 5 prompt tokens) */
-    char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a1, &out, &err), 0);
     int n_gen = -1;
     const char *gp = strstr(err, "generation: ");
@@ -284,18 +284,18 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     LOOM_REQUIRE(fd >= 0);
     LOOM_REQUIRE(write(fd, "Once upon a time\n", 17) == 17); /* the newline is dropped */
     close(fd);
-    char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, NULL};
+    char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, "--temp", "0", NULL};
     char *from_file = run_text(a2, 0);
     char *a3[] = {"run", "-m",           m,   "-n", "20", "-ub",  "2",  "-b",  "3",   "--ctx-size",
-                  "64",  "--batch-size", "3", "-t", "1",  "-ngl", "-1", "-fa", "off", NULL};
+                  "64",  "--batch-size", "3", "-t", "1",  "-ngl", "-1", "-fa", "off", "--temp", "0", NULL};
     char *small_batches = run_text(a3, 0);
     char *a4[] = {"run", "-m",  m,     "-n",  "20", "-fa",     "on",   "-ctk", "f16", "-ctv",
-                  "f16", "-ts", "1,1", "-mg", "0",  "-no-cnv", "-dev", "none", NULL};
+                  "f16", "-ts", "1,1", "-mg", "0",  "-no-cnv", "-dev", "none", "--temp", "0", NULL};
     char *f16 = run_text(a4, 0);
     LOOM_CHECK_STR_CONTAINS(from_file, "Once upon a time, there was a little girl named Lily");
     LOOM_CHECK_STR_EQ(small_batches, from_file);
     LOOM_CHECK_STR_CONTAINS(f16, "Once upon a time, there was a little girl named Lily");
-    char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", NULL};
+    char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a5, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "-p and -f");
     free(out);
@@ -323,15 +323,15 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
 LOOM_TEST(cli_flags, quantised_kv_cache) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", "--temp", "0", NULL};
     char *q8 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
     free(q8);
     char *a2[] = {"run",  "-m",   m,      "-n",    "8",   "-ctk",  "q8_0",
-                  "-ctv", "bf16", "-dev", "sim:2", "-sm", "layer", NULL};
+                  "-ctv", "bf16", "-dev", "sim:2", "-sm", "layer", "--temp", "0", NULL};
     free(run_text(a2, 0));
     char *a3[] = {"run",  "-m",   m,       "-n",  "8",      "-ctk",
-                  "q8_0", "-dev", "sim:2", "-sm", "tensor", NULL};
+                  "q8_0", "-dev", "sim:2", "-sm", "tensor", "--temp", "0", NULL};
     char *out, *err;
     LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
@@ -355,16 +355,16 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
 LOOM_TEST(cli_flags, uneven_tensor_split) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", "--temp", "0", NULL};
     char *t31 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
     free(t31);
     char *a2[] = {"run",   "-m",  m,       "-n",  "20",    "-dev",
-                  "sim:3", "-sm", "layer", "-ts", "1,0,1", NULL};
+                  "sim:3", "-sm", "layer", "-ts", "1,0,1", "--temp", "0", NULL};
     char *t101 = run_text(a2, 0);
     LOOM_CHECK_STR_CONTAINS(t101, "Once upon a time, there was a little girl named Lily");
     free(t101);
-    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", NULL};
+    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", "--temp", "0", NULL};
     char *out, *err;
     LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "3 proportions for 2 devices");
@@ -529,11 +529,12 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
     char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-n", "2", "-c",
-                 "256", NULL};
+                 "256", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
-    /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f32, half each */
+    /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f16 (the default,
+     * as llama.cpp's), half each */
     char kv[32];
-    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 4 / 2);
+    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 2 / 2);
     LOOM_CHECK_STR_CONTAINS(err, "memory per device (at load):");
     LOOM_CHECK_STR_CONTAINS(err, "weights    KV cache     compute       total        free");
     LOOM_CHECK_STR_CONTAINS(err, kv);
@@ -557,7 +558,7 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
                   "100000",         NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g2, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the plan does not fit ");
-    LOOM_CHECK_STR_CONTAINS(err, "SIM0: 61.5 MiB planned"); /* 60 MiB of KV per device */
+    LOOM_CHECK_STR_CONTAINS(err, "SIM0: 31.0 MiB planned"); /* 30 MiB of f16 KV per device */
     LOOM_CHECK_STR_CONTAINS(err, "MiB planned (weights + KV cache), 1.0 MiB free");
     free(out);
     free(err);
@@ -990,7 +991,7 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
 /* README's second example: stories260K over sim:4, greedy, tells this story. */
 LOOM_TEST(cli, readme_stories_example) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", NULL};
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--temp", "0", NULL};
     char *text = run_text(a, 0);
     LOOM_CHECK_STR_CONTAINS(
         text, "Once upon a time, there was a little girl named Lily. She loved to play "
@@ -1053,7 +1054,7 @@ LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
     LOOM_CHECK_STR_CONTAINS(out, "general.architecture");
     free(out);
     free(err);
-    char *argv3[] = {"run", "-m", path, "-n", "2", NULL};
+    char *argv3[] = {"run", "-m", path, "-n", "2", "--temp", "0", NULL};
     rc = loom_test_capture(loom_cli_run, argv3, &out, &err);
     LOOM_CHECK(rc != 0);
     LOOM_CHECK_STR_CONTAINS(
@@ -1102,7 +1103,7 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
     const char *story = "Once upon a time, there was a little girl named Lily";
-    char *g[] = {"run", "-m", m, "-n", "40", NULL};
+    char *g[] = {"run", "-m", m, "-n", "40", "--temp", "0", NULL};
     char *greedy = run_text(g, 0);
     LOOM_REQUIRE(strncmp(greedy, story, strlen(story)) == 0);
     /* the id of "▁Lily" */
@@ -1118,41 +1119,41 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char path[4096];
     LOOM_REQUIRE(stories_with_eos((uint32_t)ids[0], path, sizeof path) != NULL);
 
-    char *a1[] = {"run", "-m", path, "-n", "40", NULL};
+    char *a1[] = {"run", "-m", path, "-n", "40", "--temp", "0", NULL};
     char *ended = run_text(a1, 0);
     LOOM_CHECK_STR_EQ(ended, "Once upon a time, there was a little girl named");
-    char *a2[] = {"run", "-m", path, "-n", "40", "--ignore-eos", NULL};
+    char *a2[] = {"run", "-m", path, "-n", "40", "--ignore-eos", "--temp", "0", NULL};
     char *ignored = run_text(a2, 0);
     LOOM_CHECK_MSG(strstr(ignored, "Lily") == NULL && strlen(ignored) > strlen(story),
                    "--ignore-eos: '%s'", ignored);
-    char *a3[] = {"run", "-m", path, "-n", "40", "-sp", NULL};
+    char *a3[] = {"run", "-m", path, "-n", "40", "-sp", "--temp", "0", NULL};
     char *special = run_text(a3, 0);
     LOOM_CHECK_STR_EQ(special, story);
-    char *a4[] = {"run", "-m", m, "-n", "40", "-r", "girl", "-r", "never printed", NULL};
+    char *a4[] = {"run", "-m", m, "-n", "40", "-r", "girl", "-r", "never printed", "--temp", "0", NULL};
     char *rp = run_text(a4, 0);
     LOOM_CHECK_STR_EQ(rp, "Once upon a time, there was a little girl");
-    char *a5[] = {"run", "-m", m, "-n", "40", "--reverse-prompt", "\\x2c", NULL}; /* "," */
+    char *a5[] = {"run", "-m", m, "-n", "40", "--reverse-prompt", "\\x2c", "--temp", "0", NULL}; /* "," */
     char *rp_esc = run_text(a5, 0);
     LOOM_CHECK_STR_EQ(rp_esc, "Once upon a time,");
-    char *a6[] = {"run", "-m", m, "-n", "4", "-p", "Once upon a time\\x2c\\tthere", NULL};
+    char *a6[] = {"run", "-m", m, "-n", "4", "-p", "Once upon a time\\x2c\\tthere", "--temp", "0", NULL};
     char *esc = run_text(a6, 0);
     LOOM_CHECK_MSG(strncmp(esc, "Once upon a time,\tthere", 23) == 0, "'%s'", esc);
-    char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", NULL};
+    char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", "--temp", "0", NULL};
     char *raw = run_text(a7, 0);
     LOOM_CHECK_MSG(strncmp(raw, "a\\tb", 4) == 0, "'%s'", raw);
     char *out, *err;
-    char *vp[] = {"run", "-m", m, "-n", "1", "--verbose-prompt", NULL};
+    char *vp[] = {"run", "-m", m, "-n", "1", "--verbose-prompt", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, vp, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(err, "prompt: 5 tokens\n     1 -> '<s>'\n");
     LOOM_CHECK_STR_CONTAINS(err, " -> ' upon'\n");
     free(out);
     free(err);
-    char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", NULL};
+    char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", "--temp", "0", NULL};
     char *noprompt = run_text(a8, 0);
     LOOM_CHECK_STR_EQ(noprompt, greedy + strlen("Once upon a time"));
-    char *a9[] = {"run", "-m", m, "-n", "40", "--frequency-penalty", "5", NULL};
+    char *a9[] = {"run", "-m", m, "-n", "40", "--frequency-penalty", "5", "--temp", "0", NULL};
     char *freq = run_text(a9, 0);
-    char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", NULL};
+    char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", "--temp", "0", NULL};
     char *pres = run_text(a10, 0);
     char *a11[] = {"run", "-m",
                    m,     "-n",
@@ -1160,31 +1161,31 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
                    "0",   "--frequency-penalty",
                    "0",   "--no-warmup",
                    "-e",  "--mlock",
-                   NULL};
+                   "--temp", "0", NULL};
     char *zero = run_text(a11, 0);
     LOOM_CHECK(strcmp(freq, greedy) != 0 && strcmp(pres, greedy) != 0);
     LOOM_CHECK_STR_EQ(zero, greedy);
     /* llama.cpp's values: -n -2 is -n -1, a negative temperature is greedy, top-k -1 is off,
      * -c 0 the training context (2048 for stories260K: 5 prompt tokens, 2043 generated) */
-    char *b1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    char *b1[] = {"run", "-m", m, "-n", "-1", "-c", "40", "--temp", "0", NULL};
     char *b2[] = {"run", "-m", m, "-n", "-2", "-c", "40", "--temp", "-1", "--top-k", "-1", NULL};
     char *to_end = run_text(b1, 0), *to_end2 = run_text(b2, 0);
     LOOM_CHECK_STR_EQ(to_end2, to_end);
     free(to_end);
     free(to_end2);
-    char *b3[] = {"run", "-m", m, "-n", "-1", "-c", "0", NULL};
+    char *b3[] = {"run", "-m", m, "-n", "-1", "-c", "0", "--temp", "0", NULL};
     char *out0, *err0;
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, b3, &out0, &err0), 0);
     LOOM_CHECK_STR_CONTAINS(err0, "generation: 2043 tokens");
     free(out0);
     free(err0);
     /* chat and interactive modes are refused, naming why */
-    char *a12[] = {"run", "-m", m, "-cnv", NULL};
+    char *a12[] = {"run", "-m", m, "-cnv", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a12, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "no conversation or interactive mode");
     free(out);
     free(err);
-    char *a13[] = {"run", "-m", m, "-r", "", NULL};
+    char *a13[] = {"run", "-m", m, "-r", "", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a13, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "-r needs a non-empty text");
     free(out);
@@ -1228,7 +1229,7 @@ LOOM_TEST(cli_errors, no_vocabulary_bench_runs_run_refuses) {
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, gp, &out, &err), 0);
     free(out);
     free(err);
-    char *r[] = {"run", "-m", path, "-n", "2", NULL};
+    char *r[] = {"run", "-m", path, "-n", "2", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, r, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the model has no vocabulary (tokenizer.ggml.model 'none')");
     free(out);
@@ -1239,4 +1240,77 @@ LOOM_TEST(cli_errors, no_vocabulary_bench_runs_run_refuses) {
     free(out);
     free(err);
     unlink(path);
+}
+
+/* llama.cpp's defaults, warnings and aliases (issue 26): temperature 0.8 and an F16 KV cache
+ * by default; -c past the training context and -ngl past the layers are warned about;
+ * --temperature, --predict, -ngl all|auto, --list-devices, -f from a pipe and --stdin. */
+LOOM_TEST(cli_flags, llama_cpp_defaults_warnings_and_aliases) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
+    char *out, *err;
+    char *d[] = {"run", "-m", m, "-n", "2", "-c", "256", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, d, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, ", temp 0.8, ");
+    char kv[32]; /* 5 layers x (K + V) x 256 positions x 32 x f16 */
+    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 2);
+    LOOM_CHECK_STR_CONTAINS(err, kv);
+    LOOM_CHECK(strstr(err, "warning") == NULL);
+    free(out);
+    free(err);
+    /* the aliases give the text of the names they stand for */
+    char *g[] = {"run", "-m", m, "-n", "12", "--temp", "0", NULL};
+    char *greedy = run_text(g, 0);
+    char *al[] = {"run", "-m", m, "--predict", "12", "--temperature", "0", "-ngl", "all", NULL};
+    char *alias = run_text(al, 0);
+    LOOM_CHECK_STR_EQ(alias, greedy);
+    char *au[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-ngl", "auto", NULL};
+    char *aut = run_text(au, 0);
+    LOOM_CHECK_STR_EQ(aut, greedy);
+    /* the warnings, on stderr (the text unchanged) */
+    char *w[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-c", "4096", "-ngl", "9", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, w, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "warning: -c 4096 exceeds the model's training context (2048)");
+    LOOM_CHECK_STR_CONTAINS(err, "warning: -ngl 9: 5/5 layers on the devices");
+    LOOM_CHECK_STR_EQ(out, greedy);
+    free(out);
+    free(err);
+    char *w2[] = {"run", "-m", m, "-n", "1", "-ngl", "3", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, w2, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "-ngl 3: 3/5 layers on the devices\n");
+    free(out);
+    free(err);
+    /* the prompt from a pipe: -f /dev/fd/N, and --stdin */
+    int fds[2];
+    LOOM_REQUIRE(pipe(fds) == 0);
+    LOOM_REQUIRE(write(fds[1], "Once upon a time\n", 17) == 17);
+    close(fds[1]);
+    char path[64];
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    char *f[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-f", path, NULL};
+    char *piped = run_text(f, 0);
+    LOOM_CHECK_STR_EQ(piped, greedy);
+    close(fds[0]);
+    LOOM_REQUIRE(pipe(fds) == 0);
+    LOOM_REQUIRE(write(fds[1], "Once upon a time", 16) == 16);
+    close(fds[1]);
+    int saved = dup(0);
+    LOOM_REQUIRE(saved >= 0 && dup2(fds[0], 0) == 0);
+    close(fds[0]);
+    char *si[] = {"run", "-m", m, "-n", "12", "--temp", "0", "--stdin", NULL};
+    char *stdin_text = run_text(si, 0);
+    dup2(saved, 0);
+    close(saved);
+    LOOM_CHECK_STR_EQ(stdin_text, greedy);
+    /* --list-devices: loom devices' list, then exit */
+    char *ld[] = {"run", "--list-devices", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, ld, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "CPU");
+    free(out);
+    free(err);
+    free(greedy);
+    free(alias);
+    free(aut);
+    free(piped);
+    free(stdin_text);
 }

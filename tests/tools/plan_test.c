@@ -135,7 +135,7 @@ LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
     loom_plan_opts o = {.spec_opts = "profile=rtx-3090,mem=1.5MiB",
                         .dev_mem = (size_t)3 << 19,
                         .n_batch = 32,
-                        .kv_type = LOOM_TYPE_F32};
+                        .kv_type = LOOM_TYPE_F16}; /* the CLI's default, llama.cpp's */
     loom_plan_candidate c;
     loom_plan_candidate_eval(g, &o, mode, n_dev, ctx, &c);
     LOOM_CHECK(c.ok && c.fits);
