@@ -370,6 +370,23 @@ static size_t loom__scan_dir(const char *dir) {
                 continue;
             }
         }
+        /* The CUDA module needs the driver: without libcuda.so.1 it could only report zero
+         * devices, after loading the CUDA runtime and cuBLAS (hundreds of MB, seconds), so
+         * it is not loaded at all and the reason is kept for a "cuda" spec. */
+        if (strcmp(names[i], "libloom-cuda.so") == 0 && !getenv("LOOM_CUDA_NO_DRIVER_CHECK")) {
+            dlerror();
+            void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+            if (!drv) {
+                const char *why = dlerror();
+                snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error,
+                         "no CUDA driver: libcuda.so.1 cannot be loaded (%s), so %s/%s was not "
+                         "loaded",
+                         why ? why : "not found", dir, names[i]);
+                LOOM_LOG_DEBUG("registry: %s", loom__cuda_load_error);
+                loom_free(names[i]);
+                continue;
+            }
+        }
         size_t plen = strlen(dir) + 1 + strlen(names[i]) + 1;
         char *path = loom_malloc(plen);
         if (path) {

@@ -6,8 +6,8 @@
  * (cuBLAS for large float products), CUDA graph capture reused while a graph is unchanged,
  * and the NCCL communicator behind the reg's LOOM_PROC_COMM_* proc addresses.
  *
- * A machine without a GPU or without a driver has a "CUDA" reg with zero devices (never an
- * error or a crash); loom_devices_from_spec("cuda") then reports "no CUDA devices". Where
+ * A machine without a GPU has a "CUDA" reg with zero devices (never an error or a crash);
+ * without a driver the module is not even loaded; loom_devices_from_spec("cuda") then reports "no CUDA devices". Where
  * the toolkit was absent at build time the library is a stub with the same API and zero
  * devices, and no module is built.
  *
@@ -27,6 +27,10 @@
  *   LOOM_CUDA_NCCL=PATH|0         the NCCL library to dlopen (default libnccl.so.2); 0: none
  *   LOOM_CUDA_PANEL_BYTES=BYTES   F32 weight conversion budget of one matmul (default 64 MiB)
  *   LOOM_CUDA_FAULT=capture, LOOM_CUDA_COMM_FAULT=nccl   fault injection for tests
+ *   LOOM_CUDA_NO_DRIVER_CHECK=1   load libloom-cuda.so even where libcuda.so.1 (the driver)
+ *                                 cannot be loaded (default: loom_registry_load_all skips the
+ *                                 module then, without mapping the CUDA runtime and cuBLAS,
+ *                                 and a "cuda" spec's error says so)
  */
 #ifndef LOOM_CUDA_H
 #define LOOM_CUDA_H
