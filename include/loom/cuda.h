@@ -7,9 +7,9 @@
  * and the NCCL communicator behind the reg's LOOM_PROC_COMM_* proc addresses.
  *
  * A machine without a GPU has a "CUDA" reg with zero devices (never an error or a crash);
- * without a driver the module is not even loaded; loom_devices_from_spec("cuda") then reports "no CUDA devices". Where
- * the toolkit was absent at build time the library is a stub with the same API and zero
- * devices, and no module is built.
+ * without a driver the module is not even loaded. loom_devices_from_spec("cuda") then
+ * reports "no CUDA devices" and why. Where the toolkit was absent at build time the library
+ * is a stub with the same API and zero devices, and no module is built.
  *
  * Environment:
  *   LOOM_CUDA_DEVICES_PER_GPU=N   loom devices per GPU in the default reg (1..8, default 1);
