@@ -46,7 +46,7 @@ mpi() {
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 120 mpirun --oversubscribe "$@"
 }
 
-run_args=(run -m "$model" -n 32 -s 1 -t 1 --temp 0)
+run_args=(run -m "$model" -n 32 -s 1 -t 1 --temp 0 -ctk f32 -ctv f32) # f32 KV: the 5e-4 bound
 
 # outside a launcher: a clear refusal (or: this loom has no MPI, and the rest is skipped)
 set +e
@@ -189,7 +189,7 @@ echo "ok: several devices per rank with -sm tensor are refused (mpirun exit $rc)
 
 # micro-batches: a long prompt split into ubatches of 4 that flow through the stages
 long_prompt="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day"
-ub_args=(run -m "$model" -n 8 -s 1 -t 1 --temp 0 -p "$long_prompt")
+ub_args=(run -m "$model" -n 8 -s 1 -t 1 --temp 0 -ctk f32 -ctv f32 -p "$long_prompt")
 "$loom" "${ub_args[@]}" --logits-out "$tmp/ubref.logits" >"$tmp/ubref.out" 2>"$tmp/ubref.err" ||
     fail "long prompt, one process: $(cat "$tmp/ubref.err")"
 text "$tmp/ubref.out" >"$tmp/ubref.txt"
@@ -304,7 +304,7 @@ inject bad_of_3 1 1
 
 # ranks that disagree: rank 0 leads the control flow (-n, --logits-out), and a rank whose
 # model or context differs from rank 0's stops every rank with a message naming it
-mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" run -m "$model" -n 4 -t 1 --dist mpi \
+mpi -np 1 "$loom" "${run_args[@]}" --dist mpi : -np 1 "$loom" run -m "$model" -n 4 -t 1 -ctk f32 -ctv f32 --dist mpi \
     >"$tmp/lead.out" 2>"$tmp/lead.err" || fail "mixed -n: mpirun exit $?: $(tail -5 "$tmp/lead.err")"
 text "$tmp/lead.out" | cmp -s - "$tmp/ref.txt" || fail "mixed -n: rank 0's text differs"
 echo "ok: rank 1 with another -n follows rank 0"

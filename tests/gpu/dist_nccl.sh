@@ -25,7 +25,7 @@ fail() {
     exit 1
 }
 text() { cat "$1"; } # stdout is the text alone (the figures are on stderr)
-args=(run -m "$model" -n 16 -s 1 -t 1 --temp 0)
+args=(run -m "$model" -n 16 -s 1 -t 1 --temp 0 -ctk f32 -ctv f32)
 "$loom" "${args[@]}" --devices cuda:0 >"$tmp/ref.out" 2>"$tmp/ref.err" ||
     fail "cuda:0 alone: $(tail -3 "$tmp/ref.err")"
 text "$tmp/ref.out" >"$tmp/ref.txt"

@@ -356,8 +356,9 @@ LOOM_TEST(lib, the_umbrella_includes_every_public_header) {
     free(included);
 }
 
-/* libloom is C: it needs no C++ runtime (the toolchain's -lstdc++ is dropped as unneeded). */
-LOOM_TEST(lib, libloom_needs_no_cxx_runtime) {
+/* libloom is C: it needs no C++ runtime (the toolchain's -lstdc++ is dropped as unneeded),
+ * and no MPI library: --dist mpi loads it when first used (dist/mpi.c). */
+LOOM_TEST(lib, libloom_needs_no_cxx_runtime_and_no_mpi) {
     char lib[4096], cmd[8192];
     runfile("libloom.so.0", lib, sizeof lib);
     snprintf(cmd, sizeof cmd, "readelf -d '%s' | sed -n 's/.*(NEEDED).*\\[\\(.*\\)\\]/\\1/p'", lib);
@@ -365,5 +366,6 @@ LOOM_TEST(lib, libloom_needs_no_cxx_runtime) {
     LOOM_REQUIRE(needed != NULL);
     LOOM_CHECK(has_line(needed, "libc.so.6")); /* the list is real */
     LOOM_CHECK_MSG(strstr(needed, "libstdc++") == NULL, "libloom.so.0 needs: %s", needed);
+    LOOM_CHECK_MSG(strstr(needed, "libmpi") == NULL, "libloom.so.0 needs: %s", needed);
     free(needed);
 }
