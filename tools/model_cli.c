@@ -78,7 +78,8 @@ const char *const loom_model_opts_names[] = {"-m",
 const char *loom_model_opts_help(void) {
     return "model and devices (llama.cpp names):\n"
            "  -m, --model FILE          GGUF model (default: a built-in synthetic llama with\n"
-           "                            random weights)\n"
+           "                            random weights); a bare name not found here is\n"
+           "                            looked for in $LOOM_MODELS_DIR\n"
            "  -dev, --device, --devices SPEC\n"
            "                            cpu (default), sim:N[,opts], cuda:0,1, cuda; also\n"
            "                            llama.cpp's CUDA0,CUDA1 and none (= cpu)\n"
@@ -149,6 +150,14 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         if (!v) goto missing;
         o->model = loom_cli_path(v, o->model_buf, sizeof o->model_buf);
         if (!o->model) goto too_long;
+        /* a bare file name that is not here: from $LOOM_MODELS_DIR, as the tests find them */
+        const char *dir = getenv("LOOM_MODELS_DIR");
+        if (!strchr(v, '/') && access(o->model, F_OK) != 0 && dir && dir[0]) {
+            if (snprintf(o->model_buf, sizeof o->model_buf, "%s/%s", dir, v) >=
+                (int)sizeof o->model_buf)
+                goto too_long;
+            o->model = o->model_buf;
+        }
         TAKE();
     } else if (is(a, "--devices", "-dev", "--device")) {
         if (!v) goto missing;

@@ -1314,3 +1314,44 @@ LOOM_TEST(cli_flags, llama_cpp_defaults_warnings_and_aliases) {
     free(piped);
     free(stdin_text);
 }
+
+/* A fresh clone (issue 26): -m NAME finds NAME in $LOOM_MODELS_DIR, and the example
+ * --split-rules file of examples/ parses, overrides the built-in rule it names and keeps
+ * the greedy story. */
+LOOM_TEST(cli_flags, models_dir_and_the_example_split_rules) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", loom_test_stories());
+    *strrchr(dir, '/') = 0;
+    const char *prev = getenv("LOOM_MODELS_DIR");
+    char saved[4096];
+    snprintf(saved, sizeof saved, "%s", prev ? prev : "");
+    setenv("LOOM_MODELS_DIR", dir, 1);
+    char *g[] = {"run", "-m", (char *)loom_test_stories(), "-n", "16", "--temp", "0", NULL};
+    char *greedy = run_text(g, 0);
+    char *b[] = {"run", "-m", "stories260K.gguf", "-n", "16", "--temp", "0", NULL};
+    char *bare = run_text(b, 0);
+    LOOM_CHECK_STR_EQ(bare, greedy);
+    if (prev)
+        setenv("LOOM_MODELS_DIR", saved, 1);
+    else
+        unsetenv("LOOM_MODELS_DIR");
+    char *rules = "examples/split-rules/output-mirrored.rules";
+    char *out, *err;
+    char *p[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2",
+                 "--split-rules", rules, NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, p, &out, &err), 0);
+    const char *o = strstr(out, "\n  output.weight ");
+    LOOM_REQUIRE(o != NULL);
+    LOOM_CHECK_STR_CONTAINS(o, "MIRRORED");
+    LOOM_CHECK_STR_CONTAINS(o, "output-mirrored.rules:15 /output\\.weight/");
+    free(out);
+    free(err);
+    char *r[] = {"run", "-m", (char *)loom_test_stories(), "-n", "16", "--temp", "0", "--devices",
+                 "sim:2", "--split-rules", rules, NULL};
+    char *split = run_text(r, 0);
+    LOOM_CHECK_STR_EQ(split, greedy);
+    free(greedy);
+    free(bare);
+    free(split);
+}
