@@ -732,6 +732,20 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
         *n_out = 1;
         return LOOM_OK;
     }
+    /* a known kind with what it does not take: say what it takes */
+    static const struct {
+        const char *kind, *takes;
+    } kinds[] = {
+        {"cpu", "'cpu' takes no index or options (the one CPU device; numa[:I,...] gives one per "
+                "NUMA node, -t the threads)"},
+        {"cuda", "'cuda' takes a list of GPU indices after ':' (cuda:0,1), or nothing (every "
+                 "GPU)"},
+        {"numa", "'numa' takes a list of NUMA nodes after ':' (numa:0,1), or nothing (every "
+                 "node)"},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        if (kind_len == strlen(kinds[k].kind) && strncasecmp(spec, kinds[k].kind, kind_len) == 0)
+            return loom_error(LOOM_ERR_FORMAT, "device spec '%s': %s", spec, kinds[k].takes);
     return loom_error(LOOM_ERR_FORMAT,
                       "device spec '%s': unknown device kind '%.*s' (expected cpu, sim:N[,...], "
                       "cuda[:I,...], numa[:I,...] or a device name)",

@@ -1355,3 +1355,25 @@ LOOM_TEST(cli_flags, models_dir_and_the_example_split_rules) {
     free(bare);
     free(split);
 }
+
+/* A device spec of a known kind with what it does not take says what it takes, instead of
+ * calling the kind unknown while listing it (issue 26). */
+LOOM_TEST(cli_errors, device_spec_of_a_known_kind_says_what_it_takes) {
+    const struct {
+        const char *spec, *want;
+    } cases[] = {
+        {"cpu:2", "device spec 'cpu:2': 'cpu' takes no index or options"},
+        {"cpu,threads=4", "'cpu' takes no index or options"},
+        {"cuda,0", "'cuda' takes a list of GPU indices after ':' (cuda:0,1)"},
+        {"numa,1", "'numa' takes a list of NUMA nodes after ':' (numa:0,1)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *out, *err;
+        char *a[] = {"run", "--devices", (char *)cases[k].spec, "-n", "1", NULL};
+        LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 1);
+        LOOM_CHECK_STR_CONTAINS(err, cases[k].want);
+        LOOM_CHECK_MSG(strstr(err, "unknown device kind") == NULL, "%s: %s", cases[k].spec, err);
+        free(out);
+        free(err);
+    }
+}
