@@ -736,8 +736,9 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
                  "4",     "-n",        "0",     "-r",  "1",         NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:2 | default | ts "
-                                 "1.00/1.00/1.00: session: tensor_split has 3 proportions "
-                                 "for 2 devices");
+                                 "1.00/1.00/1.00 | t all | ngl -1 | b 2048 | ub 512 | ctk f16 | "
+                                 "ctv f16 | fa -1 | nkvo 0 | mmap 1: session: tensor_split has 3 "
+                                 "proportions for 2 devices");
     for (const char *p = out; *p; p = strchr(p, '\n') + 1)
         LOOM_CHECK(*p == '|');
     LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 1);
@@ -854,8 +855,8 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(err);
     char *q[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
-    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS test (\n  model_filename TEXT,");
-    LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO test (model_filename, model_type, model_size, ");
+    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS llama_bench (\n  model_filename TEXT,");
+    LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO llama_bench (model_filename, model_type, model_size, ");
     LOOM_CHECK_STR_CONTAINS(out, "VALUES ('built-in', 'llama ");
     free(out);
     free(err);
@@ -1376,4 +1377,79 @@ LOOM_TEST(cli_errors, device_spec_of_a_known_kind_says_what_it_takes) {
         free(out);
         free(err);
     }
+}
+
+/* loom bench's rows feed llama.cpp's scripts/compare-llama-bench.py (issue 26): every JSON
+ * row has the keys that script requires (its key properties, build_commit, test_time,
+ * avg_ts), the SQL has its table (llama_bench) with its columns; a prompt-only row shows
+ * no per-token reductions ("-", null), not zeros; -dev none is the CPU; a FAILED line names
+ * the whole configuration. */
+LOOM_TEST(cli_bench, rows_feed_compare_llama_bench) {
+    static const char *const required[] = {
+        "cpu_info",    "gpu_info",     "backends",      "n_gpu_layers", "tensor_buft_overrides",
+        "model_filename", "model_type", "n_batch",      "n_ubatch",     "embeddings",
+        "cpu_mask",    "cpu_strict",   "poll",          "n_threads",    "type_k",
+        "type_v",      "use_mmap",     "no_kv_offload", "split_mode",   "main_gpu",
+        "tensor_split", "flash_attn",  "n_prompt",      "n_gen",        "n_depth",
+        "build_commit", "test_time",   "avg_ts"};
+    static const char *const db[] = {
+        "build_commit", "build_number", "cpu_info",  "gpu_info",     "backends",   "model_filename",
+        "model_type",   "model_size",   "model_n_params", "n_batch", "n_ubatch",   "n_threads",
+        "cpu_mask",     "cpu_strict",   "poll",      "type_k",       "type_v",     "n_gpu_layers",
+        "split_mode",   "main_gpu",     "no_kv_offload", "flash_attn", "tensor_split",
+        "tensor_buft_overrides", "use_mmap", "embeddings", "no_op_offload", "n_prompt", "n_gen",
+        "n_depth",      "test_time",    "avg_ns",    "stddev_ns",    "avg_ts",     "stddev_ts"};
+    char *out, *err;
+    char *j[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "2", "-r", "1", "-o", "jsonl", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, j, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(count(out, "\n"), 2); /* pp4, tg2 */
+    for (const char *line = out; *line; line = strchr(line, '\n') + 1) {
+        const char *end = strchr(line, '\n');
+        LOOM_REQUIRE(end != NULL);
+        for (size_t k = 0; k < sizeof required / sizeof required[0]; k++) {
+            char key[64];
+            snprintf(key, sizeof key, "\"%s\": ", required[k]);
+            const char *at = strstr(line, key);
+            LOOM_CHECK_MSG(at && at < end, "a row lacks %s: %.*s", key, (int)(end - line), line);
+        }
+    }
+    LOOM_CHECK_STR_CONTAINS(out, "\"gpu_info\": \"simulated GPU 0 of 2");
+    LOOM_CHECK_STR_CONTAINS(out, "\"cpu_strict\": false, \"poll\": 50, \"embeddings\": false");
+    /* the prompt row: no reductions per generated token; the tg row: its count */
+    LOOM_CHECK_STR_CONTAINS(out, "\"n_gen\": 0");
+    LOOM_CHECK_EQ_INT(count(out, "\"allreduces_per_token\": null"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "\"allreduces_per_token\": "), 2);
+    free(out);
+    free(err);
+    char *q[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS llama_bench (");
+    const char *ins = strstr(out, "INSERT INTO llama_bench (");
+    LOOM_REQUIRE(ins != NULL);
+    for (size_t k = 0; k < sizeof db / sizeof db[0]; k++) {
+        char col[64];
+        snprintf(col, sizeof col, "  %s ", db[k]);
+        LOOM_CHECK_MSG(strstr(out, col) != NULL, "CREATE TABLE lacks %s", db[k]);
+    }
+    free(out);
+    free(err);
+    char *m[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, m, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| pp4 | ");
+    LOOM_CHECK_STR_CONTAINS(out, " | - | - | - | - | - | - |\n"); /* no tg, no profile, no host */
+    free(out);
+    free(err);
+    char *n[] = {"bench", "-dev", "none", "-p", "4", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, n, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| none | ");
+    free(out);
+    free(err);
+    char *f[] = {"bench", "--devices", "sim:zero", "-p", "4", "-n", "0", "-r", "1", "-ctk", "q8_0",
+                 NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, f, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:zero | ");
+    LOOM_CHECK_STR_CONTAINS(err, " | t all | ngl -1 | b 2048 | ub 512 | ctk q8_0 | ctv f16 | fa -1 "
+                                 "| nkvo 0 | mmap 1: ");
+    free(out);
+    free(err);
 }
