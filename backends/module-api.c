@@ -53,27 +53,27 @@ static void *loom__backend_proc(loom_backend_t backend, const char *name) {
 }
 
 /* fn: a function pointer variable of the callee's type, set from the proc (NULL: absent). */
-#define LOOM__PROC(fn, lookup) \
-    do { \
-        void *p_ = (lookup); \
-        memcpy(&(fn), &p_, sizeof(fn)); \
+#define LOOM__PROC(fn, lookup)                                                                     \
+    do {                                                                                           \
+        void *p_ = (lookup);                                                                       \
+        memcpy(&(fn), &p_, sizeof(fn));                                                            \
     } while (0)
 
 /* A forwarder of a function without a device, backend or reg: `fallback` when the module
  * is missing. */
-#define LOOM__FWD(module, ret, name, params, args, fallback) \
-    ret name params { \
-        ret(*fn_) params; \
-        LOOM__PROC(fn_, loom__module_proc(#name, module)); \
-        return fn_ ? fn_ args : (fallback); \
+#define LOOM__FWD(module, ret, name, params, args, fallback)                                       \
+    ret name params {                                                                              \
+        ret(*fn_) params;                                                                          \
+        LOOM__PROC(fn_, loom__module_proc(#name, module));                                         \
+        return fn_ ? fn_ args : (fallback);                                                        \
     }
 
 /* ---------------------------------------------------------------- sim (libloom-sim.so) */
 
 LOOM__FWD("sim", int, loom_sim_profile_count, (void), (), 0)
 LOOM__FWD("sim", const loom_sim_profile *, loom_sim_profile_get, (int i), (i), NULL)
-LOOM__FWD("sim", loom_status, loom_sim_profile_find, (const char *name, const loom_sim_profile **out),
-          (name, out), loom_last_status())
+LOOM__FWD("sim", loom_status, loom_sim_profile_find,
+          (const char *name, const loom_sim_profile **out), (name, out), loom_last_status())
 LOOM__FWD("sim", int, loom_sim_link_preset_count, (void), (), 0)
 LOOM__FWD("sim", const loom_sim_link_preset_info *, loom_sim_link_preset_get, (int i), (i), NULL)
 LOOM__FWD("sim", loom_status, loom_sim_link_preset_find,

@@ -23,21 +23,21 @@
 #include "dist/dist-impl.h"
 
 /* The MPI functions loom calls, each a pointer of the function's own type. */
-#define LOOM__MPI_FNS(X) \
-    X(Init) \
-    X(Initialized) \
-    X(Finalized) \
-    X(Finalize) \
-    X(Comm_dup) \
-    X(Comm_free) \
-    X(Comm_rank) \
-    X(Comm_size) \
-    X(Error_string) \
-    X(Bcast) \
-    X(Send) \
-    X(Recv) \
-    X(Allreduce) \
-    X(Allgather) \
+#define LOOM__MPI_FNS(X)                                                                           \
+    X(Init)                                                                                        \
+    X(Initialized)                                                                                 \
+    X(Finalized)                                                                                   \
+    X(Finalize)                                                                                    \
+    X(Comm_dup)                                                                                    \
+    X(Comm_free)                                                                                   \
+    X(Comm_rank)                                                                                   \
+    X(Comm_size)                                                                                   \
+    X(Error_string)                                                                                \
+    X(Bcast)                                                                                       \
+    X(Send)                                                                                        \
+    X(Recv)                                                                                        \
+    X(Allreduce)                                                                                   \
+    X(Allgather)                                                                                   \
     X(Abort)
 
 #define LOOM__MPI_DECL(n) __typeof__(MPI_##n) *n;

@@ -212,12 +212,13 @@ typedef struct config {
 static const char *config_text(const config *c, char *buf, size_t n) {
     char t[16] = "all";
     if (c->v.threads > 0) snprintf(t, sizeof t, "%d", c->v.threads);
-    snprintf(buf, n,
-             "%s | %s | %s%s%s | t %s | ngl %d | b %ld | ub %ld | ctk %s | ctv %s | fa %d | nkvo %d "
-             "| mmap %d",
-             c->model ? c->model : "built-in", c->devices, loom_split_mode_name(c->mode),
-             c->ts ? " | ts " : "", c->ts ? c->ts : "", t, c->v.ngl, c->v.n_batch, c->v.n_ubatch,
-             c->v.type_k, c->v.type_v, c->v.fa, (int)c->v.nkvo, (int)c->v.mmap);
+    snprintf(
+        buf, n,
+        "%s | %s | %s%s%s | t %s | ngl %d | b %ld | ub %ld | ctk %s | ctv %s | fa %d | nkvo %d "
+        "| mmap %d",
+        c->model ? c->model : "built-in", c->devices, loom_split_mode_name(c->mode),
+        c->ts ? " | ts " : "", c->ts ? c->ts : "", t, c->v.ngl, c->v.n_batch, c->v.n_ubatch,
+        c->v.type_k, c->v.type_v, c->v.fa, (int)c->v.nkvo, (int)c->v.mmap);
     return buf;
 }
 
@@ -448,8 +449,10 @@ static const char *const FIELDS[N_FIELDS] = {"model_filename",
  * tensor overrides, no CPU MoE layers). Types for -o sql. */
 #define N_LB_FIELDS 11
 static const char *const LB_FIELDS[N_LB_FIELDS] = {
-    "build_commit", "build_number", "cpu_info",              "gpu_info",      "cpu_mask", "cpu_strict",
-    "poll",         "embeddings",   "tensor_buft_overrides", "no_op_offload", "n_cpu_moe"};
+    "build_commit",  "build_number", "cpu_info",
+    "gpu_info",      "cpu_mask",     "cpu_strict",
+    "poll",          "embeddings",   "tensor_buft_overrides",
+    "no_op_offload", "n_cpu_moe"};
 static const char LB_TEXT[N_LB_FIELDS] = {1, 0, 1, 1, 1, 0, 0, 0, 1, 0, 0};
 
 /* Tensor parallelism's measured host cost (result.sub_per_tok ...), after proj_avg_ts. */
@@ -509,10 +512,10 @@ static void header(printer *p) {
 static void lb_values(const config *c, const loom_model_opts *o, bool json, const char *sep,
                       char q) {
     char num[32];
-    const char *text[N_LB_FIELDS] = {loom_version(), NULL, c->cpu_info, c->gpu_info, "0x0",
-                                     NULL, NULL, NULL, "none", NULL, NULL};
-    const long ival[N_LB_FIELDS] = {0, loom_version_number(), 0, 0, 0, 0, 50, 0, 0,
-                                    o->sp.no_op_offload, 0};
+    const char *text[N_LB_FIELDS] = {loom_version(), NULL, c->cpu_info, c->gpu_info, "0x0", NULL,
+                                     NULL,           NULL, "none",      NULL,        NULL};
+    const long ival[N_LB_FIELDS] = {0, loom_version_number(), 0, 0, 0, 0, 50, 0,
+                                    0, o->sp.no_op_offload,   0};
     const bool is_bool[N_LB_FIELDS] = {0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0};
     for (int i = 0; i < N_LB_FIELDS; i++) {
         if (json)

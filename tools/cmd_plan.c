@@ -574,8 +574,7 @@ int loom_cli_plan(int argc, char **argv) {
         max_ctx[i] = -1;
         n_ok += c[i].ok;
         /* the fastest that fits; without a speed, the first (the fewest devices) */
-        if (c[i].ok && c[i].fits && (best < 0 || (speed && c[i].tg_tps > c[best].tg_tps)))
-            best = i;
+        if (c[i].ok && c[i].fits && (best < 0 || (speed && c[i].tg_tps > c[best].tg_tps))) best = i;
     }
     const int n_gpu_only = n;
     if (best < 0 && n_ok > 0 && hp.n_layer > 1) {

@@ -172,7 +172,8 @@ static char *read_prompt(const char *path) {
         cap *= 2;
     }
     if (!f || !text || ferror(f)) {
-        fprintf(stderr, "loom run: cannot read '%s': %s\n", path, f ? strerror(errno) : "out of memory");
+        fprintf(stderr, "loom run: cannot read '%s': %s\n", path,
+                f ? strerror(errno) : "out of memory");
         free(text);
         if (f) fclose(f);
         return NULL;
@@ -666,7 +667,8 @@ int loom_cli_run(int argc, char **argv) {
         }
         nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
         if (lead && loom_model_opts_info(&o))
-            loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):", mem, nm);
+            loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):", mem,
+                                  nm);
     }
     ok = true;
     if (lead && logits_out && !(lf = fopen(logits_out, "w"))) {
@@ -770,9 +772,16 @@ int loom_cli_run(int argc, char **argv) {
         goto out;
     }
     if (info) {
-        run_figures fig = {.n_prompt = n_prompt, .n_gen = n_gen, .t_prompt = t_prompt,
-                           .t_gen = t_gen, .seed_random = seed_random, .xs = &xs, .sp = &sp,
-                           .cd = &cd, .mem = mem, .nm = nm};
+        run_figures fig = {.n_prompt = n_prompt,
+                           .n_gen = n_gen,
+                           .t_prompt = t_prompt,
+                           .t_gen = t_gen,
+                           .seed_random = seed_random,
+                           .xs = &xs,
+                           .sp = &sp,
+                           .cd = &cd,
+                           .mem = mem,
+                           .nm = nm};
         print_figures(info, &o, s, &fig);
     }
     if (interrupted) {

@@ -425,8 +425,8 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
                 o->sp.n_gpu_layers > hp->n_layer + 1 ? "warning: " : "", o->sp.n_gpu_layers, on,
                 (long long)hp->n_layer,
                 o->sp.n_gpu_layers > hp->n_layer + 1 ? " (the model has no more)"
-                : o->sp.n_gpu_layers > hp->n_layer ? ", and the output layer"
-                                                    : "");
+                : o->sp.n_gpu_layers > hp->n_layer   ? ", and the output layer"
+                                                     : "");
     }
     const char *sp = o->sp.devices ? o->sp.devices : "";
     if (info && (!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) &&

@@ -49,9 +49,9 @@ LOOM_TEST(cli, run_stdout_is_the_text_and_log_disable_silences_the_rest) {
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, q, &out_q, &err_q), 0);
     LOOM_CHECK(strncmp(out, "Once upon a time", 16) == 0);
     LOOM_CHECK_STR_EQ(out_q, out); /* the same text, the figures or not */
-    const char *figures[] = {"memory per device", "model:", "sampling:", "load time:",
-                             "prompt:", "generation:", "graph splits", "tensor parallel:",
-                             "random weights"};
+    const char *figures[] = {
+        "memory per device", "model:",       "sampling:",        "load time:",    "prompt:",
+        "generation:",       "graph splits", "tensor parallel:", "random weights"};
     for (size_t k = 0; k < sizeof figures / sizeof figures[0]; k++) {
         LOOM_CHECK_MSG(strstr(out, figures[k]) == NULL, "stdout has '%s': %s", figures[k], out);
         LOOM_CHECK_MSG(strstr(err, figures[k]) != NULL, "stderr lacks '%s': %s", figures[k], err);
@@ -235,11 +235,11 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     char *hot = run_text(a2, 0);
     LOOM_CHECK(strcmp(hot, greedy) != 0);
     /* a strong repetition penalty changes greedy text (it repeats "Lily" otherwise) */
-    char *a3[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+    char *a3[] = {"run", "-m",     m,   "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
                   "-1",  "--temp", "0", NULL};
     char *pen = run_text(a3, 0);
     LOOM_CHECK(strcmp(pen, greedy) != 0);
-    char *a3b[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+    char *a3b[] = {"run", "-m",     m,   "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
                    "0",   "--temp", "0", NULL};
     char *pen0 = run_text(a3b, 0);
     LOOM_CHECK_STR_EQ(pen0, greedy); /* looking back over 0 tokens: off */
@@ -286,11 +286,13 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     close(fd);
     char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, "--temp", "0", NULL};
     char *from_file = run_text(a2, 0);
-    char *a3[] = {"run", "-m",           m,   "-n", "20", "-ub",  "2",  "-b",  "3",   "--ctx-size",
-                  "64",  "--batch-size", "3", "-t", "1",  "-ngl", "-1", "-fa", "off", "--temp", "0", NULL};
+    char *a3[] = {"run", "-m",         m,     "-n",           "20", "-ub", "2", "-b",
+                  "3",   "--ctx-size", "64",  "--batch-size", "3",  "-t",  "1", "-ngl",
+                  "-1",  "-fa",        "off", "--temp",       "0",  NULL};
     char *small_batches = run_text(a3, 0);
-    char *a4[] = {"run", "-m",  m,     "-n",  "20", "-fa",     "on",   "-ctk", "f16", "-ctv",
-                  "f16", "-ts", "1,1", "-mg", "0",  "-no-cnv", "-dev", "none", "--temp", "0", NULL};
+    char *a4[] = {"run",  "-m",      m,      "-n",   "20",     "-fa", "on",
+                  "-ctk", "f16",     "-ctv", "f16",  "-ts",    "1,1", "-mg",
+                  "0",    "-no-cnv", "-dev", "none", "--temp", "0",   NULL};
     char *f16 = run_text(a4, 0);
     LOOM_CHECK_STR_CONTAINS(from_file, "Once upon a time, there was a little girl named Lily");
     LOOM_CHECK_STR_EQ(small_batches, from_file);
@@ -327,11 +329,11 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
     char *q8 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
     free(q8);
-    char *a2[] = {"run",  "-m",   m,      "-n",    "8",   "-ctk",  "q8_0",
-                  "-ctv", "bf16", "-dev", "sim:2", "-sm", "layer", "--temp", "0", NULL};
+    char *a2[] = {"run",  "-m",   m,       "-n",  "8",     "-ctk",   "q8_0", "-ctv",
+                  "bf16", "-dev", "sim:2", "-sm", "layer", "--temp", "0",    NULL};
     free(run_text(a2, 0));
-    char *a3[] = {"run",  "-m",   m,       "-n",  "8",      "-ctk",
-                  "q8_0", "-dev", "sim:2", "-sm", "tensor", "--temp", "0", NULL};
+    char *a3[] = {"run",  "-m",    m,     "-n",     "8",      "-ctk", "q8_0",
+                  "-dev", "sim:2", "-sm", "tensor", "--temp", "0",    NULL};
     char *out, *err;
     LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
@@ -359,8 +361,8 @@ LOOM_TEST(cli_flags, uneven_tensor_split) {
     char *t31 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
     free(t31);
-    char *a2[] = {"run",   "-m",  m,       "-n",  "20",    "-dev",
-                  "sim:3", "-sm", "layer", "-ts", "1,0,1", "--temp", "0", NULL};
+    char *a2[] = {"run", "-m",    m,     "-n",    "20",     "-dev", "sim:3",
+                  "-sm", "layer", "-ts", "1,0,1", "--temp", "0",    NULL};
     char *t101 = run_text(a2, 0);
     LOOM_CHECK_STR_CONTAINS(t101, "Once upon a time, there was a little girl named Lily");
     free(t101);
@@ -528,8 +530,10 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
 LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-n", "2", "-c",
-                 "256", "--temp", "0", NULL};
+    char *a[] = {"run",       "-m",    (char *)loom_test_stories(),
+                 "--devices", "sim:2", "-n",
+                 "2",         "-c",    "256",
+                 "--temp",    "0",     NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
     /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f16 (the default,
      * as llama.cpp's), half each */
@@ -855,8 +859,10 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(err);
     char *q[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
-    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS llama_bench (\n  model_filename TEXT,");
-    LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO llama_bench (model_filename, model_type, model_size, ");
+    LOOM_CHECK_STR_CONTAINS(out,
+                            "CREATE TABLE IF NOT EXISTS llama_bench (\n  model_filename TEXT,");
+    LOOM_CHECK_STR_CONTAINS(out,
+                            "INSERT INTO llama_bench (model_filename, model_type, model_size, ");
     LOOM_CHECK_STR_CONTAINS(out, "VALUES ('built-in', 'llama ");
     free(out);
     free(err);
@@ -992,7 +998,8 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
 /* README's second example: stories260K over sim:4, greedy, tells this story. */
 LOOM_TEST(cli, readme_stories_example) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--temp", "0", NULL};
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--temp",
+                 "0",   NULL};
     char *text = run_text(a, 0);
     LOOM_CHECK_STR_CONTAINS(
         text, "Once upon a time, there was a little girl named Lily. She loved to play "
@@ -1130,13 +1137,16 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char *a3[] = {"run", "-m", path, "-n", "40", "-sp", "--temp", "0", NULL};
     char *special = run_text(a3, 0);
     LOOM_CHECK_STR_EQ(special, story);
-    char *a4[] = {"run", "-m", m, "-n", "40", "-r", "girl", "-r", "never printed", "--temp", "0", NULL};
+    char *a4[] = {"run",           "-m",     m,   "-n", "40", "-r", "girl", "-r",
+                  "never printed", "--temp", "0", NULL};
     char *rp = run_text(a4, 0);
     LOOM_CHECK_STR_EQ(rp, "Once upon a time, there was a little girl");
-    char *a5[] = {"run", "-m", m, "-n", "40", "--reverse-prompt", "\\x2c", "--temp", "0", NULL}; /* "," */
+    char *a5[] = {"run",   "-m",     m,   "-n", "40", "--reverse-prompt",
+                  "\\x2c", "--temp", "0", NULL}; /* "," */
     char *rp_esc = run_text(a5, 0);
     LOOM_CHECK_STR_EQ(rp_esc, "Once upon a time,");
-    char *a6[] = {"run", "-m", m, "-n", "4", "-p", "Once upon a time\\x2c\\tthere", "--temp", "0", NULL};
+    char *a6[] = {"run",    "-m", m,   "-n", "4", "-p", "Once upon a time\\x2c\\tthere",
+                  "--temp", "0",  NULL};
     char *esc = run_text(a6, 0);
     LOOM_CHECK_MSG(strncmp(esc, "Once upon a time,\tthere", 23) == 0, "'%s'", esc);
     char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", "--temp", "0", NULL};
@@ -1156,13 +1166,14 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char *freq = run_text(a9, 0);
     char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", "--temp", "0", NULL};
     char *pres = run_text(a10, 0);
-    char *a11[] = {"run", "-m",
-                   m,     "-n",
-                   "40",  "--presence-penalty",
-                   "0",   "--frequency-penalty",
-                   "0",   "--no-warmup",
-                   "-e",  "--mlock",
-                   "--temp", "0", NULL};
+    char *a11[] = {"run",    "-m",
+                   m,        "-n",
+                   "40",     "--presence-penalty",
+                   "0",      "--frequency-penalty",
+                   "0",      "--no-warmup",
+                   "-e",     "--mlock",
+                   "--temp", "0",
+                   NULL};
     char *zero = run_text(a11, 0);
     LOOM_CHECK(strcmp(freq, greedy) != 0 && strcmp(pres, greedy) != 0);
     LOOM_CHECK_STR_EQ(zero, greedy);
@@ -1339,8 +1350,9 @@ LOOM_TEST(cli_flags, models_dir_and_the_example_split_rules) {
         unsetenv("LOOM_MODELS_DIR");
     char *rules = "examples/split-rules/output-mirrored.rules";
     char *out, *err;
-    char *p[] = {"gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2",
-                 "--split-rules", rules, NULL};
+    char *p[] = {
+        "gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2", "--split-rules", rules,
+        NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, p, &out, &err), 0);
     const char *o = strstr(out, "\n  output.weight ");
     LOOM_REQUIRE(o != NULL);
@@ -1348,8 +1360,18 @@ LOOM_TEST(cli_flags, models_dir_and_the_example_split_rules) {
     LOOM_CHECK_STR_CONTAINS(o, "output-mirrored.rules:15 /output\\.weight/");
     free(out);
     free(err);
-    char *r[] = {"run", "-m", (char *)loom_test_stories(), "-n", "16", "--temp", "0", "--devices",
-                 "sim:2", "--split-rules", rules, NULL};
+    char *r[] = {"run",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "-n",
+                 "16",
+                 "--temp",
+                 "0",
+                 "--devices",
+                 "sim:2",
+                 "--split-rules",
+                 rules,
+                 NULL};
     char *split = run_text(r, 0);
     LOOM_CHECK_STR_EQ(split, greedy);
     free(greedy);
@@ -1386,21 +1408,25 @@ LOOM_TEST(cli_errors, device_spec_of_a_known_kind_says_what_it_takes) {
  * the whole configuration. */
 LOOM_TEST(cli_bench, rows_feed_compare_llama_bench) {
     static const char *const required[] = {
-        "cpu_info",    "gpu_info",     "backends",      "n_gpu_layers", "tensor_buft_overrides",
-        "model_filename", "model_type", "n_batch",      "n_ubatch",     "embeddings",
-        "cpu_mask",    "cpu_strict",   "poll",          "n_threads",    "type_k",
-        "type_v",      "use_mmap",     "no_kv_offload", "split_mode",   "main_gpu",
-        "tensor_split", "flash_attn",  "n_prompt",      "n_gen",        "n_depth",
-        "build_commit", "test_time",   "avg_ts"};
+        "cpu_info",       "gpu_info",   "backends",      "n_gpu_layers", "tensor_buft_overrides",
+        "model_filename", "model_type", "n_batch",       "n_ubatch",     "embeddings",
+        "cpu_mask",       "cpu_strict", "poll",          "n_threads",    "type_k",
+        "type_v",         "use_mmap",   "no_kv_offload", "split_mode",   "main_gpu",
+        "tensor_split",   "flash_attn", "n_prompt",      "n_gen",        "n_depth",
+        "build_commit",   "test_time",  "avg_ts"};
     static const char *const db[] = {
-        "build_commit", "build_number", "cpu_info",  "gpu_info",     "backends",   "model_filename",
-        "model_type",   "model_size",   "model_n_params", "n_batch", "n_ubatch",   "n_threads",
-        "cpu_mask",     "cpu_strict",   "poll",      "type_k",       "type_v",     "n_gpu_layers",
-        "split_mode",   "main_gpu",     "no_kv_offload", "flash_attn", "tensor_split",
-        "tensor_buft_overrides", "use_mmap", "embeddings", "no_op_offload", "n_prompt", "n_gen",
-        "n_depth",      "test_time",    "avg_ns",    "stddev_ns",    "avg_ts",     "stddev_ts"};
+        "build_commit",   "build_number",   "cpu_info",      "gpu_info",
+        "backends",       "model_filename", "model_type",    "model_size",
+        "model_n_params", "n_batch",        "n_ubatch",      "n_threads",
+        "cpu_mask",       "cpu_strict",     "poll",          "type_k",
+        "type_v",         "n_gpu_layers",   "split_mode",    "main_gpu",
+        "no_kv_offload",  "flash_attn",     "tensor_split",  "tensor_buft_overrides",
+        "use_mmap",       "embeddings",     "no_op_offload", "n_prompt",
+        "n_gen",          "n_depth",        "test_time",     "avg_ns",
+        "stddev_ns",      "avg_ts",         "stddev_ts"};
     char *out, *err;
-    char *j[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "2", "-r", "1", "-o", "jsonl", NULL};
+    char *j[] = {"bench", "--devices", "sim:2", "-p", "4",     "-n",
+                 "2",     "-r",        "1",     "-o", "jsonl", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, j, &out, &err), 0);
     LOOM_CHECK_EQ_INT(count(out, "\n"), 2); /* pp4, tg2 */
     for (const char *line = out; *line; line = strchr(line, '\n') + 1) {
@@ -1444,8 +1470,8 @@ LOOM_TEST(cli_bench, rows_feed_compare_llama_bench) {
     LOOM_CHECK_STR_CONTAINS(out, "| none | ");
     free(out);
     free(err);
-    char *f[] = {"bench", "--devices", "sim:zero", "-p", "4", "-n", "0", "-r", "1", "-ctk", "q8_0",
-                 NULL};
+    char *f[] = {"bench", "--devices", "sim:zero", "-p",   "4",    "-n",
+                 "0",     "-r",        "1",        "-ctk", "q8_0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, f, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:zero | ");
     LOOM_CHECK_STR_CONTAINS(err, " | t all | ngl -1 | b 2048 | ub 512 | ctk q8_0 | ctv f16 | fa -1 "

@@ -242,11 +242,27 @@ LOOM_TEST(plan, bad_options_refused_as_loom_run_refuses_them) {
 LOOM_TEST(plan, without_a_profile_the_fit_alone) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found");
     char *out, *err, *pout, *perr;
-    char *a[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2,mem=24GiB",
-                 "-c", "512", "-o", "json", NULL};
+    char *a[] = {"plan",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "--devices",
+                 "sim:2,mem=24GiB",
+                 "-c",
+                 "512",
+                 "-o",
+                 "json",
+                 NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, a, &out, &err), 0);
-    char *p[] = {"plan", "-m", (char *)loom_test_stories(), "--devices",
-                 "sim:2,profile=rtx-3090,mem=24GiB", "-c", "512", "-o", "json", NULL};
+    char *p[] = {"plan",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "--devices",
+                 "sim:2,profile=rtx-3090,mem=24GiB",
+                 "-c",
+                 "512",
+                 "-o",
+                 "json",
+                 NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, p, &pout, &perr), 0);
     LOOM_CHECK_STR_CONTAINS(out, "\"pp_tps\": null, \"tg_tps\": null");
     LOOM_CHECK(strstr(pout, "\"tg_tps\": null") == NULL);
@@ -267,7 +283,8 @@ LOOM_TEST(plan, without_a_profile_the_fit_alone) {
     free(err);
     free(pout);
     free(perr);
-    char *t[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-c", "512", NULL};
+    char *t[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-c",
+                 "512",  NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, t, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(out, "no speed: --devices has no profile=");
     LOOM_CHECK_STR_CONTAINS(out, "fits on the fewest devices: none over 1 device");

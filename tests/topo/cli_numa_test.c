@@ -33,7 +33,9 @@ static char *run_text(const char *devices, const char *mode, char **err) {
                  (char *)devices,
                  "-sm",
                  (char *)mode,
-                 "--temp", "0", NULL};
+                 "--temp",
+                 "0",
+                 NULL};
     char *out = NULL;
     int rc = loom_test_capture(loom_cli_run, a, &out, err);
     LOOM_CHECK_MSG(rc == 0, "%s %s: rc %d: %s", devices, mode, rc, *err);
