@@ -729,6 +729,11 @@ int loom_cli_explain(int argc, char **argv) {
         ok = explain_batch(s, &o, dev_label, &views[b], quiet);
         if (!loom_cli_dist_agree(&cd, ok, "explain")) goto out;
     }
+    if (!quiet) { /* what the cause code in each node's [BACKEND CAUSE] means */
+        printf("\ncause codes:\n");
+        for (size_t c = 0; c < sizeof CAUSES / sizeof CAUSES[0]; c++)
+            printf("  %-9s %s\n", CAUSES[c][0], CAUSES[c][1]);
+    }
     if (cd.d) {
         fflush(stdout);
         loom_cli_dist_print_rank_memory(&cd, s, stderr);

@@ -121,6 +121,11 @@ LOOM_TEST(cli, explain_summary_and_html) {
     LOOM_CHECK_STR_CONTAINS(out, "\ngraph splits = 2\n");
     LOOM_CHECK_STR_CONTAINS(out, "\nallreduces = 10\n"); /* 5 layers x 2 */
     LOOM_CHECK_STR_CONTAINS(out, "1.wgt");               /* cause codes are shown */
+    /* and explained, once, in the text too (not only on the page) */
+    const char *legend = strstr(out, "\ncause codes:\n");
+    LOOM_CHECK(legend != NULL && strstr(legend + 1, "\ncause codes:\n") == NULL);
+    LOOM_CHECK_STR_CONTAINS(out, "\n  1.wgtN    pass 1: with its weight source N");
+    LOOM_CHECK_STR_CONTAINS(out, "\n  2.gpu-dn  pass 2: ");
     LOOM_CHECK_STR_CONTAINS(out, "PARTIAL");
     FILE *f = fopen(html, "r");
     LOOM_REQUIRE(f != NULL);
