@@ -782,7 +782,20 @@ int loom_cli_run(int argc, char **argv) {
                            .cd = &cd,
                            .mem = mem,
                            .nm = nm};
-        print_figures(info, &o, s, &fig);
+        /* composed apart, then written at once: under mpirun the other ranks' lines share
+         * stderr, and a line written in pieces could be cut by one of theirs */
+        char *block = NULL;
+        size_t block_len = 0;
+        FILE *mf = open_memstream(&block, &block_len);
+        if (mf) {
+            print_figures(mf, &o, s, &fig);
+            fclose(mf);
+            fwrite(block, 1, block_len, info);
+            fflush(info);
+        } else {
+            print_figures(info, &o, s, &fig);
+        }
+        free(block);
     }
     if (interrupted) {
         rc = 130; /* 128 + SIGINT, as llama.cpp's */
