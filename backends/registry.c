@@ -25,12 +25,14 @@
 #include "loom/backend-impl.h"
 #include "loom/topo.h"
 
-/* Statically linked backends, when present (weak: NULL when not linked). */
+/* Statically linked backends, when present (weak: NULL when not linked). sim's under
+ * internal names (backends/sim/sim-reg.c): libloom defines loom_sim_* itself, as forwarders
+ * to the module (backends/module-api.c), which are not a statically linked sim. */
 extern loom_reg_t loom_cpu_reg(void) __attribute__((weak));
-extern loom_reg_t loom_sim_reg_default(void) __attribute__((weak));
-extern loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out)
+extern loom_reg_t loom__sim_static_reg_default(void) __attribute__((weak));
+extern loom_status loom__sim_static_reg_new_from_spec(const char *spec, loom_reg_t *out)
     __attribute__((weak));
-extern void loom_sim_reg_free(loom_reg_t reg) __attribute__((weak));
+extern void loom__sim_static_reg_free(loom_reg_t reg) __attribute__((weak));
 extern loom_reg_t loom_cpu_numa_reg(void) __attribute__((weak));
 /* The topology, when linked (topo/, through the CPU backend): orders "all devices" specs. */
 extern loom_topo *loom_topo_get(void) __attribute__((weak));
@@ -368,6 +370,23 @@ static size_t loom__scan_dir(const char *dir) {
                 continue;
             }
         }
+        /* The CUDA module needs the driver: without libcuda.so.1 it could only report zero
+         * devices, after loading the CUDA runtime and cuBLAS (hundreds of MB, seconds), so
+         * it is not loaded at all and the reason is kept for a "cuda" spec. */
+        if (strcmp(names[i], "libloom-cuda.so") == 0 && !getenv("LOOM_CUDA_NO_DRIVER_CHECK")) {
+            dlerror();
+            void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+            if (!drv) {
+                const char *why = dlerror();
+                snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error,
+                         "no CUDA driver: libcuda.so.1 cannot be loaded (%s), so %s/%s was not "
+                         "loaded",
+                         why ? why : "not found", dir, names[i]);
+                LOOM_LOG_DEBUG("registry: %s", loom__cuda_load_error);
+                loom_free(names[i]);
+                continue;
+            }
+        }
         size_t plen = strlen(dir) + 1 + strlen(names[i]) + 1;
         char *path = loom_malloc(plen);
         if (path) {
@@ -399,8 +418,8 @@ size_t loom_registry_load_all(void) {
             LOOM_LOG_WARN("registry: cannot register the CPU backend: %s", loom_last_error());
         }
     }
-    if (loom_sim_reg_default) {
-        loom_reg_t r = loom_sim_reg_default();
+    if (loom__sim_static_reg_default) {
+        loom_reg_t r = loom__sim_static_reg_default();
         if (!r) {
             LOOM_LOG_WARN("registry: no default sim backend: %s", loom_last_error());
         } else if (loom_registry_add(r) != LOOM_OK) {
@@ -508,9 +527,9 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
         }
     }
     pthread_mutex_unlock(&loom__reg_mutex);
-    if (!new_fn && loom_sim_reg_new_from_spec && loom_sim_reg_free) {
-        new_fn = loom_sim_reg_new_from_spec;
-        free_fn = loom_sim_reg_free;
+    if (!new_fn && loom__sim_static_reg_new_from_spec && loom__sim_static_reg_free) {
+        new_fn = loom__sim_static_reg_new_from_spec;
+        free_fn = loom__sim_static_reg_free;
     }
     if (!new_fn) {
         return loom_error(LOOM_ERR_NOT_FOUND,
@@ -713,6 +732,20 @@ loom_status loom_devices_from_spec(const char *spec, loom_dev_t *devs, size_t ca
         *n_out = 1;
         return LOOM_OK;
     }
+    /* a known kind with what it does not take: say what it takes */
+    static const struct {
+        const char *kind, *takes;
+    } kinds[] = {
+        {"cpu", "'cpu' takes no index or options (the one CPU device; numa[:I,...] gives one per "
+                "NUMA node, -t the threads)"},
+        {"cuda", "'cuda' takes a list of GPU indices after ':' (cuda:0,1), or nothing (every "
+                 "GPU)"},
+        {"numa", "'numa' takes a list of NUMA nodes after ':' (numa:0,1), or nothing (every "
+                 "node)"},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        if (kind_len == strlen(kinds[k].kind) && strncasecmp(spec, kinds[k].kind, kind_len) == 0)
+            return loom_error(LOOM_ERR_FORMAT, "device spec '%s': %s", spec, kinds[k].takes);
     return loom_error(LOOM_ERR_FORMAT,
                       "device spec '%s': unknown device kind '%.*s' (expected cpu, sim:N[,...], "
                       "cuda[:I,...], numa[:I,...] or a device name)",

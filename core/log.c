@@ -22,6 +22,9 @@ static void *loom__log_ud = NULL;
 /* -1 until read from the environment on first use. */
 static atomic_int loom__log_level = -1;
 
+/* Set when LOOM_LOG_LEVEL was not a level: warned about once it is read. */
+static atomic_int loom__log_env_bad;
+
 static int loom__log_level_from_env(void) {
     const char *s = getenv("LOOM_LOG_LEVEL");
     if (!s || !*s) return LOOM_LOG_WARN;
@@ -30,6 +33,7 @@ static int loom__log_level_from_env(void) {
         if (strcasecmp(s, names[i]) == 0) return i;
     if (strcasecmp(s, "warning") == 0) return LOOM_LOG_WARN;
     if (s[0] >= '0' && s[0] <= '4' && s[1] == '\0') return s[0] - '0';
+    atomic_store(&loom__log_env_bad, 1);
     return LOOM_LOG_WARN;
 }
 
@@ -39,8 +43,13 @@ loom_log_level loom_log_get_level(void) {
         int want = loom__log_level_from_env();
         int expected = -1;
         /* a concurrent loom_log_set_level wins over the environment */
-        atomic_compare_exchange_strong(&loom__log_level, &expected, want);
+        bool first = atomic_compare_exchange_strong(&loom__log_level, &expected, want);
         lvl = atomic_load(&loom__log_level);
+        if (first && atomic_exchange(&loom__log_env_bad, 0))
+            loom_log(LOOM_LOG_WARN,
+                     "LOOM_LOG_LEVEL='%s' is not a level (debug, info, warn, error, none or "
+                     "0-4): the level is warn",
+                     getenv("LOOM_LOG_LEVEL"));
     }
     return (loom_log_level)lvl;
 }

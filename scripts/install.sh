@@ -76,7 +76,7 @@ done
 install -m 755 "$bin/tools/loom" "$prefix/bin/loom"
 
 # what a static link of libloom.a needs: the shared libraries libloom.so itself links
-# (libpcre2-8.so.0 -> -lpcre2-8, libhwloc.so.15 -> -lhwloc, libmpi.so.40 -> -lmpi, ...),
+# (libpcre2-8.so.0 -> -lpcre2-8, libhwloc.so.15 -> -lhwloc, libm.so.6 -> -lm, ...),
 # read from its dynamic section so a build with or without Open MPI stays right
 private=""
 for lib in $(readelf -d "$prefix/lib/libloom.so.0" 2>/dev/null |

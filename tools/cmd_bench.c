@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,7 +54,7 @@ static void usage(FILE *f) {
         "  -t, --threads LIST        CPU threads (default: all cores)\n"
         "  -ngl, --n-gpu-layers LIST layers on the devices (default all)\n"
         "  -fa, --flash-attn LIST    0,1 (or off,on,auto): a configuration each (default auto)\n"
-        "  -ctk, -ctv LIST           K / V cache types, e.g. f16,q8_0 (default f32)\n"
+        "  -ctk, -ctv LIST           K / V cache types, e.g. f16,q8_0 (default f16)\n"
         "  -b, -ub LIST              logical / physical batch sizes (default 2048 / 512)\n"
         "  -nkvo [LIST]              0,1: the KV cache in host memory (alone: 1)\n"
         "  -mmp, --mmap LIST         0,1: use the weights in place from the mapped file\n"
@@ -202,9 +203,25 @@ typedef struct config {
     variant v;
     /* filled from the session */
     char model_type[128], backend[64];
+    char cpu_info[128], gpu_info[256]; /* llama-bench's: the CPU's and the GPUs' descriptions */
     int n_dev;
     double size, params;
 } config;
+
+/* The whole configuration, for a FAILED line: "MODEL | DEVICES | SM[ | ts TS] | t N | ngl N
+ * | b N | ub N | ctk T | ctv T | fa N | nkvo N | mmap N". */
+static const char *config_text(const config *c, char *buf, size_t n) {
+    char t[16] = "all";
+    if (c->v.threads > 0) snprintf(t, sizeof t, "%d", c->v.threads);
+    snprintf(
+        buf, n,
+        "%s | %s | %s%s%s | t %s | ngl %d | b %ld | ub %ld | ctk %s | ctv %s | fa %d | nkvo %d "
+        "| mmap %d",
+        c->model ? c->model : "built-in", c->devices, loom_split_mode_name(c->mode),
+        c->ts ? " | ts " : "", c->ts ? c->ts : "", t, c->v.ngl, c->v.n_batch, c->v.n_ubatch,
+        c->v.type_k, c->v.type_v, c->v.fa, (int)c->v.nkvo, (int)c->v.mmap);
+    return buf;
+}
 
 static void stats(const double *x, int n, double *mean, double *sd) {
     double s = 0, q = 0;
@@ -427,6 +444,18 @@ static const char *const FIELDS[N_FIELDS] = {"model_filename",
 /* (and proj_pcie4_us_per_token, proj_avg_ts, the HOST_FIELDS, samples_ns, samples_ts:
  * written after these) */
 
+/* The rest of llama-bench's fields (what scripts/compare-llama-bench.py requires of each row,
+ * and its table's columns), after use_mmap: the build, the machine, and the settings loom
+ * does not have at their llama-bench values (no CPU mask, no polling, no embeddings mode, no
+ * tensor overrides, no CPU MoE layers). Types for -o sql. */
+#define N_LB_FIELDS 11
+static const char *const LB_FIELDS[N_LB_FIELDS] = {
+    "build_commit",  "build_number", "cpu_info",
+    "gpu_info",      "cpu_mask",     "cpu_strict",
+    "poll",          "embeddings",   "tensor_buft_overrides",
+    "no_op_offload", "n_cpu_moe"};
+static const char LB_TEXT[N_LB_FIELDS] = {1, 0, 1, 1, 1, 0, 0, 0, 1, 0, 0};
+
 /* Tensor parallelism's measured host cost (result.sub_per_tok ...), after proj_avg_ts. */
 #define N_HOST_FIELDS 4
 static const char *const HOST_FIELDS[N_HOST_FIELDS] = {
@@ -453,11 +482,14 @@ static void header(printer *p) {
         printf("proj_pcie4_us_per_token,proj_avg_ts");
         for (int i = 0; i < N_HOST_FIELDS; i++)
             printf(",%s", HOST_FIELDS[i]);
-        printf(",use_mmap\n");
+        printf(",use_mmap");
+        for (int i = 0; i < N_LB_FIELDS; i++)
+            printf(",%s", LB_FIELDS[i]);
+        printf("\n");
     } else if (!strcmp(p->fmt, "json")) {
         printf("[\n");
     } else if (!strcmp(p->fmt, "sql")) {
-        printf("CREATE TABLE IF NOT EXISTS test (\n");
+        printf("CREATE TABLE IF NOT EXISTS llama_bench (\n"); /* llama-bench's table */
         for (int i = 0; i < N_FIELDS; i++) {
             const char *ty = i == 0 || i == 1 || i == 4 || i == 5 || i == 9 || i == 10 || i == 12 ||
                                      i == 16 || i == 20
@@ -468,9 +500,36 @@ static void header(printer *p) {
         printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL,\n");
         for (int i = 0; i < N_HOST_FIELDS; i++)
             printf("  %s REAL,\n", HOST_FIELDS[i]);
-        printf("  use_mmap INTEGER\n);\n");
+        printf("  use_mmap INTEGER");
+        for (int i = 0; i < N_LB_FIELDS; i++)
+            printf(",\n  %s %s", LB_FIELDS[i], LB_TEXT[i] ? "TEXT" : "INTEGER");
+        printf("\n);\n");
     }
     fflush(stdout);
+}
+
+/* The LB_FIELDS of a row: JSON as ', "key": value', else each value after sep (q: put_str's
+ * quoting mode). */
+static void lb_values(const config *c, const loom_model_opts *o, bool json, const char *sep,
+                      char q) {
+    char num[32];
+    const char *text[N_LB_FIELDS] = {loom_version(), NULL, c->cpu_info, c->gpu_info, "0x0", NULL,
+                                     NULL,           NULL, "none",      NULL,        NULL};
+    const long ival[N_LB_FIELDS] = {0, loom_version_number(), 0, 0, 0, 0, 50, 0,
+                                    0, o->sp.no_op_offload,   0};
+    const bool is_bool[N_LB_FIELDS] = {0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0};
+    for (int i = 0; i < N_LB_FIELDS; i++) {
+        if (json)
+            printf(", \"%s\": ", LB_FIELDS[i]);
+        else
+            printf("%s", sep);
+        if (LB_TEXT[i]) {
+            put_str(stdout, text[i], q);
+            continue;
+        }
+        snprintf(num, sizeof num, "%ld", ival[i]);
+        printf("%s", json && is_bool[i] ? (ival[i] ? "true" : "false") : num);
+    }
 }
 
 static void row(printer *p, const config *c, const test *t, const result *r, const char *when) {
@@ -485,7 +544,6 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
     const char *kt = c->v.type_k, *vt = c->v.type_v;
     const char *ts = c->ts ? c->ts : "0.00";
     int fa = c->v.fa != 0;
-    (void)o;
     if (!strcmp(p->fmt, "md")) {
         char size[32], params[32];
         fmt_size(size, sizeof size, c->size);
@@ -509,11 +567,18 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         if (r->sub_per_tok > 0)
             snprintf(host, sizeof host, "%.0f (%.1f, %.1f)", r->host_us_per_tok, r->us_per_sub,
                      r->us_per_red);
-        printf("| %s | %s | %s | %s | %s | %s | %d | %s |%s %s | %.2f ± %.2f | %.2f | %.0f | "
-               "%.1f | %.1f | %s | %s |\n",
+        /* per generated token: a prompt-only row has none ("-", not 0) */
+        char red[32] = "-", bytes[32] = "-", nv[32] = "-", pc[32] = "-";
+        if (t->n_gen > 0) {
+            snprintf(red, sizeof red, "%.2f", r->red_per_tok);
+            snprintf(bytes, sizeof bytes, "%.0f", r->bytes_per_tok);
+            snprintf(nv, sizeof nv, "%.1f", r->proj_nvlink_us);
+            snprintf(pc, sizeof pc, "%.1f", r->proj_pcie_us);
+        }
+        printf("| %s | %s | %s | %s | %s | %s | %d | %s |%s %s | %.2f ± %.2f | %s | %s | %s | %s "
+               "| %s | %s |\n",
                c->model_type, size, params, c->backend, c->devices, threads, c->v.ngl, sm, tscol,
-               t->name, r->avg_ts, r->sd_ts, r->red_per_tok, r->bytes_per_tok, r->proj_nvlink_us,
-               r->proj_pcie_us, proj, host);
+               t->name, r->avg_ts, r->sd_ts, red, bytes, nv, pc, proj, host);
     } else {
         bool json = !strcmp(p->fmt, "json") || !strcmp(p->fmt, "jsonl");
         bool sql = !strcmp(p->fmt, "sql");
@@ -523,13 +588,16 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         else if (json)
             printf("{");
         else if (sql) {
-            printf("INSERT INTO test (");
+            printf("INSERT INTO llama_bench (");
             for (int i = 0; i < N_FIELDS; i++)
                 printf("%s, ", FIELDS[i]);
             printf("proj_pcie4_us_per_token, proj_avg_ts");
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", %s", HOST_FIELDS[i]);
-            printf(", use_mmap) VALUES (");
+            printf(", use_mmap");
+            for (int i = 0; i < N_LB_FIELDS; i++)
+                printf(", %s", LB_FIELDS[i]);
+            printf(") VALUES (");
         }
         const char *sep = json ? ", " : (sql ? ", " : ",");
         const double host_vals[N_HOST_FIELDS] = {r->sub_per_tok, r->us_per_sub, r->us_per_red,
@@ -562,12 +630,18 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(22), printf("%.0f", r->sd_ns);
         KEY(23), printf("%.6f", r->avg_ts);
         KEY(24), printf("%.6f", r->sd_ts);
-        KEY(25), printf("%.2f", r->red_per_tok);
-        KEY(26), printf("%.0f", r->bytes_per_tok);
-        KEY(27), printf("%.3f", r->proj_nvlink_us);
+        /* per generated token: none in a prompt-only row (null, NULL, an empty field) */
+        const bool per_tok = t->n_gen > 0;
+        const char *none = json ? "null" : (sql ? "NULL" : "");
+        KEY(25), per_tok ? printf("%.2f", r->red_per_tok) : printf("%s", none);
+        KEY(26), per_tok ? printf("%.0f", r->bytes_per_tok) : printf("%s", none);
+        KEY(27), per_tok ? printf("%.3f", r->proj_nvlink_us) : printf("%s", none);
 #undef KEY
+        char pcie[32];
+        snprintf(pcie, sizeof pcie, "%.3f", r->proj_pcie_us);
+        if (!per_tok) snprintf(pcie, sizeof pcie, "%s", none);
         if (json) {
-            printf(", \"proj_pcie4_us_per_token\": %.3f", r->proj_pcie_us);
+            printf(", \"proj_pcie4_us_per_token\": %s", pcie);
             if (r->proj_ts > 0)
                 printf(", \"proj_avg_ts\": %.6f", r->proj_ts);
             else
@@ -575,6 +649,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", \"%s\": %.3f", HOST_FIELDS[i], host_vals[i]);
             printf(", \"use_mmap\": %s", c->v.mmap ? "true" : "false");
+            lb_values(c, o, true, NULL, q);
             printf(", \"samples_ns\": [");
             for (int k = 0; k < r->n_samples; k++)
                 printf("%s%.0f", k ? ", " : "", r->samples_ns[k]);
@@ -583,20 +658,24 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
                 printf("%s%.6f", k ? ", " : "", r->samples_ts[k]);
             printf("]}%s", !strcmp(p->fmt, "jsonl") ? "\n" : "");
         } else if (sql) {
-            printf(", %.3f, ", r->proj_pcie_us);
+            printf(", %s, ", pcie);
             if (r->proj_ts > 0)
                 printf("%.6f", r->proj_ts);
             else
                 printf("NULL");
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(", %.3f", host_vals[i]);
-            printf(", %d);\n", c->v.mmap);
+            printf(", %d", c->v.mmap);
+            lb_values(c, o, false, ", ", q);
+            printf(");\n");
         } else {
-            printf(",%.3f,", r->proj_pcie_us);
+            printf(",%s,", pcie);
             if (r->proj_ts > 0) printf("%.6f", r->proj_ts);
             for (int i = 0; i < N_HOST_FIELDS; i++)
                 printf(",%.3f", host_vals[i]);
-            printf(",%d\n", c->v.mmap);
+            printf(",%d", c->v.mmap);
+            lb_values(c, o, false, ",", q);
+            printf("\n");
         }
     }
     p->n_rows++;
@@ -686,6 +765,16 @@ static void describe(config *c, loom_session *s, const loom_gguf *g) {
         if (*q >= 'a' && *q <= 'z') *q = (char)(*q - 'a' + 'A');
     snprintf(c->model_type, sizeof c->model_type, "%s %s %s", m->hp.arch, pn, tn);
     c->n_dev = loom_session_n_devices(s);
+    loom_dev_t cpu = loom_registry_dev_by_type(LOOM_DEV_TYPE_CPU);
+    snprintf(c->cpu_info, sizeof c->cpu_info, "%s", cpu ? loom_dev_description(cpu) : "");
+    size_t gl = 0;
+    c->gpu_info[0] = 0;
+    for (int i = 0; i < c->n_dev && gl < sizeof c->gpu_info; i++) { /* llama-bench's ", " list */
+        loom_dev_t d = loom_session_device(s, i);
+        if (loom_dev_get_type(d) == LOOM_DEV_TYPE_GPU)
+            gl += (size_t)snprintf(c->gpu_info + gl, sizeof c->gpu_info - gl, "%s%s",
+                                   gl ? ", " : "", loom_dev_description(d));
+    }
     if (c->n_dev == 0) {
         snprintf(c->backend, sizeof c->backend, "CPU");
     } else {
@@ -1009,11 +1098,11 @@ int loom_cli_bench(int argc, char **argv) {
     if (!n_mmp) mmpl[n_mmp++] = !o.sp.no_mmap;
     if (!n_nkvo) nkvol[n_nkvo++] = o.sp.no_kv_offload;
     if (!n_tk) {
-        tkl[0] = o.ctk ? o.ctk : "f32";
+        tkl[0] = o.ctk ? o.ctk : "f16";
         tkt[n_tk++] = o.sp.kv_type;
     }
     if (!n_tv) {
-        tvl[0] = o.ctv ? o.ctv : "f32";
+        tvl[0] = o.ctv ? o.ctv : "f16";
         tvt[n_tv++] = o.sp.kv_type_v;
     }
     if (!n_b) bl[n_b++] = (long)o.n_batch;
@@ -1128,7 +1217,8 @@ int loom_cli_bench(int argc, char **argv) {
                                     .ts = tsl[xi].n && !one ? tsl[xi].str : NULL,
                                     .v = *va};
                         loom_session_params sp = o.sp;
-                        sp.devices = specs[si];
+                        /* llama-bench's -dev none: no device but the CPU */
+                        sp.devices = strcasecmp(specs[si], "none") ? specs[si] : "cpu";
                         sp.split_mode = mlist[mo];
                         if (tsl[xi].n) {
                             sp.tensor_split = tsl[xi].v;
@@ -1151,10 +1241,9 @@ int loom_cli_bench(int argc, char **argv) {
                         bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
                         if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
                             !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
-                            fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s: %s\n",
-                                    c.model ? c.model : "built-in", c.devices,
-                                    loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                    c.ts ? c.ts : "", loom_last_error());
+                            char ct[1024];
+                            fprintf(stderr, "loom bench: FAILED %s: %s\n",
+                                    config_text(&c, ct, sizeof ct), loom_last_error());
                             loom_session_free(s);
                             failed++;
                             continue;
@@ -1180,10 +1269,9 @@ int loom_cli_bench(int argc, char **argv) {
                                         loom_split_mode_name(c.mode), tests[k].name);
                             run_test(s, &tests[k], reps, &r);
                             if (!r.ok) {
-                                fprintf(stderr, "loom bench: FAILED %s | %s | %s%s%s | %s: %s\n",
-                                        c.model ? c.model : "built-in", c.devices,
-                                        loom_split_mode_name(c.mode), c.ts ? " | ts " : "",
-                                        c.ts ? c.ts : "", tests[k].name, r.err);
+                                char ct[1024];
+                                fprintf(stderr, "loom bench: FAILED %s | %s: %s\n",
+                                        config_text(&c, ct, sizeof ct), tests[k].name, r.err);
                                 /* mid-run on one rank: the others wait in a collective */
                                 if (cd.d) loom_dist_abort(cd.d, 1);
                                 failed++;

@@ -143,6 +143,15 @@ int loom_cli_devices(int argc, char **argv) {
             if (p.caps.host_buffer) print_buft("host buffer", loom_dev_host_buffer_type(dev));
         }
     }
+    /* CUDA absent or without devices: why (no driver, no module, the driver's error) */
+    loom_reg_t cuda = loom_registry_reg_by_name("CUDA");
+    if (!cuda || loom_reg_dev_count(cuda) == 0) {
+        loom_dev_t none[1];
+        size_t n_none = 0;
+        if (loom_devices_from_spec("cuda", none, 1, &n_none) != LOOM_OK)
+            printf("\nCUDA: %s\n", loom_last_error());
+        loom_clear_error();
+    }
     print_topology(chosen, n_chosen);
     return 0;
 }

@@ -400,10 +400,11 @@ static const char *PAGE_JS =
     "r.appendChild(el('span','lane-name',m.name));var b=el('div','bar');b.style.flex='0 0 60%';\n"
     " [['w',m.weights,'weights'],['k',m.kv,'KV "
     "cache'],['c',m.compute,'compute']].forEach(function(p){"
-    "var s=el('div',p[0]);s.style.width=(100*p[1]/mx)+'%';s.title=p[2]+': "
-    "'+fmt(p[1]);b.appendChild(s);});\n"
+    "var s=el('div',p[0]);s.style.width=(100*p[1]/(m.total||mx))+'%';"
+    "if(p[1]>0)s.style.minWidth='2px';s.title=p[2]+': '+fmt(p[1]);b.appendChild(s);});\n"
     " r.appendChild(b);r.appendChild(el('span',null,' '+fmt(m.weights+m.kv+m.compute)+' of '+"
-    "(m.free?fmt(m.free)+' free':'? free')));M.appendChild(r);});\n"
+    "(m.total?fmt(m.total)+' ('+fmt(m.free)+' free)':'? (the bar: of the fullest device)')));"
+    "M.appendChild(r);});\n"
     "function fmt(x){var u=['B','KiB','MiB','GiB','TiB'],i=0;while(x>=1024&&i<4){x/=1024;i++;}"
     "return (i?x.toFixed(1):x.toFixed(0))+' '+u[i];}\n"
     "D.batches.forEach(function(B,bi){var T=document.getElementById('timeline'+bi);var tot=0;"
@@ -449,8 +450,10 @@ static void write_json(FILE *f, loom_session *s, const loom_model_opts *o, const
     for (int i = 0; i < nm; i++) {
         fprintf(f, "%s{\"name\": ", i ? ", " : "");
         jstr(f, mem[i].name);
-        fprintf(f, ", \"weights\": %.0f, \"kv\": %.0f, \"compute\": %.0f, \"free\": %zu}",
-                mem[i].weights, mem[i].kv, mem[i].compute, mem[i].free);
+        fprintf(f,
+                ", \"weights\": %.0f, \"kv\": %.0f, \"compute\": %.0f, \"free\": %zu, "
+                "\"total\": %zu}",
+                mem[i].weights, mem[i].kv, mem[i].compute, mem[i].free, mem[i].total);
     }
     fprintf(f, "],\n\"batches\": [");
     for (int b = 0; b < nv; b++) {
@@ -728,6 +731,11 @@ int loom_cli_explain(int argc, char **argv) {
         if (b) printf("\n");
         ok = explain_batch(s, &o, dev_label, &views[b], quiet);
         if (!loom_cli_dist_agree(&cd, ok, "explain")) goto out;
+    }
+    if (!quiet) { /* what the cause code in each node's [BACKEND CAUSE] means */
+        printf("\ncause codes:\n");
+        for (size_t c = 0; c < sizeof CAUSES / sizeof CAUSES[0]; c++)
+            printf("  %-9s %s\n", CAUSES[c][0], CAUSES[c][1]);
     }
     if (cd.d) {
         fflush(stdout);

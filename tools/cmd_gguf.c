@@ -22,7 +22,7 @@ static void usage(FILE *f) {
             "  --plan                    plan the tensor-parallel split\n"
             "  -dev, --devices SPEC      devices of the plan (default sim:2; at most %d)\n"
             "  -c, --ctx-size N          KV cache positions (default: min(train, 2048))\n"
-            "  -ctk, --cache-type-k T    KV cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+            "  -ctk, --cache-type-k T    KV cache type: f16 (default), f32, bf16, q8_0, q4_0,\n"
             "                            q4_1, q5_0, q5_1, iq4_nl\n"
             "  --split-rules FILE        split rules that override/extend the built-in table\n",
             LOOM_META_MAX_DEVICES);

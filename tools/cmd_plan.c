@@ -318,10 +318,11 @@ static void usage(FILE *f) {
                "  -m, --model FILE          GGUF file (its tensor data may be absent)\n"
                "  -dev, --devices SPEC      sim:N with profile= (and link=, mem=): the largest\n"
                "                            device count to consider; default "
-               "sim:8,profile=h100-sxm,link=nvlink4\n"
+               "sim:8,profile=h100-sxm,link=nvlink4; without profile= the fit\n"
+               "                            alone (bytes per device), no speed\n"
                "  -c, --ctx-size N          context (KV cache) length (default: min(train, 2048))\n"
                "  -b, --batch-size N        prompt tokens per graph (default 512)\n"
-               "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
+               "  -ctk, --cache-type-k T    K cache type: f16 (default), f32, bf16, q8_0, q4_0,\n"
                "                            q4_1, q5_0, q5_1, iq4_nl (as in loom run: -ctk\n"
                "                            alone leaves V at f32)\n"
                "  -ctv, --cache-type-v T    V cache type, the same types\n"
@@ -363,7 +364,7 @@ static void mib(char *buf, size_t n, double b) {
     loom_cli_format_bytes(buf, n, b);
 }
 
-static void print_table(const loom_plan_candidate *c, int n, int best) {
+static void print_table(const loom_plan_candidate *c, int n, int best, bool speed) {
     printf("  %-7s %7s %11s %11s %11s %11s %5s %10s %10s\n", "split", "devices", "weights",
            "KV cache", "compute", "total", "fits", "pp t/s", "tg t/s");
     for (int i = 0; i < n; i++) {
@@ -382,8 +383,13 @@ static void print_table(const loom_plan_candidate *c, int n, int best) {
         mib(k, sizeof k, c[i].kv);
         mib(cp, sizeof cp, c[i].compute);
         mib(t, sizeof t, c[i].weights + c[i].kv + c[i].compute);
-        printf("  %-7s %7s %11s %11s %11s %11s %5s %10.1f %10.2f%s\n", split, devs, w, k, cp, t,
-               c[i].fits ? "yes" : "no", c[i].pp_tps, c[i].tg_tps, i == best ? "  <- best" : "");
+        char pp[32] = "-", tg[32] = "-"; /* no profile: no speed */
+        if (speed) {
+            snprintf(pp, sizeof pp, "%.1f", c[i].pp_tps);
+            snprintf(tg, sizeof tg, "%.2f", c[i].tg_tps);
+        }
+        printf("  %-7s %7s %11s %11s %11s %11s %5s %10s %10s%s\n", split, devs, w, k, cp, t,
+               c[i].fits ? "yes" : "no", pp, tg, i == best ? "  <- best" : "");
         if (c[i].host_layers > 0) {
             mib(w, sizeof w, c[i].host_weights);
             mib(k, sizeof k, c[i].host_kv);
@@ -397,7 +403,7 @@ static void print_table(const loom_plan_candidate *c, int n, int best) {
 }
 
 static void print_json(const loom_plan_candidate *c, int n, int best, const int64_t *max_ctx,
-                       size_t dev_mem) {
+                       size_t dev_mem, bool speed) {
     printf("[\n");
     for (int i = 0; i < n; i++) {
         printf("  {\"split_mode\": \"%s\", \"n_devices\": %d, \"n_ctx\": %lld, \"planned\": %s",
@@ -408,9 +414,13 @@ static void print_json(const loom_plan_candidate *c, int n, int best, const int6
         if (c[i].ok) {
             printf(", \"fits\": %s, \"bytes_per_device\": {\"weights\": %.0f, \"kv\": %.0f, "
                    "\"compute\": %.0f}, \"device_memory\": %zu, \"host_bytes\": %.0f, "
-                   "\"pp_tps\": %.3f, \"tg_tps\": %.3f",
+                   "\"pp_tps\": ",
                    c[i].fits ? "true" : "false", c[i].weights, c[i].kv, c[i].compute, dev_mem,
-                   c[i].host, c[i].pp_tps, c[i].tg_tps);
+                   c[i].host);
+            if (speed) /* null without a profile: no speed was projected */
+                printf("%.3f, \"tg_tps\": %.3f", c[i].pp_tps, c[i].tg_tps);
+            else
+                printf("null, \"tg_tps\": null");
             printf(", \"host\": {\"weights\": %.0f, \"kv\": %.0f, \"compute\": %.0f}, "
                    "\"device_totals\": [",
                    c[i].host_weights, c[i].host_kv, c[i].host_compute);
@@ -510,16 +520,8 @@ int loom_cli_plan(int argc, char **argv) {
         fprintf(stderr, "loom plan: %s\n", loom_last_error());
         return 2;
     }
-    if (!cfg.profile[0]) {
-        fprintf(stderr,
-                "loom plan: --devices %s has no profile= (a projection needs the GPU's figures; "
-                "profiles:",
-                devices);
-        for (int i = 0; i < loom_sim_profile_count(); i++)
-            fprintf(stderr, " %s", loom_sim_profile_get(i)->name);
-        fprintf(stderr, ")\n");
-        return 2;
-    }
+    /* without profile= the plan answers the fit alone: a speed needs the GPU's figures */
+    const bool speed = cfg.profile[0] != 0;
     if (cfg.n_devices > 16) {
         fprintf(stderr, "loom plan: --devices %s: at most 16 devices\n", devices);
         return 2;
@@ -571,7 +573,8 @@ int loom_cli_plan(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         max_ctx[i] = -1;
         n_ok += c[i].ok;
-        if (c[i].ok && c[i].fits && (best < 0 || c[i].tg_tps > c[best].tg_tps)) best = i;
+        /* the fastest that fits; without a speed, the first (the fewest devices) */
+        if (c[i].ok && c[i].fits && (best < 0 || (speed && c[i].tg_tps > c[best].tg_tps))) best = i;
     }
     const int n_gpu_only = n;
     if (best < 0 && n_ok > 0 && hp.n_layer > 1) {
@@ -601,19 +604,21 @@ int loom_cli_plan(int argc, char **argv) {
                 if (widest < 0 || max_ctx[i] > max_ctx[widest]) widest = i;
             }
     if (json) {
-        print_json(c, n, best, max_ctx, o.dev_mem);
+        print_json(c, n, best, max_ctx, o.dev_mem, speed);
     } else {
         char mem[32];
         mib(mem, sizeof mem, (double)o.dev_mem);
         printf("plan: %s (%s, %lld layers), context %lld, batch %lld, KV %s/%s%s%s\n"
                "devices: up to %d x %s (%s each), link %s (%.0f GB/s, %.1f us%s)\n"
-               "bytes per device are those of a real run (the fullest device); speeds are "
-               "projections (docs/projection.md)\n",
+               "bytes per device are those of a real run (the fullest device); %s\n",
                path, hp.arch, (long long)hp.n_layer, (long long)ctx, (long long)n_batch,
                loom_type_name(kv_type), loom_type_name(kv_type_v), ts ? ", -ts " : "", ts ? ts : "",
-               cfg.n_devices, cfg.profile, mem, cfg.link_name, cfg.link.bandwidth_gbps,
-               cfg.link.latency_us, cfg.p2p ? ", P2P" : ", no P2P");
-        print_table(c, n, best);
+               cfg.n_devices, speed ? cfg.profile : "sim", mem, cfg.link_name,
+               cfg.link.bandwidth_gbps, cfg.link.latency_us, cfg.p2p ? ", P2P" : ", no P2P",
+               speed ? "speeds are projections (docs/projection.md)"
+                     : "no speed: --devices has no profile= (a projection needs the GPU's "
+                       "figures: sim:N,profile=NAME; loom plan --help lists them)");
+        print_table(c, n, best, speed);
         if (widest >= 0 && max_ctx[widest] > 0)
             printf("nothing fits the devices alone at context %lld; the largest context that "
                    "fits: %lld (%s over %d devices)\n",
@@ -627,16 +632,20 @@ int loom_cli_plan(int argc, char **argv) {
             printf("the hybrid does not fit either: %s\n",
                    c[n - 1].ok ? "the devices' part or the host's memory is too small"
                                : c[n - 1].err);
+        char sp_txt[96] = "";
+        if (best >= 0 && speed)
+            snprintf(sp_txt, sizeof sp_txt, ": %.2f tokens/s generation, %.1f tokens/s prompt",
+                     c[best].tg_tps, c[best].pp_tps);
         if (best >= n_gpu_only) {
-            printf("best: hybrid, %d of %lld layers on %d device%s (%s), %d and the output in host "
-                   "memory: %.2f tokens/s generation, %.1f tokens/s prompt\n",
-                   (int)hp.n_layer - c[best].host_layers, (long long)hp.n_layer, c[best].n_devices,
-                   c[best].n_devices > 1 ? "s" : "", loom_split_mode_name(c[best].mode),
-                   c[best].host_layers, c[best].tg_tps, c[best].pp_tps);
+            printf("%s: hybrid, %d of %lld layers on %d device%s (%s), %d and the output in host "
+                   "memory%s\n",
+                   speed ? "best" : "fits", (int)hp.n_layer - c[best].host_layers,
+                   (long long)hp.n_layer, c[best].n_devices, c[best].n_devices > 1 ? "s" : "",
+                   loom_split_mode_name(c[best].mode), c[best].host_layers, sp_txt);
         } else if (best >= 0) {
-            printf("best: %s over %d device%s: %.2f tokens/s generation, %.1f tokens/s prompt\n",
+            printf("%s: %s over %d device%s%s\n", speed ? "best" : "fits on the fewest devices",
                    loom_split_mode_name(c[best].mode), c[best].n_devices,
-                   c[best].n_devices > 1 ? "s" : "", c[best].tg_tps, c[best].pp_tps);
+                   c[best].n_devices > 1 ? "s" : "", sp_txt);
         }
     }
     loom_gguf_free(g);

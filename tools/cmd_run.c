@@ -1,11 +1,14 @@
 #define _GNU_SOURCE
 /*
- * `loom run`: generate text. Streams the pieces as they are sampled, then prints load time,
- * prompt and generation speed, and the scheduler's node and split counts of the prompt
- * and the one-token graphs (plus reductions per token under tensor parallelism).
+ * `loom run`: generate text. stdout is the prompt and the pieces as they are sampled, and
+ * nothing else (`loom run > out.txt` is the text); on stderr, as llama.cpp's, the memory per
+ * device at load, then load time, prompt and generation speed, the scheduler's node and
+ * split counts of the prompt and the one-token graphs (plus reductions per token under
+ * tensor parallelism). --log-disable leaves only the text and errors.
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +25,17 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: loom run [-m FILE] [-p PROMPT | -f FILE] [-n N] [options]\n\n"
-            "Generates text with the model and prints the per-device memory at load (on\n"
-            "stderr), then speed and scheduling figures.\n\n"
+            "Generates text with the model: stdout is the prompt and the text alone; the\n"
+            "per-device memory at load, then speed and scheduling figures go to stderr\n"
+            "(--log-disable: none of them).\n\n"
             "prompt and generation:\n"
             "  -p, --prompt TEXT         prompt (default \"Once upon a time\")\n"
             "  -f, --file FILE           read the prompt from a file (one trailing newline\n"
-            "                            dropped, as llama.cpp's)\n"
-            "  -n, --n-predict N         tokens to generate (default 64; -1 or -2 = until the end\n"
-            "                            of text or of the context)\n"
+            "                            dropped, as llama.cpp's); a pipe too: -f /dev/stdin\n"
+            "  --stdin                   the prompt from standard input (-f /dev/stdin)\n"
+            "  -n, --n-predict, --predict N\n"
+            "                            tokens to generate (default 64; -1 or -2 = until the\n"
+            "                            end of text or of the context)\n"
             "  -e, --escape              process \\n \\r \\t \\' \\\" \\\\ \\xHH in the prompt and "
             "in -r\n"
             "                            (the default, as llama.cpp's)\n"
@@ -44,7 +50,8 @@ static void usage(FILE *f) {
             "                            accepted: loom run never enters a chat mode and runs\n"
             "                            no warm-up pass (-cnv, -i and -if are refused)\n"
             "sampling (llama.cpp's order: penalties, top-k, top-p, min-p, temperature):\n"
-            "  --temp T                  temperature; 0 (or below) = greedy (default 0)\n"
+            "  --temp, --temperature T   temperature; 0 (or below) = greedy (default 0.8, as\n"
+            "                            llama.cpp's)\n"
             "  --top-k K                 keep the K most likely tokens (default 40; 0 or -1 = off)\n"
             "  --top-p P                 nucleus sampling (default 0.95; 1 = off)\n"
             "  --min-p P                 drop tokens below P x the top probability (default\n"
@@ -58,6 +65,7 @@ static void usage(FILE *f) {
             "  --frequency-penalty X     subtract X per time a token was seen there (default 0)\n"
             "  -s, --seed S              random seed (default: random, printed; -1 = random)\n"
             "output and memory:\n"
+            "  --list-devices            list the devices (loom devices) and exit\n"
             "  --mlock                   lock the weights in memory (a warning if the limit\n"
             "                            refuses; see ulimit -l)\n"
             "  --logits-out FILE         write every evaluated position's logits, one line each:\n"
@@ -82,6 +90,10 @@ static const char *const run_names[] = {"-h",
                                         "--file",
                                         "-n",
                                         "--n-predict",
+                                        "--predict",
+                                        "--stdin",
+                                        "--list-devices",
+                                        "--temperature",
                                         "-no-cnv",
                                         "--no-conversation",
                                         "--no-warmup",
@@ -125,22 +137,43 @@ static void write_logits(FILE *f, int64_t pos0, const float *logits, int64_t n, 
     }
 }
 
-/* The prompt file, whole (a regular file of at most 64 MiB); NULL and the error printed. */
+/* The prompt file, whole: a regular file, or a pipe or terminal read to its end
+ * (-f /dev/stdin), of at most 64 MiB; NULL and the error printed. */
 static char *read_prompt(const char *path) {
+    enum { MAX = 64 << 20 };
     struct stat sb;
     if (stat(path, &sb) != 0) {
         fprintf(stderr, "loom run: cannot open '%s': %s\n", path, strerror(errno));
         return NULL;
     }
-    if (!S_ISREG(sb.st_mode) || sb.st_size > (64 << 20)) {
-        fprintf(stderr, "loom run: -f '%s' is not a regular file of at most 64 MiB\n", path);
+    if (S_ISDIR(sb.st_mode) || (S_ISREG(sb.st_mode) && sb.st_size > MAX)) {
+        fprintf(stderr, "loom run: -f '%s' is not a file of at most 64 MiB\n", path);
         return NULL;
     }
     FILE *f = fopen(path, "rb");
-    char *text = f ? malloc((size_t)sb.st_size + 1) : NULL;
-    size_t n = text ? fread(text, 1, (size_t)sb.st_size, f) : 0;
+    size_t n = 0, cap = S_ISREG(sb.st_mode) ? (size_t)sb.st_size + 1 : 4096;
+    char *text = f ? malloc(cap) : NULL;
+    while (text && !ferror(f)) {
+        n += fread(text + n, 1, cap - 1 - n, f);
+        if (n < cap - 1 || feof(f)) break;
+        if (n >= MAX) {
+            fprintf(stderr, "loom run: -f '%s' is longer than 64 MiB\n", path);
+            free(text);
+            fclose(f);
+            return NULL;
+        }
+        char *more = realloc(text, cap * 2);
+        if (!more) {
+            free(text);
+            text = NULL;
+            break;
+        }
+        text = more;
+        cap *= 2;
+    }
     if (!f || !text || ferror(f)) {
-        fprintf(stderr, "loom run: cannot read '%s': %s\n", path, strerror(errno));
+        fprintf(stderr, "loom run: cannot read '%s': %s\n", path,
+                f ? strerror(errno) : "out of memory");
         free(text);
         if (f) fclose(f);
         return NULL;
@@ -148,6 +181,16 @@ static char *read_prompt(const char *path) {
     fclose(f);
     text[n] = 0;
     return text;
+}
+
+/* Ctrl-C during generation: the line ends, the figures are printed and run exits 130, as
+ * llama.cpp's (a second Ctrl-C, the default action again, ends the process at once). */
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL);
 }
 
 static bool parse_seed(const char *v, uint64_t *out, bool *random) {
@@ -264,7 +307,7 @@ static bool rprompt_hit(const rprompts *r, int32_t id, size_t pn) {
 /* --mlock: the mapping of the file and the weights' host buffers locked in memory, as
  * llama.cpp's (a warning, not an error, when the limit refuses; the pages stay locked until
  * the process exits or unmaps them). */
-static void lock_weights(const loom_model *m) {
+static void lock_weights(const loom_model *m, FILE *warn) {
     size_t locked = 0;
     int err = 0;
     if (m->map && m->map_size) {
@@ -281,14 +324,82 @@ static void lock_weights(const loom_model *m) {
         else
             err = errno;
     }
-    if (err) {
+    if (err && warn) {
         struct rlimit rl = {0};
         getrlimit(RLIMIT_MEMLOCK, &rl);
-        fprintf(stderr,
+        fprintf(warn,
                 "loom run: warning: --mlock: cannot lock the weights in memory (after %zu bytes): "
                 "%s (the limit is %llu bytes; raise it with ulimit -l)\n",
                 locked, strerror(err), (unsigned long long)rl.rlim_cur);
     }
+}
+
+/* What a run measured, for the figures after the text. */
+typedef struct run_figures {
+    size_t n_prompt;
+    int64_t n_gen, t_prompt, t_gen; /* tokens; microseconds */
+    bool seed_random;
+    const extra_sampling *xs;
+    const loom_sampler_params *sp;
+    const loom_cli_dist *cd;
+    const loom_cli_mem_row *mem;
+    int nm;
+} run_figures;
+
+/* The figures after the text (on stderr, as llama.cpp's, so stdout is the text alone):
+ * model, devices, sampling, load time, weights per device, speeds, the graphs' node and
+ * split counts and the reductions per token. */
+static void print_figures(FILE *f, const loom_model_opts *o, loom_session *s,
+                          const run_figures *r) {
+    loom_session_stats st;
+    loom_session_get_stats(s, &st);
+    const loom_model *lm = loom_session_model(s);
+    fprintf(f, "\n\n");
+    fprintf(f, "model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n",
+            o->model ? o->model : "built-in synthetic (random weights)", lm->hp.arch,
+            (long long)lm->hp.n_layer, (long long)lm->hp.n_embd, (long long)lm->hp.n_vocab);
+    fprintf(f, "devices:    %s, split mode %s", o->sp.devices ? o->sp.devices : "cpu",
+            loom_split_mode_name(loom_session_split_mode(s)));
+    if (r->cd->d && r->cd->n_local > 1)
+        fprintf(f, ", %d MPI ranks (each stage tensor parallel over %d devices)", r->cd->size,
+                r->cd->n_local);
+    else if (r->cd->d)
+        fprintf(f, ", %d MPI ranks (one device each)", r->cd->size);
+    fprintf(f, "\n");
+    fprintf(f,
+            "sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
+            "(last %ld)\n",
+            (unsigned long long)r->sp->seed, r->seed_random ? " (random; -s repeats it)" : "",
+            (double)r->sp->temp, r->sp->top_k, (double)r->sp->top_p, (double)r->xs->min_p,
+            (double)r->xs->repeat_penalty, r->xs->repeat_last_n);
+    /* the weights: how fast they came in, where they went, how much is used in place */
+    double mb = (double)lm->n_bytes / 1e6, ms = (double)lm->load_us / 1000.0;
+    fprintf(f,
+            "load time:  %.1f ms (weights %.2f MB in %.1f ms, %.0f MB/s; %.2f MB used in "
+            "place from the mapped file)\n",
+            (double)st.load_us / 1000.0, mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0,
+            (double)lm->n_mapped_bytes / 1e6);
+    fprintf(f, "weights per device:");
+    for (int i = 0; i < r->nm; i++) {
+        char w[32];
+        loom_cli_format_bytes(w, sizeof w, r->mem[i].weights);
+        fprintf(f, "%s %s %s", i ? "," : "", r->mem[i].name, w);
+    }
+    fprintf(f, "\n");
+    fprintf(f, "prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", r->n_prompt,
+            (double)r->t_prompt / 1000.0,
+            (double)r->n_prompt * 1e6 / (double)(r->t_prompt > 0 ? r->t_prompt : 1));
+    fprintf(f, "generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)r->n_gen,
+            (double)r->t_gen / 1000.0,
+            (double)(r->n_gen > 1 ? r->n_gen - 1 : 0) * 1e6 /
+                (double)(r->t_gen > 0 ? r->t_gen : 1));
+    fprintf(f, "prompt graph: graph nodes = %d, graph splits = %d\n",
+            st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
+            st.prompt_nodes ? st.prompt_splits : st.gen_splits);
+    fprintf(f, "token graph:  graph nodes = %d, graph splits = %d\n", st.gen_nodes, st.gen_splits);
+    if (loom_session_meta_backend(s))
+        fprintf(f, "tensor parallel: %d subgraphs, %d allreduces, %llu bytes reduced per token\n",
+                st.last_subgraphs, st.last_reductions, (unsigned long long)st.last_bytes_reduced);
 }
 
 int loom_cli_run(int argc, char **argv) {
@@ -302,7 +413,7 @@ int loom_cli_run(int argc, char **argv) {
     rprompts rp = {0};
     loom_cli_dist cd = {.size = 1};
     long n_predict = 64;
-    loom_sampler_params sp = {.temp = 0.0f, .top_k = 40, .top_p = 0.95f, .seed = 0};
+    loom_sampler_params sp = {.temp = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 0};
     extra_sampling xs = {.min_p = 0.05f, .repeat_penalty = 1.0f, .repeat_last_n = 64};
     const char *rp_arg[RUN_MAX_RPROMPTS];
     for (int i = 1; i < argc; i++) {
@@ -324,6 +435,15 @@ int loom_cli_run(int argc, char **argv) {
         }
         if (!strcmp(a, "-no-cnv") || !strcmp(a, "--no-conversation") || !strcmp(a, "--no-warmup"))
             continue;
+        if (!strcmp(a, "--list-devices")) { /* llama.cpp's: the list, then exit */
+            char *dv[] = {"devices", NULL};
+            loom_model_opts_free(&o);
+            return loom_cli_devices(1, dv);
+        }
+        if (!strcmp(a, "--stdin")) {
+            prompt_file = "/dev/stdin";
+            continue;
+        }
         if (!strcmp(a, "-cnv") || !strcmp(a, "--conversation") || !strcmp(a, "-i") ||
             !strcmp(a, "--interactive") || !strcmp(a, "-if") || !strcmp(a, "--interactive-first")) {
             fprintf(stderr,
@@ -360,11 +480,11 @@ int loom_cli_run(int argc, char **argv) {
             prompt_given = true;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(prompt_file = loom_cli_path(v, fbuf, sizeof fbuf))) goto usage_error;
-        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict") || !strcmp(a, "--predict")) {
             int x;
             if (!loom_cli_parse_int("run", a, v, -2, 1 << 24, &x)) goto usage_error;
             n_predict = x < 0 ? -1 : x; /* llama.cpp's -2 (until the context is full) is -1 here */
-        } else if (!strcmp(a, "--temp")) {
+        } else if (!strcmp(a, "--temp") || !strcmp(a, "--temperature")) {
             if (!loom_cli_parse_float("run", a, v, -1e6, 1e6, &sp.temp)) goto usage_error;
             if (sp.temp < 0) sp.temp = 0; /* llama.cpp clamps a negative temperature: greedy */
         } else if (!strcmp(a, "--top-p")) {
@@ -434,7 +554,8 @@ int loom_cli_run(int argc, char **argv) {
     float *logits = NULL, *work = NULL;
     char *file_text = NULL;
     int32_t *scratch = NULL;
-    bool ok = true;
+    bool ok = true, catch_int = false;
+    struct sigaction old_int;
     size_t plen = strlen(prompt);
     if (prompt_file && lead) {
         if (!(file_text = read_prompt(prompt_file)))
@@ -473,7 +594,7 @@ int loom_cli_run(int argc, char **argv) {
         goto out;
     }
     const int64_t V = loom_session_model(s)->hp.n_vocab, n_ctx = loom_session_n_ctx(s);
-    if (mlock && lead) lock_weights(loom_session_model(s));
+    if (mlock && lead) lock_weights(loom_session_model(s), loom_model_opts_info(&o));
     for (int k = 0; k < rp.n; k++) { /* a stop that is one token is also matched as that token */
         int32_t one[2];
         size_t nt = 0;
@@ -529,8 +650,8 @@ int loom_cli_run(int argc, char **argv) {
         all_logits = ctl[2] != 0;
     }
     if (n_predict < 0 || (int64_t)n_prompt + n_predict > n_ctx) {
-        if (n_predict >= 0 && lead)
-            fprintf(stderr,
+        if (n_predict >= 0 && lead && loom_model_opts_info(&o))
+            fprintf(loom_model_opts_info(&o),
                     "loom run: -n %ld does not fit the context of %lld after %zu prompt tokens: "
                     "generating %lld\n",
                     n_predict, (long long)n_ctx, n_prompt, (long long)(n_ctx - (int64_t)n_prompt));
@@ -545,7 +666,9 @@ int loom_cli_run(int argc, char **argv) {
             goto out;
         }
         nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
-        if (lead) loom_cli_print_memory(stderr, "memory per device (at load):", mem, nm);
+        if (lead && loom_model_opts_info(&o))
+            loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):", mem,
+                                  nm);
     }
     ok = true;
     if (lead && logits_out && !(lf = fopen(logits_out, "w"))) {
@@ -564,10 +687,15 @@ int loom_cli_run(int argc, char **argv) {
         fprintf(stderr, "loom run: out of memory\n");
         goto out;
     }
-    if (!o.model && lead)
-        fprintf(stderr,
+    if (!o.model && lead && loom_model_opts_info(&o))
+        fprintf(loom_model_opts_info(&o),
                 "note: the built-in model has random weights, so its text is noise: look at the "
                 "per-device memory above and the graph splits and allreduces below\n");
+    /* Ctrl-C is caught from before the prompt shows; in one process only: under --dist mpi
+     * the ranks must stop together (mpirun ends them) */
+    struct sigaction on_int = {.sa_handler = on_sigint};
+    interrupted = 0;
+    catch_int = !cd.d && sigaction(SIGINT, &on_int, &old_int) == 0;
     if (lead && display_prompt) {
         fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
@@ -582,7 +710,7 @@ int loom_cli_run(int argc, char **argv) {
     const float *last = all_logits ? logits + (n_prompt - 1) * V : logits;
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
-    for (; n_gen < n_predict; n_gen++) {
+    for (; n_gen < n_predict && !interrupted; n_gen++) {
         memcpy(work, last, sizeof(float) * (size_t)V);
         if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
             for (int64_t t = 0; t < V; t++)
@@ -632,65 +760,50 @@ int loom_cli_run(int argc, char **argv) {
             goto out;
         }
     }
-    if (cd.d) loom_cli_dist_print_rank_memory(&cd, s, stderr);
+    if (cd.d && loom_model_opts_info(&o))
+        loom_cli_dist_print_rank_memory(&cd, s, loom_model_opts_info(&o));
     if (!lead) {
         rc = 0;
         goto out;
     }
-    loom_session_stats st;
-    loom_session_get_stats(s, &st);
-    printf("\n\n");
-    printf("model:      %s (%s, %lld layers, n_embd %lld, vocab %lld)\n",
-           o.model ? o.model : "built-in synthetic (random weights)",
-           loom_session_model(s)->hp.arch, (long long)loom_session_model(s)->hp.n_layer,
-           (long long)loom_session_model(s)->hp.n_embd, (long long)V);
-    printf("devices:    %s, split mode %s", o.sp.devices ? o.sp.devices : "cpu",
-           loom_split_mode_name(loom_session_split_mode(s)));
-    if (cd.d && cd.n_local > 1)
-        printf(", %d MPI ranks (each stage tensor parallel over %d devices)", cd.size, cd.n_local);
-    else if (cd.d)
-        printf(", %d MPI ranks (one device each)", cd.size);
-    printf("\n");
-    printf("sampling:   seed %llu%s, temp %g, top-k %d, top-p %g, min-p %g, repeat-penalty %g "
-           "(last %ld)\n",
-           (unsigned long long)sp.seed, seed_random ? " (random; -s repeats it)" : "",
-           (double)sp.temp, sp.top_k, (double)sp.top_p, (double)xs.min_p, (double)xs.repeat_penalty,
-           xs.repeat_last_n);
-    {
-        /* the weights: how fast they came in, where they went, how much is used in place */
-        const loom_model *lm = loom_session_model(s);
-        double mb = (double)lm->n_bytes / 1e6, ms = (double)lm->load_us / 1000.0;
-        printf("load time:  %.1f ms (weights %.2f MB in %.1f ms, %.0f MB/s; %.2f MB used in "
-               "place from the mapped file)\n",
-               (double)st.load_us / 1000.0, mb, ms, ms > 0 ? mb * 1000.0 / ms : 0.0,
-               (double)lm->n_mapped_bytes / 1e6);
-        printf("weights per device:");
-        for (int i = 0; i < nm; i++) {
-            char w[32];
-            loom_cli_format_bytes(w, sizeof w, mem[i].weights);
-            printf("%s %s %s", i ? "," : "", mem[i].name, w);
-        }
-        printf("\n");
-    }
-    printf("prompt:     %zu tokens in %.1f ms (%.1f tokens/s)\n", n_prompt,
-           (double)t_prompt / 1000.0,
-           (double)n_prompt * 1e6 / (double)(t_prompt > 0 ? t_prompt : 1));
-    printf("generation: %lld tokens in %.1f ms (%.1f tokens/s)\n", (long long)n_gen,
-           (double)t_gen / 1000.0,
-           (double)(n_gen > 1 ? n_gen - 1 : 0) * 1e6 / (double)(t_gen > 0 ? t_gen : 1));
-    printf("prompt graph: graph nodes = %d, graph splits = %d\n",
-           st.prompt_nodes ? st.prompt_nodes : st.gen_nodes,
-           st.prompt_nodes ? st.prompt_splits : st.gen_splits);
-    printf("token graph:  graph nodes = %d, graph splits = %d\n", st.gen_nodes, st.gen_splits);
-    if (loom_session_meta_backend(s))
-        printf("tensor parallel: %d subgraphs, %d allreduces, %llu bytes reduced per token\n",
-               st.last_subgraphs, st.last_reductions, (unsigned long long)st.last_bytes_reduced);
+    FILE *info = loom_model_opts_info(&o);
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "loom run: cannot write the output: %s\n", strerror(errno));
         goto out;
     }
+    if (info) {
+        run_figures fig = {.n_prompt = n_prompt,
+                           .n_gen = n_gen,
+                           .t_prompt = t_prompt,
+                           .t_gen = t_gen,
+                           .seed_random = seed_random,
+                           .xs = &xs,
+                           .sp = &sp,
+                           .cd = &cd,
+                           .mem = mem,
+                           .nm = nm};
+        /* composed apart, then written at once: under mpirun the other ranks' lines share
+         * stderr, and a line written in pieces could be cut by one of theirs */
+        char *block = NULL;
+        size_t block_len = 0;
+        FILE *mf = open_memstream(&block, &block_len);
+        if (mf) {
+            print_figures(mf, &o, s, &fig);
+            fclose(mf);
+            fwrite(block, 1, block_len, info);
+            fflush(info);
+        } else {
+            print_figures(info, &o, s, &fig);
+        }
+        free(block);
+    }
+    if (interrupted) {
+        rc = 130; /* 128 + SIGINT, as llama.cpp's */
+        goto out;
+    }
     rc = 0;
 out:
+    if (catch_int) sigaction(SIGINT, &old_int, NULL);
     if (lf) fclose(lf);
     free(file_text);
     free(scratch);

@@ -78,7 +78,8 @@ const char *const loom_model_opts_names[] = {"-m",
 const char *loom_model_opts_help(void) {
     return "model and devices (llama.cpp names):\n"
            "  -m, --model FILE          GGUF model (default: a built-in synthetic llama with\n"
-           "                            random weights)\n"
+           "                            random weights); a bare name not found here is\n"
+           "                            looked for in $LOOM_MODELS_DIR\n"
            "  -dev, --device, --devices SPEC\n"
            "                            cpu (default), sim:N[,opts], cuda:0,1, cuda; also\n"
            "                            llama.cpp's CUDA0,CUDA1 and none (= cpu)\n"
@@ -88,7 +89,8 @@ const char *loom_model_opts_help(void) {
            "                            blocks (-sm tensor) or layers (-sm layer) in whole\n"
            "                            units by them; 0 leaves a device empty\n"
            "  -mg, --main-gpu I         the device of -sm none (only 0: the first listed)\n"
-           "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1 = all)\n"
+           "  -ngl, --n-gpu-layers N    layers on the devices (default: all; -1, all or auto =\n"
+           "                            all; n_layer + 1 also puts the output layer there)\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
            "  --cpu-affinity P          none | compact | spread | numa: how CPU and NUMA\n"
            "                            device threads are pinned (default per topology)\n"
@@ -97,9 +99,9 @@ const char *loom_model_opts_help(void) {
            "  -b, --batch-size N        logical batch (default 2048)\n"
            "  -ub, --ubatch-size N      physical batch: tokens per graph (default 512); the\n"
            "                            graph batch is min(-b, -ub)\n"
-           "  -ctk, --cache-type-k T    K cache type: f32 (default), f16, bf16, q8_0, q4_0,\n"
-           "                            q4_1, q5_0, q5_1, iq4_nl (blocks: n_head_kv x head_dim\n"
-           "                            whole blocks; with -sm tensor, head_dim too)\n"
+           "  -ctk, --cache-type-k T    K cache type: f16 (default, as llama.cpp's), f32, bf16,\n"
+           "                            q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (blocks: n_head_kv\n"
+           "                            x head_dim whole blocks; with -sm tensor, head_dim too)\n"
            "  -ctv, --cache-type-v T    V cache type, the same types (--kv-type T sets both)\n"
            "  -fa, --flash-attn on|off|auto\n"
            "                            fused flash attention (auto = on) or mul_mat+soft_max\n"
@@ -111,7 +113,8 @@ const char *loom_model_opts_help(void) {
            "                            weights in place from a mapping of the file\n"
            "  --split-rules FILE        split rules that override/extend the built-in table\n"
            "  -v, --verbose             library log at debug level on stderr\n"
-           "  --log-disable             no library log lines on stderr\n";
+           "  --log-disable             nothing but the output and errors: no library log,\n"
+           "                            statistics, memory tables or warnings on stderr\n";
 }
 
 static bool is(const char *a, const char *x, const char *y, const char *z) {
@@ -147,6 +150,14 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         if (!v) goto missing;
         o->model = loom_cli_path(v, o->model_buf, sizeof o->model_buf);
         if (!o->model) goto too_long;
+        /* a bare file name that is not here: from $LOOM_MODELS_DIR, as the tests find them */
+        const char *dir = getenv("LOOM_MODELS_DIR");
+        if (!strchr(v, '/') && access(o->model, F_OK) != 0 && dir && dir[0]) {
+            if (snprintf(o->model_buf, sizeof o->model_buf, "%s/%s", dir, v) >=
+                (int)sizeof o->model_buf)
+                goto too_long;
+            o->model = o->model_buf;
+        }
         TAKE();
     } else if (is(a, "--devices", "-dev", "--device")) {
         if (!v) goto missing;
@@ -172,8 +183,12 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
         }
         TAKE();
     } else if (is(a, "-ngl", "--n-gpu-layers", "--gpu-layers")) {
-        if (!loom_cli_parse_int(cmd, a, v, -1, 100000, &x)) return -1;
+        if (v && (!strcmp(v, "auto") || !strcmp(v, "all")))
+            x = -1; /* llama.cpp's words: every layer (auto: as many as fit, here all) */
+        else if (!loom_cli_parse_int(cmd, a, v, -1, 100000, &x))
+            return -1;
         o->sp.n_gpu_layers = (int)x;
+        o->ngl_given = x >= 0;
         TAKE();
     } else if (is(a, "--cpu-affinity", NULL, NULL)) {
         if (!v) goto missing;
@@ -192,6 +207,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "--ctx", "-c", "--ctx-size")) {
         if (!loom_cli_parse_int(cmd, a, v, 0, 1 << 24, &x)) return -1;
         o->sp.n_ctx = x ? x : -1; /* 0: the training context (loom_session_params.n_ctx < 0) */
+        o->n_ctx_given = x;
         TAKE();
     } else if (is(a, "--batch", "-b", "--batch-size")) {
         if (!loom_cli_parse_int(cmd, a, v, 1, 1 << 20, &x)) return -1;
@@ -250,6 +266,7 @@ int loom_model_opts_parse(loom_model_opts *o, const char *cmd, int argc, char **
     } else if (is(a, "-v", "--verbose", "--log-verbose") || is(a, "--log-disable", NULL, NULL)) {
         if (!o->verbose) o->prev_log_level = (int)loom_log_get_level(); /* restored at free */
         o->verbose = true;
+        o->log_disable = !strcmp(a, "--log-disable");
         loom_log_set_level(strcmp(a, "--log-disable") ? LOOM_LOG_DEBUG : LOOM_LOG_NONE);
     } else {
         return 0;
@@ -323,10 +340,10 @@ bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v
 }
 
 bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
-    loom_type tk = LOOM_TYPE_F32, tv = LOOM_TYPE_F32;
+    loom_type tk = LOOM_TYPE_F16, tv = LOOM_TYPE_F16; /* llama.cpp's defaults */
     if (o->ctk && !loom_model_cli_kv_type(cmd, "-ctk", o->ctk, &tk)) return false;
     if (o->ctv && !loom_model_cli_kv_type(cmd, "-ctv", o->ctv, &tv)) return false;
-    /* llama.cpp: each defaults to f16 there, f32 here; one given alone sets only its own */
+    /* each defaults to f16, as llama.cpp's; one given alone sets only its own */
     o->sp.kv_type = tk;
     o->sp.kv_type_v_set = true;
     o->sp.kv_type_v = tv;
@@ -349,6 +366,10 @@ bool loom_model_opts_finish(loom_model_opts *o, const char *cmd) {
     return true;
 }
 
+FILE *loom_model_opts_info(const loom_model_opts *o) {
+    return o->log_disable ? NULL : stderr;
+}
+
 static void progress(size_t done, size_t total, void *ud) {
     (void)ud;
     if (total < (64u << 20)) return; /* only files that take a moment */
@@ -362,7 +383,7 @@ bool loom_model_opts_open(loom_model_opts *o, const char *cmd) {
             fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
             return false;
         }
-        if (isatty(2)) {
+        if (isatty(2) && !o->log_disable) {
             o->sp.progress = progress;
         }
         return true;
@@ -384,16 +405,33 @@ loom_session *loom_model_opts_session(loom_model_opts *o, const char *cmd) {
     char why[256];
     loom_affinity aff = loom_cpu_affinity(why, sizeof why);
     bool numa = o->sp.devices && strstr(o->sp.devices, "numa") != NULL;
-    if (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa)
-        fprintf(stderr, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
+    FILE *info = loom_model_opts_info(o);
+    if (info && (aff != LOOM_AFFINITY_NONE || o->set_affinity || numa))
+        fprintf(info, "loom %s: cpu affinity %s (%s)%s\n", cmd, loom_affinity_name(aff), why,
                 numa && loom_cpu_affinity_is_default() ? "; NUMA devices: numa" : "");
     if (loom_session_new(NULL, o->gguf, &o->sp, &s)) {
         fprintf(stderr, "loom %s: %s\n", cmd, loom_last_error());
         return NULL;
     }
+    const loom_hparams *hp = &loom_session_model(s)->hp;
+    if (info && o->n_ctx_given > hp->n_ctx_train && hp->n_ctx_train > 0) /* llama.cpp's warning */
+        fprintf(info,
+                "loom %s: warning: -c %lld exceeds the model's training context (%lld): the "
+                "output may degrade past it\n",
+                cmd, (long long)o->n_ctx_given, (long long)hp->n_ctx_train);
+    if (info && o->ngl_given) {
+        int on = o->sp.n_gpu_layers > hp->n_layer ? (int)hp->n_layer : o->sp.n_gpu_layers;
+        fprintf(info, "loom %s: %s-ngl %d: %d/%lld layers on the devices%s\n", cmd,
+                o->sp.n_gpu_layers > hp->n_layer + 1 ? "warning: " : "", o->sp.n_gpu_layers, on,
+                (long long)hp->n_layer,
+                o->sp.n_gpu_layers > hp->n_layer + 1 ? " (the model has no more)"
+                : o->sp.n_gpu_layers > hp->n_layer   ? ", and the output layer"
+                                                     : "");
+    }
     const char *sp = o->sp.devices ? o->sp.devices : "";
-    if ((!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) && loom_devices_last_order()[0])
-        fprintf(stderr, "loom %s: device order %s\n", cmd, loom_devices_last_order());
+    if (info && (!strcasecmp(sp, "numa") || !strcasecmp(sp, "cuda")) &&
+        loom_devices_last_order()[0])
+        fprintf(info, "loom %s: device order %s\n", cmd, loom_devices_last_order());
     /* -fa off: the graph is rebuilt on every eval, so the model's switch applies from the
      * next one (the same switch the meta model tests use) */
     ((loom_model *)loom_session_model(s))->no_flash_attn = o->flash_attn == 0;

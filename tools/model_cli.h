@@ -21,7 +21,10 @@ typedef struct loom_model_opts {
     const char *tensor_split;  /* -ts as given */
     float ts[16];              /* -ts parsed (sp.tensor_split points here) */
     int main_gpu;              /* -mg */
+    int64_t n_ctx_given;       /* -c N as given (0: none or 0), for the training-context warning */
+    bool ngl_given;            /* -ngl N >= 0 given: the session says N/M layers on the devices */
     bool verbose;              /* -v or --log-disable set the log level: restored at free */
+    bool log_disable;          /* --log-disable: no statistics, notes or warnings either */
     bool set_affinity;         /* --cpu-affinity given: reset to the default by _free */
     int prev_log_level;        /* restored by loom_model_opts_free */
     char model_buf[4096], rules_buf[4096], dev_buf[256];
@@ -55,6 +58,10 @@ bool loom_model_cli_tensor_split(const char *cmd, const char *opt, const char *v
 const char *loom_model_opts_help(void);
 /* The names of the shared options (NULL-terminated), for the nearest-match hint. */
 extern const char *const loom_model_opts_names[];
+
+/* Where the informational lines go (statistics, memory tables, notes, warnings): stderr, or
+ * NULL under --log-disable (llama.cpp's: the output alone, errors still printed). */
+FILE *loom_model_opts_info(const loom_model_opts *o);
 
 /* Opens the model file (or generates the built-in one) into o->gguf; prints the error. */
 bool loom_model_opts_open(loom_model_opts *o, const char *cmd);

@@ -7,6 +7,7 @@
  * capped by the environment variable LOOM_CPU_SIMD=scalar|avx2|avx512, so tests can switch
  * paths inside one process with setenv.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "backends/cpu/cpu-impl.h"
@@ -269,6 +270,13 @@ const loom__cpu_simd *loom__cpu_simd_get(void) {
             level = 0;
         else if (strcmp(cap, "avx2") == 0)
             level = 1;
+        else if (strcmp(cap, "avx512") != 0) {
+            static atomic_int warned;
+            if (!atomic_exchange(&warned, 1))
+                LOOM_LOG_WARN("LOOM_CPU_SIMD='%s' is not one of scalar, avx2, avx512: the best "
+                              "this CPU has is used",
+                              cap);
+        }
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     if (level >= 2 && loom__cpu_has_avx512()) return &loom__cpu_simd_avx512;

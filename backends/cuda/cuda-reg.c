@@ -298,6 +298,7 @@ static const struct {
     {LOOM_PROC_COMM_FREE, (loom__cuda_any_fn)loom__cuda_comm_free},
     {LOOM_PROC_RANK_COMM, (loom__cuda_any_fn)loom__cuda_rank_comm},
     {"loom_cuda_comm_init_shared", (loom__cuda_any_fn)loom__cuda_comm_init_shared},
+    {"loom_cuda_reg", (loom__cuda_any_fn)loom_cuda_reg},
     {"loom_cuda_reg_new_virtual", (loom__cuda_any_fn)loom_cuda_reg_new_virtual},
     {"loom_cuda_reg_free", (loom__cuda_any_fn)loom_cuda_reg_free},
     {"loom_cuda_no_devices_reason", (loom__cuda_any_fn)loom_cuda_no_devices_reason},

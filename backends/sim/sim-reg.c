@@ -195,6 +195,17 @@ static const struct {
     {"loom_sim_dev_reset_stats", (loom__sim_any_fn)loom_sim_dev_reset_stats},
     {"loom_sim_backend_hold", (loom__sim_any_fn)loom_sim_backend_hold},
     {"loom_dev_is_sim", (loom__sim_any_fn)loom_dev_is_sim},
+    {"loom_sim_reg_default", (loom__sim_any_fn)loom_sim_reg_default},
+    {"loom_sim_profile_count", (loom__sim_any_fn)loom_sim_profile_count},
+    {"loom_sim_profile_get", (loom__sim_any_fn)loom_sim_profile_get},
+    {"loom_sim_profile_find", (loom__sim_any_fn)loom_sim_profile_find},
+    {"loom_sim_link_preset_count", (loom__sim_any_fn)loom_sim_link_preset_count},
+    {"loom_sim_link_preset_get", (loom__sim_any_fn)loom_sim_link_preset_get},
+    {"loom_sim_link_preset_find", (loom__sim_any_fn)loom_sim_link_preset_find},
+    {"loom_sim_op_time_us", (loom__sim_any_fn)loom_sim_op_time_us},
+    {"loom_sim_op_bytes", (loom__sim_any_fn)loom_sim_op_bytes},
+    {"loom_sim_op_flops", (loom__sim_any_fn)loom_sim_op_flops},
+    {"loom_sim_allreduce_time_us", (loom__sim_any_fn)loom_sim_allreduce_time_us},
     {LOOM_PROC_COMM_INIT, (loom__sim_any_fn)loom__sim_comm_init},
     {LOOM_PROC_COMM_ALLREDUCE, (loom__sim_any_fn)loom__sim_comm_allreduce},
     {LOOM_PROC_COMM_FREE, (loom__sim_any_fn)loom__sim_comm_free},
@@ -368,4 +379,22 @@ loom_reg_t loom_sim_reg_default(void) {
     pthread_once(&loom__sim_default_once, loom__sim_default_init);
     if (!loom__sim_default) loom_error(loom__sim_default_status, "%s", loom__sim_default_msg);
     return loom__sim_default;
+}
+
+/* The registry's hooks for a statically linked sim (backends/registry.c: weak references
+ * under these names, since libloom defines the loom_sim_* names as forwarders). */
+loom_reg_t loom__sim_static_reg_default(void);
+loom_status loom__sim_static_reg_new_from_spec(const char *spec, loom_reg_t *out);
+void loom__sim_static_reg_free(loom_reg_t reg);
+
+loom_reg_t loom__sim_static_reg_default(void) {
+    return loom_sim_reg_default();
+}
+
+loom_status loom__sim_static_reg_new_from_spec(const char *spec, loom_reg_t *out) {
+    return loom_sim_reg_new_from_spec(spec, out);
+}
+
+void loom__sim_static_reg_free(loom_reg_t reg) {
+    loom_sim_reg_free(reg);
 }

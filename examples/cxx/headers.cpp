@@ -6,6 +6,7 @@
 #include <loom/core.h>
 #include <loom/cpu.h>
 #include <loom/cuda.h>
+#include <loom/dist.h>
 #include <loom/gguf.h>
 #include <loom/loom.h>
 #include <loom/meta.h>
@@ -17,6 +18,7 @@
 #include <loom/sim.h>
 #include <loom/splitstate.h>
 #include <loom/tokenizer.h>
+#include <loom/topo.h>
 #include <loom/version.h>
 
 #include <cstdio>

@@ -6,10 +6,10 @@
  * (cuBLAS for large float products), CUDA graph capture reused while a graph is unchanged,
  * and the NCCL communicator behind the reg's LOOM_PROC_COMM_* proc addresses.
  *
- * A machine without a GPU or without a driver has a "CUDA" reg with zero devices (never an
- * error or a crash); loom_devices_from_spec("cuda") then reports "no CUDA devices". Where
- * the toolkit was absent at build time the library is a stub with the same API and zero
- * devices, and no module is built.
+ * A machine without a GPU has a "CUDA" reg with zero devices (never an error or a crash);
+ * without a driver the module is not even loaded. loom_devices_from_spec("cuda") then
+ * reports "no CUDA devices" and why. Where the toolkit was absent at build time the library
+ * is a stub with the same API and zero devices, and no module is built.
  *
  * Environment:
  *   LOOM_CUDA_DEVICES_PER_GPU=N   loom devices per GPU in the default reg (1..8, default 1);
@@ -27,6 +27,10 @@
  *   LOOM_CUDA_NCCL=PATH|0         the NCCL library to dlopen (default libnccl.so.2); 0: none
  *   LOOM_CUDA_PANEL_BYTES=BYTES   F32 weight conversion budget of one matmul (default 64 MiB)
  *   LOOM_CUDA_FAULT=capture, LOOM_CUDA_COMM_FAULT=nccl   fault injection for tests
+ *   LOOM_CUDA_NO_DRIVER_CHECK=1   load libloom-cuda.so even where libcuda.so.1 (the driver)
+ *                                 cannot be loaded (default: loom_registry_load_all skips the
+ *                                 module then, without mapping the CUDA runtime and cuBLAS,
+ *                                 and a "cuda" spec's error says so)
  */
 #ifndef LOOM_CUDA_H
 #define LOOM_CUDA_H
@@ -69,7 +73,12 @@ typedef struct loom_cuda_backend_stats {
 /* Counters of a CUDA backend (zeros for any other backend). */
 LOOM_API void loom_cuda_backend_get_stats(loom_backend_t backend, loom_cuda_backend_stats *out);
 
-/* The same functions are reachable through the reg of a dynamically loaded module:
+/* These functions live in the module libloom-cuda.so. A program linking libloom calls them
+ * as declared here: libloom's definitions forward to the module through the registry
+ * (loading the modules with loom_registry_load_all the first time none is registered), and
+ * those of a device, backend or reg ask that object's reg (another backend's device: false,
+ * zeroed stats). Without the module loom_cuda_reg() is NULL and the others fail, with
+ * loom_last_error naming libloom-cuda.so. The module's entry points are also reg procs:
  * loom_reg_get_proc_address(reg, "loom_cuda_reg_new_virtual") etc. */
 
 #ifdef __cplusplus

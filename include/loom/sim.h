@@ -158,8 +158,13 @@ LOOM_API double loom_sim_link_time_us(const loom_sim_link *link, uint64_t bytes)
  * instead of a rare race. */
 LOOM_API void loom_sim_backend_hold(loom_backend_t backend);
 
-/* The same functions through the registry for a dynamically loaded sim module:
- * loom_reg_get_proc_address(reg, "loom_sim_reg_new_from_spec") etc. */
+/* These functions live in the module libloom-sim.so. A program linking libloom calls them
+ * as declared here: libloom's definitions forward to the module through the registry
+ * (loading the modules with loom_registry_load_all the first time none is registered), and
+ * those of a device, backend or reg ask that object's reg, so a device of another backend
+ * gets false or zeroed stats. Without the module a call fails as for any failure, with
+ * loom_last_error naming libloom-sim.so (a double is NAN, a pointer NULL). The module's own
+ * entry points are also reg procs: loom_reg_get_proc_address(reg, "loom_sim_reg_new") etc. */
 
 #ifdef __cplusplus
 }

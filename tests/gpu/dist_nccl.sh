@@ -28,7 +28,7 @@ fail() {
     echo "FAIL: $*"
     exit 1
 }
-text() { sed '/^model: /,$d' "$1"; }
+text() { cat "$1"; } # stdout is the text alone (the figures are on stderr)
 # mpi SECONDS NP ARGS...: `mpirun -np NP` of loom ARGS under the image's library path,
 # killed after SECONDS (exit 124)
 mpi() {
@@ -37,7 +37,7 @@ mpi() {
     env LD_LIBRARY_PATH="${LOOM_IMAGE_LD_LIBRARY_PATH-${LD_LIBRARY_PATH:-}}" timeout "$t" \
         mpirun --oversubscribe -np "$np" env LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}" "$loom" "$@"
 }
-args=(run -m "$model" -n 16 -s 1 -t 1)
+args=(run -m "$model" -n 16 -s 1 -t 1 --temp 0 -ctk f32 -ctv f32)
 "$loom" "${args[@]}" --devices cuda:0 >"$tmp/ref.out" 2>"$tmp/ref.err" ||
     fail "cuda:0 alone: $(tail -3 "$tmp/ref.err")"
 text "$tmp/ref.out" >"$tmp/ref.txt"

@@ -22,6 +22,8 @@
 #include "loom/loom.h"
 #include "tests/shim/loom_test.h"
 
+#define LOOM_CHECK_STR_EQ(a, b) LOOM_CHECK_MSG(strcmp((a), (b)) == 0, "\"%s\" != \"%s\"", (a), (b))
+
 static const char *runfile(const char *rel, char *buf, size_t size) {
     const char *srcdir = getenv("TEST_SRCDIR");
     const char *ws = getenv("TEST_WORKSPACE");
@@ -131,12 +133,14 @@ LOOM_TEST(lib, exports_exactly_the_loom_api_symbols) {
     runfile("libloom.so.0", lib, sizeof lib);
     runfile("scripts/loom_exports.sh", script, sizeof script);
     runfile("include/loom", inc, sizeof inc);
-    snprintf(cmd, sizeof cmd, "sh '%s' $(ls '%s'/*.h | grep -v -e /sim.h -e /cuda.h)", script, inc);
+    snprintf(cmd, sizeof cmd, "sh '%s' '%s'/*.h", script, inc); /* every public header */
     char *api = run_cmd(cmd);
     char *exported = defined_dynamic(lib);
     LOOM_REQUIRE(api != NULL && exported != NULL);
     LOOM_CHECK(has_line(api, "loom_new_tensor")); /* the list is real */
     LOOM_CHECK(has_line(api, "loom_version"));
+    LOOM_CHECK(has_line(api, "loom_sim_reg_new_from_spec")); /* the module backends' too */
+    LOOM_CHECK(has_line(api, "loom_cuda_backend_get_stats"));
     diff_ctx a = {exported, "LOOM_API symbol not exported by libloom.so.0", 0};
     each_line(api, check_in_other, &a);
     diff_ctx b = {api, "libloom.so.0 exports a symbol that is not LOOM_API", 0};
@@ -264,4 +268,104 @@ LOOM_TEST(lib, backend_path_overrides_the_default_module_dirs) {
     LOOM_CHECK_MSG(strncmp(reg_file(sim), sim_dir, strlen(sim_dir)) == 0,
                    "SIM came from '%s', not from LOOM_BACKEND_PATH '%s'", reg_file(sim), sim_dir);
     loom_registry_reset();
+}
+
+/* Every LOOM_API function links from libloom, those of the module backends too (issue 26):
+ * libloom's forwarders load the sim module and answer as the module's own functions
+ * (reached through the reg's proc address) do; on a device of another backend they answer
+ * as the header says; a missing module (CUDA here unless built) is an error naming it. */
+LOOM_TEST(lib, module_backend_functions_link_and_forward_to_the_module) {
+    loom_registry_reset();
+    const loom_sim_profile *p = NULL;
+    LOOM_REQUIRE(loom_sim_profile_find("rtx-3090", &p) == LOOM_OK); /* loads the modules */
+    LOOM_REQUIRE(p != NULL);
+    LOOM_CHECK_STR_EQ(p->name, "rtx-3090");
+    loom_reg_t sim = loom_registry_reg_by_name("SIM");
+    LOOM_REQUIRE(sim != NULL);
+    LOOM_CHECK_STR_CONTAINS(reg_file(sim), "libloom-sim.so");
+    /* the same answers as the module's functions called through its proc addresses */
+    int (*count)(void) = NULL;
+    void *q = loom_reg_get_proc_address(sim, "loom_sim_profile_count");
+    memcpy(&count, &q, sizeof count);
+    LOOM_REQUIRE(count != NULL);
+    LOOM_CHECK(loom_sim_profile_count() > 0);
+    LOOM_CHECK_EQ_INT(loom_sim_profile_count(), count());
+    loom_sim_link link;
+    LOOM_REQUIRE(loom_sim_link_preset("pcie4", &link) == LOOM_OK);
+    double (*ar)(const loom_sim_link *, bool, int, uint64_t) = NULL;
+    q = loom_reg_get_proc_address(sim, "loom_sim_allreduce_time_us");
+    memcpy(&ar, &q, sizeof ar);
+    LOOM_REQUIRE(ar != NULL);
+    LOOM_CHECK(loom_sim_allreduce_time_us(&link, true, 4, 1 << 20) > 0);
+    LOOM_CHECK(loom_sim_allreduce_time_us(&link, true, 4, 1 << 20) == ar(&link, true, 4, 1 << 20));
+    /* a reg of the module, its devices and their stats */
+    loom_reg_t reg = NULL;
+    LOOM_REQUIRE(loom_sim_reg_new_from_spec("sim:2,mem=64MiB", &reg) == LOOM_OK);
+    LOOM_REQUIRE(loom_reg_dev_count(reg) == 2);
+    loom_dev_t dev = loom_reg_dev_get(reg, 1);
+    LOOM_CHECK(loom_dev_is_sim(dev));
+    LOOM_CHECK(!loom_dev_is_cuda(dev));
+    loom_buffer_t buf = loom_buft_alloc_buffer(loom_dev_buffer_type(dev), 4096);
+    LOOM_REQUIRE(buf != NULL);
+    loom_sim_stats st;
+    loom_sim_dev_stats(dev, &st);
+    LOOM_CHECK(st.mem_used >= 4096);
+    loom_buffer_free(buf);
+    loom_sim_reg_free(reg);
+    /* the CPU is no sim device: false and zeros, as for any other backend */
+    loom_dev_t cpu = loom_registry_dev_by_type(LOOM_DEV_TYPE_CPU);
+    LOOM_REQUIRE(cpu != NULL);
+    LOOM_CHECK(!loom_dev_is_sim(cpu) && !loom_dev_is_cuda(cpu));
+    memset(&st, 0xff, sizeof st);
+    loom_sim_dev_stats(cpu, &st);
+    LOOM_CHECK(st.bytes_in == 0 && st.mem_used == 0);
+    /* CUDA: the module's reg where it was built (and loaded), else an error naming it */
+    loom_clear_error();
+    loom_reg_t cuda = loom_cuda_reg();
+    if (cuda)
+        LOOM_CHECK_STR_EQ(loom_reg_name(cuda), "CUDA");
+    else
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), "libloom-cuda.so");
+    loom_registry_reset();
+}
+
+/* loom/loom.h is the umbrella: it includes every public header but the device interface. */
+LOOM_TEST(lib, the_umbrella_includes_every_public_header) {
+    char inc[4096], cmd[8192];
+    runfile("include/loom", inc, sizeof inc);
+    snprintf(cmd, sizeof cmd, "cd '%s' && ls *.h", inc);
+    char *headers = run_cmd(cmd);
+    snprintf(cmd, sizeof cmd, "sed -n 's|^#include \"loom/\\(.*\\)\"$|\\1|p' '%s/loom.h'", inc);
+    char *included = run_cmd(cmd);
+    LOOM_REQUIRE(headers != NULL && included != NULL);
+    LOOM_CHECK(has_line(headers, "sim.h")); /* the list is real */
+    int missing = 0;
+    for (const char *p = headers; *p;) {
+        const char *e = strchr(p, '\n');
+        char name[256];
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        if (strcmp(name, "loom.h") && strcmp(name, "backend-impl.h") && !has_line(included, name)) {
+            missing++;
+            loom_test_fail(__FILE__, __LINE__, "loom/loom.h does not include loom/%s", name);
+        }
+        p = e ? e + 1 : p + len;
+    }
+    LOOM_CHECK_EQ_INT(missing, 0);
+    free(headers);
+    free(included);
+}
+
+/* libloom is C: it needs no C++ runtime (the toolchain's -lstdc++ is dropped as unneeded),
+ * and no MPI library: --dist mpi loads it when first used (dist/mpi.c). */
+LOOM_TEST(lib, libloom_needs_no_cxx_runtime_and_no_mpi) {
+    char lib[4096], cmd[8192];
+    runfile("libloom.so.0", lib, sizeof lib);
+    snprintf(cmd, sizeof cmd, "readelf -d '%s' | sed -n 's/.*(NEEDED).*\\[\\(.*\\)\\]/\\1/p'", lib);
+    char *needed = run_cmd(cmd);
+    LOOM_REQUIRE(needed != NULL);
+    LOOM_CHECK(has_line(needed, "libc.so.6")); /* the list is real */
+    LOOM_CHECK_MSG(strstr(needed, "libstdc++") == NULL, "libloom.so.0 needs: %s", needed);
+    LOOM_CHECK_MSG(strstr(needed, "libmpi") == NULL, "libloom.so.0 needs: %s", needed);
+    free(needed);
 }

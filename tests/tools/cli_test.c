@@ -26,13 +26,47 @@ LOOM_TEST(cli, run_builtin_model_on_sim) {
     int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err);
     LOOM_CHECK_STR_CONTAINS(out, "Once upon a time");
-    LOOM_CHECK_STR_CONTAINS(out, "prompt graph: graph nodes = ");
-    LOOM_CHECK_STR_CONTAINS(out, "token graph:  graph nodes = ");
-    LOOM_CHECK_STR_CONTAINS(out, "graph splits = 2");
-    LOOM_CHECK_STR_CONTAINS(out, "tokens/s");
-    LOOM_CHECK_STR_CONTAINS(out, "allreduces");
+    /* the figures are on stderr, as llama.cpp's: stdout is the text */
+    LOOM_CHECK_STR_CONTAINS(err, "prompt graph: graph nodes = ");
+    LOOM_CHECK_STR_CONTAINS(err, "token graph:  graph nodes = ");
+    LOOM_CHECK_STR_CONTAINS(err, "graph splits = 2");
+    LOOM_CHECK_STR_CONTAINS(err, "tokens/s");
+    LOOM_CHECK_STR_CONTAINS(err, "allreduces");
+    LOOM_CHECK_STR_CONTAINS(err, "memory per device (at load):");
+    LOOM_CHECK(strstr(out, "graph") == NULL && strstr(out, "tokens/s") == NULL);
     free(out);
     free(err);
+}
+
+/* llama.cpp's streams: stdout is the prompt and the generated text and nothing else (so
+ * `loom run > out.txt` is the text), every figure is on stderr, and --log-disable leaves
+ * stderr empty. */
+LOOM_TEST(cli, run_stdout_is_the_text_and_log_disable_silences_the_rest) {
+    char *out, *err, *out_q, *err_q;
+    char *a[] = {"run", "--devices", "sim:2", "-n", "6", "--temp", "0", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
+    char *q[] = {"run", "--devices", "sim:2", "-n", "6", "--temp", "0", "--log-disable", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, q, &out_q, &err_q), 0);
+    LOOM_CHECK(strncmp(out, "Once upon a time", 16) == 0);
+    LOOM_CHECK_STR_EQ(out_q, out); /* the same text, the figures or not */
+    const char *figures[] = {
+        "memory per device", "model:",       "sampling:",        "load time:",    "prompt:",
+        "generation:",       "graph splits", "tensor parallel:", "random weights"};
+    for (size_t k = 0; k < sizeof figures / sizeof figures[0]; k++) {
+        LOOM_CHECK_MSG(strstr(out, figures[k]) == NULL, "stdout has '%s': %s", figures[k], out);
+        LOOM_CHECK_MSG(strstr(err, figures[k]) != NULL, "stderr lacks '%s': %s", figures[k], err);
+    }
+    LOOM_CHECK_MSG(err_q[0] == 0, "--log-disable left on stderr: '%s'", err_q);
+    /* an error is still printed under --log-disable */
+    char *b[] = {"run", "-m", "/nonexistent.gguf", "--log-disable", NULL};
+    free(out_q);
+    free(err_q);
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, b, &out_q, &err_q), 1);
+    LOOM_CHECK_STR_CONTAINS(err_q, "/nonexistent.gguf");
+    free(out);
+    free(err);
+    free(out_q);
+    free(err_q);
 }
 
 LOOM_TEST(cli, run_stories_tensor_parallel_and_logits_out) {
@@ -87,6 +121,11 @@ LOOM_TEST(cli, explain_summary_and_html) {
     LOOM_CHECK_STR_CONTAINS(out, "\ngraph splits = 2\n");
     LOOM_CHECK_STR_CONTAINS(out, "\nallreduces = 10\n"); /* 5 layers x 2 */
     LOOM_CHECK_STR_CONTAINS(out, "1.wgt");               /* cause codes are shown */
+    /* and explained, once, in the text too (not only on the page) */
+    const char *legend = strstr(out, "\ncause codes:\n");
+    LOOM_CHECK(legend != NULL && strstr(legend + 1, "\ncause codes:\n") == NULL);
+    LOOM_CHECK_STR_CONTAINS(out, "\n  1.wgtN    pass 1: with its weight source N");
+    LOOM_CHECK_STR_CONTAINS(out, "\n  2.gpu-dn  pass 2: ");
     LOOM_CHECK_STR_CONTAINS(out, "PARTIAL");
     FILE *f = fopen(html, "r");
     LOOM_REQUIRE(f != NULL);
@@ -185,15 +224,13 @@ static char *run_text(char **argv, int want_rc) {
     int rc = loom_test_capture(loom_cli_run, argv, &out, &err);
     LOOM_CHECK_MSG(rc == want_rc, "rc %d (want %d), stderr: %s", rc, want_rc, err);
     free(err);
-    char *end = strstr(out, "\n\nmodel:"); /* the generated text only */
-    if (end) *end = 0;
-    return out;
+    return out; /* the prompt and the generated text: the figures are on stderr */
 }
 
 LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *g[] = {"run", "-m", m, "-n", "20", NULL};
+    char *g[] = {"run", "-m", m, "-n", "20", "--temp", "0", NULL};
     char *greedy = run_text(g, 0);
     /* min-p 1 keeps only the top token: hot sampling becomes greedy */
     char *a1[] = {"run", "-m", m, "-n", "20", "--temp", "5", "-s", "3", "--min-p", "1", NULL};
@@ -203,26 +240,23 @@ LOOM_TEST(cli_flags, sampling_flags_and_seed) {
     char *hot = run_text(a2, 0);
     LOOM_CHECK(strcmp(hot, greedy) != 0);
     /* a strong repetition penalty changes greedy text (it repeats "Lily" otherwise) */
-    char *a3[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
-                  "-1",  NULL};
+    char *a3[] = {"run", "-m",     m,   "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+                  "-1",  "--temp", "0", NULL};
     char *pen = run_text(a3, 0);
     LOOM_CHECK(strcmp(pen, greedy) != 0);
-    char *a3b[] = {"run", "-m", m, "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
-                   "0",   NULL};
+    char *a3b[] = {"run", "-m",     m,   "-n", "20", "--repeat-penalty", "100", "--repeat-last-n",
+                   "0",   "--temp", "0", NULL};
     char *pen0 = run_text(a3b, 0);
     LOOM_CHECK_STR_EQ(pen0, greedy); /* looking back over 0 tokens: off */
     /* the default seed is random and printed; -s with it repeats the run */
     char *out, *err;
     char *a4[] = {"run", "-m", m, "-n", "16", "--temp", "1", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a4, &out, &err), 0);
-    const char *sd = strstr(out, "sampling:   seed ");
+    const char *sd = strstr(err, "sampling:   seed ");
     LOOM_REQUIRE(sd != NULL);
     LOOM_CHECK_STR_CONTAINS(sd, "(random; -s repeats it)");
     char seed[32];
     LOOM_REQUIRE(sscanf(sd, "sampling:   seed %31s", seed) == 1);
-    char *end = strstr(out, "\n\nmodel:");
-    LOOM_REQUIRE(end != NULL);
-    *end = 0;
     char *a5[] = {"run", "-m", m, "-n", "16", "--temp", "1", "--seed", seed, NULL};
     char *again = run_text(a5, 0);
     LOOM_CHECK_STR_EQ(again, out);
@@ -241,10 +275,10 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     char *m = (char *)loom_test_stories();
     char *out, *err;
     /* -n -1: until the end of text or of the context (-c 40, 5 prompt tokens) */
-    char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "-1", "-c", "40", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a1, &out, &err), 0);
     int n_gen = -1;
-    const char *gp = strstr(out, "generation: ");
+    const char *gp = strstr(err, "generation: ");
     LOOM_REQUIRE(gp != NULL);
     LOOM_CHECK(sscanf(gp, "generation: %d tokens", &n_gen) == 1 && n_gen > 20 && n_gen <= 35);
     free(out);
@@ -255,18 +289,20 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
     LOOM_REQUIRE(fd >= 0);
     LOOM_REQUIRE(write(fd, "Once upon a time\n", 17) == 17); /* the newline is dropped */
     close(fd);
-    char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, NULL};
+    char *a2[] = {"run", "-m", m, "-n", "20", "-f", path, "--temp", "0", NULL};
     char *from_file = run_text(a2, 0);
-    char *a3[] = {"run", "-m",           m,   "-n", "20", "-ub",  "2",  "-b",  "3",   "--ctx-size",
-                  "64",  "--batch-size", "3", "-t", "1",  "-ngl", "-1", "-fa", "off", NULL};
+    char *a3[] = {"run", "-m",         m,     "-n",           "20", "-ub", "2", "-b",
+                  "3",   "--ctx-size", "64",  "--batch-size", "3",  "-t",  "1", "-ngl",
+                  "-1",  "-fa",        "off", "--temp",       "0",  NULL};
     char *small_batches = run_text(a3, 0);
-    char *a4[] = {"run", "-m",  m,     "-n",  "20", "-fa",     "on",   "-ctk", "f16", "-ctv",
-                  "f16", "-ts", "1,1", "-mg", "0",  "-no-cnv", "-dev", "none", NULL};
+    char *a4[] = {"run",  "-m",      m,      "-n",   "20",     "-fa", "on",
+                  "-ctk", "f16",     "-ctv", "f16",  "-ts",    "1,1", "-mg",
+                  "0",    "-no-cnv", "-dev", "none", "--temp", "0",   NULL};
     char *f16 = run_text(a4, 0);
     LOOM_CHECK_STR_CONTAINS(from_file, "Once upon a time, there was a little girl named Lily");
     LOOM_CHECK_STR_EQ(small_batches, from_file);
     LOOM_CHECK_STR_CONTAINS(f16, "Once upon a time, there was a little girl named Lily");
-    char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", NULL};
+    char *a5[] = {"run", "-m", m, "-f", path, "-p", "x", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a5, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "-p and -f");
     free(out);
@@ -294,15 +330,15 @@ LOOM_TEST(cli_flags, n_minus_one_prompt_file_and_batches) {
 LOOM_TEST(cli_flags, quantised_kv_cache) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "20", "-ctk", "q8_0", "-ctv", "q8_0", "--temp", "0", NULL};
     char *q8 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(q8, "Once upon a time, there was a little girl named Lily");
     free(q8);
-    char *a2[] = {"run",  "-m",   m,      "-n",    "8",   "-ctk",  "q8_0",
-                  "-ctv", "bf16", "-dev", "sim:2", "-sm", "layer", NULL};
+    char *a2[] = {"run",  "-m",   m,       "-n",  "8",     "-ctk",   "q8_0", "-ctv",
+                  "bf16", "-dev", "sim:2", "-sm", "layer", "--temp", "0",    NULL};
     free(run_text(a2, 0));
-    char *a3[] = {"run",  "-m",   m,       "-n",  "8",      "-ctk",
-                  "q8_0", "-dev", "sim:2", "-sm", "tensor", NULL};
+    char *a3[] = {"run",  "-m",    m,     "-n",     "8",      "-ctk", "q8_0",
+                  "-dev", "sim:2", "-sm", "tensor", "--temp", "0",    NULL};
     char *out, *err;
     LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "head_dim 8 is not whole blocks");
@@ -326,16 +362,16 @@ LOOM_TEST(cli_flags, quantised_kv_cache) {
 LOOM_TEST(cli_flags, uneven_tensor_split) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
-    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", NULL};
+    char *a1[] = {"run", "-m", m, "-n", "20", "-dev", "sim:2", "-ts", "3,1", "--temp", "0", NULL};
     char *t31 = run_text(a1, 0);
     LOOM_CHECK_STR_CONTAINS(t31, "Once upon a time, there was a little girl named Lily");
     free(t31);
-    char *a2[] = {"run",   "-m",  m,       "-n",  "20",    "-dev",
-                  "sim:3", "-sm", "layer", "-ts", "1,0,1", NULL};
+    char *a2[] = {"run", "-m",    m,     "-n",    "20",     "-dev", "sim:3",
+                  "-sm", "layer", "-ts", "1,0,1", "--temp", "0",    NULL};
     char *t101 = run_text(a2, 0);
     LOOM_CHECK_STR_CONTAINS(t101, "Once upon a time, there was a little girl named Lily");
     free(t101);
-    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", NULL};
+    char *a3[] = {"run", "-m", m, "-n", "4", "-dev", "sim:2", "-ts", "1,1,1", "--temp", "0", NULL};
     char *out, *err;
     LOOM_CHECK(loom_test_capture(loom_cli_run, a3, &out, &err) != 0);
     LOOM_CHECK_STR_CONTAINS(err, "3 proportions for 2 devices");
@@ -414,14 +450,9 @@ LOOM_TEST(cli_flags, no_mmap_reads_the_weights_and_changes_no_token) {
         int rc = loom_test_capture(loom_cli_run, argv, &out[k], &err[k]);
         LOOM_CHECK_MSG(rc == 0, "rc %d, stderr: %s", rc, err[k]);
     }
-    LOOM_CHECK_STR_CONTAINS(out[0], "1.17 MB used in place from the mapped file");
-    LOOM_CHECK_STR_CONTAINS(out[1], "0.00 MB used in place from the mapped file");
-    /* the generated text: the output's first line */
-    const char *e0 = strchr(out[0], '\n'), *e1 = strchr(out[1], '\n');
-    LOOM_REQUIRE(e0 && e1);
-    LOOM_CHECK_MSG(e0 - out[0] == e1 - out[1] && !memcmp(out[0], out[1], (size_t)(e0 - out[0])),
-                   "texts differ: '%.*s' vs '%.*s'", (int)(e0 - out[0]), out[0],
-                   (int)(e1 - out[1]), out[1]);
+    LOOM_CHECK_STR_CONTAINS(err[0], "1.17 MB used in place from the mapped file");
+    LOOM_CHECK_STR_CONTAINS(err[1], "0.00 MB used in place from the mapped file");
+    LOOM_CHECK_STR_EQ(out[0], out[1]); /* the generated text: the whole output */
     for (int k = 0; k < 2; k++) {
         free(out[k]);
         free(err[k]);
@@ -504,17 +535,21 @@ LOOM_TEST(cli_flags, help_lists_every_flag_and_verbose_restores_the_log_level) {
 LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *out, *err;
-    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-n", "2", "-c",
-                 "256", NULL};
+    char *a[] = {"run",       "-m",    (char *)loom_test_stories(),
+                 "--devices", "sim:2", "-n",
+                 "2",         "-c",    "256",
+                 "--temp",    "0",     NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 0);
-    /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f32, half each */
+    /* KV: 5 layers x (K + V) x 256 positions x (n_head_kv * head_dim = 4 * 8) x f16 (the default,
+     * as llama.cpp's), half each */
     char kv[32];
-    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 4 / 2);
+    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 2 / 2);
     LOOM_CHECK_STR_CONTAINS(err, "memory per device (at load):");
     LOOM_CHECK_STR_CONTAINS(err, "weights    KV cache     compute       total        free");
     LOOM_CHECK_STR_CONTAINS(err, kv);
-    LOOM_CHECK_EQ_INT(count(err, "SIM0 "), 1); /* sim names may carry a reg prefix */
-    LOOM_CHECK_EQ_INT(count(err, "SIM1 "), 1);
+    /* one table row each (sim names may carry a reg prefix; the table pads them) */
+    LOOM_CHECK_EQ_INT(count(err, "SIM0  "), 1);
+    LOOM_CHECK_EQ_INT(count(err, "SIM1  "), 1);
     LOOM_CHECK_STR_CONTAINS(err, "\n  host ");
     free(out);
     free(err);
@@ -532,7 +567,7 @@ LOOM_TEST(cli_memory, run_report_matches_the_plan_of_gguf) {
                   "100000",         NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, g2, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the plan does not fit ");
-    LOOM_CHECK_STR_CONTAINS(err, "SIM0: 61.5 MiB planned"); /* 60 MiB of KV per device */
+    LOOM_CHECK_STR_CONTAINS(err, "SIM0: 31.0 MiB planned"); /* 30 MiB of f16 KV per device */
     LOOM_CHECK_STR_CONTAINS(err, "MiB planned (weights + KV cache), 1.0 MiB free");
     free(out);
     free(err);
@@ -710,8 +745,9 @@ LOOM_TEST(cli_bench, tensor_split_list_one_row_per_split) {
                  "4",     "-n",        "0",     "-r",  "1",         NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, b, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:2 | default | ts "
-                                 "1.00/1.00/1.00: session: tensor_split has 3 proportions "
-                                 "for 2 devices");
+                                 "1.00/1.00/1.00 | t all | ngl -1 | b 2048 | ub 512 | ctk f16 | "
+                                 "ctv f16 | fa -1 | nkvo 0 | mmap 1: session: tensor_split has 3 "
+                                 "proportions for 2 devices");
     for (const char *p = out; *p; p = strchr(p, '\n') + 1)
         LOOM_CHECK(*p == '|');
     LOOM_CHECK_EQ_INT(count(out, "\n| llama "), 1);
@@ -828,8 +864,10 @@ LOOM_TEST(cli_bench, json_jsonl_csv_sql_use_llama_bench_field_names) {
     free(err);
     char *q[] = {"bench", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
-    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS test (\n  model_filename TEXT,");
-    LOOM_CHECK_STR_CONTAINS(out, "INSERT INTO test (model_filename, model_type, model_size, ");
+    LOOM_CHECK_STR_CONTAINS(out,
+                            "CREATE TABLE IF NOT EXISTS llama_bench (\n  model_filename TEXT,");
+    LOOM_CHECK_STR_CONTAINS(out,
+                            "INSERT INTO llama_bench (model_filename, model_type, model_size, ");
     LOOM_CHECK_STR_CONTAINS(out, "VALUES ('built-in', 'llama ");
     free(out);
     free(err);
@@ -965,7 +1003,8 @@ LOOM_TEST(cli_bench, vocabulary_of_three_tokens) {
 /* README's second example: stories260K over sim:4, greedy, tells this story. */
 LOOM_TEST(cli, readme_stories_example) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", NULL};
+    char *a[] = {"run", "-m", (char *)loom_test_stories(), "--devices", "sim:4", "--temp",
+                 "0",   NULL};
     char *text = run_text(a, 0);
     LOOM_CHECK_STR_CONTAINS(
         text, "Once upon a time, there was a little girl named Lily. She loved to play "
@@ -1028,7 +1067,7 @@ LOOM_TEST(cli, gguf_quant_types_blocks_and_unsupported) {
     LOOM_CHECK_STR_CONTAINS(out, "general.architecture");
     free(out);
     free(err);
-    char *argv3[] = {"run", "-m", path, "-n", "2", NULL};
+    char *argv3[] = {"run", "-m", path, "-n", "2", "--temp", "0", NULL};
     rc = loom_test_capture(loom_cli_run, argv3, &out, &err);
     LOOM_CHECK(rc != 0);
     LOOM_CHECK_STR_CONTAINS(
@@ -1077,7 +1116,7 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char *m = (char *)loom_test_stories();
     const char *story = "Once upon a time, there was a little girl named Lily";
-    char *g[] = {"run", "-m", m, "-n", "40", NULL};
+    char *g[] = {"run", "-m", m, "-n", "40", "--temp", "0", NULL};
     char *greedy = run_text(g, 0);
     LOOM_REQUIRE(strncmp(greedy, story, strlen(story)) == 0);
     /* the id of "▁Lily" */
@@ -1093,73 +1132,77 @@ LOOM_TEST(cli_flags, end_of_generation_reverse_prompt_escapes_and_penalties) {
     char path[4096];
     LOOM_REQUIRE(stories_with_eos((uint32_t)ids[0], path, sizeof path) != NULL);
 
-    char *a1[] = {"run", "-m", path, "-n", "40", NULL};
+    char *a1[] = {"run", "-m", path, "-n", "40", "--temp", "0", NULL};
     char *ended = run_text(a1, 0);
     LOOM_CHECK_STR_EQ(ended, "Once upon a time, there was a little girl named");
-    char *a2[] = {"run", "-m", path, "-n", "40", "--ignore-eos", NULL};
+    char *a2[] = {"run", "-m", path, "-n", "40", "--ignore-eos", "--temp", "0", NULL};
     char *ignored = run_text(a2, 0);
     LOOM_CHECK_MSG(strstr(ignored, "Lily") == NULL && strlen(ignored) > strlen(story),
                    "--ignore-eos: '%s'", ignored);
-    char *a3[] = {"run", "-m", path, "-n", "40", "-sp", NULL};
+    char *a3[] = {"run", "-m", path, "-n", "40", "-sp", "--temp", "0", NULL};
     char *special = run_text(a3, 0);
     LOOM_CHECK_STR_EQ(special, story);
-    char *a4[] = {"run", "-m", m, "-n", "40", "-r", "girl", "-r", "never printed", NULL};
+    char *a4[] = {"run",           "-m",     m,   "-n", "40", "-r", "girl", "-r",
+                  "never printed", "--temp", "0", NULL};
     char *rp = run_text(a4, 0);
     LOOM_CHECK_STR_EQ(rp, "Once upon a time, there was a little girl");
-    char *a5[] = {"run", "-m", m, "-n", "40", "--reverse-prompt", "\\x2c", NULL}; /* "," */
+    char *a5[] = {"run",   "-m",     m,   "-n", "40", "--reverse-prompt",
+                  "\\x2c", "--temp", "0", NULL}; /* "," */
     char *rp_esc = run_text(a5, 0);
     LOOM_CHECK_STR_EQ(rp_esc, "Once upon a time,");
-    char *a6[] = {"run", "-m", m, "-n", "4", "-p", "Once upon a time\\x2c\\tthere", NULL};
+    char *a6[] = {"run",    "-m", m,   "-n", "4", "-p", "Once upon a time\\x2c\\tthere",
+                  "--temp", "0",  NULL};
     char *esc = run_text(a6, 0);
     LOOM_CHECK_MSG(strncmp(esc, "Once upon a time,\tthere", 23) == 0, "'%s'", esc);
-    char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", NULL};
+    char *a7[] = {"run", "-m", m, "-n", "4", "--no-escape", "-p", "a\\tb", "--temp", "0", NULL};
     char *raw = run_text(a7, 0);
     LOOM_CHECK_MSG(strncmp(raw, "a\\tb", 4) == 0, "'%s'", raw);
     char *out, *err;
-    char *vp[] = {"run", "-m", m, "-n", "1", "--verbose-prompt", NULL};
+    char *vp[] = {"run", "-m", m, "-n", "1", "--verbose-prompt", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, vp, &out, &err), 0);
     LOOM_CHECK_STR_CONTAINS(err, "prompt: 5 tokens\n     1 -> '<s>'\n");
     LOOM_CHECK_STR_CONTAINS(err, " -> ' upon'\n");
     free(out);
     free(err);
-    char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", NULL};
+    char *a8[] = {"run", "-m", m, "-n", "40", "--no-display-prompt", "--temp", "0", NULL};
     char *noprompt = run_text(a8, 0);
     LOOM_CHECK_STR_EQ(noprompt, greedy + strlen("Once upon a time"));
-    char *a9[] = {"run", "-m", m, "-n", "40", "--frequency-penalty", "5", NULL};
+    char *a9[] = {"run", "-m", m, "-n", "40", "--frequency-penalty", "5", "--temp", "0", NULL};
     char *freq = run_text(a9, 0);
-    char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", NULL};
+    char *a10[] = {"run", "-m", m, "-n", "40", "--presence-penalty", "5", "--temp", "0", NULL};
     char *pres = run_text(a10, 0);
-    char *a11[] = {"run", "-m",
-                   m,     "-n",
-                   "40",  "--presence-penalty",
-                   "0",   "--frequency-penalty",
-                   "0",   "--no-warmup",
-                   "-e",  "--mlock",
+    char *a11[] = {"run",    "-m",
+                   m,        "-n",
+                   "40",     "--presence-penalty",
+                   "0",      "--frequency-penalty",
+                   "0",      "--no-warmup",
+                   "-e",     "--mlock",
+                   "--temp", "0",
                    NULL};
     char *zero = run_text(a11, 0);
     LOOM_CHECK(strcmp(freq, greedy) != 0 && strcmp(pres, greedy) != 0);
     LOOM_CHECK_STR_EQ(zero, greedy);
     /* llama.cpp's values: -n -2 is -n -1, a negative temperature is greedy, top-k -1 is off,
      * -c 0 the training context (2048 for stories260K: 5 prompt tokens, 2043 generated) */
-    char *b1[] = {"run", "-m", m, "-n", "-1", "-c", "40", NULL};
+    char *b1[] = {"run", "-m", m, "-n", "-1", "-c", "40", "--temp", "0", NULL};
     char *b2[] = {"run", "-m", m, "-n", "-2", "-c", "40", "--temp", "-1", "--top-k", "-1", NULL};
     char *to_end = run_text(b1, 0), *to_end2 = run_text(b2, 0);
     LOOM_CHECK_STR_EQ(to_end2, to_end);
     free(to_end);
     free(to_end2);
-    char *b3[] = {"run", "-m", m, "-n", "-1", "-c", "0", NULL};
+    char *b3[] = {"run", "-m", m, "-n", "-1", "-c", "0", "--temp", "0", NULL};
     char *out0, *err0;
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, b3, &out0, &err0), 0);
-    LOOM_CHECK_STR_CONTAINS(out0, "generation: 2043 tokens");
+    LOOM_CHECK_STR_CONTAINS(err0, "generation: 2043 tokens");
     free(out0);
     free(err0);
     /* chat and interactive modes are refused, naming why */
-    char *a12[] = {"run", "-m", m, "-cnv", NULL};
+    char *a12[] = {"run", "-m", m, "-cnv", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a12, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "no conversation or interactive mode");
     free(out);
     free(err);
-    char *a13[] = {"run", "-m", m, "-r", "", NULL};
+    char *a13[] = {"run", "-m", m, "-r", "", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a13, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "-r needs a non-empty text");
     free(out);
@@ -1203,7 +1246,7 @@ LOOM_TEST(cli_errors, no_vocabulary_bench_runs_run_refuses) {
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, gp, &out, &err), 0);
     free(out);
     free(err);
-    char *r[] = {"run", "-m", path, "-n", "2", NULL};
+    char *r[] = {"run", "-m", path, "-n", "2", "--temp", "0", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, r, &out, &err), 1);
     LOOM_CHECK_STR_CONTAINS(err, "the model has no vocabulary (tokenizer.ggml.model 'none')");
     free(out);
@@ -1214,4 +1257,230 @@ LOOM_TEST(cli_errors, no_vocabulary_bench_runs_run_refuses) {
     free(out);
     free(err);
     unlink(path);
+}
+
+/* llama.cpp's defaults, warnings and aliases (issue 26): temperature 0.8 and an F16 KV cache
+ * by default; -c past the training context and -ngl past the layers are warned about;
+ * --temperature, --predict, -ngl all|auto, --list-devices, -f from a pipe and --stdin. */
+LOOM_TEST(cli_flags, llama_cpp_defaults_warnings_and_aliases) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char *m = (char *)loom_test_stories();
+    char *out, *err;
+    char *d[] = {"run", "-m", m, "-n", "2", "-c", "256", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, d, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, ", temp 0.8, ");
+    char kv[32]; /* 5 layers x (K + V) x 256 positions x 32 x f16 */
+    loom_cli_format_bytes(kv, sizeof kv, 5.0 * 2 * 256 * 32 * 2);
+    LOOM_CHECK_STR_CONTAINS(err, kv);
+    LOOM_CHECK(strstr(err, "warning") == NULL);
+    free(out);
+    free(err);
+    /* the aliases give the text of the names they stand for */
+    char *g[] = {"run", "-m", m, "-n", "12", "--temp", "0", NULL};
+    char *greedy = run_text(g, 0);
+    char *al[] = {"run", "-m", m, "--predict", "12", "--temperature", "0", "-ngl", "all", NULL};
+    char *alias = run_text(al, 0);
+    LOOM_CHECK_STR_EQ(alias, greedy);
+    char *au[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-ngl", "auto", NULL};
+    char *aut = run_text(au, 0);
+    LOOM_CHECK_STR_EQ(aut, greedy);
+    /* the warnings, on stderr (the text unchanged) */
+    char *w[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-c", "4096", "-ngl", "9", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, w, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "warning: -c 4096 exceeds the model's training context (2048)");
+    LOOM_CHECK_STR_CONTAINS(err, "warning: -ngl 9: 5/5 layers on the devices");
+    LOOM_CHECK_STR_EQ(out, greedy);
+    free(out);
+    free(err);
+    char *w2[] = {"run", "-m", m, "-n", "1", "-ngl", "3", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, w2, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(err, "-ngl 3: 3/5 layers on the devices\n");
+    free(out);
+    free(err);
+    /* the prompt from a pipe: -f /dev/fd/N, and --stdin */
+    int fds[2];
+    LOOM_REQUIRE(pipe(fds) == 0);
+    LOOM_REQUIRE(write(fds[1], "Once upon a time\n", 17) == 17);
+    close(fds[1]);
+    char path[64];
+    snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+    char *f[] = {"run", "-m", m, "-n", "12", "--temp", "0", "-f", path, NULL};
+    char *piped = run_text(f, 0);
+    LOOM_CHECK_STR_EQ(piped, greedy);
+    close(fds[0]);
+    LOOM_REQUIRE(pipe(fds) == 0);
+    LOOM_REQUIRE(write(fds[1], "Once upon a time", 16) == 16);
+    close(fds[1]);
+    int saved = dup(0);
+    LOOM_REQUIRE(saved >= 0 && dup2(fds[0], 0) == 0);
+    close(fds[0]);
+    char *si[] = {"run", "-m", m, "-n", "12", "--temp", "0", "--stdin", NULL};
+    char *stdin_text = run_text(si, 0);
+    dup2(saved, 0);
+    close(saved);
+    LOOM_CHECK_STR_EQ(stdin_text, greedy);
+    /* --list-devices: loom devices' list, then exit */
+    char *ld[] = {"run", "--list-devices", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, ld, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "CPU");
+    free(out);
+    free(err);
+    free(greedy);
+    free(alias);
+    free(aut);
+    free(piped);
+    free(stdin_text);
+}
+
+/* A fresh clone (issue 26): -m NAME finds NAME in $LOOM_MODELS_DIR, and the example
+ * --split-rules file of examples/ parses, overrides the built-in rule it names and keeps
+ * the greedy story. */
+LOOM_TEST(cli_flags, models_dir_and_the_example_split_rules) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", loom_test_stories());
+    *strrchr(dir, '/') = 0;
+    const char *prev = getenv("LOOM_MODELS_DIR");
+    char saved[4096];
+    snprintf(saved, sizeof saved, "%s", prev ? prev : "");
+    setenv("LOOM_MODELS_DIR", dir, 1);
+    char *g[] = {"run", "-m", (char *)loom_test_stories(), "-n", "16", "--temp", "0", NULL};
+    char *greedy = run_text(g, 0);
+    char *b[] = {"run", "-m", "stories260K.gguf", "-n", "16", "--temp", "0", NULL};
+    char *bare = run_text(b, 0);
+    LOOM_CHECK_STR_EQ(bare, greedy);
+    if (prev)
+        setenv("LOOM_MODELS_DIR", saved, 1);
+    else
+        unsetenv("LOOM_MODELS_DIR");
+    char *rules = "examples/split-rules/output-mirrored.rules";
+    char *out, *err;
+    char *p[] = {
+        "gguf", (char *)loom_test_stories(), "--plan", "--devices", "sim:2", "--split-rules", rules,
+        NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_gguf, p, &out, &err), 0);
+    const char *o = strstr(out, "\n  output.weight ");
+    LOOM_REQUIRE(o != NULL);
+    LOOM_CHECK_STR_CONTAINS(o, "MIRRORED");
+    LOOM_CHECK_STR_CONTAINS(o, "output-mirrored.rules:15 /output\\.weight/");
+    free(out);
+    free(err);
+    char *r[] = {"run",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "-n",
+                 "16",
+                 "--temp",
+                 "0",
+                 "--devices",
+                 "sim:2",
+                 "--split-rules",
+                 rules,
+                 NULL};
+    char *split = run_text(r, 0);
+    LOOM_CHECK_STR_EQ(split, greedy);
+    free(greedy);
+    free(bare);
+    free(split);
+}
+
+/* A device spec of a known kind with what it does not take says what it takes, instead of
+ * calling the kind unknown while listing it (issue 26). */
+LOOM_TEST(cli_errors, device_spec_of_a_known_kind_says_what_it_takes) {
+    const struct {
+        const char *spec, *want;
+    } cases[] = {
+        {"cpu:2", "device spec 'cpu:2': 'cpu' takes no index or options"},
+        {"cpu,threads=4", "'cpu' takes no index or options"},
+        {"cuda,0", "'cuda' takes a list of GPU indices after ':' (cuda:0,1)"},
+        {"numa,1", "'numa' takes a list of NUMA nodes after ':' (numa:0,1)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char *out, *err;
+        char *a[] = {"run", "--devices", (char *)cases[k].spec, "-n", "1", NULL};
+        LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_run, a, &out, &err), 1);
+        LOOM_CHECK_STR_CONTAINS(err, cases[k].want);
+        LOOM_CHECK_MSG(strstr(err, "unknown device kind") == NULL, "%s: %s", cases[k].spec, err);
+        free(out);
+        free(err);
+    }
+}
+
+/* loom bench's rows feed llama.cpp's scripts/compare-llama-bench.py (issue 26): every JSON
+ * row has the keys that script requires (its key properties, build_commit, test_time,
+ * avg_ts), the SQL has its table (llama_bench) with its columns; a prompt-only row shows
+ * no per-token reductions ("-", null), not zeros; -dev none is the CPU; a FAILED line names
+ * the whole configuration. */
+LOOM_TEST(cli_bench, rows_feed_compare_llama_bench) {
+    static const char *const required[] = {
+        "cpu_info",       "gpu_info",   "backends",      "n_gpu_layers", "tensor_buft_overrides",
+        "model_filename", "model_type", "n_batch",       "n_ubatch",     "embeddings",
+        "cpu_mask",       "cpu_strict", "poll",          "n_threads",    "type_k",
+        "type_v",         "use_mmap",   "no_kv_offload", "split_mode",   "main_gpu",
+        "tensor_split",   "flash_attn", "n_prompt",      "n_gen",        "n_depth",
+        "build_commit",   "test_time",  "avg_ts"};
+    static const char *const db[] = {
+        "build_commit",   "build_number",   "cpu_info",      "gpu_info",
+        "backends",       "model_filename", "model_type",    "model_size",
+        "model_n_params", "n_batch",        "n_ubatch",      "n_threads",
+        "cpu_mask",       "cpu_strict",     "poll",          "type_k",
+        "type_v",         "n_gpu_layers",   "split_mode",    "main_gpu",
+        "no_kv_offload",  "flash_attn",     "tensor_split",  "tensor_buft_overrides",
+        "use_mmap",       "embeddings",     "no_op_offload", "n_prompt",
+        "n_gen",          "n_depth",        "test_time",     "avg_ns",
+        "stddev_ns",      "avg_ts",         "stddev_ts"};
+    char *out, *err;
+    char *j[] = {"bench", "--devices", "sim:2", "-p", "4",     "-n",
+                 "2",     "-r",        "1",     "-o", "jsonl", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, j, &out, &err), 0);
+    LOOM_CHECK_EQ_INT(count(out, "\n"), 2); /* pp4, tg2 */
+    for (const char *line = out; *line; line = strchr(line, '\n') + 1) {
+        const char *end = strchr(line, '\n');
+        LOOM_REQUIRE(end != NULL);
+        for (size_t k = 0; k < sizeof required / sizeof required[0]; k++) {
+            char key[64];
+            snprintf(key, sizeof key, "\"%s\": ", required[k]);
+            const char *at = strstr(line, key);
+            LOOM_CHECK_MSG(at && at < end, "a row lacks %s: %.*s", key, (int)(end - line), line);
+        }
+    }
+    LOOM_CHECK_STR_CONTAINS(out, "\"gpu_info\": \"simulated GPU 0 of 2");
+    LOOM_CHECK_STR_CONTAINS(out, "\"cpu_strict\": false, \"poll\": 50, \"embeddings\": false");
+    /* the prompt row: no reductions per generated token; the tg row: its count */
+    LOOM_CHECK_STR_CONTAINS(out, "\"n_gen\": 0");
+    LOOM_CHECK_EQ_INT(count(out, "\"allreduces_per_token\": null"), 1);
+    LOOM_CHECK_EQ_INT(count(out, "\"allreduces_per_token\": "), 2);
+    free(out);
+    free(err);
+    char *q[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "0", "-r", "1", "-o", "sql", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, q, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "CREATE TABLE IF NOT EXISTS llama_bench (");
+    const char *ins = strstr(out, "INSERT INTO llama_bench (");
+    LOOM_REQUIRE(ins != NULL);
+    for (size_t k = 0; k < sizeof db / sizeof db[0]; k++) {
+        char col[64];
+        snprintf(col, sizeof col, "  %s ", db[k]);
+        LOOM_CHECK_MSG(strstr(out, col) != NULL, "CREATE TABLE lacks %s", db[k]);
+    }
+    free(out);
+    free(err);
+    char *m[] = {"bench", "--devices", "sim:2", "-p", "4", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, m, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| pp4 | ");
+    LOOM_CHECK_STR_CONTAINS(out, " | - | - | - | - | - | - |\n"); /* no tg, no profile, no host */
+    free(out);
+    free(err);
+    char *n[] = {"bench", "-dev", "none", "-p", "4", "-n", "0", "-r", "1", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, n, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "| none | ");
+    free(out);
+    free(err);
+    char *f[] = {"bench", "--devices", "sim:zero", "-p",   "4",    "-n",
+                 "0",     "-r",        "1",        "-ctk", "q8_0", NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_bench, f, &out, &err), 1);
+    LOOM_CHECK_STR_CONTAINS(err, "loom bench: FAILED built-in | sim:zero | ");
+    LOOM_CHECK_STR_CONTAINS(err, " | t all | ngl -1 | b 2048 | ub 512 | ctk q8_0 | ctv f16 | fa -1 "
+                                 "| nkvo 0 | mmap 1: ");
+    free(out);
+    free(err);
 }

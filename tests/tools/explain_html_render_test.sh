@@ -37,6 +37,12 @@ for d in SIM0 SIM1 SIM2 SIM3; do
     # lanes + memory + the two timelines
     [ "$n" -eq 4 ] || fail "device $d shows $n times, want 4"
 done
+# memory bars are scaled to each device's capacity: a few MiB of a 16 GiB sim device is a
+# sliver (under 1% of the bar), not a full bar
+w=$(grep -o '<div class="w"[^>]*style="width: [0-9.e-]*%' "$tmp/dom.html" | head -1 | sed 's/.*width: \([0-9.e-]*\)%/\1/')
+[ -n "$w" ] || fail "no weights bar segment"
+awk -v w="$w" 'BEGIN { exit !(w > 0 && w < 1) }' || fail "the SIM0 weights bar is $w% of the bar, want a sliver of 16 GiB"
+grep -q ' of 16.0 GiB (' "$tmp/dom.html" || fail "the memory row does not name the capacity"
 grep -q 'cause codes' "$tmp/dom.html" || fail "no cause legend"
 grep -q '4.cpy' "$tmp/dom.html" || fail "legend lacks 4.cpy"
 ! grep -qE 'https?://' "$page" || fail "the page refers to the network"

@@ -257,7 +257,7 @@ LOOM_TEST(plan_hybrid, offered_only_when_the_devices_alone_do_not_fit) {
     loom_plan_opts o = {.spec_opts = "profile=rtx-3090,mem=1.5MiB",
                         .dev_mem = (size_t)3 << 19,
                         .n_batch = 32,
-                        .kv_type = LOOM_TYPE_F32};
+                        .kv_type = LOOM_TYPE_F16}; /* the CLI's default, llama.cpp's */
     loom_plan_candidate c, all;
     loom_plan_candidate_eval(g, &o, LOOM_SPLIT_MODE_TENSOR, 2, 4096, &all);
     o.dev_growth = all.growth;

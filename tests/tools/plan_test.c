@@ -135,7 +135,7 @@ LOOM_TEST(plan, nothing_fits_names_the_largest_context) {
     loom_plan_opts o = {.spec_opts = "profile=rtx-3090,mem=1.5MiB",
                         .dev_mem = (size_t)3 << 19,
                         .n_batch = 32,
-                        .kv_type = LOOM_TYPE_F32};
+                        .kv_type = LOOM_TYPE_F16}; /* the CLI's default, llama.cpp's */
     loom_plan_candidate c;
     loom_plan_candidate_eval(g, &o, mode, n_dev, ctx, &c);
     LOOM_CHECK(c.ok && c.fits);
@@ -184,11 +184,6 @@ LOOM_TEST(plan, refusals_name_the_problem) {
     char vocab[4096];
     snprintf(vocab, sizeof vocab, "%s/ggml-vocab-llama-spm.gguf", loom_test_models_dir());
     char *out, *err;
-    char *a[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2", NULL};
-    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, a, &out, &err), 2);
-    LOOM_CHECK_STR_CONTAINS(err, "has no profile=");
-    free(out);
-    free(err);
     char *b[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "cuda:0,1", NULL};
     LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, b, &out, &err), 2);
     LOOM_CHECK_STR_CONTAINS(err, "plans are made on sim device profiles");
@@ -239,4 +234,61 @@ LOOM_TEST(plan, bad_options_refused_as_loom_run_refuses_them) {
         free(out);
         free(err);
     }
+}
+
+/* Without profile= (issue 26) the plan answers the fit and leaves the speed out, saying why:
+ * the same bytes per device as with a profile of the same memory, no t/s ("-", JSON null),
+ * and the fewest devices that fit named. */
+LOOM_TEST(plan, without_a_profile_the_fit_alone) {
+    if (!loom_test_stories()) LOOM_SKIP("shared models not found");
+    char *out, *err, *pout, *perr;
+    char *a[] = {"plan",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "--devices",
+                 "sim:2,mem=24GiB",
+                 "-c",
+                 "512",
+                 "-o",
+                 "json",
+                 NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, a, &out, &err), 0);
+    char *p[] = {"plan",
+                 "-m",
+                 (char *)loom_test_stories(),
+                 "--devices",
+                 "sim:2,profile=rtx-3090,mem=24GiB",
+                 "-c",
+                 "512",
+                 "-o",
+                 "json",
+                 NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, p, &pout, &perr), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "\"pp_tps\": null, \"tg_tps\": null");
+    LOOM_CHECK(strstr(pout, "\"tg_tps\": null") == NULL);
+    /* the bytes of every candidate: the same with and without the profile */
+    const char *x = out, *y = pout;
+    int n = 0;
+    while ((x = strstr(x, "\"bytes_per_device\": ")) && (y = strstr(y, "\"bytes_per_device\": "))) {
+        const char *xe = strchr(x, '}'), *ye = strchr(y, '}');
+        LOOM_REQUIRE(xe && ye);
+        LOOM_CHECK_MSG(xe - x == ye - y && !memcmp(x, y, (size_t)(xe - x)), "%.*s vs %.*s",
+                       (int)(xe - x), x, (int)(ye - y), y);
+        x = xe;
+        y = ye;
+        n++;
+    }
+    LOOM_CHECK(n >= 3); /* none, tensor 2, layer 2 */
+    free(out);
+    free(err);
+    free(pout);
+    free(perr);
+    char *t[] = {"plan", "-m", (char *)loom_test_stories(), "--devices", "sim:2", "-c",
+                 "512",  NULL};
+    LOOM_CHECK_EQ_INT(loom_test_capture(loom_cli_plan, t, &out, &err), 0);
+    LOOM_CHECK_STR_CONTAINS(out, "no speed: --devices has no profile=");
+    LOOM_CHECK_STR_CONTAINS(out, "fits on the fewest devices: none over 1 device");
+    LOOM_CHECK(strstr(out, "tokens/s") == NULL);
+    free(out);
+    free(err);
 }

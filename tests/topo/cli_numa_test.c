@@ -33,6 +33,8 @@ static char *run_text(const char *devices, const char *mode, char **err) {
                  (char *)devices,
                  "-sm",
                  (char *)mode,
+                 "--temp",
+                 "0",
                  NULL};
     char *out = NULL;
     int rc = loom_test_capture(loom_cli_run, a, &out, err);

@@ -6,7 +6,10 @@
 # The generated repository @loom_cuda holds:
 #   defs.bzl  CUDA_AVAILABLE (bool), CUDA_PATH, NVCC (absolute path of nvcc, "" if absent),
 #             CUDA_GENCODE (the nvcc -gencode flags of the final module), CUDA_REASON (why
-#             CUDA is off, "" if on)
+#             CUDA is off, "" if on), CUDA_DRIVER (the driver, libcuda.so.1, is on this
+#             machine, or LOOM_CUDA_MODULE=1: //:modules, which `bazel run //tools:loom`
+#             builds, includes the CUDA module only then, so a first run on a machine without
+#             a GPU does not wait minutes for nvcc)
 #   BUILD     :headers (the toolkit's include/ tree, extensionless headers such as nv/target
 #             included), :cudart, :cublas, :nccl (libraries by -L/-l with an rpath to the
 #             toolkit, as the toolkit's own .so files carry versioned sonames), :all (all of
@@ -18,6 +21,8 @@
 #                      one is also embedded as PTX so newer GPUs can JIT it), e.g. "90" for a
 #                      quicker single-arch build while developing
 #   LOOM_NO_CUDA=1     pretend the toolkit is absent (tests the no-CUDA build)
+#   LOOM_CUDA_MODULE=1 put the CUDA module beside libloom (//:modules) without a driver here
+#                      (0: never); //backends/cuda:libloom-cuda.so builds it in any case
 #
 # Usage (WORKSPACE):
 #   load("//third_party/bazel:cuda.bzl", "loom_cuda_repository")
@@ -54,6 +59,21 @@ def _lib_target(name, libdir, lib):
     linkopts = ["-L%s", "-Wl,-rpath,%s", "-l%s"],
 )
 """ % (name, libdir, libdir, lib)
+
+_DRIVER_DIRS = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/lib/wsl/lib",
+]
+
+def _driver_present(rctx):
+    """Whether the CUDA driver library is installed on this machine."""
+    for d in _DRIVER_DIRS:
+        if rctx.path(d + "/libcuda.so.1").exists:
+            return True
+    return False
 
 def _loom_cuda_impl(rctx):
     env = rctx.os.environ
@@ -110,16 +130,19 @@ CUDA_PATH = "%s"
 NVCC = "%s"
 CUDA_GENCODE = %s
 CUDA_REASON = "%s"
+CUDA_DRIVER = %s
 """ % (
         "True" if available else "False",
         root if available else "",
         (root + "/bin/nvcc") if available else "",
         repr(_gencode(archs)) if available else "[]",
         reason.replace('"', "'"),
+        "True" if (env.get("LOOM_CUDA_MODULE", "") == "1" or
+                   (env.get("LOOM_CUDA_MODULE", "") != "0" and _driver_present(rctx))) else "False",
     ))
 
 loom_cuda_repository = repository_rule(
     implementation = _loom_cuda_impl,
-    environ = ["CUDA_PATH", "LOOM_CUDA_ARCHS", "LOOM_NO_CUDA"],
+    environ = ["CUDA_PATH", "LOOM_CUDA_ARCHS", "LOOM_NO_CUDA", "LOOM_CUDA_MODULE"],
     local = True,
 )
