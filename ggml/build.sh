@@ -4,7 +4,8 @@
 # PREFIX/lib/libggml-loom.so. Plain cc, no Bazel: it runs where ggml is (a Debian testing
 # root, see scripts/ggml-sandbox.sh, or a machine with ggml installed).
 #
-# Usage: ggml/build.sh PREFIX [EXTRA_CFLAGS...]      (CC overrides the compiler)
+# Usage: ggml/build.sh PREFIX [EXTRA_CFLAGS...]      (CC overrides the compiler; OUT overrides
+#        the output file, e.g. an ASan build beside the real one)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prefix=${1:?usage: ggml/build.sh PREFIX [CFLAGS...]}
@@ -22,7 +23,7 @@ case $ver in
 esac
 "${CC:-cc}" -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
     -I"$here/.." -I"$prefix/include" $(pkg-config --cflags ggml) "$@" \
-    -o "$prefix/lib/libggml-loom.so" \
+    -o "${OUT:-$prefix/lib/libggml-loom.so}" \
     "$here/device.c" "$here/buffer.c" "$here/twin.c" \
     -L"$prefix/lib" -Wl,-rpath,'$ORIGIN' -lloom $(pkg-config --libs ggml) -lggml-base -lpthread
-echo "built $prefix/lib/libggml-loom.so (ggml $ver)"
+echo "built ${OUT:-$prefix/lib/libggml-loom.so} (ggml $ver)"

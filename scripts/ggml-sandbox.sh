@@ -10,7 +10,8 @@
 # What it installs there: llama.cpp-tools (llama-cli, llama-completion, llama-bench,
 # llama-server, llama-quantize), llama.cpp-tests (test-backend-ops), libggml-dev, gcc and
 # pkg-config (to build the bridge against ggml's headers), and the runtime libraries libloom
-# needs (libhwloc15, libpcre2-8-0, libopenmpi40). The pinned versions are checked: ggml
+# needs (libhwloc15, libpcre2-8-0, libopenmpi40), and the sanitizer runtimes (libasan8,
+# libubsan1) tests/ggml/run.sh loads the bridge with. The pinned versions are checked: ggml
 # 0.27.0 and llama.cpp 0.7.0, the ABI ggml/ggml-abi.h declares. About 2 minutes and 0.8 GB
 # the first time. Then run e.g.
 #   chroot DIR env GGML_BACKEND_PATH=/opt/loom/lib/libggml-loom.so LOOM_GGML_DEVICES=sim:4 \
@@ -22,7 +23,7 @@ dir=${1:?usage: scripts/ggml-sandbox.sh DIR [--enter|--leave]}
 action=${2:-}
 mirror=${LOOM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 packages=(llama.cpp-tools llama.cpp-tests libggml-dev gcc libc6-dev pkg-config binutils
-    libhwloc15 libpcre2-8-0 libopenmpi40)
+    libhwloc15 libpcre2-8-0 libopenmpi40 libasan8 libubsan1)
 
 mounts() {
     for m in proc dev sys; do
@@ -77,6 +78,20 @@ if [ ! -f "$dir/.loom-sandbox-ready" ]; then
     echo "ggml-sandbox: $dir made in $((SECONDS - t0)) s"
 fi
 mounts
+# a root made by an older version of this script: add what the list has gained since
+missing=()
+for p in "${packages[@]}"; do
+    chroot "$dir" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' ||
+        missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    chroot "$dir" env DEBIAN_FRONTEND=noninteractive sh -c \
+        "apt-get update -q && apt-get install -y -q --no-install-recommends ${missing[*]}" \
+        >"$dir.apt.log" 2>&1 || {
+        echo "ggml-sandbox: apt-get install ${missing[*]} in $dir failed; see $dir.apt.log" >&2
+        exit 1
+    }
+fi
 ggml=$(chroot "$dir" pkg-config --modversion ggml)
 llama=$(chroot "$dir" dpkg-query -W -f='${Version}' llama.cpp-tools)
 echo "ggml-sandbox: ggml $ggml, llama.cpp $llama"

@@ -10,7 +10,9 @@
 #      sim:N with N > 1 reduces (LOOM_GGML_STATS), so the text came through tensor parallelism;
 #   3. test-backend-ops -b LOOM0 (mode test) on the ops of a llama-family graph over sim:1 and
 #      sim:2: no FAIL; the OK / not supported counts per op are printed;
-#   4. llama-bench -dev LOOM0 and llama-server -dev LOOM0 (one completion over loopback).
+#   4. llama-bench -dev LOOM0 and llama-server -dev LOOM0 (one completion over loopback);
+#   5. the bridge built with ASan+UBSan runs a model and test-backend-ops clean;
+#   6. tests/ggml/bench.sh --small prints the speed figures (nothing asserted on time).
 # Each check is a line "ggml: ok|FAILED: ..."; with --cases FILE each is also written there as
 # "passed|failed<TAB>name" (.ci/run counts them). Exits non-zero if any failed.
 #   LOOM_GGML_SANDBOX  the root (default /var/tmp/loom-ggml-root; reused when it exists)
@@ -255,7 +257,30 @@ PY
     fi
 fi
 
-# ---------------------------------------------------------------- 5. speed (figures only)
+# ---------------------------------------------------------------- 5. the bridge under ASan+UBSan
+# (loom's own code runs under the sanitizers in the Bazel configurations; this is the bridge's)
+if chroot "$dir" env OUT=/opt/loom/lib/libggml-loom-san.so bash /opt/loom/src/ggml/build.sh \
+    /opt/loom -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+    -fno-omit-frame-pointer >"$dir$work/san-build.log" 2>&1; then
+    san() {
+        chroot "$dir" env GGML_BACKEND_PATH=/opt/loom/lib/libggml-loom-san.so \
+            LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libasan.so.8 ASAN_OPTIONS=detect_leaks=0 \
+            "$@"
+    }
+    out=$(san LOOM_GGML_DEVICES=sim:3 timeout 600 llama-completion -m $work/arch/gpt-oss-q8_0.gguf \
+        -p "Once upon a time" -n 8 --temp 0 -dev LOOM0 2>&1)
+    out2=$(san LOOM_GGML_DEVICES=sim:2 timeout 600 $tbo test -b LOOM0 -o SET_ROWS 2>&1)
+    if grep -aq 'Once upon a time' <<<"$out" && ! grep -aq 'ERROR: AddressSanitizer\|runtime error' \
+        <<<"$out$out2" && grep -aq 'tests passed' <<<"$out2"; then
+        record passed "the bridge under ASan+UBSan: gpt-oss-q8_0 over sim:3, test-backend-ops SET_ROWS"
+    else
+        record failed "the bridge under ASan+UBSan: $(grep -a -m3 'ERROR\|runtime error\|FAIL' <<<"$out$out2")"
+    fi
+else
+    record failed "ASan build of the bridge: $(tail -3 "$dir$work/san-build.log")"
+fi
+
+# ---------------------------------------------------------------- 6. speed (figures only)
 if ! bash tests/ggml/bench.sh --small; then
     record failed "tests/ggml/bench.sh --small"
 fi
