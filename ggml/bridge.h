@@ -50,6 +50,7 @@ typedef struct lg_device {
     uint64_t generation; /* bumped when the table is cleared */
     uint64_t pass;       /* bumped per lookup or graph: a twin is validated once per pass */
     bool probing;        /* inside supports_op */
+    int anchor_depth;    /* supports_op asking about a source's source */
 } lg_device;
 
 /* A bridge buffer: one loom buffer; ggml's addresses are loom's (same base). */

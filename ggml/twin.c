@@ -516,22 +516,38 @@ static bool accepts(lg_device *d, loom_ctx *c, const struct ggml_tensor *op, loo
     return ok;
 }
 
-/* t reads a tensor already placed in this device's memory (a weight, the cache) and the
- * device accepts t: ggml's scheduler will run t here. Called with d->lock held. */
+/* ggml's scheduler will run t here: t reads a tensor already placed in this device's memory
+ * (a weight, the cache), or every result it reads is itself anchored (a GLU of two expert
+ * matmuls), and the device accepts t. Bounded depth; called with d->lock held (recursive). */
 static bool anchored(lg_device *d, const struct ggml_tensor *t) {
-    if (is_view_op(t->op) || t->op == GGML_OP_NONE) return false;
-    bool weight = false;
-    for (int i = 0; i < GGML_MAX_SRC && !weight; i++) {
+    if (is_view_op(t->op) || t->op == GGML_OP_NONE || d->anchor_depth >= 3) return false;
+    bool weight = false, all = true, any = false;
+    d->anchor_depth++;
+    for (int i = 0; i < GGML_MAX_SRC; i++) {
         const struct ggml_tensor *s = t->src[i];
-        const struct ggml_tensor *owner = s ? (s->view_src ? s->view_src : s) : NULL;
-        weight = owner && owner->buffer && owner->buffer->buft == &d->gbuft &&
-                 owner->op == GGML_OP_NONE;
+        if (!s) continue;
+        const struct ggml_tensor *owner = s->view_src ? s->view_src : s;
+        if (owner->buffer && owner->buffer->buft == &d->gbuft && owner->op == GGML_OP_NONE) {
+            weight = true;
+            break;
+        }
+        const struct ggml_tensor *r = s;
+        while (is_view_op(r->op) && r->src[0] && !r->buffer) r = r->src[0];
+        if (r->op == GGML_OP_NONE || r->buffer) continue; /* an input: placed by ggml */
+        any = true;
+        if (!anchored(d, r)) all = false;
     }
-    return weight && lg_supports_op(d, t); /* d->lock is recursive */
+    d->anchor_depth--;
+    return (weight || (any && all)) && lg_supports_op(d, t);
 }
 
 bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
     if (d->wrapped) return false;
+    /* llama.cpp's probe of rope_freqs.weight: a ROPE with every parameter 0 over a weight in
+     * a zero-size buffer of ours; the question is whether the factors may live here */
+    if (op->op == GGML_OP_ROPE && op->src[2] && op->src[2]->buffer &&
+        op->src[2]->buffer->buft == &d->gbuft && !op->src[2]->buffer->context)
+        return op->src[2]->type == GGML_TYPE_F32;
     for (int i = 0; d->owns_meta && i < GGML_MAX_SRC; i++) {
         const struct ggml_tensor *s = op->src[i];
         if (s && s->op == GGML_OP_NONE && s->buffer && s->buffer->buft == &d->gbuft &&
