@@ -47,7 +47,6 @@ typedef struct lg_device {
     size_t n_slots, n_used;
     /* records, in chunks that never move */
     struct lg_chunk *chunks;
-    uint64_t generation; /* bumped when the table is cleared */
     uint64_t pass;       /* bumped per lookup or graph: a twin is validated once per pass */
     bool probing;        /* inside supports_op */
     int anchor_depth;    /* supports_op asking about a source's source */
@@ -67,7 +66,6 @@ typedef struct lg_buffer {
 loom_tensor *lg_twin_get(lg_device *d, const struct ggml_tensor *t);
 /* Forgets every twin (a buffer was freed; twins are rebuilt on demand). d->lock held. */
 void lg_twin_clear(lg_device *d);
-void lg_twin_free_all(lg_device *d);
 /* Whether d can run op: loom has the op, types and shapes, and the device (for a meta
  * device: its rule table) accepts it. */
 bool lg_supports_op(lg_device *d, const struct ggml_tensor *op);

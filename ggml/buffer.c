@@ -142,10 +142,7 @@ static size_t buft_alloc_size(ggml_backend_buffer_type_t buft, const struct ggml
     lg_device *d = buft->context;
     const size_t full = ggml_nbytes(t);
     if (!loom_type_traits_get((int)t->type)) return full;
-    if (!d->owns_meta) {
-        return full;
-    }
-    if (d->wrapped || lg_weight_sliced(d, t)) return full;
+    if (!d->owns_meta || d->wrapped || lg_weight_sliced(d, t)) return full;
     loom_tensor x;
     memset(&x, 0, sizeof x);
     x.type = (loom_type)t->type;

@@ -114,16 +114,6 @@ void lg_twin_clear(lg_device *d) {
             c = n;
         }
     }
-    d->generation++;
-}
-
-void lg_twin_free_all(lg_device *d) {
-    lg_twin_clear(d);
-    free(d->chunks);
-    d->chunks = NULL;
-    free(d->slots);
-    d->slots = NULL;
-    d->n_slots = 0;
 }
 
 /* ---------------------------------------------------------------- translation */
@@ -338,33 +328,54 @@ static bool is_view_op(enum ggml_op op) {
            op == GGML_OP_TRANSPOSE;
 }
 
+/* The tensor whose storage t uses (t itself unless it is a view). */
+static const struct ggml_tensor *storage_of(const struct ggml_tensor *t) {
+    return t->view_src ? t->view_src : t;
+}
+
+/* buf is of this device's type: one of its buffers, or the zero-size buffer (no context)
+ * ggml makes to probe a weight. */
+static bool our_type(const lg_device *d, const struct ggml_backend_buffer *buf) {
+    return buf && buf->buft == &d->gbuft;
+}
+
+static bool probe_buffer(const lg_device *d, const struct ggml_backend_buffer *buf) {
+    return our_type(d, buf) && !buf->context;
+}
+
+/* The result an unplaced chain of views of t looks at (t itself if it is no such view). */
+static const struct ggml_tensor *through_views(const struct ggml_tensor *t) {
+    while (t && !t->buffer && is_view_op(t->op) && t->src[0]) t = t->src[0];
+    return t;
+}
+
 /* Remakes r->t from t and the records of its sources. */
+/* r->t becomes a storage-less whole copy of t (supports_op's view of a tensor computed or
+ * placed elsewhere: ggml's scheduler copies it in whole). Frees c. */
+static loom_status take_whole_copy(lg_twin *r, loom_ctx *c, const struct ggml_tensor *t) {
+    loom_tensor *x = copy_leaf(c, t);
+    if (x) r->t = *x;
+    loom_ctx_free(c);
+    return x ? LOOM_OK : loom_last_status();
+}
+
 static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t) {
     memset(&r->t, 0, sizeof r->t);
     /* an unallocated tensor (ggml's scheduler asking supports_op before it allocates) gets a
      * twin without storage: enough for loom to derive its split state */
-    const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
+    const struct ggml_tensor *owner = storage_of(t);
     const bool unallocated = !owner->buffer;
-    if (d->probing && !unallocated && !lg_buffer_is_ours(d, owner->buffer)) {
-        /* placed elsewhere (a CPU input, the token embeddings): it reaches this device as a
-         * whole copy, whatever made it */
-        loom_ctx *c = loom_ctx_new((loom_ctx_params){4096, NULL, true});
-        loom_tensor *x = c ? copy_leaf(c, t) : NULL;
-        if (x) r->t = *x;
-        loom_ctx_free(c);
-        if (!x) return loom_last_status();
-        r->t.buffer = NULL;
-        r->t.data = NULL;
-        return LOOM_OK;
-    }
-    if (!unallocated && !lg_buffer_is_ours(d, owner->buffer)) {
+    const bool elsewhere = !unallocated && !lg_buffer_is_ours(d, owner->buffer);
+    if (elsewhere && !d->probing) {
         return loom_error(LOOM_ERR_INVALID_ARG, "'%s' (%s) is not in a %s buffer", t->name,
                           ggml_op_desc(t), d->name);
     }
-    const lg_buffer *lb = unallocated ? NULL : owner->buffer->context;
     char scratch[LG_SCRATCH] __attribute__((aligned(64)));
     loom_ctx *c = loom_ctx_new((loom_ctx_params){sizeof scratch, scratch, true});
     if (!c) return loom_last_status();
+    /* placed elsewhere (a CPU input, the token embeddings): whatever made it */
+    if (elsewhere) return take_whole_copy(r, c, t);
+    const lg_buffer *lb = unallocated ? NULL : owner->buffer->context;
     loom_tensor *x = NULL;
     if (t->op == GGML_OP_NONE) {
         if (t->view_src) {
@@ -395,15 +406,8 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
             x = NULL;
         }
     }
-    if (!x && d->probing && t->op != GGML_OP_NONE) {
-        /* loom cannot compute it: ggml's scheduler will, elsewhere, and copy it in whole */
-        x = copy_leaf(c, t);
-        if (x) {
-            r->t = *x;
-            loom_ctx_free(c);
-            return LOOM_OK;
-        }
-    }
+    /* loom cannot compute it: ggml's scheduler will, elsewhere */
+    if (!x && d->probing && t->op != GGML_OP_NONE) return take_whole_copy(r, c, t);
     if (!x) {
         loom_status st = loom_last_status();
         loom_ctx_free(c);
@@ -455,7 +459,7 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
         loom_error(LOOM_ERR_NOMEM, "'%s': no memory for its twin", t->name);
         return NULL;
     }
-    const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
+    const struct ggml_tensor *owner = storage_of(t);
     const void *owner_ctx = owner->buffer ? owner->buffer->context : NULL;
     bool fresh = ok && r->ok && r->version && r->probed == d->probing &&
                  r->owner_ctx == owner_ctx && same_tensor(&r->seen, t) &&
@@ -526,13 +530,12 @@ static bool anchored(lg_device *d, const struct ggml_tensor *t) {
     for (int i = 0; i < GGML_MAX_SRC; i++) {
         const struct ggml_tensor *s = t->src[i];
         if (!s) continue;
-        const struct ggml_tensor *owner = s->view_src ? s->view_src : s;
-        if (owner->buffer && owner->buffer->buft == &d->gbuft && owner->op == GGML_OP_NONE) {
+        const struct ggml_tensor *owner = storage_of(s);
+        if (our_type(d, owner->buffer) && owner->op == GGML_OP_NONE) {
             weight = true;
             break;
         }
-        const struct ggml_tensor *r = s;
-        while (is_view_op(r->op) && r->src[0] && !r->buffer) r = r->src[0];
+        const struct ggml_tensor *r = through_views(s);
         if (r->op == GGML_OP_NONE || r->buffer) continue; /* an input: placed by ggml */
         any = true;
         if (!anchored(d, r)) all = false;
@@ -545,31 +548,27 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
     if (d->wrapped) return false;
     /* llama.cpp's probe of rope_freqs.weight: a ROPE with every parameter 0 over a weight in
      * a zero-size buffer of ours; the question is whether the factors may live here */
-    if (op->op == GGML_OP_ROPE && op->src[2] && op->src[2]->buffer &&
-        op->src[2]->buffer->buft == &d->gbuft && !op->src[2]->buffer->context)
+    if (op->op == GGML_OP_ROPE && op->src[2] && probe_buffer(d, op->src[2]->buffer))
         return op->src[2]->type == GGML_TYPE_F32;
     for (int i = 0; d->owns_meta && i < GGML_MAX_SRC; i++) {
         const struct ggml_tensor *s = op->src[i];
-        if (s && s->op == GGML_OP_NONE && s->buffer && s->buffer->buft == &d->gbuft &&
-            lg_weight_sliced(d, s))
+        if (s && s->op == GGML_OP_NONE && our_type(d, s->buffer) && lg_weight_sliced(d, s))
             return false;
     }
     /* views and leaves are metadata: ggml asks about them for every tensor it places (the
      * KV cache among them), and a device that refuses them cannot hold such tensors */
     if (op->op == GGML_OP_NONE || is_view_op(op->op)) {
         loom_type ty;
-        const struct ggml_tensor *owner = op->view_src ? op->view_src : op;
-        /* (a zero-size buffer of our type, ggml's probe of a weight, counts as ours) */
-        /* ggml's own meta device (-sm tensor) asks about tensors of its buffers, whose
-         * slices are in ours */
+        const struct ggml_tensor *owner = storage_of(op);
+        /* ggml's probe buffers are of our type; ggml's own meta device (-sm tensor) asks
+         * about tensors of its buffers, whose slices are in ours */
         if (!to_loom_type(op->type, &ty) ||
-            (owner->buffer && owner->buffer->buft != &d->gbuft &&
+            (owner->buffer && !our_type(d, owner->buffer) &&
              !ggml_backend_buffer_is_meta(owner->buffer)))
             return false;
         /* a view of a result this device will not compute stays with that result: ggml's
          * scheduler would otherwise hand this device a view of another backend's memory */
-        const struct ggml_tensor *a = op->src[0];
-        while (a && !a->buffer && is_view_op(a->op)) a = a->src[0];
+        const struct ggml_tensor *a = through_views(op->src[0]);
         return !a || a->buffer || a->op == GGML_OP_NONE || lg_supports_op(d, a);
     }
     /* ggml's scheduler asks before it knows where each source will be computed. A source
@@ -589,17 +588,14 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         for (int i = 0; i < GGML_MAX_SRC && have; i++) {
             const struct ggml_tensor *src = op->src[i];
             if (!src) continue;
-            const struct ggml_tensor *owner = src->view_src ? src->view_src : src;
-            lg_twin *r = NULL;
-            if (lg_buffer_is_ours(d, owner->buffer) || !owner->buffer) r = get_rec(d, src, 0);
+            const struct ggml_tensor *owner = storage_of(src);
             /* a weight in ggml's zero-size probe buffer: llama.cpp asks whether this
              * device can hold it for an op of that kind, over made-up operands; the
              * question is the op's, so the weight counts whole (a split weight meets
              * operands split to match in the real graph) */
-            const bool probe_buffer = owner->buffer && owner->buffer->buft == &d->gbuft &&
-                                      !owner->buffer->context;
+            lg_twin *r = NULL;
+            if (lg_buffer_is_ours(d, owner->buffer) || !owner->buffer) r = get_rec(d, src, 0);
             whole[i] = copy_leaf(c, src);
-            if (probe_buffer) r = NULL;
             /* placed in our memory already (weights, cache, a view of them): no choice */
             const bool placed = owner->buffer != NULL;
             derived[i] = r ? &r->t : whole[i];
@@ -649,8 +645,7 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
         /* a view computes nothing: one of another backend's memory (ggml's scheduler puts
          * such views in any split) is that backend's business, and whoever reads it here
          * gets a copy */
-        const struct ggml_tensor *owner = t->view_src ? t->view_src : t;
-        if ((is_view_op(t->op) || t->op == GGML_OP_NONE) && !lg_buffer_is_ours(d, owner->buffer))
+        if ((is_view_op(t->op) || t->op == GGML_OP_NONE) && !lg_buffer_is_ours(d, storage_of(t)->buffer))
             continue;
         if (ggml_nelements(t) == 0) continue; /* an empty batch: nothing to compute */
         lg_twin *r = get_rec(d, t, 0);
