@@ -65,18 +65,19 @@ typedef struct {
     atomic_int violations;
 } barrier_ctx;
 
-/* Each phase every thread writes its slot, then after a barrier checks that all slots
- * hold this phase: a thread running ahead of a barrier would be caught. */
+/* Phase p: every thread writes its slot, then after a barrier checks that all slots hold
+ * p: a thread running ahead of a barrier would be caught. */
+static void barrier_phase(barrier_ctx *b, int ith, int nth, int p) {
+    __atomic_store_n(&b->slots[ith], p, __ATOMIC_RELAXED);
+    loom_threadpool_barrier(b->tp);
+    for (int j = 0; j < nth; j++)
+        if (__atomic_load_n(&b->slots[j], __ATOMIC_RELAXED) != p)
+            atomic_fetch_add(&b->violations, 1);
+    loom_threadpool_barrier(b->tp);
+}
+
 static void barrier_task(int ith, int nth, void *ud) {
-    barrier_ctx *b = ud;
-    for (int p = 1; p <= PHASES; p++) {
-        __atomic_store_n(&b->slots[ith], p, __ATOMIC_RELAXED);
-        loom_threadpool_barrier(b->tp);
-        for (int j = 0; j < nth; j++)
-            if (__atomic_load_n(&b->slots[j], __ATOMIC_RELAXED) != p)
-                atomic_fetch_add(&b->violations, 1);
-        loom_threadpool_barrier(b->tp);
-    }
+    for (int p = 1; p <= PHASES; p++) barrier_phase(ud, ith, nth, p);
 }
 
 LOOM_TEST(threadpool, barrier_orders_phases) {
@@ -107,12 +108,7 @@ static void slow_barrier_task(int ith, int nth, void *ud) {
             struct timespec ts = {0, 1500000};
             nanosleep(&ts, NULL);
         }
-        __atomic_store_n(&b->slots[ith], p, __ATOMIC_RELAXED);
-        loom_threadpool_barrier(b->tp);
-        for (int j = 0; j < nth; j++)
-            if (__atomic_load_n(&b->slots[j], __ATOMIC_RELAXED) != p)
-                atomic_fetch_add(&b->violations, 1);
-        loom_threadpool_barrier(b->tp);
+        barrier_phase(b, ith, nth, p);
     }
 }
 

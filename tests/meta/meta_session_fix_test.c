@@ -53,42 +53,54 @@ static double max_diff(const float *a, const float *b, int64_t n, double *scale)
     return worst;
 }
 
-LOOM_TEST(meta_session_fix, whole_k_rows_reach_the_split_cache) {
-    const char *path = loom_test_stories();
-    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
-    char rules[4096];
+/* Writes a rules file TEST_TMPDIR/name holding text; its path into out. */
+static bool write_rules(const char *name, const char *text, char *out, size_t size) {
     const char *tmp = getenv("TEST_TMPDIR");
-    snprintf(rules, sizeof rules, "%s/mirror_k.rules", tmp ? tmp : "/tmp");
-    FILE *f = fopen(rules, "w");
-    LOOM_REQUIRE(f != NULL);
-    fputs("blk\\.\\d+\\.attn_k\\.weight  mirrored\n", f);
-    fclose(f);
-    enum { STEPS = 3 };
+    snprintf(out, size, "%s/%s", tmp ? tmp : "/tmp", name);
+    FILE *f = fopen(out, "w");
+    if (!f) return false;
+    fputs(text, f);
+    return fclose(f) == 0;
+}
+
+/* Tensor split over each devs[i] (with rules[i], NULL for none) gives the logits of a
+ * single CPU device, within 1e-4 of their scale, for `steps` greedy steps of stories260K. */
+static void check_tensor_split_against_cpu(const char *path, int steps, const char *const *devs,
+                                           const char *const *rules, int n) {
     loom_session_params p = loom_session_params_default();
     p.devices = "cpu";
     p.n_ctx = 64;
     p.threads = 1;
     int64_t V = 0, V2 = 0;
-    float *want = run(path, &p, STEPS, &V, NULL);
+    float *want = run(path, &p, steps, &V, NULL);
     LOOM_REQUIRE(want != NULL);
-    /* n = 2, 3 with the rules file; then n = 2 with devices refusing ROPE (k is roped on
-     * the CPU and comes back whole) */
-    for (int n = 2; n <= 4; n++) {
-        char spec[64];
-        snprintf(spec, sizeof spec, "sim:%d%s", n < 4 ? n : 2, n < 4 ? "" : ",refuse=rope");
-        p.devices = spec;
+    for (int i = 0; i < n; i++) {
+        p.devices = devs[i];
         p.split_mode = LOOM_SPLIT_MODE_TENSOR;
-        p.split_rules = n < 4 ? rules : NULL;
-        float *got = run(path, &p, STEPS, &V2, NULL);
+        p.split_rules = rules[i];
+        float *got = run(path, &p, steps, &V2, NULL);
         if (!got) continue;
-        for (int k = 0; k <= STEPS; k++) {
+        for (int k = 0; k <= steps; k++) {
             double scale, d = max_diff(got + V * k, want + V * k, V, &scale);
-            LOOM_CHECK_MSG(d <= 1e-4 * scale, "N=%d step %d: max |diff| %g (scale %g)", n, k, d,
-                           scale);
+            LOOM_CHECK_MSG(d <= 1e-4 * scale, "%s step %d: max |diff| %g (scale %g)", devs[i], k,
+                           d, scale);
         }
         free(got);
     }
     free(want);
+}
+
+LOOM_TEST(meta_session_fix, whole_k_rows_reach_the_split_cache) {
+    const char *path = loom_test_stories();
+    if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
+    char rules[4096];
+    LOOM_REQUIRE(write_rules("mirror_k.rules", "blk\\.\\d+\\.attn_k\\.weight  mirrored\n", rules,
+                             sizeof rules));
+    /* 2, 3 with the rules file; then 2 with devices refusing ROPE (k is roped on the CPU and
+     * comes back whole) */
+    const char *const devs[] = {"sim:2", "sim:3", "sim:2,refuse=rope"};
+    const char *const with[] = {rules, rules, NULL};
+    check_tensor_split_against_cpu(path, 3, devs, with, 3);
     remove(rules);
 }
 
@@ -137,38 +149,13 @@ LOOM_TEST(meta_session_fix, swapped_ffn_axes_run_exactly) {
     const char *path = loom_test_stories();
     if (!path) LOOM_SKIP("shared models not found (set LOOM_MODELS_DIR)");
     char rules[4096];
-    const char *tmp = getenv("TEST_TMPDIR");
-    snprintf(rules, sizeof rules, "%s/swapped_ffn.rules", tmp ? tmp : "/tmp");
-    FILE *f = fopen(rules, "w");
-    LOOM_REQUIRE(f != NULL);
-    fputs("blk\\.\\d+\\.ffn_gate\\.weight  0\n"
-          "blk\\.\\d+\\.ffn_up\\.weight    0\n"
-          "blk\\.\\d+\\.ffn_down\\.weight  1\n",
-          f);
-    fclose(f);
-    enum { STEPS = 2 };
-    loom_session_params p = loom_session_params_default();
-    p.devices = "cpu";
-    p.n_ctx = 64;
-    p.threads = 1;
-    int64_t V = 0, V2 = 0;
-    float *want = run(path, &p, STEPS, &V, NULL);
-    LOOM_REQUIRE(want != NULL);
-    for (int n = 2; n <= 3; n++) {
-        char spec[64];
-        snprintf(spec, sizeof spec, "sim:%d", n);
-        p.devices = spec;
-        p.split_mode = LOOM_SPLIT_MODE_TENSOR;
-        p.split_rules = rules;
-        float *got = run(path, &p, STEPS, &V2, NULL);
-        if (!got) continue;
-        for (int k = 0; k <= STEPS; k++) {
-            double scale, d = max_diff(got + V * k, want + V * k, V, &scale);
-            LOOM_CHECK_MSG(d <= 1e-4 * scale, "N=%d step %d: max |diff| %g (scale %g)", n, k, d,
-                           scale);
-        }
-        free(got);
-    }
-    free(want);
+    LOOM_REQUIRE(write_rules("swapped_ffn.rules",
+                             "blk\\.\\d+\\.ffn_gate\\.weight  0\n"
+                             "blk\\.\\d+\\.ffn_up\\.weight    0\n"
+                             "blk\\.\\d+\\.ffn_down\\.weight  1\n",
+                             rules, sizeof rules));
+    const char *const devs[] = {"sim:2", "sim:3"};
+    const char *const with[] = {rules, rules};
+    check_tensor_split_against_cpu(path, 2, devs, with, 2);
     remove(rules);
 }
