@@ -326,8 +326,13 @@ loom_allreduce_algo loom_reducer_choose(const loom_reducer *r, size_t nbytes) {
     return nbytes <= r->butterfly_max ? LOOM_ALLREDUCE_BUTTERFLY : LOOM_ALLREDUCE_RING;
 }
 
-void loom_reducer_synchronize(loom_reducer *r) {
-    loom__rd_sync_all(r);
+loom_status loom_reducer_synchronize(loom_reducer *r) {
+    loom_status first = LOOM_OK;
+    char msg[sizeof r->sync_msg] = "";
+    for (int j = 0; j < r->n; j++)
+        loom_backend_synchronize_keep(r->backends[j], &first, msg, sizeof msg);
+    if (first != LOOM_OK) return loom_error(first, "allreduce: a device failed: %s", msg);
+    return LOOM_OK;
 }
 
 void loom_reducer_get_stats(const loom_reducer *r, loom_reducer_stats *out) {

@@ -138,8 +138,11 @@ LOOM_API size_t loom_reducer_butterfly_max_bytes(int n);
  * refuses; the tensors' contents are then unspecified. */
 LOOM_API loom_status loom_reducer_allreduce(loom_reducer *r, loom_tensor *const *tensors,
                                             const bool *empty);
-/* Waits until every backend of the reducer is idle. */
-LOOM_API void loom_reducer_synchronize(loom_reducer *r);
+/* Waits until every backend of the reducer is idle. Returns the first failure a backend
+ * reported while waiting (work that failed on a device after it was queued, such as the
+ * graph that produced a tensor: the error names the device), else LOOM_OK. A failure the
+ * reducer saw here is not reported again by the device's next graph_compute, so check it. */
+LOOM_API loom_status loom_reducer_synchronize(loom_reducer *r);
 
 typedef struct loom_reducer_stats {
     uint64_t reductions;                    /* allreduce calls that succeeded */

@@ -27,7 +27,7 @@ static bool run_one(loom_reducer *r, rt_set *s, uint64_t seed, const bool *empty
                     const float *expected, loom_allreduce_algo want, const char *tag) {
     rt_fill(s, seed, empty);
     loom_status st = loom_reducer_allreduce(r, s->t, empty);
-    loom_reducer_synchronize(r);
+    LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_OK);
     if (st != LOOM_OK) {
         loom_test_fail(__FILE__, __LINE__, "%s: allreduce failed: %s", tag, loom_last_error());
         return false;
@@ -167,7 +167,7 @@ LOOM_TEST(reduce, random_floats_within_rounding) {
         }
         free(in);
         LOOM_CHECK_EQ_INT(loom_reducer_allreduce(r, s.t, NULL), LOOM_OK);
-        loom_reducer_synchronize(r);
+        LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_OK);
         rt_read(&s, 0, out0);
         int bad = 0;
         for (int64_t i = 0; i < ne && bad < 5; i++) {

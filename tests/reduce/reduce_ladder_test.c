@@ -21,7 +21,7 @@ static loom_allreduce_algo reduce_check(loom_reducer *r, rt_set *s, uint64_t see
     rt_fill(s, seed, empty);
     float *expected = rt_expected(s, seed, empty);
     loom_status st = loom_reducer_allreduce(r, s->t, empty);
-    loom_reducer_synchronize(r);
+    LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_OK);
     if (st != LOOM_OK) {
         loom_test_fail(__FILE__, __LINE__, "%s: %s", tag, loom_last_error());
         free(expected);
@@ -654,7 +654,7 @@ LOOM_TEST(reduce_ladder, sim_native_communicator_sums_in_one_command_per_device)
             for (int j = 0; j < n; j++)
                 loom_sim_dev_stats(loom_reg_dev_get(d.reg, (size_t)j), &before[j]);
             LOOM_CHECK(loom_reducer_allreduce(r, s.t, empty) == LOOM_OK);
-            loom_reducer_synchronize(r);
+            LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_OK);
             loom_reducer_stats rs;
             loom_reducer_get_stats(r, &rs);
             LOOM_CHECK_EQ_INT(rs.last_algo, LOOM_ALLREDUCE_NATIVE);
@@ -709,4 +709,38 @@ LOOM_TEST(reduce_ladder, sim_native_communicator_only_where_it_changes_nothing_e
     loom_sim_config cfg;
     LOOM_CHECK(loom_sim_config_parse("sim:2,comm=2", &cfg) == LOOM_ERR_FORMAT);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "comm");
+}
+
+/* A graph that fails on a device's worker after it was queued: loom_reducer_synchronize
+ * returns the failure with the device's message (the reducer's wait is where it surfaces;
+ * it used to return void and the failure was lost for the device's next graph too). */
+LOOM_TEST(reduce_ladder, synchronize_reports_a_graph_that_failed_on_a_device) {
+    rt_devs d;
+    if (!rt_devs_open(&d, "sim:2")) return;
+    loom_reducer *r = rt_reducer(&d, LOOM_ALLREDUCE_RING);
+    LOOM_REQUIRE(r != NULL);
+    LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_OK); /* idle, nothing failed */
+
+    loom_ctx *ctx = loom_ctx_new((loom_ctx_params){.mem_size = 1 << 16, .no_alloc = true});
+    LOOM_REQUIRE(ctx != NULL);
+    loom_tensor *a = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 8);
+    loom_tensor *b = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 8);
+    loom_tensor *c = loom_add(ctx, a, b);
+    loom_set_name(c, "bad_add");
+    loom_graph *g = loom_graph_new(ctx, 16);
+    LOOM_REQUIRE(g && loom_graph_build_forward(g, c) == LOOM_OK);
+    loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_dev_buffer_type(loom_reg_dev_get(d.reg, 0)));
+    LOOM_REQUIRE(buf != NULL);
+    /* the shapes no longer agree: the device accepts the op, its compute refuses the shape */
+    b->ne[0] = 5;
+    b->nb[1] = b->nb[2] = b->nb[3] = 5 * sizeof(float);
+    LOOM_REQUIRE(loom_backend_graph_compute_async(d.be[0], g) == LOOM_OK);
+    LOOM_CHECK_EQ_INT(loom_reducer_synchronize(r), LOOM_ERR_SHAPE);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "a device failed");
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "bad_add");
+
+    loom_buffer_free(buf);
+    loom_ctx_free(ctx);
+    loom_reducer_free(r);
+    rt_devs_close(&d);
 }
