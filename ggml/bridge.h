@@ -50,6 +50,10 @@ typedef struct lg_device {
     uint64_t pass;       /* bumped per lookup or graph: a twin is validated once per pass */
     bool probing;        /* inside supports_op */
     int anchor_depth;    /* supports_op asking about a source's source */
+    /* LOOM_GGML_STATS: what graph_compute ran here (a graph each ggml split on this device),
+     * nodes by ggml op; UNARY and GLU nodes by their own op after the plain ones */
+    uint64_t graphs_run;
+    uint64_t op_nodes[GGML_OP_COUNT + GGML_UNARY_OP_COUNT + GGML_GLU_OP_COUNT];
 } lg_device;
 
 /* A bridge buffer: one loom buffer; ggml's addresses are loom's (same base). */
@@ -84,6 +88,9 @@ loom_status lg_leaf_state(const loom_tensor *t, loom_split_state *out, void *use
 /* Whether weight t arrives in another shape than the model file's: ggml's own tensor split
  * wraps the device (d->wrapped is set, and said once). Only for meta devices. */
 bool lg_weight_sliced(lg_device *d, const struct ggml_tensor *t);
+/* The LOOM_GGML_STATS line of the ops d ran: "LOOM0 ran 1234 nodes in 32 graphs: MUL_MAT
+ * 300, ADD 280, ..." (most first). */
+void lg_log_op_stats(const lg_device *d);
 /* Prints "loom-ggml: ..." on stderr. */
 void lg_log(const char *fmt, ...) LOOM_PRINTF(1, 2);
 

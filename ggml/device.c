@@ -189,6 +189,7 @@ static void be_free(ggml_backend_t backend) {
                (unsigned long long)ms.subgraphs, (unsigned long long)ms.reductions,
                (unsigned long long)ms.bytes_reduced, (unsigned long long)ms.delayed);
     }
+    if (st && *st && strcmp(st, "0") != 0) lg_log_op_stats(b->d);
     loom_backend_free(b->lb);
     loom_ctx_free(b->graph_ctx);
     free(b);

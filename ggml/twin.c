@@ -166,6 +166,12 @@ static loom_glu_op glu_map(enum ggml_glu_op op, bool *ok) {
     }
 }
 
+/* t's source i, or NULL: ggml_cast makes a CPY whose second source is the result itself
+ * (the destination of the copy), which is no input and no tensor to make a twin of. */
+static const struct ggml_tensor *src_of(const struct ggml_tensor *t, int i) {
+    return t->src[i] == t ? NULL : t->src[i];
+}
+
 /* Whether loom's quantiser into `type` gives ggml's bits: the legacy types round the same
  * way; IQ4_NL (ggml searches its scale, loom rounds to nearest), the K-quants, IQ4_XS and
  * MXFP4 are not claimed, so writes into them run on ggml's CPU. */
@@ -184,7 +190,7 @@ static bool same_quantiser(enum ggml_type type) {
 static loom_tensor *build(loom_ctx *c, const struct ggml_tensor *t, loom_tensor **s) {
     const char *op = ggml_op_desc(t);
     for (int i = 0; i < GGML_MAX_SRC; i++) {
-        if (t->src[i] && !s[i]) {
+        if (src_of(t, i) && !s[i]) {
             loom_error(LOOM_ERR_UNSUPPORTED, "%s '%s': source %d has no loom twin", op, t->name, i);
             return NULL;
         }
@@ -200,7 +206,16 @@ static loom_tensor *build(loom_ctx *c, const struct ggml_tensor *t, loom_tensor 
     }
     switch (t->op) {
     case GGML_OP_DUP: return loom_dup(c, a);
-    case GGML_OP_CPY: return loom_cpy(c, a, b);
+    case GGML_OP_CPY: {
+        loom_type ty;
+        if (t->src[1] != t) return loom_cpy(c, a, b);
+        if (!to_loom_type(t->type, &ty)) {
+            loom_error(LOOM_ERR_UNSUPPORTED, "CPY '%s': ggml type %s is not a loom type",
+                       t->name, ggml_type_name(t->type));
+            return NULL;
+        }
+        return loom_cast(c, a, ty); /* ggml_cast: the result is its own destination */
+    }
     case GGML_OP_CONT: return loom_cont_4d(c, a, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
     case GGML_OP_ADD: return loom_add(c, a, b);
     case GGML_OP_SUB: return loom_sub(c, a, b);
@@ -377,11 +392,18 @@ static loom_status remake(lg_device *d, lg_twin *r, const struct ggml_tensor *t)
     if (elsewhere) return take_whole_copy(r, c, t);
     const lg_buffer *lb = unallocated ? NULL : owner->buffer->context;
     loom_tensor *x = NULL;
-    if (t->op == GGML_OP_NONE) {
-        if (t->view_src) {
+    if (t->op == GGML_OP_NONE && t->view_src) {
+        /* ggml_view_tensor: a view without an op (whisper.cpp's encoder reads the
+         * convolution's output so), the same bytes under another header */
+        if (!r->view) {
             loom_ctx_free(c);
-            return loom_error(LOOM_ERR_UNSUPPORTED, "'%s': a view without an op", t->name);
+            return loom_error(LOOM_ERR_UNSUPPORTED, "'%s': a view of a tensor without a twin",
+                              t->name);
         }
+        x = loom_view_4d(c, &r->view->t, t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nb[1],
+                         t->nb[2], t->nb[3], t->view_offs);
+        if (x && !matches(x, t)) x = NULL;
+    } else if (t->op == GGML_OP_NONE) {
         x = leaf(c, t);
     } else {
         loom_tensor *s[GGML_MAX_SRC] = {0};
@@ -451,7 +473,7 @@ static lg_twin *get_rec(lg_device *d, const struct ggml_tensor *t, int depth) {
     bool ok = true;
     char err[256] = "";
     for (int i = 0; i < GGML_MAX_SRC && ok; i++) {
-        if (t->src[i] && !(src[i] = get_rec(d, t->src[i], depth + 1))) ok = false;
+        if (src_of(t, i) && !(src[i] = get_rec(d, t->src[i], depth + 1))) ok = false;
     }
     if (ok && t->view_src && !(view = get_rec(d, t->view_src, depth + 1))) ok = false;
     if (!ok) snprintf(err, sizeof err, "%s", loom_last_error());
@@ -528,7 +550,7 @@ static bool anchored(lg_device *d, const struct ggml_tensor *t) {
     bool weight = false, all = true, any = false;
     d->anchor_depth++;
     for (int i = 0; i < GGML_MAX_SRC; i++) {
-        const struct ggml_tensor *s = t->src[i];
+        const struct ggml_tensor *s = src_of(t, i);
         if (!s) continue;
         const struct ggml_tensor *owner = storage_of(s);
         if (our_type(d, owner->buffer) && owner->op == GGML_OP_NONE) {
@@ -551,7 +573,7 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
     if (op->op == GGML_OP_ROPE && op->src[2] && probe_buffer(d, op->src[2]->buffer))
         return op->src[2]->type == GGML_TYPE_F32;
     for (int i = 0; d->owns_meta && i < GGML_MAX_SRC; i++) {
-        const struct ggml_tensor *s = op->src[i];
+        const struct ggml_tensor *s = src_of(op, i);
         if (s && s->op == GGML_OP_NONE && our_type(d, s->buffer) && lg_weight_sliced(d, s))
             return false;
     }
@@ -586,7 +608,7 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
         const bool was_probing = d->probing;
         d->probing = true;
         for (int i = 0; i < GGML_MAX_SRC && have; i++) {
-            const struct ggml_tensor *src = op->src[i];
+            const struct ggml_tensor *src = src_of(op, i);
             if (!src) continue;
             const struct ggml_tensor *owner = storage_of(src);
             /* a weight in ggml's zero-size probe buffer: llama.cpp asks whether this
@@ -618,6 +640,42 @@ bool lg_supports_op(lg_device *d, const struct ggml_tensor *op) {
 }
 
 /* ---------------------------------------------------------------- graph_compute */
+
+/* t's counter in d->op_nodes: its op, or its unary / GLU op after the plain ones. */
+static int op_slot(const struct ggml_tensor *t) {
+    if (t->op == GGML_OP_UNARY) return GGML_OP_COUNT + (int)ggml_get_unary_op(t);
+    if (t->op == GGML_OP_GLU) return GGML_OP_COUNT + GGML_UNARY_OP_COUNT + (int)ggml_get_glu_op(t);
+    return (int)t->op;
+}
+
+static const char *slot_name(int i) {
+    if (i < GGML_OP_COUNT) return ggml_op_name((enum ggml_op)i);
+    i -= GGML_OP_COUNT;
+    if (i < GGML_UNARY_OP_COUNT) return ggml_unary_op_name((enum ggml_unary_op)i);
+    return ggml_glu_op_name((enum ggml_glu_op)(i - GGML_UNARY_OP_COUNT));
+}
+
+void lg_log_op_stats(const lg_device *d) {
+    enum { N = GGML_OP_COUNT + GGML_UNARY_OP_COUNT + GGML_GLU_OP_COUNT };
+    bool done[N] = {0};
+    uint64_t total = 0;
+    for (int i = 0; i < N; i++) total += d->op_nodes[i];
+    char line[2048];
+    int len = snprintf(line, sizeof line, "%s ran %llu nodes in %llu graphs", d->name,
+                       (unsigned long long)total, (unsigned long long)d->graphs_run);
+    for (int k = 0; len < (int)sizeof line; k++) {
+        int best = -1;
+        for (int i = 0; i < N; i++) {
+            if (!done[i] && d->op_nodes[i] && (best < 0 || d->op_nodes[i] > d->op_nodes[best]))
+                best = i;
+        }
+        if (best < 0) break;
+        done[best] = true;
+        len += snprintf(line + len, sizeof line - (size_t)len, "%s %s %llu", k ? "," : ":",
+                        slot_name(best), (unsigned long long)d->op_nodes[best]);
+    }
+    lg_log("%s", line);
+}
 
 enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cgraph *g,
                                   loom_graph **graph, loom_ctx **graph_ctx) {
@@ -656,6 +714,7 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
             break;
         }
         r->in_graph = pass;
+        d->op_nodes[op_slot(t)]++;
         r->t.flags = (r->t.flags & LOOM_TENSOR_FLAG_PARAM) | LOOM_TENSOR_FLAG_COMPUTE |
                      LOOM_TENSOR_FLAG_EXTERNAL;
         if (t->flags & GGML_TENSOR_FLAG_INPUT) r->t.flags |= LOOM_TENSOR_FLAG_INPUT;
@@ -680,6 +739,7 @@ enum ggml_status lg_graph_compute(lg_device *d, loom_backend_t b, struct ggml_cg
         }
     }
     if (ret == GGML_STATUS_SUCCESS && lg->n_nodes > 0) {
+        d->graphs_run++;
         loom_status st = loom_backend_graph_compute(b, lg);
         if (st != LOOM_OK) {
             lg_log("%s: graph_compute (%d nodes): %s", d->name, lg->n_nodes, loom_last_error());
