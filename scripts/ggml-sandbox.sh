@@ -8,12 +8,15 @@
 #   scripts/ggml-sandbox.sh DIR --leave    unmount them
 #
 # What it installs there: llama.cpp-tools (llama-cli, llama-completion, llama-bench,
-# llama-server, llama-quantize), llama.cpp-tests (test-backend-ops), libggml-dev, gcc and
+# llama-server, llama-quantize), llama.cpp-tests (test-backend-ops), whisper.cpp-tools
+# (whisper-cli, on the same libggml0; tests/ggml/whisper.sh), libggml-dev, gcc and
 # pkg-config (to build the bridge against ggml's headers), and the runtime libraries libloom
 # needs (libhwloc15, libpcre2-8-0, libopenmpi40), and the sanitizer runtimes (libasan8,
 # libubsan1) tests/ggml/run.sh loads the bridge with. The pinned versions are checked: ggml
-# 0.27.0 and llama.cpp 0.7.0, the ABI ggml/ggml-abi.h declares. About 2 minutes and 0.8 GB
-# the first time. Then run e.g.
+# 0.27.0 and llama.cpp 0.7.0, the ABI ggml/ggml-abi.h declares; whisper.cpp's version is
+# printed beside them (1.9.5 when this was written) and its libggml must be that same ggml.
+# About 4 minutes and 1.1 GB the first time (whisper.cpp brings ffmpeg's libraries). Then
+# run e.g.
 #   chroot DIR env GGML_BACKEND_PATH=/opt/loom/lib/libggml-loom.so LOOM_GGML_DEVICES=sim:4 \
 #       llama-completion -m /tmp/model.gguf -dev LOOM0 -p "Once upon a time" -n 64
 set -euo pipefail
@@ -22,7 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dir=${1:?usage: scripts/ggml-sandbox.sh DIR [--enter|--leave]}
 action=${2:-}
 mirror=${LOOM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-packages=(llama.cpp-tools llama.cpp-tests libggml-dev gcc libc6-dev pkg-config binutils
+packages=(llama.cpp-tools llama.cpp-tests whisper.cpp-tools libggml-dev gcc libc6-dev pkg-config binutils
     libhwloc15 libpcre2-8-0 libopenmpi40 libasan8 libubsan1)
 
 mounts() {
@@ -94,11 +97,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 ggml=$(chroot "$dir" pkg-config --modversion ggml)
 llama=$(chroot "$dir" dpkg-query -W -f='${Version}' llama.cpp-tools)
-echo "ggml-sandbox: ggml $ggml, llama.cpp $llama"
+whisper=$(chroot "$dir" dpkg-query -W -f='${Version}' whisper.cpp-tools)
+echo "ggml-sandbox: ggml $ggml, llama.cpp $llama, whisper.cpp $whisper"
 case $ggml in
 0.27.*) ;;
 *) echo "ggml-sandbox: ggml $ggml: the bridge is written for 0.27 (ggml/ggml-abi.h)" >&2; exit 1 ;;
 esac
+# whisper.cpp must run on the ggml the bridge is built against, not a copy of its own
+if ! chroot "$dir" ldd /usr/bin/whisper-cli | grep -q 'libggml-base.so.0 => /usr/lib/.*/libggml-base.so.0'; then
+    echo "ggml-sandbox: whisper-cli does not load the packaged libggml-base.so.0 (ggml $ggml):" \
+        "$(chroot "$dir" ldd /usr/bin/whisper-cli | grep ggml | tr '\n' ' ')" >&2
+    exit 1
+fi
 
 # loom (built here, its glibc is older: it runs there) and the bridge (built there, against
 # ggml's headers)

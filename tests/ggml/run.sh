@@ -11,6 +11,8 @@
 #   3. test-backend-ops -b LOOM0 (mode test) on the ops of a llama-family graph over sim:1 and
 #      sim:2: no FAIL; the OK / not supported counts per op are printed;
 #   4. llama-bench -dev LOOM0 and llama-server -dev LOOM0 (one completion over loopback);
+#   4b. whisper.cpp's whisper-cli over LOOM0 gives ggml's CPU tokens on a generated tiny
+#      model (tests/ggml/whisper.sh: F32 over sim:1..3, F16, Q8_0, flash attention);
 #   5. the bridge built with ASan+UBSan runs a model and test-backend-ops clean;
 #   6. tests/ggml/bench.sh --small prints the speed figures (nothing asserted on time).
 # Each check is a line "ggml: ok|FAILED: ..."; with --cases FILE each is also written there as
@@ -256,6 +258,11 @@ PY
         record failed "llama-server: '$reply' (the CPU: '$want') $(grep -m3 -i 'error\|loom-ggml' "$dir$work/server.log" | tr '\n' ' ')"
     fi
 fi
+
+# ---------------------------------------------------------------- 4b. whisper.cpp
+out=$(LOOM_GGML_SANDBOX=$dir LOOM_GGML_PREFIX=/opt/loom bash tests/ggml/whisper.sh --cases "$cases" 2>&1)
+echo "$out"
+fails=$((fails + $(grep -c '^ggml: FAILED' <<<"$out")))
 
 # ---------------------------------------------------------------- 5. the bridge under ASan+UBSan
 # (loom's own code runs under the sanitizers in the Bazel configurations; this is the bridge's)
