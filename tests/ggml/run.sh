@@ -13,7 +13,7 @@
 #   4. llama-bench -dev LOOM0 and llama-server -dev LOOM0 (one completion over loopback);
 #   4b. whisper.cpp's whisper-cli over LOOM0 gives ggml's CPU tokens on a generated tiny
 #      model (tests/ggml/whisper.sh: F32 over sim:1..3, F16, Q8_0, flash attention);
-#   5. the bridge built with ASan+UBSan runs a model and test-backend-ops clean;
+#   5. the bridge built with ASan+UBSan runs a model, test-backend-ops and whisper-cli clean;
 #   6. tests/ggml/bench.sh --small prints the speed figures (nothing asserted on time).
 # Each check is a line "ggml: ok|FAILED: ..."; with --cases FILE each is also written there as
 # "passed|failed<TAB>name" (.ci/run counts them). Exits non-zero if any failed.
@@ -282,6 +282,21 @@ if chroot "$dir" env OUT=/opt/loom/lib/libggml-loom-san.so bash /opt/loom/src/gg
         record passed "the bridge under ASan+UBSan: gpt-oss-q8_0 over sim:3, test-backend-ops SET_ROWS"
     else
         record failed "the bridge under ASan+UBSan: $(grep -a -m3 'ERROR\|runtime error\|FAIL' <<<"$out$out2")"
+    fi
+    # whisper.cpp's graphs (ggml_view_tensor, cross-attention, Q8_0 weights), on
+    # the model tests/ggml/whisper.sh wrote
+    wm=$work/whisper
+    if [ -f "$dir$wm/tiny-q8_0.bin" ]; then
+        out=$(san LOOM_GGML_DEVICES=sim:3 timeout 600 whisper-cli -m $wm/tiny-q8_0.bin \
+            -f $wm/tone.wav -bs 1 -bo 1 -nf -nt -nfa -ojf -of $wm/san 2>&1)
+        rc=$?
+        if [ $rc -eq 0 ] && ! grep -aq 'ERROR: AddressSanitizer\|runtime error' <<<"$out" &&
+            python3 tests/ggml/whisper_cmp.py "$dir$wm/cpu-q8_0-nfa.json" "$dir$wm/san.json" 0.1 \
+            >/dev/null 2>&1; then
+            record passed "the bridge under ASan+UBSan: whisper-cli q8_0 over sim:3, the CPU's tokens"
+        else
+            record failed "the bridge under ASan+UBSan: whisper-cli (rc $rc): $(grep -a -m3 'ERROR\|runtime error\|loom-ggml' <<<"$out")"
+        fi
     fi
 else
     record failed "ASan build of the bridge: $(tail -3 "$dir$work/san-build.log")"
