@@ -81,6 +81,17 @@ static bool model_from_cmdline(char *out, size_t size) {
     return false;
 }
 
+/* Whether path starts with the magic of ggml's legacy model files (whisper.cpp's models):
+ * the uint32 0x67676d6c, "lmgg" on disk. */
+static bool legacy_ggml_file(const char *path) {
+    unsigned char m[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    const bool ok = fread(m, 1, 4, f) == 4 && !memcmp(m, "lmgg", 4);
+    fclose(f);
+    return ok;
+}
+
 static void split_tables_load(void) {
     char path[4096] = "";
     const char *env = getenv("LOOM_GGML_MODEL");
@@ -88,6 +99,12 @@ static void split_tables_load(void) {
     else if (!model_from_cmdline(path, sizeof path)) {
         lg_log("no model file known (set LOOM_GGML_MODEL=FILE.gguf): every tensor is kept whole "
                "on every member (no tensor parallelism)");
+        return;
+    }
+    if (legacy_ggml_file(path)) {
+        lg_log("%s is a legacy ggml model file (whisper.cpp's format), not a GGUF: no split "
+               "table; every tensor is kept whole on every member (no tensor parallelism)",
+               path);
         return;
     }
     loom_gguf *f = NULL;

@@ -102,5 +102,12 @@ if grep -aq 'FLASH_ATTN_EXT [1-9]' "$dir$work/loom-f32-sim2-fa.log"; then
 else
     record failed "f32 sim:2 -fa: no FLASH_ATTN_EXT on LOOM0: $(grep -a 'LOOM0 ran' "$dir$work/loom-f32-sim2-fa.log")"
 fi
+# whisper's file is no GGUF: the bridge says it has no split table (tensors kept whole)
+if grep -aq "tiny-f32.bin is a legacy ggml model file (whisper.cpp's format), not a GGUF: no split table" \
+    "$dir$work/loom-f32-sim2-nfa.log"; then
+    record passed "the model file is named as whisper.cpp's format, without a split table"
+else
+    record failed "no line about the split table: $(grep -a -m2 'loom-ggml' "$dir$work/loom-f32-sim2-nfa.log" | tr '\n' ' ')"
+fi
 grep -ah 'LOOM0 ran\|LOOM0 stats' "$dir$work/loom-f32-sim2-nfa.log"
 [ $fails -eq 0 ]
