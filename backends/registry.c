@@ -352,8 +352,9 @@ const char *loom__registry_static_hint(const char *module) {
     snprintf(hint, sizeof hint,
              " in this program: it links libloom statically (libloom.a), which holds the CPU "
              "backend only, and no libloom-%s.so was found beside it; set LOOM_BACKEND_PATH to "
-             "the installed lib/loom/ (the module brings libloom.so along), or link libloom.so "
-             "(pkg-config --libs loom), which finds its lib/loom/ itself",
+             "the installed lib/loom/ before loom_registry_load_all() (the module brings "
+             "libloom.so along), or link libloom.so (pkg-config --libs loom), which finds its "
+             "lib/loom/ itself",
              module);
     return hint;
 }
