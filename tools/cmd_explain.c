@@ -86,10 +86,10 @@ typedef struct node_info {
  * each AllReduce (a ring). */
 typedef struct projection {
     const loom_sim_profile *dev, *host;
-    bool dev_given;    /* the spec named profile= */
+    bool dev_given; /* the spec named profile= */
     loom_sim_link link;
     char link_name[16];
-    int n_dev;         /* devices of the meta device (1: none) */
+    int n_dev; /* devices of the meta device (1: none) */
 } projection;
 
 typedef struct split_view {
@@ -473,7 +473,8 @@ static const char *PAGE_JS =
     " var ax=el('div','axis');ax.appendChild(el('span',null,'0'));"
     "ax.appendChild(el('span',null,'projected time'));ax.appendChild(el('span',null,fmtus(tot)));"
     "T.appendChild(ax);\n"
-    " var LB=el('div','tlabs');T.appendChild(LB);var cw=LB.getBoundingClientRect().width,ends=[],t0=0,H=14;\n"
+    " var LB=el('div','tlabs');T.appendChild(LB);var "
+    "cw=LB.getBoundingClientRect().width,ends=[],t0=0,H=14;\n"
     " B.segments.forEach(function(s,si){var x=(t0+s.us/2)/tot*cw;t0+=s.us;"
     "var l=el('span','tlab'+(s.kind=='allreduce'?' arl':''),s.label);l.title=s.title;"
     "l.setAttribute('data-seg',si);LB.appendChild(l);var w=l.getBoundingClientRect().width;"
@@ -487,7 +488,8 @@ static const char *PAGE_JS =
     "var st=document.getElementById('status');st.setAttribute('data-ok','1');"
     "st.textContent='rendered '+D.devices.length+' devices';})();\n";
 
-/* "4.1 us", "0.35 us", "1.20 ms" (a static buffer per call site is not needed: two rotate). */
+/* "4.1 us", "0.35 us", "1.20 ms", in one of two static buffers used in turn (so one call
+ * may format two values). */
 static const char *fmt_us(double us) {
     static char buf[2][24];
     static int which;
@@ -517,8 +519,7 @@ static void segment(FILE *f, int *first, int k, bool tp, int nodes, double us, c
 }
 
 static void write_json(FILE *f, loom_session *s, const loom_model_opts *o, const view *vs, int nv,
-                       const lanes *L, const loom_cli_mem_row *mem, int nm,
-                       const projection *pj) {
+                       const lanes *L, const loom_cli_mem_row *mem, int nm, const projection *pj) {
     loom_sched *sc = loom_session_sched(s);
     loom_backend_t meta_be = loom_session_meta_backend(s);
     int n_dev = L->n_dev;

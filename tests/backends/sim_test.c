@@ -82,7 +82,8 @@ LOOM_TEST(sim, props_and_names) {
                0); /* a reg of one device is named by it */
     char a_names[3][32];
     for (int i = 0; i < 3; i++)
-        snprintf(a_names[i], sizeof a_names[i], "%s", loom_dev_name(loom_reg_dev_get(a, (size_t)i)));
+        snprintf(a_names[i], sizeof a_names[i], "%s",
+                 loom_dev_name(loom_reg_dev_get(a, (size_t)i)));
     loom_sim_reg_free(a);
     loom_reg_t c = new_reg("sim:3");
     LOOM_REQUIRE(c != NULL);

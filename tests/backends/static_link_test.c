@@ -48,4 +48,3 @@ LOOM_TEST(static_link, sim_header_functions_say_it_too) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), "LOOM_BACKEND_PATH");
     loom_registry_reset();
 }
-
