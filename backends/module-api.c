@@ -17,6 +17,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backends/registry-internal.h"
 #include "loom/backend-impl.h"
 #include "loom/cuda.h"
 #include "loom/sim.h"
@@ -32,10 +33,15 @@ static void *loom__module_proc(const char *name, const char *module) {
         }
         if (pass == 0) loom_registry_load_all();
     }
-    loom_error(LOOM_ERR_NOT_FOUND,
-               "%s: the %s backend module (libloom-%s.so) is not loaded and none was found "
-               "(LOOM_BACKEND_PATH, lib/loom/ beside libloom, the executable's directory)",
-               name, module, module);
+    if (loom__registry_linked_statically()) {
+        loom_error(LOOM_ERR_NOT_FOUND, "%s: the %s backend module is not loaded%s", name, module,
+                   loom__registry_static_hint(module));
+    } else {
+        loom_error(LOOM_ERR_NOT_FOUND,
+                   "%s: the %s backend module (libloom-%s.so) is not loaded and none was found "
+                   "(LOOM_BACKEND_PATH, lib/loom/ beside libloom, the executable's directory)",
+                   name, module, module);
+    }
     return NULL;
 }
 

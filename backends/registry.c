@@ -14,7 +14,9 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h> /* dl_iterate_phdr */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backends/registry-internal.h"
 #include "loom/backend-impl.h"
 #include "loom/topo.h"
 
@@ -318,6 +321,44 @@ static void loom__self_dir(char *out, size_t size) {
     free(real);
 }
 
+/* dl_iterate_phdr reports the executable first: 1 when *data lies in one of its loaded
+ * segments, else 2 (either stops the walk). */
+static int loom__in_executable(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    uintptr_t addr = *(const uintptr_t *)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = (uintptr_t)info->dlpi_addr + (uintptr_t)ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && addr >= lo && addr - lo < (uintptr_t)ph->p_memsz) return 1;
+    }
+    return 2;
+}
+
+bool loom__registry_linked_statically(void) {
+    static int answer; /* 0 unknown, 1 yes, 2 no; the same for the whole process */
+    if (!answer) {
+        loom_status (*fn)(const char *, loom_reg_t *) = loom_registry_load;
+        void *self = NULL;
+        memcpy(&self, &fn, sizeof self);
+        uintptr_t addr = (uintptr_t)self;
+        answer = dl_iterate_phdr(loom__in_executable, &addr) == 1 ? 1 : 2;
+    }
+    return answer == 1;
+}
+
+const char *loom__registry_static_hint(const char *module) {
+    static _Thread_local char hint[512];
+    if (!loom__registry_linked_statically()) return "";
+    snprintf(hint, sizeof hint,
+             " in this program: it links libloom statically (libloom.a), which holds the CPU "
+             "backend only, and no libloom-%s.so was found beside it; set LOOM_BACKEND_PATH to "
+             "the installed lib/loom/ before loom_registry_load_all() (the module brings "
+             "libloom.so along), or link libloom.so (pkg-config --libs loom), which finds its "
+             "lib/loom/ itself",
+             module);
+    return hint;
+}
+
 static int loom__cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -532,6 +573,9 @@ static loom_status loom__spec_sim(const char *spec, loom_dev_t *devs, size_t cap
         free_fn = loom__sim_static_reg_free;
     }
     if (!new_fn) {
+        if (loom__registry_linked_statically())
+            return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no sim backend%s", spec,
+                              loom__registry_static_hint("sim"));
         return loom_error(LOOM_ERR_NOT_FOUND,
                           "device spec '%s': no sim backend (link it or load libloom-sim.so)",
                           spec);
@@ -685,6 +729,9 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
         memcpy(&why, &p, sizeof why);
         const char *r = why ? why(reg) : "";
         if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
+        if (!reg && !r[0] && loom__registry_linked_statically())
+            return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s", spec,
+                              loom__registry_static_hint("cuda"));
         if (!reg && !r[0])
             r = "the CUDA backend module libloom-cuda.so was not found (set LOOM_BACKEND_PATH)";
         return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s%s%s", spec,

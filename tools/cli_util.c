@@ -31,8 +31,8 @@ bool loom_cli_parse_int(const char *cmd, const char *opt, const char *val, int m
 
 loom_status loom_cli_devices_from_spec(const char *spec, loom_dev_t *devs, size_t cap, size_t *n) {
     /* A sim spec creates its own reg (sim is linked into the tool). Loading the modules
-     * first would also register the default sim reg, and the spec's devices would then be
-     * named B-SIM0.. instead of SIM0.. */
+     * first would also register the default sim reg (SIM0, SIM1), and the spec's devices
+     * would then be numbered from SIM2 instead of SIM0. */
     if (strncasecmp(spec, "sim", 3) != 0) loom_registry_load_all();
     return loom_devices_from_spec(spec, devs, cap, n);
 }

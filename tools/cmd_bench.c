@@ -494,7 +494,7 @@ static void header(printer *p) {
             const char *ty = i == 0 || i == 1 || i == 4 || i == 5 || i == 9 || i == 10 || i == 12 ||
                                      i == 16 || i == 20
                                  ? "TEXT"
-                                 : (i >= 21 ? "REAL" : "INTEGER");
+                                 : (i >= 23 ? "REAL" : "INTEGER"); /* avg_ns, stddev_ns: INTEGER */
             printf("  %s %s,\n", FIELDS[i], ty);
         }
         printf("  proj_pcie4_us_per_token REAL,\n  proj_avg_ts REAL,\n");
@@ -517,7 +517,8 @@ static void lb_values(const config *c, const loom_model_opts *o, bool json, cons
                                      NULL,           NULL, "none",      NULL,        NULL};
     const long ival[N_LB_FIELDS] = {0, loom_version_number(), 0, 0, 0, 0, 50, 0,
                                     0, o->sp.no_op_offload,   0};
-    const bool is_bool[N_LB_FIELDS] = {0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0};
+    /* JSON booleans where llama-bench writes them (its BOOL fields; no_op_offload is an INT) */
+    const bool is_bool[N_LB_FIELDS] = {0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0};
     for (int i = 0; i < N_LB_FIELDS; i++) {
         if (json)
             printf(", \"%s\": ", LB_FIELDS[i]);
@@ -543,7 +544,9 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         snprintf(threads, sizeof threads, "all");
     const char *kt = c->v.type_k, *vt = c->v.type_v;
     const char *ts = c->ts ? c->ts : "0.00";
-    int fa = c->v.fa != 0;
+    /* llama-bench's flash_attn is an integer field (llama_flash_attn_type): -1 auto, 0 off,
+     * 1 on, as asked, in every format */
+    int fa = c->v.fa < 0 ? -1 : c->v.fa != 0;
     if (!strcmp(p->fmt, "md")) {
         char size[32], params[32];
         fmt_size(size, sizeof size, c->size);
@@ -620,7 +623,7 @@ static void row(printer *p, const config *c, const test *t, const result *r, con
         KEY(12), put_str(stdout, sm, q);
         KEY(13), printf("%d", o->main_gpu);
         KEY(14), printf("%s", json ? (c->v.nkvo ? "true" : "false") : (c->v.nkvo ? "1" : "0"));
-        KEY(15), printf("%s", json ? (fa ? "true" : "false") : (fa ? "1" : "0"));
+        KEY(15), printf("%d", fa);
         KEY(16), put_str(stdout, ts, q);
         KEY(17), printf("%d", t->n_prompt);
         KEY(18), printf("%d", t->n_gen);

@@ -11,10 +11,12 @@
  * devices, split mode and batches; (b) one lane per device of the meta device with its
  * slice of every split weight (heads, FFN columns, vocabulary rows, experts), so a device
  * with an empty slice shows as idle; (c) the memory per device stacked by weights, KV cache
- * and compute; (d) a timeline of one forward pass per batch: the subgraphs every device
- * runs and each AllReduce with its bytes and projected time under the sim NVLink and PCIe 4
- * link presets; (e) the splits as a chain of boxes with the copies into each; (f) a legend
- * of every cause code; (g) with several batches, their timelines and splits side by side.
+ * and compute; (d) a timeline of one forward pass per batch in projected time (the sim
+ * timing model on the devices' profile, else a reference GPU; the CPU's nodes on the host
+ * profile): the subgraphs every device runs and each AllReduce with its bytes and time,
+ * labels in non-overlapping tracks under the lanes; (e) the splits as a chain of boxes with
+ * the copies into each; (f) a legend of every cause code; (g) with several batches, their
+ * timelines and splits side by side; (h) every node of every batch in a table.
  * The lanes, timeline and memory bars are drawn by the page's script from a JSON block,
  * and the script marks the page `data-ok="1"` once drawn (the render test checks that).
  */
@@ -22,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "loom/sim.h"
 #include "tools/cli.h"
@@ -75,7 +78,19 @@ typedef struct node_info {
     int backend; /* index in the scheduler's backends */
     bool view, reduce;
     size_t bytes;
+    double us; /* projected time on one device (the timing model; a split node's share) */
 } node_info;
+
+/* What the page's timeline projects with: the devices' sim profile (else a reference one)
+ * for nodes on the meta device, the "host" profile for the CPU's, and the devices' link for
+ * each AllReduce (a ring). */
+typedef struct projection {
+    const loom_sim_profile *dev, *host;
+    bool dev_given; /* the spec named profile= */
+    loom_sim_link link;
+    char link_name[16];
+    int n_dev; /* devices of the meta device (1: none) */
+} projection;
 
 typedef struct split_view {
     int backend, i_start, i_end, n_inputs;
@@ -222,9 +237,31 @@ static void view_free(view *v) {
     memset(v, 0, sizeof *v);
 }
 
+/* The devices' profile and link when the spec is a sim one that names them; otherwise the
+ * reference profile h100-sxm and NVLink. n_dev is set once the session exists. */
+static void projection_init(projection *pj, const char *devices) {
+    memset(pj, 0, sizeof *pj);
+    pj->n_dev = 1;
+    loom_sim_config cfg;
+    bool sim = devices && !strncasecmp(devices, "sim", 3) &&
+               loom_sim_config_parse(devices, &cfg) == LOOM_OK;
+    if (sim && cfg.profile[0] && loom_sim_profile_find(cfg.profile, &pj->dev) == LOOM_OK)
+        pj->dev_given = true;
+    if (!pj->dev) loom_sim_profile_find("h100-sxm", &pj->dev);
+    if (loom_sim_profile_find("host", &pj->host) != LOOM_OK) pj->host = pj->dev;
+    if (sim) {
+        pj->link = cfg.link;
+        snprintf(pj->link_name, sizeof pj->link_name, "%s", cfg.link_name);
+    } else {
+        loom_sim_link_preset("nvlink", &pj->link);
+        snprintf(pj->link_name, sizeof pj->link_name, "nvlink");
+    }
+    loom_clear_error();
+}
+
 /* Plans batch v->batch, prints its text report and keeps what the page needs. */
 static bool explain_batch(loom_session *s, const loom_model_opts *o, const char *devices, view *v,
-                          bool quiet) {
+                          bool quiet, const projection *pj) {
     loom_graph *g = NULL;
     if (loom_session_plan(s, v->batch, &g)) {
         fprintf(stderr, "loom explain: %s\n", loom_last_error());
@@ -256,10 +293,17 @@ static bool explain_batch(loom_session *s, const loom_model_opts *o, const char 
             n->backend++;
         if (n->backend == nb) n->backend = nb - 1;
         snprintf(n->cause, sizeof n->cause, "%s", loom_sched_get_tensor_cause(sc, t));
+        n->us = n->view ? 0 : loom_sim_op_time_us(meta && b == meta_be ? pj->dev : pj->host, t);
         if (meta && b == meta_be) {
             loom_split_state st;
             if (loom_meta_tensor_state(meta, t, false, &st) == LOOM_OK) {
                 loom_split_state_format(&st, n->state, sizeof n->state);
+                /* a sliced node (or one summing partials) does 1/N of the work on each */
+                if (!n->view && pj->n_dev > 1 &&
+                    (loom_split_axis_is_dim(st.axis) || st.axis == LOOM_SPLIT_PARTIAL)) {
+                    double launch = pj->dev->launch_us;
+                    if (n->us > launch) n->us = (n->us - launch) / pj->n_dev + launch;
+                }
                 n->reduce = st.axis == LOOM_SPLIT_PARTIAL && t->op != LOOM_OP_NONE && !n->view;
                 if (n->reduce) {
                     v->n_reduce++;
@@ -353,9 +397,14 @@ static const char *PAGE_CSS =
     ".idle{background:#fff!important;color:#c00;border:1px dashed #c00}"
     ".bar{display:flex;height:18px;background:#f3f3f3;border-radius:3px;overflow:hidden}"
     ".bar div{height:100%}.w{background:#4e79a7}.k{background:#f28e2b}.c{background:#59a14f}"
-    ".tl{flex:1;display:flex;min-width:0;overflow:hidden}"
-    ".seg{flex:0 0 auto;box-sizing:border-box;height:22px;font:10px monospace;color:#fff;"
-    "overflow:hidden;white-space:nowrap;border-right:1px solid #fff}"
+    ".tl{position:relative;flex:1;min-width:0;height:22px;background:#f3f3f3}"
+    ".seg{position:absolute;top:0;height:22px;box-sizing:border-box;border-right:1px solid #fff}"
+    ".axis{display:flex;justify-content:space-between;margin:2px 0 0 90px;font:10px monospace;"
+    "color:#555}"
+    ".tlabs{position:relative;margin-left:90px}"
+    ".tlab{position:absolute;font:10px/13px monospace;white-space:nowrap;background:#fff;"
+    "padding:0 2px;color:#333}.tlab.arl{color:#d00}"
+    ".lead{position:absolute;top:0;width:1px;background:#bbb}"
     ".ar{background:#d00!important}.arkey{background:#d00;color:#fff;padding:0 "
     "4px;border-radius:3px}"
     ".split{border:2px solid #ccc;border-radius:8px;margin:6px 0;padding:6px}"
@@ -407,20 +456,70 @@ static const char *PAGE_JS =
     "M.appendChild(r);});\n"
     "function fmt(x){var u=['B','KiB','MiB','GiB','TiB'],i=0;while(x>=1024&&i<4){x/=1024;i++;}"
     "return (i?x.toFixed(1):x.toFixed(0))+' '+u[i];}\n"
-    "D.batches.forEach(function(B,bi){var T=document.getElementById('timeline'+bi);var tot=0;"
-    "B.segments.forEach(function(s){tot+=s.w;});\n"
+    "function fmtus(u){return u>=1000?(u/1000).toFixed(2)+' ms':(u>=10?u.toFixed(1):"
+    "u.toFixed(2))+' us';}\n"
+    /* a timeline: segments placed by projected time; labels below in tracks, each in the
+     * first track where it clears the one before (4 px), with a leader to its segment */
+    "function timeline(B,bi){var T=document.getElementById('timeline'+bi);T.textContent='';"
+    "var tot=0;B.segments.forEach(function(s){tot+=s.us;});if(!(tot>0))tot=1;\n"
     " var lanes=D.devices.length?D.devices:[{name:'CPU',color:'#4e79a7'}];\n"
     " lanes.forEach(function(d){var r=el('div','lane');r.setAttribute('data-device',d.name);"
-    "r.appendChild(el('span','lane-name',d.name));var box=el('div','tl');\n"
-    "  B.segments.forEach(function(s){var c=el('span','seg'+(s.kind=='allreduce'?' "
-    "ar':''),s.label);"
-    "c.style.width=(100*s.w/tot)+'%';if(s.kind!='allreduce')c.style.background=s.tp?d.color:'#999';"
-    "c.title=s.title;box.appendChild(c);});r.appendChild(box);T.appendChild(r);});});\n"
+    "r.appendChild(el('span','lane-name',d.name));var box=el('div','tl');var t0=0;\n"
+    "  B.segments.forEach(function(s,si){var c=el('span','seg'+(s.kind=='allreduce'?' ar':''));"
+    "c.style.left=(100*t0/tot)+'%';c.style.width=(100*s.us/tot)+'%';t0+=s.us;"
+    "if(s.kind!='allreduce')c.style.background=s.tp?d.color:'#999';"
+    "c.title=s.title;c.setAttribute('data-seg',si);box.appendChild(c);});"
+    "r.appendChild(box);T.appendChild(r);});\n"
+    " var ax=el('div','axis');ax.appendChild(el('span',null,'0'));"
+    "ax.appendChild(el('span',null,'projected time'));ax.appendChild(el('span',null,fmtus(tot)));"
+    "T.appendChild(ax);\n"
+    " var LB=el('div','tlabs');T.appendChild(LB);var "
+    "cw=LB.getBoundingClientRect().width,ends=[],t0=0,H=14;\n"
+    " B.segments.forEach(function(s,si){var x=(t0+s.us/2)/tot*cw;t0+=s.us;"
+    "var l=el('span','tlab'+(s.kind=='allreduce'?' arl':''),s.label);l.title=s.title;"
+    "l.setAttribute('data-seg',si);LB.appendChild(l);var w=l.getBoundingClientRect().width;"
+    "var left=Math.max(0,Math.min(cw-w,x-w/2));var k=0;while(k<ends.length&&ends[k]+4>left)k++;"
+    "ends[k]=left+w;l.style.left=left+'px';l.style.top=(k*H+6)+'px';"
+    "var ld=el('span','lead');ld.style.left=Math.round(x)+'px';ld.style.height=(k*H+6)+'px';"
+    "LB.insertBefore(ld,LB.firstChild);});\n"
+    " LB.style.height=(ends.length*H+8)+'px';}\n"
+    "function timelines(){D.batches.forEach(timeline);}timelines();"
+    "window.addEventListener('resize',timelines);\n"
     "var st=document.getElementById('status');st.setAttribute('data-ok','1');"
     "st.textContent='rendered '+D.devices.length+' devices';})();\n";
 
+/* "4.1 us", "0.35 us", "1.20 ms", in one of two static buffers used in turn (so one call
+ * may format two values). */
+static const char *fmt_us(double us) {
+    static char buf[2][24];
+    static int which;
+    char *b = buf[which ^= 1];
+    if (us >= 1000)
+        snprintf(b, sizeof buf[0], "%.2f ms", us / 1000);
+    else if (us >= 10)
+        snprintf(b, sizeof buf[0], "%.1f us", us);
+    else
+        snprintf(b, sizeof buf[0], "%.2f us", us);
+    return b;
+}
+
+/* One compute segment of a timeline: k-th subgraph (tp: on the meta device). */
+static void segment(FILE *f, int *first, int k, bool tp, int nodes, double us, const char *be) {
+    char lab[200];
+    fprintf(f, "%s{\"kind\": \"compute\", \"tp\": %s, \"nodes\": %d, \"us\": %.4f, \"label\": ",
+            *first ? "" : ", ", tp ? "true" : "false", nodes, us);
+    snprintf(lab, sizeof lab, "%s%d %s", tp ? "sub" : "cpu", k, fmt_us(us));
+    jstr(f, lab);
+    fprintf(f, ", \"title\": ");
+    snprintf(lab, sizeof lab, "%s%d: %d nodes on %s, %s projected", tp ? "sub" : "cpu", k, nodes,
+             be, fmt_us(us));
+    jstr(f, lab);
+    fprintf(f, "}");
+    *first = 0;
+}
+
 static void write_json(FILE *f, loom_session *s, const loom_model_opts *o, const view *vs, int nv,
-                       const lanes *L, const loom_cli_mem_row *mem, int nm) {
+                       const lanes *L, const loom_cli_mem_row *mem, int nm, const projection *pj) {
     loom_sched *sc = loom_session_sched(s);
     loom_backend_t meta_be = loom_session_meta_backend(s);
     int n_dev = L->n_dev;
@@ -455,66 +554,57 @@ static void write_json(FILE *f, loom_session *s, const loom_model_opts *o, const
                 "\"total\": %zu}",
                 mem[i].weights, mem[i].kv, mem[i].compute, mem[i].free, mem[i].total);
     }
-    fprintf(f, "],\n\"batches\": [");
+    fprintf(f, "],\n\"projection\": {\"profile\": ");
+    jstr(f, pj->dev ? pj->dev->name : "?");
+    fprintf(f, ", \"profile_given\": %s, \"link\": ", pj->dev_given ? "true" : "false");
+    jstr(f, pj->link_name);
+    fprintf(f, "},\n\"batches\": [");
     for (int b = 0; b < nv; b++) {
         const view *v = &vs[b];
         fprintf(f, "%s{\"batch\": %ld, \"segments\": [", b ? ",\n" : "", v->batch);
         /* consecutive nodes of one backend form a subgraph; a meta node that reduces ends
-         * one (its AllReduce follows); widths: nodes for compute, 1/4 of the node count
-         * of a subgraph per AllReduce (a schematic: compute is not timed here) */
+         * one (its AllReduce follows); each segment's time is projected (node_info.us; an
+         * AllReduce: a ring over the devices' link) */
         int first = 1, seg_nodes = 0, seg_b = -1, k = 0;
+        double seg_us = 0;
         for (int i = 0; i <= v->n_nodes; i++) {
             const node_info *n = i < v->n_nodes ? &v->ni[i] : NULL;
             bool cut = !n || (n->backend != seg_b && seg_nodes > 0);
+            bool reduce = n && !n->view && n->reduce;
             if (cut && seg_nodes > 0) {
                 loom_backend_t be = loom_sched_get_backend(sc, seg_b);
-                bool tp = be == meta_be;
-                fprintf(f, "%s{\"kind\": \"compute\", \"tp\": %s, \"w\": %d, \"label\": ",
-                        first ? "" : ", ", tp ? "true" : "false", seg_nodes);
-                char lab[160];
-                snprintf(lab, sizeof lab, "%s%d: %d nodes", tp ? "sub" : "cpu ", k++, seg_nodes);
-                jstr(f, lab);
-                fprintf(f, ", \"title\": ");
-                snprintf(lab, sizeof lab, "%d nodes on %s", seg_nodes, loom_backend_name(be));
-                jstr(f, lab);
-                fprintf(f, "}");
-                first = 0;
+                segment(f, &first, k++, be == meta_be, seg_nodes, seg_us, loom_backend_name(be));
                 seg_nodes = 0;
+                seg_us = 0;
             }
             if (!n) break;
             if (n->view) continue;
             seg_b = n->backend;
             seg_nodes++;
-            if (n->reduce) {
+            seg_us += n->us;
+            if (reduce) {
                 loom_backend_t be = loom_sched_get_backend(sc, seg_b);
-                fprintf(f, "%s{\"kind\": \"compute\", \"tp\": true, \"w\": %d, \"label\": ",
-                        first ? "" : ", ", seg_nodes);
-                char lab[200];
-                snprintf(lab, sizeof lab, "sub%d: %d nodes", k++, seg_nodes);
-                jstr(f, lab);
-                fprintf(f, ", \"title\": ");
-                snprintf(lab, sizeof lab, "%d nodes on %s", seg_nodes, loom_backend_name(be));
-                jstr(f, lab);
-                double nvu = ring_us(&nv_link, n_dev, (double)n->bytes),
+                segment(f, &first, k++, true, seg_nodes, seg_us, loom_backend_name(be));
+                seg_nodes = 0;
+                seg_us = 0;
+                double us = ring_us(&pj->link, n_dev, (double)n->bytes),
+                       nvu = ring_us(&nv_link, n_dev, (double)n->bytes),
                        pcu = ring_us(&pc_link, n_dev, (double)n->bytes);
-                char sz[32];
+                char sz[32], lab[256];
                 loom_cli_format_bytes(sz, sizeof sz, (double)n->bytes);
-                fprintf(
-                    f,
-                    "}, {\"kind\": \"allreduce\", \"w\": %d, \"bytes\": %zu, \"nvlink_us\": %.3f, "
-                    "\"pcie4_us\": %.3f, \"label\": ",
-                    seg_nodes / 4 > 2 ? seg_nodes / 4 : 2, n->bytes, nvu, pcu);
-                snprintf(lab, sizeof lab, "AR %s", sz);
+                fprintf(f,
+                        ", {\"kind\": \"allreduce\", \"us\": %.4f, \"bytes\": %zu, "
+                        "\"nvlink_us\": %.3f, \"pcie4_us\": %.3f, \"label\": ",
+                        us, n->bytes, nvu, pcu);
+                snprintf(lab, sizeof lab, "AR %s %s", sz, fmt_us(us));
                 jstr(f, lab);
                 fprintf(f, ", \"title\": ");
-                snprintf(
-                    lab, sizeof lab,
-                    "AllReduce of %s (%s): %s; NVLink %.2f us, PCIe 4 %.2f us (ring, %d devices)",
-                    n->name, n->op, sz, nvu, pcu, n_dev);
+                snprintf(lab, sizeof lab,
+                         "AllReduce of %s (%s): %s; %s on %s (ring, %d devices); NVLink %.2f us, "
+                         "PCIe 4 %.2f us",
+                         n->name, n->op, sz, fmt_us(us), pj->link_name, n_dev, nvu, pcu);
                 jstr(f, lab);
                 fprintf(f, "}");
-                first = 0;
-                seg_nodes = 0;
             }
         }
         fprintf(f, "]}");
@@ -552,7 +642,7 @@ static void write_splits(FILE *f, loom_session *s, const view *v) {
 }
 
 static void write_html(FILE *f, loom_session *s, const loom_model_opts *o, const view *vs, int nv,
-                       const lanes *L) {
+                       const lanes *L, const projection *pj) {
     loom_sched *sc = loom_session_sched(s);
     int nb = loom_sched_get_n_backends(sc);
     loom_cli_mem_row mem[LOOM_META_MAX_DEVICES + 2];
@@ -597,12 +687,14 @@ static void write_html(FILE *f, loom_session *s, const loom_model_opts *o, const
                "the last batch)</p>\n"
                "<div id=\"memory\"></div>\n");
     /* (d) timelines and (e) splits, (g) side by side */
-    fprintf(f, "<h2>one forward pass per batch</h2>\n<p>Subgraphs per device (widths by node "
-               "count: compute is not "
-               "timed here), each <span class=\"arkey\">AllReduce</span> with its "
-               "bytes; hover for its projected time on the sim NVLink and PCIe 4 link presets "
-               "(ring).</p>\n"
-               "<div class=\"cols\">\n");
+    fprintf(f,
+            "<h2>one forward pass per batch</h2>\n<p>Subgraphs per device in projected time: "
+            "each node by the sim timing model on %s%s (a sliced node: its share of the work), "
+            "the CPU's on the host profile; each <span class=\"arkey\">AllReduce</span> a ring "
+            "over %s, its bytes and time in its label (hover: NVLink and PCIe 4). Not "
+            "measured.</p>\n<div class=\"cols\">\n",
+            pj->dev ? pj->dev->name : "?",
+            pj->dev_given ? "" : " (the devices name no profile=: a reference GPU)", pj->link_name);
     for (int b = 0; b < nv; b++) {
         fprintf(f, "<div class=\"col\"><h3>batch %ld</h3><div id=\"timeline%d\"></div>\n",
                 vs[b].batch, b);
@@ -617,25 +709,30 @@ static void write_html(FILE *f, loom_session *s, const loom_model_opts *o, const
     for (size_t c = 0; c < sizeof CAUSES / sizeof CAUSES[0]; c++)
         fprintf(f, "<tr><td><code>%s</code></td><td>%s</td></tr>\n", CAUSES[c][0], CAUSES[c][1]);
     fprintf(f, "</table>\n");
-    /* every node of the last batch */
-    const view *v = &vs[nv - 1];
-    fprintf(f,
-            "<h2>nodes (batch %ld)</h2>\n<table "
-            "class=\"t\"><tr><th>#</th><th>op</th><th>name</th><th>shape</th>"
-            "<th>backend</th><th>cause</th><th>split state</th></tr>\n",
-            v->batch);
-    for (int i = 0; i < v->n_nodes; i++) {
-        const node_info *n = &v->ni[i];
-        fprintf(f, "<tr><td>%d</td><td>%s</td><td>", i, n->op);
-        esc(f, n->name);
-        fprintf(f, "</td><td>%s</td><td style=\"color:%s\">", n->shape, COLORS[n->backend % 16]);
-        esc(f, loom_backend_name(loom_sched_get_backend(sc, n->backend)));
-        fprintf(f, "</td><td>%s</td><td>", n->cause);
-        esc(f, n->state);
-        fprintf(f, "%s</td></tr>\n", n->reduce ? " &#8635; allreduce" : "");
+    /* every node of every batch */
+    for (int b = 0; b < nv; b++) {
+        const view *v = &vs[b];
+        fprintf(f,
+                "<h2 class=\"nodes\">nodes (batch %ld)</h2>\n<table class=\"t\" "
+                "data-batch=\"%ld\"><tr><th>#</th><th>op</th><th>name</th><th>shape</th>"
+                "<th>backend</th><th>cause</th><th>split state</th><th>projected</th></tr>\n",
+                v->batch, v->batch);
+        for (int i = 0; i < v->n_nodes; i++) {
+            const node_info *n = &v->ni[i];
+            fprintf(f, "<tr><td>%d</td><td>%s</td><td>", i, n->op);
+            esc(f, n->name);
+            fprintf(f, "</td><td>%s</td><td style=\"color:%s\">", n->shape,
+                    COLORS[n->backend % 16]);
+            esc(f, loom_backend_name(loom_sched_get_backend(sc, n->backend)));
+            fprintf(f, "</td><td>%s</td><td>", n->cause);
+            esc(f, n->state);
+            fprintf(f, "%s</td><td>%s</td></tr>\n", n->reduce ? " &#8635; allreduce" : "",
+                    n->view ? "" : fmt_us(n->us));
+        }
+        fprintf(f, "</table>\n");
     }
-    fprintf(f, "</table>\n<script type=\"application/json\" id=\"data\">");
-    write_json(f, s, o, vs, nv, L, mem, nm);
+    fprintf(f, "<script type=\"application/json\" id=\"data\">");
+    write_json(f, s, o, vs, nv, L, mem, nm, pj);
     fprintf(f, "</script>\n<script>%s</script>\n</body></html>\n", PAGE_JS);
 }
 
@@ -718,6 +815,8 @@ int loom_cli_explain(int argc, char **argv) {
     }
     int rc = 1;
     loom_session *s = NULL;
+    projection pj;
+    projection_init(&pj, o.sp.devices);
     view views[MAX_BATCHES];
     memset(views, 0, sizeof views);
     lanes L = {0};
@@ -726,10 +825,14 @@ int loom_cli_explain(int argc, char **argv) {
     if (!loom_cli_dist_agree(&cd, ok, "explain") ||
         !loom_cli_dist_same_session(&cd, s, &o, "explain"))
         goto out;
+    if (loom_session_meta_backend(s)) {
+        int nd = loom_meta_n_devices(loom_backend_device(loom_session_meta_backend(s)));
+        pj.n_dev = nd > 1 ? nd : 1;
+    }
     for (int b = 0; b < n_batches; b++) {
         views[b].batch = batches[b];
         if (b) printf("\n");
-        ok = explain_batch(s, &o, dev_label, &views[b], quiet);
+        ok = explain_batch(s, &o, dev_label, &views[b], quiet, &pj);
         if (!loom_cli_dist_agree(&cd, ok, "explain")) goto out;
     }
     if (!quiet) { /* what the cause code in each node's [BACKEND CAUSE] means */
@@ -752,7 +855,7 @@ int loom_cli_explain(int argc, char **argv) {
             fprintf(stderr, "loom explain: cannot write '%s': %s\n", html, strerror(errno));
             goto out;
         }
-        write_html(f, s, &o, views, n_batches, &L);
+        write_html(f, s, &o, views, n_batches, &L, &pj);
         bool bad = ferror(f) != 0;
         if (fclose(f) != 0) bad = true;
         if (bad) {

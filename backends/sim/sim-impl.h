@@ -24,7 +24,7 @@ typedef struct loom__sim_dev {
     struct loom_buft buft; /* private memory "SIMk"; buft.context = this */
     loom__sim_reg *sreg;
     int index;
-    char name[32]; /* "SIM0", "B-SIM0" */
+    char name[32]; /* "SIM0", "SIM5": process-wide number */
     char desc[160];
     pthread_mutex_t mu; /* guards everything below */
     size_t mem_used;    /* bytes of live buffers */
@@ -37,9 +37,8 @@ typedef struct loom__sim_dev {
 struct loom__sim_reg {
     struct loom_reg reg; /* reg.context = this */
     loom_sim_config cfg;
-    char name[16];  /* "SIM", "B-SIM", ... */
-    char prefix[8]; /* "", "B-", ... */
-    int slot;       /* naming slot, released by loom_sim_reg_free */
+    char name[32];  /* "SIM" (holds SIM0), else "SIM2..SIM3" or "SIM4" */
+    int base;       /* first device number, released by loom_sim_reg_free */
     bool is_static; /* the default reg: never freed */
     /* cfg.profile resolved, or NULL */
     const loom_sim_profile *profile;

@@ -1,9 +1,10 @@
 /*
  * sim regs and devices: what each simulated GPU answers without execution state (name,
  * memory, caps, supports_op/buft, offload_op), per-device statistics, reg construction
- * and naming (SIM0.. for the first live reg, B-SIM0.. for the second, ...), the default
- * reg used by the module and static registration, and the proc-address table through
- * which a dynamically loaded sim module exposes its extras (and its own last error).
+ * and naming (process-wide device numbers: SIM0, SIM1 for a first reg of 2, SIM2.. for a
+ * second), the default reg used by the module and static registration, and the
+ * proc-address table through which a dynamically loaded sim module exposes its extras
+ * (and its own last error).
  */
 #define _POSIX_C_SOURCE 200809L /* strtok_r, pthread */
 #include <stdio.h>
@@ -13,30 +14,41 @@
 #include "backends/sim/sim-impl.h"
 #include "loom/cpu.h"
 
-/* ---------------------------------------------------------------- naming slots */
+/* ---------------------------------------------------------------- device numbers */
 
-#define LOOM__SIM_MAX_SLOTS 256
+/* Every live sim device has a process-wide number: a reg takes the first run of n free
+ * numbers, so its devices are SIM<base>..SIM<base+n-1> and a second live reg continues
+ * where the first ends (SIM0, SIM1, then SIM2..); a freed reg's numbers are reused. */
+#define LOOM__SIM_MAX_NUMBERS 1024
 
-static pthread_mutex_t loom__sim_slot_mu = PTHREAD_MUTEX_INITIALIZER;
-static bool loom__sim_slot_used[LOOM__SIM_MAX_SLOTS];
+static pthread_mutex_t loom__sim_number_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool loom__sim_number_used[LOOM__SIM_MAX_NUMBERS];
 
-static int loom__sim_slot_take(void) {
-    int slot = -1;
-    pthread_mutex_lock(&loom__sim_slot_mu);
-    for (int i = 0; i < LOOM__SIM_MAX_SLOTS && slot < 0; i++) {
-        if (!loom__sim_slot_used[i]) {
-            loom__sim_slot_used[i] = true;
-            slot = i;
+/* The first number of a free run of n, marked used; -1 when there is none. */
+static int loom__sim_numbers_take(int n) {
+    int base = -1;
+    pthread_mutex_lock(&loom__sim_number_mu);
+    for (int b = 0; b + n <= LOOM__SIM_MAX_NUMBERS && base < 0; b++) {
+        int k = 0;
+        while (k < n && !loom__sim_number_used[b + k])
+            k++;
+        if (k == n) {
+            base = b;
+        } else {
+            b += k; /* b + k is used: the next run starts after it */
         }
     }
-    pthread_mutex_unlock(&loom__sim_slot_mu);
-    return slot;
+    for (int k = 0; base >= 0 && k < n; k++)
+        loom__sim_number_used[base + k] = true;
+    pthread_mutex_unlock(&loom__sim_number_mu);
+    return base;
 }
 
-static void loom__sim_slot_release(int slot) {
-    pthread_mutex_lock(&loom__sim_slot_mu);
-    loom__sim_slot_used[slot] = false;
-    pthread_mutex_unlock(&loom__sim_slot_mu);
+static void loom__sim_numbers_release(int base, int n) {
+    pthread_mutex_lock(&loom__sim_number_mu);
+    for (int k = 0; k < n; k++)
+        loom__sim_number_used[base + k] = false;
+    pthread_mutex_unlock(&loom__sim_number_mu);
 }
 
 /* ---------------------------------------------------------------- device methods */
@@ -259,25 +271,28 @@ static loom_status loom__sim_reg_init(loom__sim_reg *sr, const loom_sim_config *
                                       bool is_static) {
     loom_status s = loom__sim_check_config(cfg);
     if (s != LOOM_OK) return s;
-    int slot = loom__sim_slot_take();
-    if (slot < 0) {
-        return loom_error(LOOM_ERR_FULL, "sim: too many sim regs alive (%d)", LOOM__SIM_MAX_SLOTS);
+    int base = loom__sim_numbers_take(cfg->n_devices);
+    if (base < 0) {
+        return loom_error(LOOM_ERR_FULL,
+                          "sim: no run of %d free device numbers (%d simulated devices at most "
+                          "alive at once)",
+                          cfg->n_devices, LOOM__SIM_MAX_NUMBERS);
     }
     sr->cfg = *cfg;
     sr->cfg.link_name[sizeof sr->cfg.link_name - 1] = '\0';
     sr->cfg.profile[sizeof sr->cfg.profile - 1] = '\0';
     sr->profile = NULL;
     if (sr->cfg.profile[0]) loom_sim_profile_find(sr->cfg.profile, &sr->profile);
-    sr->slot = slot;
+    sr->base = base;
     sr->is_static = is_static;
-    if (slot == 0) {
-        sr->prefix[0] = '\0';
-    } else if (slot < 26) {
-        snprintf(sr->prefix, sizeof sr->prefix, "%c-", 'A' + slot);
+    /* The reg holding SIM0 is "SIM"; another is named by its devices: "SIM2..SIM3", "SIM4". */
+    if (base == 0) {
+        snprintf(sr->name, sizeof sr->name, "SIM");
+    } else if (cfg->n_devices == 1) {
+        snprintf(sr->name, sizeof sr->name, "SIM%d", base);
     } else {
-        snprintf(sr->prefix, sizeof sr->prefix, "S%d-", slot);
+        snprintf(sr->name, sizeof sr->name, "SIM%d..SIM%d", base, base + cfg->n_devices - 1);
     }
-    snprintf(sr->name, sizeof sr->name, "%sSIM", sr->prefix);
     sr->reg.api_version = LOOM_BACKEND_API_VERSION;
     sr->reg.iface = &loom__sim_reg_i;
     sr->reg.context = sr;
@@ -296,7 +311,7 @@ static loom_status loom__sim_reg_init(loom__sim_reg *sr, const loom_sim_config *
         sd->buft.context = sd;
         sd->sreg = sr;
         sd->index = i;
-        snprintf(sd->name, sizeof sd->name, "%sSIM%d", sr->prefix, i);
+        snprintf(sd->name, sizeof sd->name, "SIM%d", base + i);
         snprintf(sd->desc, sizeof sd->desc,
                  "simulated GPU %d of %d (%s%s%s%s%s, link %s: %.0f GB/s, %.1f us)", i,
                  cfg->n_devices, sr->profile ? sr->profile->name : "", sr->profile ? ", " : "", mem,
@@ -307,7 +322,7 @@ static loom_status loom__sim_reg_init(loom__sim_reg *sr, const loom_sim_config *
     if (i < cfg->n_devices) {
         while (i-- > 0)
             pthread_mutex_destroy(&sr->devs[i].mu);
-        loom__sim_slot_release(slot);
+        loom__sim_numbers_release(base, cfg->n_devices);
         return loom_error(LOOM_ERR_INTERNAL, "sim: cannot initialise a device mutex");
     }
     return LOOM_OK;
@@ -348,7 +363,7 @@ void loom_sim_reg_free(loom_reg_t reg) {
         LOOM_ASSERT(sd->n_backends == 0 && sd->n_buffers == 0);
         pthread_mutex_destroy(&sd->mu);
     }
-    loom__sim_slot_release(sr->slot);
+    loom__sim_numbers_release(sr->base, sr->cfg.n_devices);
     loom_free(sr);
 }
 

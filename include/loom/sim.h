@@ -110,9 +110,10 @@ LOOM_API loom_status loom_sim_link_preset(const char *name, loom_sim_link *out);
 LOOM_API loom_status loom_sim_config_parse(const char *spec, loom_sim_config *out);
 LOOM_API void loom_sim_config_default(loom_sim_config *out, int n_devices);
 
-/* A new reg of simulated devices named SIM0..SIM{N-1} (with a per-reg prefix when more
- * than one sim reg exists: SIM0, then B-SIM0, ...). Free with loom_sim_reg_free after
- * every backend and buffer of it is freed. */
+/* A new reg of N simulated devices named by process-wide numbers: SIM0..SIM{N-1} when no
+ * other sim reg is alive, else the numbering continues (a reg of 2 alive: SIM2, SIM3, ...;
+ * the reg is "SIM" when it holds SIM0, else "SIM2..SIM3"). Free with loom_sim_reg_free
+ * after every backend and buffer of it is freed. */
 LOOM_API loom_status loom_sim_reg_new(const loom_sim_config *cfg, loom_reg_t *out);
 LOOM_API loom_status loom_sim_reg_new_from_spec(const char *spec, loom_reg_t *out);
 LOOM_API void loom_sim_reg_free(loom_reg_t reg);

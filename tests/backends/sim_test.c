@@ -35,13 +35,20 @@ LOOM_TEST(sim, props_and_names) {
     LOOM_REQUIRE(a != NULL);
     LOOM_CHECK_EQ_INT(loom_reg_dev_count(a), 3);
     LOOM_CHECK(loom_reg_dev_get(a, 3) == NULL);
+    /* Devices carry process-wide numbers: a's are SIM<k>, SIM<k+1>, SIM<k+2>, k being the
+     * first run of 3 free numbers (0 when no other sim reg is alive). */
     char want[32];
-    const char *prefix = loom_reg_name(a); /* "SIM" or "X-SIM" when others are alive */
-    size_t plen = strlen(prefix) - 3;
-    LOOM_CHECK(strcmp(prefix + plen, "SIM") == 0);
+    int k = -1;
+    LOOM_REQUIRE(sscanf(loom_dev_name(loom_reg_dev_get(a, 0)), "SIM%d", &k) == 1 && k >= 0);
+    if (k == 0) {
+        LOOM_CHECK(strcmp(loom_reg_name(a), "SIM") == 0);
+    } else {
+        snprintf(want, sizeof want, "SIM%d..SIM%d", k, k + 2);
+        LOOM_CHECK(strcmp(loom_reg_name(a), want) == 0);
+    }
     for (int i = 0; i < 3; i++) {
         loom_dev_t d = loom_reg_dev_get(a, (size_t)i);
-        snprintf(want, sizeof want, "%.*sSIM%d", (int)plen, prefix, i);
+        snprintf(want, sizeof want, "SIM%d", k + i);
         LOOM_CHECK(strcmp(loom_dev_name(d), want) == 0);
         LOOM_CHECK(loom_dev_is_sim(d));
         LOOM_CHECK(loom_dev_reg(d) == a);
@@ -64,21 +71,61 @@ LOOM_TEST(sim, props_and_names) {
                                        loom_dev_buffer_type(loom_reg_dev_get(a, 1))));
     LOOM_CHECK(!loom_dev_is_sim(loom_cpu_dev()));
 
-    /* A second live reg gets its own prefix; a freed reg's names are reused. */
+    /* A second live reg continues the numbering; a freed reg's numbers are reused. */
     loom_reg_t b = new_reg("sim:1");
     LOOM_REQUIRE(b != NULL);
     LOOM_CHECK(strcmp(loom_reg_name(a), loom_reg_name(b)) != 0);
-    LOOM_CHECK(
-        strcmp(loom_dev_name(loom_reg_dev_get(a, 0)), loom_dev_name(loom_reg_dev_get(b, 0))) != 0);
-    char a_name[32];
-    snprintf(a_name, sizeof a_name, "%s", loom_reg_name(a));
+    int kb = -1;
+    LOOM_REQUIRE(sscanf(loom_dev_name(loom_reg_dev_get(b, 0)), "SIM%d", &kb) == 1);
+    LOOM_CHECK(kb < k || kb > k + 2); /* never one of a's */
+    LOOM_CHECK(strcmp(loom_reg_name(b), kb == 0 ? "SIM" : loom_dev_name(loom_reg_dev_get(b, 0))) ==
+               0); /* a reg of one device is named by it */
+    char a_names[3][32];
+    for (int i = 0; i < 3; i++)
+        snprintf(a_names[i], sizeof a_names[i], "%s",
+                 loom_dev_name(loom_reg_dev_get(a, (size_t)i)));
     loom_sim_reg_free(a);
-    loom_reg_t c = new_reg("sim:1");
+    loom_reg_t c = new_reg("sim:3");
     LOOM_REQUIRE(c != NULL);
-    LOOM_CHECK(strcmp(loom_reg_name(c), a_name) == 0);
+    for (int i = 0; i < 3; i++) /* first fit: a's run again */
+        LOOM_CHECK(strcmp(loom_dev_name(loom_reg_dev_get(c, (size_t)i)), a_names[i]) == 0);
     loom_sim_reg_free(b);
     loom_sim_reg_free(c);
     loom_sim_reg_free(NULL);
+}
+
+LOOM_TEST(sim, device_numbers_run_out_cleanly) {
+    /* Regs of 64 devices until the process-wide numbers run out: a clear error, nothing
+     * half-made, and every number is free again once the regs are freed. */
+    loom_reg_t regs[32];
+    int n = 0;
+    loom_status s = LOOM_OK;
+    while (n < 32) {
+        regs[n] = NULL;
+        s = loom_sim_reg_new_from_spec("sim:64,mem=1MiB", &regs[n]);
+        if (s != LOOM_OK) break;
+        n++;
+    }
+    LOOM_CHECK(n >= 15 && n <= 16); /* 1024 numbers, some may be held by a static reg */
+    LOOM_CHECK_EQ_INT(s, LOOM_ERR_FULL);
+    LOOM_CHECK(regs[n] == NULL);
+    LOOM_CHECK_STR_CONTAINS(loom_last_error(), "sim: no run of 64 free device numbers");
+    static bool seen[1024]; /* no two live devices share a number */
+    memset(seen, 0, sizeof seen);
+    for (int j = 0; j < n; j++) {
+        for (size_t i = 0; i < 64; i++) {
+            int num = -1;
+            LOOM_REQUIRE(sscanf(loom_dev_name(loom_reg_dev_get(regs[j], i)), "SIM%d", &num) == 1);
+            LOOM_REQUIRE(num >= 0 && num < 1024);
+            LOOM_CHECK(!seen[num]);
+            seen[num] = true;
+        }
+    }
+    while (n > 0)
+        loom_sim_reg_free(regs[--n]);
+    loom_reg_t again = NULL;
+    LOOM_REQUIRE(loom_sim_reg_new_from_spec("sim:64,mem=1MiB", &again) == LOOM_OK);
+    loom_sim_reg_free(again);
 }
 
 LOOM_TEST(sim, hostmem_uses_the_cpu_buffer_type) {

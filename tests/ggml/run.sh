@@ -63,8 +63,10 @@ fi
 
 # ---------------------------------------------------------------- 1. devices
 out=$(in_root LOOM_GGML_DEVICES="sim:2;sim:3" LOOM_GGML_MEMBERS=1 llama-completion --list-devices 2>&1)
-if grep -q 'LOOM0: loom meta device over .*SIM0,.*SIM1 (sim:2) ([0-9]* MiB' <<<"$out" &&
-    grep -q 'LOOM1: loom meta device over' <<<"$out" && grep -q 'LOOM0.1: loom device' <<<"$out"; then
+# The module's default sim reg holds SIM0, SIM1: the specs' devices continue the numbering.
+if grep -q 'LOOM0: loom meta device over SIM2,SIM3 (sim:2) ([0-9]* MiB' <<<"$out" &&
+    grep -q 'LOOM1: loom meta device over SIM4,SIM5,SIM6 (sim:3)' <<<"$out" &&
+    grep -q 'LOOM0.1: loom device' <<<"$out"; then
     record passed "--list-devices lists LOOM0, LOOM1 and the members"
 else
     record failed "--list-devices: $out"

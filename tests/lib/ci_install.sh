@@ -116,6 +116,38 @@ if cc -O2 -std=c11 -I"$prefix/include" -o "$tmp/custom-static" \
 else
     fail "custom-device does not link with libloom.a"
 fi
+# a static link says what it lacks (no module backend) and how to get it; LOOM_BACKEND_PATH
+# pointing at the installed lib/loom/ brings the sim module in
+cat >"$tmp/static_spec.c" <<'EOF_C'
+#include <stdio.h>
+#include <loom/loom.h>
+int main(void) {
+    loom_dev_t devs[4];
+    size_t n = 0;
+    loom_registry_load_all();
+    if (loom_devices_from_spec("sim:2", devs, 4, &n) != LOOM_OK) {
+        printf("error: %s\n", loom_last_error());
+        return 1;
+    }
+    printf("devices: %s,%s\n", loom_dev_name(devs[0]), loom_dev_name(devs[1]));
+    return 0;
+}
+EOF_C
+if cc -O2 -std=c11 -I"$prefix/include" -o "$tmp/static-spec" "$tmp/static_spec.c" "$prefix/lib/libloom.a" \
+    $(pkg-config --static --libs-only-l loom | sed 's/-lloom//'); then
+    out=$(env -u LOOM_BACKEND_PATH "$tmp/static-spec")
+    case $out in
+    *"no sim backend in this program: it links libloom statically (libloom.a)"*LOOM_BACKEND_PATH*) ;;
+    *) fail "a static link's sim spec does not say what it lacks: $out" ;;
+    esac
+    if out=$(LOOM_BACKEND_PATH="$prefix/lib/loom" "$tmp/static-spec"); then
+        ok "a static link names what it lacks; LOOM_BACKEND_PATH brings the sim module ($out)"
+    else
+        fail "the static link with LOOM_BACKEND_PATH=lib/loom: $out"
+    fi
+else
+    fail "static_spec.c does not link with libloom.a"
+fi
 "$prefix/bin/loom" --version || fail "bin/loom --version"
 "$prefix/bin/loom" devices >"$tmp/devices.txt" 2>&1 || fail "bin/loom devices"
 grep -q "registry SIM" "$tmp/devices.txt" || fail "bin/loom devices lists no SIM registry"
