@@ -90,11 +90,10 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
     }
     if (st == LOOM_OK)
         st = loom_dist_devices(cd->d, local, o->sp.threads, cd->devs, 16, &cd->n_devs);
-    if (st) {
-        /* the same on every rank (same arguments), so no rank is left waiting */
-        fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
-        return false;
-    }
+    if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
+    /* agreed: a rank given other --devices or -sm than the others must not leave them
+     * waiting for it in the first collective */
+    if (!loom_cli_dist_agree(cd, st == LOOM_OK, cmd)) return false;
     o->sp.devs = cd->devs;
     o->sp.n_devs = cd->n_devs;
     if (cd->n_devs > 1 && o->sp.split_mode == LOOM_SPLIT_MODE_DEFAULT)
@@ -217,6 +216,16 @@ static void shape_of(const loom_cli_dist *cd, loom_session *s, const loom_model_
     }
 }
 
+/* Field i's value v as the option would spell it (a split mode, a cache type) */
+static void shape_value(int i, int64_t v, char *buf, size_t size) {
+    if (i == 7)
+        snprintf(buf, size, "%s", loom_split_mode_name((loom_split_mode)v));
+    else if (i == 9 || i == 10)
+        snprintf(buf, size, "%s", loom_type_name((loom_type)v));
+    else
+        snprintf(buf, size, "%lld", (long long)v);
+}
+
 /* Sets the error naming what differs between this rank's shape and rank 0's; false when
  * nothing does. */
 static bool shape_differs(const dist_shape *mine, const dist_shape *lead) {
@@ -232,10 +241,13 @@ static bool shape_differs(const dist_shape *mine, const dist_shape *lead) {
     }
     for (int i = 0; i < SHAPE_N; i++)
         if (mine->v[i] != lead->v[i]) {
+            char a[64], b[64];
+            shape_value(i, mine->v[i], a, sizeof a);
+            shape_value(i, lead->v[i], b, sizeof b);
             loom_error(LOOM_ERR_INVALID_ARG,
-                       "its model or options differ from rank 0's: %s is %lld here, %lld on rank "
-                       "0: every rank must run the same model with the same options",
-                       shape_names[i], (long long)mine->v[i], (long long)lead->v[i]);
+                       "its model or options differ from rank 0's: %s is %s here, %s on rank 0: "
+                       "every rank must run the same model with the same options",
+                       shape_names[i], a, b);
             return true;
         }
     const struct {
