@@ -99,20 +99,20 @@ static loom_status loom__reg_check(loom_reg_t reg, const char *what) {
     for (size_t i = 0; i < n; i++) {
         loom_dev_t dev = ri->get_device(reg, i);
         const struct loom_dev_i *di = dev ? dev->iface : NULL;
-        const char *dmiss = !dev                    ? "is NULL"
-                            : !di                   ? "has no table (iface NULL)"
-                            : !di->get_name         ? "lacks the required hook get_name"
-                            : !di->get_memory       ? "lacks the required hook get_memory"
-                            : !di->get_type         ? "lacks the required hook get_type"
-                            : !di->get_props        ? "lacks the required hook get_props"
-                            : !di->init_backend     ? "lacks the required hook init_backend"
-                            : !di->get_buffer_type  ? "lacks the required hook get_buffer_type"
-                            : !di->supports_op      ? "lacks the required hook supports_op"
-                            : !di->supports_buft    ? "lacks the required hook supports_buft"
-                                                    : NULL;
+        const char *dmiss = !dev                   ? "is NULL"
+                            : !di                  ? "has no table (iface NULL)"
+                            : !di->get_name        ? "lacks the required hook get_name"
+                            : !di->get_memory      ? "lacks the required hook get_memory"
+                            : !di->get_type        ? "lacks the required hook get_type"
+                            : !di->get_props       ? "lacks the required hook get_props"
+                            : !di->init_backend    ? "lacks the required hook init_backend"
+                            : !di->get_buffer_type ? "lacks the required hook get_buffer_type"
+                            : !di->supports_op     ? "lacks the required hook supports_op"
+                            : !di->supports_buft   ? "lacks the required hook supports_buft"
+                                                   : NULL;
         if (dmiss)
-            return loom_error(LOOM_ERR_FORMAT, "%s: backend '%s': device %zu of %zu %s", what,
-                              name, i, n, dmiss);
+            return loom_error(LOOM_ERR_FORMAT, "%s: backend '%s': device %zu of %zu %s", what, name,
+                              i, n, dmiss);
     }
     return LOOM_OK;
 }
@@ -299,13 +299,13 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
                           "cannot load backend module '%s': %s", path, strerror(e));
     }
     if (!named && !S_ISREG(st.st_mode))
-        return loom_error(LOOM_ERR_FORMAT, "cannot load backend module '%s': not a regular file (%s)",
-                          path,
-                          S_ISDIR(st.st_mode)                            ? "a directory"
-                          : S_ISFIFO(st.st_mode)                         ? "a FIFO"
+        return loom_error(LOOM_ERR_FORMAT,
+                          "cannot load backend module '%s': not a regular file (%s)", path,
+                          S_ISDIR(st.st_mode)                          ? "a directory"
+                          : S_ISFIFO(st.st_mode)                       ? "a FIFO"
                           : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
-                          : S_ISSOCK(st.st_mode)                         ? "a socket"
-                                                                         : "not a file");
+                          : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                       : "not a file");
     char bad[256];
     if (!named && !loom__elf_complete(path, &st, bad, sizeof bad))
         return loom_error(LOOM_ERR_FORMAT, "cannot load backend module '%s': %s", path, bad);
@@ -314,8 +314,7 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
     if (!handle) {
         const char *why = dlerror();
         return loom_error(named ? LOOM_ERR_NOT_FOUND : LOOM_ERR_FORMAT,
-                          "cannot load backend module '%s': %s", path,
-                          why ? why : "dlopen failed");
+                          "cannot load backend module '%s': %s", path, why ? why : "dlopen failed");
     }
     /* The module's compiled-in interface version, read before any of its code runs (a
      * module built for another layout of the tables must not be called at all). Modules
@@ -439,7 +438,8 @@ static int loom__cmp_str(const void *a, const void *b) {
 /* Loads every libloom-*.so of dir (sorted), skipping names already registered. */
 /* Why the CUDA module (libloom-cuda.so) last failed to load, for the "no CUDA devices"
  * message of a device spec ("" when it did not fail). */
-static char loom__cuda_load_error[512];
+static char loom__cuda_load_error[512]; /* under loom__cuda_err_mutex (scans may race) */
+static pthread_mutex_t loom__cuda_err_mutex = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t loom__scan_dir(const char *dir, bool from_env) {
     DIR *d = opendir(dir);
@@ -498,11 +498,15 @@ static size_t loom__scan_dir(const char *dir, bool from_env) {
             void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
             if (!drv) {
                 const char *why = dlerror();
-                snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error,
+                char msg[sizeof loom__cuda_load_error];
+                snprintf(msg, sizeof msg,
                          "no CUDA driver: libcuda.so.1 cannot be loaded (%s), so %s/%s was not "
                          "loaded",
                          why ? why : "not found", dir, names[i]);
-                LOOM_LOG_DEBUG("registry: %s", loom__cuda_load_error);
+                pthread_mutex_lock(&loom__cuda_err_mutex);
+                memcpy(loom__cuda_load_error, msg, sizeof msg);
+                pthread_mutex_unlock(&loom__cuda_err_mutex);
+                LOOM_LOG_DEBUG("registry: %s", msg);
                 loom_free(names[i]);
                 continue;
             }
@@ -515,9 +519,12 @@ static size_t loom__scan_dir(const char *dir, bool from_env) {
             loom_status s = loom__load(path, NULL, &skipped);
             if (s != LOOM_OK) {
                 LOOM_LOG_WARN("registry: skipping backend module: %s", loom_last_error());
-                if (strcmp(names[i], "libloom-cuda.so") == 0)
+                if (strcmp(names[i], "libloom-cuda.so") == 0) {
+                    pthread_mutex_lock(&loom__cuda_err_mutex);
                     snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error, "%s",
                              loom_last_error());
+                    pthread_mutex_unlock(&loom__cuda_err_mutex);
+                }
             } else if (!skipped) {
                 loaded++;
             }
@@ -810,7 +817,11 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
         void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_no_devices_reason") : NULL;
         memcpy(&why, &p, sizeof why);
         const char *r = why ? why(reg) : "";
-        if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
+        char load_err[sizeof loom__cuda_load_error];
+        pthread_mutex_lock(&loom__cuda_err_mutex);
+        memcpy(load_err, loom__cuda_load_error, sizeof load_err);
+        pthread_mutex_unlock(&loom__cuda_err_mutex);
+        if (!reg && load_err[0]) r = load_err;
         if (!reg && !r[0])
             r = "the CUDA backend module libloom-cuda.so was not found (set LOOM_BACKEND_PATH)";
         return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s%s%s", spec,

@@ -4,7 +4,8 @@
  * line); the level filter (LOOM_LOG_LEVEL=debug|info|warn|error|none, default warn, or
  * loom_log_set_level) applies before any sink, so filtered messages cost no formatting.
  * loom_log_set waits for the calls of the sink it replaces (so its user_data may be freed
- * when it returns). loom_abort is the always-on assert's end: file:line:message to stderr, then abort().
+ * when it returns). loom_abort is the always-on assert's end: file:line:message to stderr, then
+ * abort().
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>

@@ -268,8 +268,7 @@ loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     for (size_t o = 0; o < n;) {
         size_t k = n - o < (size_t)INT_MAX ? n - o : (size_t)INT_MAX;
         MPI_Request rq;
-        int rc =
-            mpi.Iallreduce(MPI_IN_PLACE, data + o, (int)k, mpi.flt, mpi.sum, comm_of(d), &rq);
+        int rc = mpi.Iallreduce(MPI_IN_PLACE, data + o, (int)k, mpi.flt, mpi.sum, comm_of(d), &rq);
         loom_status st = mpi_wait(d, rc, &rq, "MPI_Allreduce");
         if (st) return st;
         o += k;
@@ -282,8 +281,7 @@ loom_status loom__dist_allgather(loom_dist *d, const void *mine, void *all, size
         return loom_error(LOOM_ERR_INVALID_ARG, "dist: allgather of %zu bytes", bytes);
     d->stats.collectives++;
     MPI_Request rq;
-    int rc = mpi.Iallgather(mine, (int)bytes, mpi.byte, all, (int)bytes, mpi.byte, comm_of(d),
-                            &rq);
+    int rc = mpi.Iallgather(mine, (int)bytes, mpi.byte, all, (int)bytes, mpi.byte, comm_of(d), &rq);
     return mpi_wait(d, rc, &rq, "MPI_Allgather");
 }
 

@@ -234,9 +234,8 @@ static bool shape_differs(const dist_shape *mine, const dist_shape *lead) {
                    "its model or options differ from rank 0's: the model file '%s' (%lld bytes, "
                    "fingerprint %016llx) is not rank 0's '%s' (%lld bytes, fingerprint %016llx): "
                    "every rank must open the same file",
-                   mine->model, (long long)mine->model_size,
-                   (unsigned long long)mine->model_hash, lead->model, (long long)lead->model_size,
-                   (unsigned long long)lead->model_hash);
+                   mine->model, (long long)mine->model_size, (unsigned long long)mine->model_hash,
+                   lead->model, (long long)lead->model_size, (unsigned long long)lead->model_hash);
         return true;
     }
     for (int i = 0; i < SHAPE_N; i++)
@@ -277,8 +276,7 @@ bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_m
     /* a rules file is compared by content too (same path, other text on another node) */
     int64_t rsize = 0;
     uint64_t rhash = 0;
-    if (st == LOOM_OK && o->sp.split_rules &&
-        !file_fingerprint(o->sp.split_rules, &rsize, &rhash))
+    if (st == LOOM_OK && o->sp.split_rules && !file_fingerprint(o->sp.split_rules, &rsize, &rhash))
         st = loom_last_status();
     if (st == LOOM_OK && o->sp.split_rules) {
         size_t l = strlen(mine.rules);

@@ -44,8 +44,8 @@ static bool loom__topo_xml_sane(const char *path) {
     }
     if (st.st_size > LOOM__TOPO_XML_MAX) {
         loom_error(LOOM_ERR_FORMAT,
-                   "topology '%s': %lld bytes, more than the %d MiB an lstopo export needs",
-                   path, (long long)st.st_size, LOOM__TOPO_XML_MAX >> 20);
+                   "topology '%s': %lld bytes, more than the %d MiB an lstopo export needs", path,
+                   (long long)st.st_size, LOOM__TOPO_XML_MAX >> 20);
         return false;
     }
     FILE *f = fopen(path, "rb");

@@ -164,14 +164,16 @@ LOOM_TEST(registry_hostile, a_directory_of_junk_loads_the_good_modules_and_names
     /* a directory of junk named like modules, and of other files */
     char q[8192];
     LOOM_REQUIRE(mkdir(tmp_path("junk", dir, sizeof dir), 0700) == 0 || errno == EEXIST);
-    LOOM_REQUIRE(mkdir(tmp_path("junk/libloom-dir.so", p, sizeof p), 0700) == 0 ||
-                 errno == EEXIST);
+    LOOM_REQUIRE(mkdir(tmp_path("junk/libloom-dir.so", p, sizeof p), 0700) == 0 || errno == EEXIST);
     LOOM_REQUIRE(mkdir(tmp_path("junk/subdir", p, sizeof p), 0700) == 0 || errno == EEXIST);
     unlink(tmp_path("junk/libloom-fifo.so", p, sizeof p));
     LOOM_REQUIRE(mkfifo(p, 0600) == 0);
     unlink(tmp_path("junk/libloom-loop.so", p, sizeof p));
     LOOM_REQUIRE(symlink(p, p) == 0);
-    write_bytes(tmp_path("junk/libloom-x.so", p, sizeof p), "\x7f" "ELF junk", 8);
+    write_bytes(tmp_path("junk/libloom-x.so", p, sizeof p),
+                "\x7f"
+                "ELF junk",
+                8);
     write_bytes(tmp_path("junk/README.txt", p, sizeof p), "not a module\n", 13);
     write_bytes(tmp_path("junk/libloom-.so", p, sizeof p), "", 0); /* no name: not one */
     write_bytes(tmp_path("junk/libloom-notes.txt", p, sizeof p), "", 0);

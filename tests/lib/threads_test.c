@@ -30,6 +30,7 @@
 
 enum { N_GEN = 12, N_THREADS = 8, MAX_VOCAB = 1024 };
 static const char *const specs[3] = {"cpu", "sim:2", "sim:3"};
+static char model[4096]; /* loom_test_stories() once, before any thread (it writes a static) */
 
 typedef struct run_result {
     loom_status st;
@@ -48,7 +49,7 @@ static void run_session(const char *spec, run_result *r) {
     p.threads = 1;
     p.n_ctx = 64;
     loom_session *s = NULL;
-    r->st = loom_session_new(loom_test_stories(), NULL, &p, &s);
+    r->st = loom_session_new(model, NULL, &p, &s);
     if (r->st) {
         snprintf(r->err, sizeof r->err, "%s", loom_last_error());
         return;
@@ -85,6 +86,7 @@ static void *session_thread(void *arg) {
 
 LOOM_TEST(threads, sessions_in_parallel_equal_the_single_threaded_run) {
     if (!loom_test_stories()) LOOM_SKIP("stories260K.gguf not found (LOOM_MODELS_DIR)");
+    snprintf(model, sizeof model, "%s", loom_test_stories());
     static run_result ref[3];
     for (int k = 0; k < 3; k++) {
         run_session(specs[k], &ref[k]);
@@ -211,7 +213,8 @@ static void *registry_thread(void *arg) {
         loom_dev_t devs[8];
         size_t n = 0;
         const char *spec = (it + j->id) % 2 ? "sim:2" : "cpu";
-        if (loom_devices_from_spec(spec, devs, 8, &n) != LOOM_OK || n != (spec[0] == 's' ? 2u : 1u)) {
+        if (loom_devices_from_spec(spec, devs, 8, &n) != LOOM_OK ||
+            n != (spec[0] == 's' ? 2u : 1u)) {
             j->errors++;
             snprintf(j->err, sizeof j->err, "%s: %s", spec, loom_last_error());
         }
@@ -301,6 +304,8 @@ LOOM_TEST(threads, log_sink_replaced_while_others_log) {
         late += atomic_load(&ctx[i].late);
     }
     LOOM_CHECK_EQ_INT(total, (long)LOGGERS * LOGS_EACH);
-    LOOM_CHECK_MSG(late == 0, "%ld calls reached a sink after loom_log_set had replaced it "
-                              "(%d swaps)", late, k);
+    LOOM_CHECK_MSG(late == 0,
+                   "%ld calls reached a sink after loom_log_set had replaced it "
+                   "(%d swaps)",
+                   late, k);
 }

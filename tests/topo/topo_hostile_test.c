@@ -110,18 +110,19 @@ static bool load_or_refuse(const char *path) {
     return true;
 }
 
-#define HEAD "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
+#define HEAD                                                                                       \
+    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM \"hwloc2.dtd\">\n"
 #define MACHINE(cpuset, body)                                                                      \
     HEAD "<topology version=\"2.0\">\n<object type=\"Machine\" os_index=\"0\" cpuset=\"" cpuset    \
-         "\" complete_cpuset=\"" cpuset "\" allowed_cpuset=\"" cpuset "\" nodeset=\"0x1\" "      \
+         "\" complete_cpuset=\"" cpuset "\" allowed_cpuset=\"" cpuset "\" nodeset=\"0x1\" "        \
          "complete_nodeset=\"0x1\" allowed_nodeset=\"0x1\" gp_index=\"1\">\n" body                 \
          "</object>\n</topology>\n"
 #define NODE(os, cpuset, gp)                                                                       \
-    "<object type=\"NUMANode\" os_index=\"" os "\" cpuset=\"" cpuset "\" complete_cpuset=\""    \
-    cpuset "\" nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"" gp                          \
+    "<object type=\"NUMANode\" os_index=\"" os "\" cpuset=\"" cpuset                               \
+    "\" complete_cpuset=\"" cpuset "\" nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"" gp    \
     "\" local_memory=\"1000\"/>\n"
 #define PU(os, cpuset, gp)                                                                         \
-    "<object type=\"PU\" os_index=\"" os "\" cpuset=\"" cpuset "\" complete_cpuset=\"" cpuset   \
+    "<object type=\"PU\" os_index=\"" os "\" cpuset=\"" cpuset "\" complete_cpuset=\"" cpuset      \
     "\" nodeset=\"0x1\" complete_nodeset=\"0x1\" gp_index=\"" gp "\"/>\n"
 
 LOOM_TEST(topo_hostile, unreadable_sources_are_refused_naming_the_file) {
@@ -130,8 +131,8 @@ LOOM_TEST(topo_hostile, unreadable_sources_are_refused_naming_the_file) {
             "not a readable hwloc XML file");
     refused(tmp_file("empty.xml", "", p, sizeof p), LOOM_ERR_FORMAT,
             "not a readable hwloc XML file");
-    refused(tmp_file("garbage.xml", "\x01\x02 not xml at all <<<>>>", p, sizeof p),
-            LOOM_ERR_FORMAT, "not a readable hwloc XML file");
+    refused(tmp_file("garbage.xml", "\x01\x02 not xml at all <<<>>>", p, sizeof p), LOOM_ERR_FORMAT,
+            "not a readable hwloc XML file");
     refused(tmp_file("truncated.xml", HEAD "<topology version=\"2.0\">\n<object type=\"Mach", p,
                      sizeof p),
             LOOM_ERR_FORMAT, "not a readable hwloc XML file");
@@ -145,7 +146,8 @@ LOOM_TEST(topo_hostile, unreadable_sources_are_refused_naming_the_file) {
     refused(tmp_file("huge_os.xml",
                      MACHINE("0x1", NODE("0", "0x1", "2") PU("99999999999999999999", "0x1", "3")),
                      p, sizeof p),
-            LOOM_ERR_FORMAT, "line 6: os_index \"99999999999999999999\" is not a number from 0 to 1048576");
+            LOOM_ERR_FORMAT,
+            "line 6: os_index \"99999999999999999999\" is not a number from 0 to 1048576");
     refused(tmp_file("negative_os.xml", MACHINE("0x1", NODE("-5", "0x1", "2") PU("0", "0x1", "3")),
                      p, sizeof p),
             LOOM_ERR_FORMAT, "line 5: os_index \"-5\" is not a number from 0 to 1048576");
@@ -162,29 +164,37 @@ LOOM_TEST(topo_hostile, odd_but_parsable_topologies_load_or_are_refused_never_cr
     } cases[] = {
         {"zero_pus.xml", MACHINE("0x0", NODE("0", "0x0", "2")), cannot},
         {"zero_numa.xml", MACHINE("0x1", PU("0", "0x1", "2")), cannot},
-        {"large_os.xml", MACHINE("0x1", NODE("1048576", "0x1", "2") PU("1048575", "0x1", "3")), NULL},
+        {"large_os.xml", MACHINE("0x1", NODE("1048576", "0x1", "2") PU("1048575", "0x1", "3")),
+         NULL},
         {"huge_cpuset.xml",
          MACHINE("0xffffffff,0xffffffff,0xffffffff,0xffffffff,0xffffffff,0xffffffff,0xffffffff",
-                 NODE("0", "0x1", "2") PU("0", "0x1", "3")), NULL},
-        {"duplicate_ids.xml", MACHINE("0x3", NODE("0", "0x3", "2") PU("0", "0x1", "3")
-                                                 PU("0", "0x1", "3") PU("0", "0x2", "3")), NULL},
+                 NODE("0", "0x1", "2") PU("0", "0x1", "3")),
+         NULL},
+        {"duplicate_ids.xml",
+         MACHINE("0x3",
+                 NODE("0", "0x3", "2") PU("0", "0x1", "3") PU("0", "0x1", "3") PU("0", "0x2", "3")),
+         NULL},
         {"negative_memory.xml",
          MACHINE("0x1", "<object type=\"NUMANode\" os_index=\"0\" cpuset=\"0x1\" "
                         "complete_cpuset=\"0x1\" nodeset=\"0x1\" complete_nodeset=\"0x1\" "
-                        "gp_index=\"2\" local_memory=\"-1\"/>\n" PU("0", "0x1", "3")), NULL},
+                        "gp_index=\"2\" local_memory=\"-1\"/>\n" PU("0", "0x1", "3")),
+         NULL},
         /* a PU holding a Machine holding a PU: the tree nests against its own order */
         {"nested_wrong.xml",
          MACHINE("0x1", NODE("0", "0x1", "2") "<object type=\"PU\" os_index=\"0\" cpuset=\"0x1\" "
                                               "complete_cpuset=\"0x1\" gp_index=\"3\">\n"
                                               "<object type=\"Machine\" os_index=\"0\" "
                                               "cpuset=\"0x1\" gp_index=\"1\">\n" PU(
-                                                  "0", "0x1", "1") "</object>\n</object>\n"), cannot},
+                                                  "0", "0x1", "1") "</object>\n</object>\n"),
+         cannot},
         {"bad_type.xml", MACHINE("0x1", "<object type=\"Quantum\" os_index=\"0\"/>\n"), cannot},
         {"bad_cpuset.xml", MACHINE("0xZZ", NODE("0", "0xQQ", "2")), cannot},
         {"pci_no_bus.xml",
-         MACHINE("0x1", NODE("0", "0x1", "2") PU("0", "0x1", "3")
-                     "<object type=\"PCIDev\" gp_index=\"9\" pci_busid=\"garbage\" "
-                     "pci_type=\"0300 [10de:1234] [0000:0000] 00\"/>\n"), NULL},
+         MACHINE("0x1", NODE("0", "0x1", "2")
+                            PU("0", "0x1",
+                               "3") "<object type=\"PCIDev\" gp_index=\"9\" pci_busid=\"garbage\" "
+                                    "pci_type=\"0300 [10de:1234] [0000:0000] 00\"/>\n"),
+         NULL},
     };
     int loaded = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -239,8 +249,7 @@ LOOM_TEST(topo_hostile, a_bad_LOOM_TOPOLOGY_falls_back_with_one_warning) {
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), named);
     /* the file is not read again: replacing it with a good one changes nothing, and the
      * error is still the first one */
-    tmp_file("env_bad.xml", MACHINE("0x1", NODE("0", "0x1", "2") PU("0", "0x1", "3")), p,
-             sizeof p);
+    tmp_file("env_bad.xml", MACHINE("0x1", NODE("0", "0x1", "2") PU("0", "0x1", "3")), p, sizeof p);
     loom_clear_error();
     LOOM_CHECK(loom_topo_get() == NULL);
     LOOM_CHECK_STR_CONTAINS(loom_last_error(), named);
