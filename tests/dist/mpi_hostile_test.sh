@@ -7,7 +7,8 @@
 #   - another model file on one rank (stories260K with one weight byte changed: same shape),
 #     and options that shape the graphs or the split differing on one rank (-c, -b, -ctk,
 #     --devices, -ts, --split-rules): every rank stops, the message names the rank, the
-#     option (or both files) and both values;
+#     option (or both files) and both values; in loom bench, a session only one rank cannot
+#     make stops every rank;
 #   - a rank killed (SIGKILL) mid-generation: the job ends within seconds, non-zero, with
 #     mpirun naming the rank and the signal.
 # Skips (exit 0) without mpirun, without the shared models, or with a loom built without MPI.
@@ -88,6 +89,18 @@ refused devices_kind "--devices sim:1" "its model or options differ from rank 0'
 refused tensor_split "-ts 3,1" "its model or options differ from rank 0's: -ts (the tensor split) is '3,1' here, '' on rank 0"
 printf 'output\\.weight mirrored\n' >"$tmp/rules.txt"
 refused split_rules "--split-rules $tmp/rules.txt" "its model or options differ from rank 0's: --split-rules is '$tmp/rules.txt ("
+
+# loom bench: a session that only rank 1 cannot make (its sim device has 64 KiB) stops every
+# rank's configuration with rank 1's error (before, rank 1 skipped the agreement the others
+# waited in)
+rc=0
+mpi -np 1 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 --dist mpi -o csv : \
+    -np 1 "$loom" bench -m "$model" -p 16 -n 8 -r 1 -t 1 --devices sim:1,mem=64KiB --dist mpi -o csv \
+    >"$tmp/bench.out" 2>"$tmp/bench.err" || rc=$?
+[ "$rc" -ne 124 ] || fail "bench, rank 1 out of memory: the ranks hung"
+grep -q "loom bench: rank 0 stops: rank 1: session: .* on MPI0, which has 0.1 MiB free" "$tmp/bench.err" ||
+    fail "bench, rank 1 out of memory: rank 0 does not name it: $(cat "$tmp/bench.err")"
+echo "ok: bench: a session only rank 1 cannot make stops every rank (mpirun exit $rc)"
 
 # a rank killed in the middle of the generation: mpirun ends the job within seconds
 rc=0 t0=$SECONDS
