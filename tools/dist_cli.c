@@ -161,7 +161,7 @@ typedef struct dist_shape {
     int64_t v[SHAPE_N];
     int64_t model_size;
     uint64_t model_hash;
-    char model[512], devices[128], rules[512], ts[128];
+    char model[512], devices[128], dev_kind[128], rules[512], ts[128];
 } dist_shape;
 
 static const char *const shape_names[SHAPE_N] = {
@@ -207,6 +207,14 @@ static void shape_of(const loom_cli_dist *cd, loom_session *s, const loom_model_
     snprintf(sh->model, sizeof sh->model, "%s", o->model ? o->model : "(the built-in model)");
     snprintf(sh->devices, sizeof sh->devices, "%s",
              o->sp.devices && *o->sp.devices ? o->sp.devices : "cpu");
+    /* the kind of each local device (its backend), not the spec: ranks of one node may
+     * name different GPUs (cuda:0 on rank 0, cuda:1 on rank 1) */
+    for (int i = 0; i < cd->n_local; i++) {
+        loom_reg_t reg = loom_dev_reg(cd->local[i]);
+        size_t l = strlen(sh->dev_kind);
+        snprintf(sh->dev_kind + l, sizeof sh->dev_kind - l, "%s%s", i ? "," : "",
+                 reg ? loom_reg_name(reg) : loom_dev_name(cd->local[i]));
+    }
     snprintf(sh->rules, sizeof sh->rules, "%s", o->sp.split_rules ? o->sp.split_rules : "");
     snprintf(sh->ts, sizeof sh->ts, "%s", o->tensor_split ? o->tensor_split : "");
     sh->model_hash = 0xcbf29ce484222325ull;
@@ -249,10 +257,17 @@ static bool shape_differs(const dist_shape *mine, const dist_shape *lead) {
                        shape_names[i], a, b);
             return true;
         }
+    if (strcmp(mine->dev_kind, lead->dev_kind)) {
+        loom_error(LOOM_ERR_INVALID_ARG,
+                   "its model or options differ from rank 0's: --devices (the kind of device) is "
+                   "'%s' (%s) here, '%s' (%s) on rank 0: every rank must run the same kind of "
+                   "device",
+                   mine->devices, mine->dev_kind, lead->devices, lead->dev_kind);
+        return true;
+    }
     const struct {
         const char *name, *mine, *lead;
-    } str[] = {{"--devices", mine->devices, lead->devices},
-               {"--split-rules", mine->rules, lead->rules},
+    } str[] = {{"--split-rules", mine->rules, lead->rules},
                {"-ts (the tensor split)", mine->ts, lead->ts}};
     for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
         if (strcmp(str[i].mine, str[i].lead)) {

@@ -57,6 +57,10 @@ lead special_on_rank1 "--temp 0 -s 1" "--temp 0 -s 1 -sp"
 lead ignore_eos_on_rank1 "--temp 0 -s 1 -n 200" "--temp 0 -s 1 -n 200 --ignore-eos"
 lead seed_differs "--temp 0.9 -s 7" "--temp 0.9 -s 12345"
 
+# the same kind of device under another spec is fine (ranks of one node name their own GPU:
+# cuda:0, cuda:1): sim:1 on rank 0, sim:1 with a memory cap on rank 1
+lead devices_same_kind "--temp 0 -s 1 --devices sim:1" "--temp 0 -s 1 --devices sim:1,mem=1GiB"
+
 # refused: rank 1 differs in what shapes the graphs; every rank stops naming rank 1 and what
 refused() { # TAG "A1 (rank 1's extra args)" EXPECTED-TEXT [M1 (rank 1's model)]
     local tag=$1 m1=${4:-$model} rc=0
@@ -85,7 +89,7 @@ refused batch "-b 8" "its model or options differ from rank 0's: -b/-ub (the gra
 refused kv_type "-ctk f16 -ctv f16" "its model or options differ from rank 0's: -ctk (the K cache type) is f16 here, f32 on rank 0"
 refused devices_tensor "--devices sim:2 -sm tensor" "--dist mpi: --devices 'sim:2' is 2 devices per rank: that is the hybrid layout, -sm layer"
 refused devices_count "--devices sim:2 -sm layer" "its model or options differ from rank 0's: -sm (the split mode) is layer here, tensor on rank 0"
-refused devices_kind "--devices sim:1" "its model or options differ from rank 0's: --devices is 'sim:1' here, 'cpu' on rank 0"
+refused devices_kind "--devices sim:1" "its model or options differ from rank 0's: --devices (the kind of device) is 'sim:1' (SIM) here, 'cpu' (CPU) on rank 0"
 refused tensor_split "-ts 3,1" "its model or options differ from rank 0's: -ts (the tensor split) is '3,1' here, '' on rank 0"
 printf 'output\\.weight mirrored\n' >"$tmp/rules.txt"
 refused split_rules "--split-rules $tmp/rules.txt" "its model or options differ from rank 0's: --split-rules is '$tmp/rules.txt ("
