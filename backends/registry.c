@@ -13,6 +13,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
 #include <link.h> /* dl_iterate_phdr */
 #include <pthread.h>
@@ -78,6 +79,47 @@ static loom_reg_t loom__find_name_locked(const char *name) {
     return NULL;
 }
 
+/* Whether reg has what the registry and every caller rely on: a table with the required
+ * hooks, a name, and for each device a table with the required hooks (backend-impl.h).
+ * `what` names the module file or "backend"; the error says what is missing. A reg that
+ * fails is never called again (its other hooks may be as broken). */
+static loom_status loom__reg_check(loom_reg_t reg, const char *what) {
+    const struct loom_reg_i *ri = reg->iface;
+    const char *miss = !ri                     ? "has no table (iface NULL)"
+                       : !ri->get_name         ? "lacks the required hook get_name"
+                       : !ri->get_device_count ? "lacks the required hook get_device_count"
+                       : !ri->get_device       ? "lacks the required hook get_device"
+                                               : NULL;
+    if (miss) return loom_error(LOOM_ERR_FORMAT, "%s: its reg %s", what, miss);
+    const char *name = ri->get_name(reg);
+    if (!name || !name[0])
+        return loom_error(LOOM_ERR_FORMAT, "%s: its reg has no name (get_name returned %s)", what,
+                          name ? "\"\"" : "NULL");
+    const size_t n = ri->get_device_count(reg);
+    if (n > 4096)
+        return loom_error(LOOM_ERR_FORMAT, "%s: backend '%s' reports %zu devices (at most 4096)",
+                          what, name, n);
+    for (size_t i = 0; i < n; i++) {
+        loom_dev_t dev = ri->get_device(reg, i);
+        const struct loom_dev_i *di = dev ? dev->iface : NULL;
+        const char *dmiss = !dev                   ? "is NULL"
+                            : !di                  ? "has no table (iface NULL)"
+                            : !di->get_name        ? "lacks the required hook get_name"
+                            : !di->get_memory      ? "lacks the required hook get_memory"
+                            : !di->get_type        ? "lacks the required hook get_type"
+                            : !di->get_props       ? "lacks the required hook get_props"
+                            : !di->init_backend    ? "lacks the required hook init_backend"
+                            : !di->get_buffer_type ? "lacks the required hook get_buffer_type"
+                            : !di->supports_op     ? "lacks the required hook supports_op"
+                            : !di->supports_buft   ? "lacks the required hook supports_buft"
+                                                   : NULL;
+        if (dmiss)
+            return loom_error(LOOM_ERR_FORMAT, "%s: backend '%s': device %zu of %zu %s", what, name,
+                              i, n, dmiss);
+    }
+    return LOOM_OK;
+}
+
 /* Appends reg and its devices. The caller checked it is not registered. */
 static loom_status loom__add_locked(loom_reg_t reg, void *handle, loom__sim_free_fn free_fn) {
     if (reg->api_version != LOOM_BACKEND_API_VERSION) {
@@ -115,6 +157,8 @@ static loom_status loom__add_locked(loom_reg_t reg, void *handle, loom__sim_free
 
 loom_status loom_registry_add(loom_reg_t reg) {
     if (!reg) return loom_error(LOOM_ERR_INVALID_ARG, "loom_registry_add: NULL reg");
+    if (reg->api_version == LOOM_BACKEND_API_VERSION && loom__reg_check(reg, "loom_registry_add"))
+        return loom_last_status();
     pthread_mutex_lock(&loom__reg_mutex);
     loom_status s = LOOM_OK;
     if (!loom__find_reg_locked(reg)) s = loom__add_locked(reg, NULL, NULL);
@@ -194,6 +238,51 @@ static void loom__import_reg_error(loom_reg_t reg, loom_status fallback, const c
     }
 }
 
+/* Whether the ELF file at path (st: its stat) holds everything dlopen will map: the
+ * program headers and each loaded segment's file bytes. dlopen maps a segment past the end
+ * of a file cut short without a check, and the first touch of it is a SIGBUS that ends the
+ * process; so a truncated module is refused here, naming where it ends. Other defects (not
+ * ELF, another machine or class) are left to dlopen, which reports them. Writes why. */
+static bool loom__elf_complete(const char *path, const struct stat *st, char *why, size_t size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(why, size, "%s", strerror(errno));
+        return false;
+    }
+    bool ok = true;
+    Elf64_Ehdr eh;
+    const uint64_t fsize = (uint64_t)st->st_size;
+    if (fread(&eh, 1, sizeof eh, f) == sizeof eh && memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+        eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr)) {
+        const uint64_t ph_end = eh.e_phoff + (uint64_t)eh.e_phnum * sizeof(Elf64_Phdr);
+        if (eh.e_phoff > fsize || ph_end > fsize) {
+            snprintf(why, size,
+                     "a truncated ELF file: its program headers end at byte %llu, the file has "
+                     "%llu bytes",
+                     (unsigned long long)ph_end, (unsigned long long)fsize);
+            ok = false;
+        }
+        for (unsigned i = 0; ok && i < eh.e_phnum; i++) {
+            Elf64_Phdr ph;
+            if (fseeko(f, (off_t)(eh.e_phoff + (uint64_t)i * sizeof ph), SEEK_SET) != 0 ||
+                fread(&ph, 1, sizeof ph, f) != sizeof ph) {
+                snprintf(why, size, "cannot read its program header %u", i);
+                ok = false;
+            } else if ((ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC) &&
+                       (ph.p_offset > fsize || ph.p_filesz > fsize - ph.p_offset)) {
+                snprintf(why, size,
+                         "a truncated ELF file: its segment %u ends at byte %llu, the file has "
+                         "%llu bytes",
+                         i, (unsigned long long)(ph.p_offset + ph.p_filesz),
+                         (unsigned long long)fsize);
+                ok = false;
+            }
+        }
+    }
+    fclose(f);
+    return ok;
+}
+
 /* Loads one module. A module whose reg (or reg name) is already registered is unloaded
  * again, *out_reg is the registered one and *skipped is set: not an error. */
 static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipped) {
@@ -202,15 +291,33 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
     if (!path || !path[0]) {
         return loom_error(LOOM_ERR_INVALID_ARG, "loom_registry_load: empty module path");
     }
+    /* Only a regular file (after symlinks) is opened: dlopen of a FIFO waits for a writer
+     * for ever, and a directory or a device is never a module. A bare name (no '/') is
+     * dlopen's to search for. */
+    struct stat st;
+    const bool named = strchr(path, '/') == NULL;
+    if (!named && stat(path, &st) != 0) {
+        int e = errno;
+        return loom_error(e == ENOENT ? LOOM_ERR_NOT_FOUND : LOOM_ERR_FORMAT,
+                          "cannot load backend module '%s': %s", path, strerror(e));
+    }
+    if (!named && !S_ISREG(st.st_mode))
+        return loom_error(LOOM_ERR_FORMAT,
+                          "cannot load backend module '%s': not a regular file (%s)", path,
+                          S_ISDIR(st.st_mode)                          ? "a directory"
+                          : S_ISFIFO(st.st_mode)                       ? "a FIFO"
+                          : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
+                          : S_ISSOCK(st.st_mode)                       ? "a socket"
+                                                                       : "not a file");
+    char bad[256];
+    if (!named && !loom__elf_complete(path, &st, bad, sizeof bad))
+        return loom_error(LOOM_ERR_FORMAT, "cannot load backend module '%s': %s", path, bad);
     dlerror();
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
         const char *why = dlerror();
-        struct stat st;
-        bool exists = stat(path, &st) == 0;
-        return loom_error(exists ? LOOM_ERR_FORMAT : LOOM_ERR_NOT_FOUND,
-                          "cannot load backend module '%s': %s", path,
-                          why ? why : (exists ? "dlopen failed" : "no such file"));
+        return loom_error(named ? LOOM_ERR_NOT_FOUND : LOOM_ERR_FORMAT,
+                          "cannot load backend module '%s': %s", path, why ? why : "dlopen failed");
     }
     /* The module's compiled-in interface version, read before any of its code runs (a
      * module built for another layout of the tables must not be called at all). Modules
@@ -245,6 +352,12 @@ static loom_status loom__load(const char *path, loom_reg_t *out_reg, bool *skipp
                           "backend module '%s': its reg has backend API version %d, this loom "
                           "(%s) has backend API version %d",
                           path, v, loom_version(), LOOM_BACKEND_API_VERSION);
+    }
+    char what[4096 + 32];
+    snprintf(what, sizeof what, "backend module '%s'", path);
+    if (loom__reg_check(reg, what)) {
+        dlclose(handle);
+        return loom_last_status();
     }
     pthread_mutex_lock(&loom__reg_mutex);
     loom_status s = LOOM_OK;
@@ -366,12 +479,19 @@ static int loom__cmp_str(const void *a, const void *b) {
 /* Loads every libloom-*.so of dir (sorted), skipping names already registered. */
 /* Why the CUDA module (libloom-cuda.so) last failed to load, for the "no CUDA devices"
  * message of a device spec ("" when it did not fail). */
-static char loom__cuda_load_error[512];
+static char loom__cuda_load_error[512]; /* under loom__cuda_err_mutex (scans may race) */
+static pthread_mutex_t loom__cuda_err_mutex = PTHREAD_MUTEX_INITIALIZER;
 
-static size_t loom__scan_dir(const char *dir) {
+static size_t loom__scan_dir(const char *dir, bool from_env) {
     DIR *d = opendir(dir);
     if (!d) {
-        LOOM_LOG_DEBUG("registry: cannot open backend directory '%s': %s", dir, strerror(errno));
+        /* a directory the user named is worth a warning; a default one may well be absent */
+        if (from_env)
+            LOOM_LOG_WARN("registry: LOOM_BACKEND_PATH: cannot open backend directory '%s': %s",
+                          dir, strerror(errno));
+        else
+            LOOM_LOG_DEBUG("registry: cannot open backend directory '%s': %s", dir,
+                           strerror(errno));
         return 0;
     }
     char **names = NULL;
@@ -419,11 +539,15 @@ static size_t loom__scan_dir(const char *dir) {
             void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
             if (!drv) {
                 const char *why = dlerror();
-                snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error,
+                char msg[sizeof loom__cuda_load_error];
+                snprintf(msg, sizeof msg,
                          "no CUDA driver: libcuda.so.1 cannot be loaded (%s), so %s/%s was not "
                          "loaded",
                          why ? why : "not found", dir, names[i]);
-                LOOM_LOG_DEBUG("registry: %s", loom__cuda_load_error);
+                pthread_mutex_lock(&loom__cuda_err_mutex);
+                memcpy(loom__cuda_load_error, msg, sizeof msg);
+                pthread_mutex_unlock(&loom__cuda_err_mutex);
+                LOOM_LOG_DEBUG("registry: %s", msg);
                 loom_free(names[i]);
                 continue;
             }
@@ -436,9 +560,12 @@ static size_t loom__scan_dir(const char *dir) {
             loom_status s = loom__load(path, NULL, &skipped);
             if (s != LOOM_OK) {
                 LOOM_LOG_WARN("registry: skipping backend module: %s", loom_last_error());
-                if (strcmp(names[i], "libloom-cuda.so") == 0)
+                if (strcmp(names[i], "libloom-cuda.so") == 0) {
+                    pthread_mutex_lock(&loom__cuda_err_mutex);
                     snprintf(loom__cuda_load_error, sizeof loom__cuda_load_error, "%s",
                              loom_last_error());
+                    pthread_mutex_unlock(&loom__cuda_err_mutex);
+                }
             } else if (!skipped) {
                 loaded++;
             }
@@ -485,11 +612,17 @@ size_t loom_registry_load_all(void) {
     char *copy = env && env[0] ? loom_strdup(env) : NULL;
     if (copy) {
         char *save = NULL;
-        for (char *dir = strtok_r(copy, ":", &save); dir && n_dirs < MAX_DIRS - 3;
-             dir = strtok_r(NULL, ":", &save)) {
+        for (char *dir = strtok_r(copy, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+            if (n_dirs == MAX_DIRS - 3) {
+                LOOM_LOG_WARN("registry: LOOM_BACKEND_PATH names more than %d directories; "
+                              "'%s' and the ones after it are not scanned",
+                              MAX_DIRS - 3, dir);
+                break;
+            }
             dirs[n_dirs++] = dir;
         }
     }
+    const int n_env = n_dirs;
     dirs[n_dirs++] = self;
     dirs[n_dirs++] = self_loom;
     dirs[n_dirs++] = exe;
@@ -497,7 +630,7 @@ size_t loom_registry_load_all(void) {
         bool seen = !dirs[i][0];
         for (int j = 0; j < i && !seen; j++)
             seen = strcmp(dirs[i], dirs[j]) == 0;
-        if (!seen) loaded += loom__scan_dir(dirs[i]);
+        if (!seen) loaded += loom__scan_dir(dirs[i], i < n_env);
     }
     loom_free(copy);
     return loaded;
@@ -728,7 +861,11 @@ static loom_status loom__spec_cuda(const char *spec, const char *list, loom_dev_
         void *p = reg ? loom_reg_get_proc_address(reg, "loom_cuda_no_devices_reason") : NULL;
         memcpy(&why, &p, sizeof why);
         const char *r = why ? why(reg) : "";
-        if (!reg && loom__cuda_load_error[0]) r = loom__cuda_load_error;
+        char load_err[sizeof loom__cuda_load_error];
+        pthread_mutex_lock(&loom__cuda_err_mutex);
+        memcpy(load_err, loom__cuda_load_error, sizeof load_err);
+        pthread_mutex_unlock(&loom__cuda_err_mutex);
+        if (!reg && load_err[0]) r = load_err;
         if (!reg && !r[0] && loom__registry_linked_statically())
             return loom_error(LOOM_ERR_NOT_FOUND, "device spec '%s': no CUDA devices%s", spec,
                               loom__registry_static_hint("cuda"));

@@ -3,7 +3,9 @@
  * lines to stderr (one fprintf per line, so concurrent threads never interleave within a
  * line); the level filter (LOOM_LOG_LEVEL=debug|info|warn|error|none, default warn, or
  * loom_log_set_level) applies before any sink, so filtered messages cost no formatting.
- * loom_abort is the always-on assert's end: file:line:message to stderr, then abort().
+ * loom_log_set waits for the calls of the sink it replaces (so its user_data may be freed
+ * when it returns). loom_abort is the always-on assert's end: file:line:message to stderr, then
+ * abort().
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
@@ -61,10 +63,25 @@ void loom_log_set_level(loom_log_level min_level) {
     atomic_store(&loom__log_level, lvl);
 }
 
+/* Calls of a sink in flight, counted per generation of the sink (its parity): loom_log_set
+ * returns only once every call of the sink it replaced has returned, so the caller may free
+ * that sink's user_data at once. A sink that calls loom_log_set itself does not wait (it
+ * would wait for itself). */
+static pthread_cond_t loom__log_idle = PTHREAD_COND_INITIALIZER;
+static unsigned long loom__log_gen;
+static unsigned long loom__log_inflight[2];
+static _Thread_local int loom__log_depth; /* sink calls on this thread's stack */
+
 void loom_log_set(loom_log_fn fn, void *user_data) {
     pthread_mutex_lock(&loom__log_mu);
+    const bool wait = loom__log_depth == 0;
+    while (wait && loom__log_inflight[(loom__log_gen + 1) & 1] != 0)
+        pthread_cond_wait(&loom__log_idle, &loom__log_mu); /* the slot about to be reused */
+    const unsigned long old = loom__log_gen++;
     loom__log_sink = fn;
     loom__log_ud = fn ? user_data : NULL;
+    while (wait && loom__log_inflight[old & 1] != 0)
+        pthread_cond_wait(&loom__log_idle, &loom__log_mu);
     pthread_mutex_unlock(&loom__log_mu);
 }
 
@@ -101,11 +118,19 @@ void loom_log(loom_log_level level, const char *fmt, ...) {
     pthread_mutex_lock(&loom__log_mu);
     loom_log_fn fn = loom__log_sink;
     void *ud = loom__log_ud;
+    const unsigned long slot = loom__log_gen & 1;
+    if (fn) loom__log_inflight[slot]++;
     pthread_mutex_unlock(&loom__log_mu);
-    if (fn)
-        fn(level, buf, ud);
-    else
+    if (!fn) {
         loom__log_default(level, buf);
+        return;
+    }
+    loom__log_depth++;
+    fn(level, buf, ud);
+    loom__log_depth--;
+    pthread_mutex_lock(&loom__log_mu);
+    if (--loom__log_inflight[slot] == 0) pthread_cond_broadcast(&loom__log_idle);
+    pthread_mutex_unlock(&loom__log_mu);
 }
 
 void loom_abort(const char *file, int line, const char *fmt, ...) {

@@ -35,6 +35,7 @@ typedef enum loom__dist_path {
 struct loom_dist {
     int rank, size;
     void *comm; /* the transport's communicator (a dup of MPI_COMM_WORLD) */
+    double wait_s; /* LOOM_DIST_TIMEOUT: the longest wait in one MPI call, s (0: no limit) */
     struct loom_reg reg;
     loom__dist_dev devs[LOOM_DIST_MAX_RANKS];
     int n_devs; /* 0 until loom_dist_devices */

@@ -2,7 +2,10 @@
  * The MPI transport: init/finalize, broadcast, the float AllReduce under the communicator,
  * the status agreement of loom_dist_agree, and abort. The only file of loom that includes
  * mpi.h. Errors keep Open MPI's default handler (MPI_ERRORS_ARE_FATAL): a broken peer ends
- * every rank with MPI's message instead of leaving the others waiting.
+ * every rank with MPI's message instead of leaving the others waiting. A peer that MPI does
+ * not see go (it left after MPI_Finalize, or waits in another call) is caught by a deadline:
+ * every call that waits for other ranks is non-blocking and tested until LOOM_DIST_TIMEOUT
+ * (mpi_wait).
  *
  * The MPI library is loaded when loom_dist_init first needs it (dlopen, RTLD_GLOBAL as MPI's
  * own plugins need), not linked: libloom does not NEED libmpi, so an engine that never uses
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist/dist-impl.h"
 
@@ -33,11 +37,12 @@
     X(Comm_rank)                                                                                   \
     X(Comm_size)                                                                                   \
     X(Error_string)                                                                                \
-    X(Bcast)                                                                                       \
-    X(Send)                                                                                        \
-    X(Recv)                                                                                        \
-    X(Allreduce)                                                                                   \
-    X(Allgather)                                                                                   \
+    X(Ibcast)                                                                                      \
+    X(Isend)                                                                                       \
+    X(Irecv)                                                                                       \
+    X(Iallreduce)                                                                                  \
+    X(Iallgather)                                                                                  \
+    X(Test)                                                                                        \
     X(Abort)
 
 #define LOOM__MPI_DECL(n) __typeof__(MPI_##n) *n;
@@ -128,6 +133,52 @@ static loom_status mpi_error(int rc, const char *what) {
     return loom_error(LOOM_ERR_DEVICE, "dist: %s failed: %s", what, msg);
 }
 
+/* LOOM_DIST_TIMEOUT: seconds a rank waits in one MPI call for its peers (default 300; 0 =
+ * for ever), read by loom_dist_init. */
+static double wait_limit_s(void) {
+    const char *v = getenv("LOOM_DIST_TIMEOUT");
+    char *end = NULL;
+    double x = v && v[0] ? strtod(v, &end) : 300;
+    if (v && v[0] && (!end || *end || !(x >= 0) || x > 1e9)) {
+        LOOM_LOG_WARN("dist: LOOM_DIST_TIMEOUT='%s' is not a number of seconds: 300 s", v);
+        x = 300;
+    }
+    return x;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Every MPI call that waits for another rank is started non-blocking and finished here:
+ * rc is the start's result; the request is tested until done, or until LOOM_DIST_TIMEOUT
+ * has passed (a peer rank that died or left without MPI noticing, or that is waiting in
+ * another call), which is an error naming the call instead of a hang. The caller ends the
+ * ranks (loom_dist_abort). Busy for the first 10 ms (latency), then 50 us sleeps. */
+static loom_status mpi_wait(loom_dist *d, int rc, MPI_Request *req, const char *what) {
+    if (rc != MPI_SUCCESS) return mpi_error(rc, what);
+    const double limit = d->wait_s, t0 = now_s();
+    for (unsigned long spin = 0;; spin++) {
+        int done = 0;
+        rc = mpi.Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_error(rc, what);
+        if (done) return LOOM_OK;
+        if ((spin & 63) != 0) continue;
+        const double waited = now_s() - t0;
+        if (limit > 0 && waited > limit)
+            return loom_error(LOOM_ERR_DEVICE,
+                              "dist: rank %d of %d: %s did not finish within %g s: a peer rank "
+                              "died, left, or is waiting in another call (LOOM_DIST_TIMEOUT)",
+                              d->rank, d->size, what, limit);
+        if (waited > 0.01) {
+            struct timespec nap = {0, 50000};
+            nanosleep(&nap, NULL);
+        }
+    }
+}
+
 loom_status loom_dist_init(loom_dist **out) {
     *out = NULL;
     if (!loom_dist_launched())
@@ -158,6 +209,7 @@ loom_status loom_dist_init(loom_dist **out) {
         return mpi_error(rc, "MPI_Comm_dup");
     }
     d->comm = c;
+    d->wait_s = wait_limit_s();
     mpi.Comm_rank(*c, &d->rank);
     mpi.Comm_size(*c, &d->size);
     *out = d;
@@ -180,8 +232,10 @@ loom_status loom_dist_bcast(loom_dist *d, void *data, size_t bytes, int root) {
     d->stats.collectives++;
     for (size_t o = 0; o < bytes;) {
         size_t k = bytes - o < (size_t)INT_MAX ? bytes - o : (size_t)INT_MAX;
-        int rc = mpi.Bcast((char *)data + o, (int)k, mpi.byte, root, comm_of(d));
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Bcast");
+        MPI_Request rq;
+        int rc = mpi.Ibcast((char *)data + o, (int)k, mpi.byte, root, comm_of(d), &rq);
+        loom_status st = mpi_wait(d, rc, &rq, "MPI_Bcast");
+        if (st) return st;
         o += k;
     }
     return LOOM_OK;
@@ -198,10 +252,12 @@ loom_status loom__dist_send_recv(loom_dist *d, void *data, size_t bytes, int fro
     }
     for (size_t o = 0; o < bytes;) {
         size_t k = bytes - o < (size_t)INT_MAX ? bytes - o : (size_t)INT_MAX;
-        int rc = d->rank == from ? mpi.Send((char *)data + o, (int)k, mpi.byte, to, 17, comm_of(d))
-                                 : mpi.Recv((char *)data + o, (int)k, mpi.byte, from, 17,
-                                            comm_of(d), MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) return mpi_error(rc, d->rank == from ? "MPI_Send" : "MPI_Recv");
+        MPI_Request rq;
+        int rc = d->rank == from
+                     ? mpi.Isend((char *)data + o, (int)k, mpi.byte, to, 17, comm_of(d), &rq)
+                     : mpi.Irecv((char *)data + o, (int)k, mpi.byte, from, 17, comm_of(d), &rq);
+        loom_status st = mpi_wait(d, rc, &rq, d->rank == from ? "MPI_Send" : "MPI_Recv");
+        if (st) return st;
         o += k;
     }
     return LOOM_OK;
@@ -211,8 +267,10 @@ loom_status loom__dist_allreduce_f32(loom_dist *d, float *data, size_t n) {
     d->stats.collectives++;
     for (size_t o = 0; o < n;) {
         size_t k = n - o < (size_t)INT_MAX ? n - o : (size_t)INT_MAX;
-        int rc = mpi.Allreduce(MPI_IN_PLACE, data + o, (int)k, mpi.flt, mpi.sum, comm_of(d));
-        if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allreduce");
+        MPI_Request rq;
+        int rc = mpi.Iallreduce(MPI_IN_PLACE, data + o, (int)k, mpi.flt, mpi.sum, comm_of(d), &rq);
+        loom_status st = mpi_wait(d, rc, &rq, "MPI_Allreduce");
+        if (st) return st;
         o += k;
     }
     return LOOM_OK;
@@ -222,15 +280,18 @@ loom_status loom__dist_allgather(loom_dist *d, const void *mine, void *all, size
     if (bytes > (size_t)INT_MAX)
         return loom_error(LOOM_ERR_INVALID_ARG, "dist: allgather of %zu bytes", bytes);
     d->stats.collectives++;
-    int rc = mpi.Allgather(mine, (int)bytes, mpi.byte, all, (int)bytes, mpi.byte, comm_of(d));
-    return rc == MPI_SUCCESS ? LOOM_OK : mpi_error(rc, "MPI_Allgather");
+    MPI_Request rq;
+    int rc = mpi.Iallgather(mine, (int)bytes, mpi.byte, all, (int)bytes, mpi.byte, comm_of(d), &rq);
+    return mpi_wait(d, rc, &rq, "MPI_Allgather");
 }
 
 loom_status loom_dist_agree(loom_dist *d, loom_status st) {
     int mine = st != LOOM_OK ? d->rank : d->size, first = d->size;
     d->stats.collectives++;
-    int rc = mpi.Allreduce(&mine, &first, 1, mpi.int_, mpi.min, comm_of(d));
-    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Allreduce (status)");
+    MPI_Request rq;
+    int rc = mpi.Iallreduce(&mine, &first, 1, mpi.int_, mpi.min, comm_of(d), &rq);
+    loom_status wst = mpi_wait(d, rc, &rq, "MPI_Allreduce (status)");
+    if (wst) return wst;
     if (first == d->size) return LOOM_OK;
     struct {
         int status;
@@ -240,8 +301,9 @@ loom_status loom_dist_agree(loom_dist *d, loom_status st) {
         m.status = (int)st;
         snprintf(m.msg, sizeof m.msg, "%s", loom_last_error());
     }
-    rc = mpi.Bcast(&m, (int)sizeof m, mpi.byte, first, comm_of(d));
-    if (rc != MPI_SUCCESS) return mpi_error(rc, "MPI_Bcast (status)");
+    rc = mpi.Ibcast(&m, (int)sizeof m, mpi.byte, first, comm_of(d), &rq);
+    wst = mpi_wait(d, rc, &rq, "MPI_Bcast (status)");
+    if (wst) return wst;
     m.msg[sizeof m.msg - 1] = 0;
     return loom_error((loom_status)m.status, "rank %d: %s", first, m.msg);
 }

@@ -1242,7 +1242,9 @@ int loom_cli_bench(int argc, char **argv) {
                         struct tm tmv;
                         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tmv));
                         bool made = loom_session_new(NULL, o.gguf, &sp, &s) == LOOM_OK;
-                        if (!made || !loom_cli_dist_agree(&cd, made, "bench") ||
+                        /* every rank agrees, the one that failed too (it must not skip
+                         * the collective the others wait in) */
+                        if (!loom_cli_dist_agree(&cd, made, "bench") ||
                             !loom_cli_dist_same_session(&cd, s, &o, "bench")) {
                             char ct[1024];
                             fprintf(stderr, "loom bench: FAILED %s: %s\n",

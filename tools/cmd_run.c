@@ -661,32 +661,36 @@ int loom_cli_run(int argc, char **argv) {
         /* the memory at load, with the prompt's compute buffers planned */
         loom_graph *pg = NULL;
         int64_t nb = o.sp.n_batch > 0 ? o.sp.n_batch : 512;
+        ok = true;
         if (loom_session_plan(s, (int64_t)n_prompt < nb ? (int64_t)n_prompt : nb, &pg)) {
             fprintf(stderr, "loom run: %s\n", loom_last_error());
-            goto out;
+            ok = false; /* agreed below: no rank goes on alone */
+        } else {
+            nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
+            if (lead && loom_model_opts_info(&o))
+                loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):",
+                                      mem, nm);
         }
-        nm = loom_cli_session_memory(s, mem, (int)(sizeof mem / sizeof mem[0]));
-        if (lead && loom_model_opts_info(&o))
-            loom_cli_print_memory(loom_model_opts_info(&o), "memory per device (at load):", mem,
-                                  nm);
     }
-    ok = true;
-    if (lead && logits_out && !(lf = fopen(logits_out, "w"))) {
+    if (ok && lead && logits_out && !(lf = fopen(logits_out, "w"))) {
         fprintf(stderr, "loom run: cannot write '%s': %s\n", logits_out, strerror(errno));
         loom_error(LOOM_ERR_IO, "cannot write '%s'", logits_out);
         ok = false;
     }
-    if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
+    if (ok) {
+        logits = malloc(sizeof(float) * (size_t)V * (all_logits ? n_prompt : 1));
+        work = malloc(sizeof(float) * (size_t)V);
+        scratch = malloc(sizeof(int32_t) * (size_t)(n_ctx > 0 ? n_ctx : 1));
+        smp = loom_sampler_new(&sp);
+        if (!logits || !work || !scratch || !smp) {
+            fprintf(stderr, "loom run: out of memory\n");
+            loom_error(LOOM_ERR_NOMEM, "out of memory");
+            ok = false;
+        }
+    }
     /* from here on every rank runs the same graphs in step (collectives inside): a failure
      * on one rank cannot reach the others cleanly, so it ends them all */
-    logits = malloc(sizeof(float) * (size_t)V * (all_logits ? n_prompt : 1));
-    work = malloc(sizeof(float) * (size_t)V);
-    scratch = malloc(sizeof(int32_t) * (size_t)(n_ctx > 0 ? n_ctx : 1));
-    smp = loom_sampler_new(&sp);
-    if (!logits || !work || !scratch || !smp) {
-        fprintf(stderr, "loom run: out of memory\n");
-        goto out;
-    }
+    if (!loom_cli_dist_agree(&cd, ok, "run")) goto out;
     if (!o.model && lead && loom_model_opts_info(&o))
         fprintf(loom_model_opts_info(&o),
                 "note: the built-in model has random weights, so its text is noise: look at the "
@@ -711,32 +715,42 @@ int loom_cli_run(int argc, char **argv) {
     if (lf) write_logits(lf, 0, logits, (int64_t)n_prompt, V);
     int64_t n_gen = 0, n_hist = (int64_t)n_prompt, t1 = loom_time_us();
     for (; n_gen < n_predict && !interrupted; n_gen++) {
-        memcpy(work, last, sizeof(float) * (size_t)V);
-        if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
-            for (int64_t t = 0; t < V; t++)
-                if (loom_token_is_eog(tok, (int32_t)t)) work[t] = -INFINITY;
-        apply_penalties(&xs, ids, n_hist, scratch, work, V);
-        int32_t next = lead ? loom_sampler_sample(smp, work, V) : -1;
-        if (cd.d && loom_dist_bcast(cd.d, &next, sizeof next, 0)) { /* rank 0's choice */
+        /* rank 0 leads: it samples, prints, and decides whether the token is evaluated (an
+         * end of generation, a reverse prompt, -n); the other ranks follow its decision
+         * (msg), so options only rank 0 reads (-r, -sp, --ignore-eos, sampling) cannot
+         * make one rank stop while the others wait for it in the next evaluation */
+        int32_t msg[2] = {-1, 0}; /* the token; 1: evaluate it, 0: stop */
+        if (lead) {
+            memcpy(work, last, sizeof(float) * (size_t)V);
+            if (ignore_eos) /* llama.cpp's way: every end-of-generation token biased to -inf */
+                for (int64_t t = 0; t < V; t++)
+                    if (loom_token_is_eog(tok, (int32_t)t)) work[t] = -INFINITY;
+            apply_penalties(&xs, ids, n_hist, scratch, work, V);
+            const int32_t next = loom_sampler_sample(smp, work, V);
+            msg[0] = next;
+            /* an end of generation (EOS, the end of turn ...) ends it, printed only with -sp */
+            const bool eog = loom_token_is_eog(tok, next);
+            if (!eog || special) {
+                char piece[256];
+                size_t pn = token_output(tok, next, special, piece, sizeof piece);
+                fwrite(piece, 1, pn, stdout);
+                fflush(stdout);
+                if (!eog) {
+                    tail_append(&rp, piece, pn);
+                    if (n_gen + 1 == n_predict || rprompt_hit(&rp, next, pn))
+                        n_gen++; /* counted, not evaluated */
+                    else
+                        msg[1] = 1;
+                }
+            }
+        }
+        if (cd.d && loom_dist_bcast(cd.d, msg, sizeof msg, 0)) { /* rank 0's choice */
             fprintf(stderr, "\nloom run: rank %d: %s\n", cd.rank, loom_last_error());
             loom_dist_abort(cd.d, 1);
         }
-        /* an end of generation (EOS, the end of turn ...) ends it, printed only with -sp */
-        const bool eog = loom_token_is_eog(tok, next);
-        if (eog && !special) break;
+        if (!msg[1]) break;
+        int32_t next = msg[0];
         if (n_hist < n_ctx) ids[n_hist++] = next;
-        char piece[256];
-        size_t pn = token_output(tok, next, special, piece, sizeof piece);
-        if (lead) {
-            fwrite(piece, 1, pn, stdout);
-            fflush(stdout);
-        }
-        if (eog) break;
-        tail_append(&rp, piece, pn);
-        if (n_gen + 1 == n_predict || rprompt_hit(&rp, next, pn)) {
-            n_gen++;
-            break;
-        }
         if (loom_session_eval(s, &next, 1, false, logits)) {
             fprintf(stderr, "\nloom run: %s\n", loom_last_error());
             if (cd.d) loom_dist_abort(cd.d, 1);

@@ -1,6 +1,9 @@
 /*
  * `--dist mpi` for loom run (tools/dist_cli.h).
  */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,11 +90,10 @@ bool loom_cli_dist_setup(loom_cli_dist *cd, loom_model_opts *o, const char *cmd)
     }
     if (st == LOOM_OK)
         st = loom_dist_devices(cd->d, local, o->sp.threads, cd->devs, 16, &cd->n_devs);
-    if (st) {
-        /* the same on every rank (same arguments), so no rank is left waiting */
-        fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
-        return false;
-    }
+    if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
+    /* agreed: a rank given other --devices or -sm than the others must not leave them
+     * waiting for it in the first collective */
+    if (!loom_cli_dist_agree(cd, st == LOOM_OK, cmd)) return false;
     o->sp.devs = cd->devs;
     o->sp.n_devs = cd->n_devs;
     if (cd->n_devs > 1 && o->sp.split_mode == LOOM_SPLIT_MODE_DEFAULT)
@@ -116,33 +118,189 @@ void loom_cli_dist_quiet_followers(loom_cli_dist *cd, const char *cmd) {
     }
 }
 
+/* FNV-1a, 64 bits, over n bytes, continuing from h */
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The fingerprint of a file: its size and a hash of its first MiB (the GGUF header: the
+ * metadata and the tensor table) and its last 64 KiB (weights). false after setting the
+ * error (the file cannot be read). */
+static bool file_fingerprint(const char *path, int64_t *size, uint64_t *hash) {
+    *size = -1;
+    *hash = 0xcbf29ce484222325ull;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        loom_error(LOOM_ERR_IO, "cannot read '%s' for its fingerprint: %s", path, strerror(errno));
+        return false;
+    }
+    enum { HEAD = 1 << 20 };
+    unsigned char *buf = malloc(HEAD);
+    bool ok = buf && fseeko(f, 0, SEEK_END) == 0 && (*size = (int64_t)ftello(f)) >= 0;
+    const int64_t head = *size < HEAD ? *size : HEAD;
+    const int64_t tail_at = *size - 65536 > head ? *size - 65536 : head;
+    ok = ok && fseeko(f, 0, SEEK_SET) == 0 && fread(buf, 1, (size_t)head, f) == (size_t)head;
+    if (ok) *hash = fnv1a(*hash, buf, (size_t)head);
+    ok = ok && fseeko(f, (off_t)tail_at, SEEK_SET) == 0 &&
+         fread(buf, 1, (size_t)(*size - tail_at), f) == (size_t)(*size - tail_at);
+    if (ok) *hash = fnv1a(*hash, buf, (size_t)(*size - tail_at));
+    fclose(f);
+    free(buf);
+    if (!ok) loom_error(LOOM_ERR_IO, "cannot read '%s' for its fingerprint", path);
+    return ok;
+}
+
+/* What every rank must agree on: the model file and each option that shapes the graphs,
+ * the placement or the split. Rank 0's is broadcast; each rank names the first that differs.
+ * The sampling options (-s, --temp, --top-k ...), -n, -p and -r are rank 0's alone: it
+ * samples and leads the control flow. */
+enum { SHAPE_N = 16 };
+typedef struct dist_shape {
+    int64_t v[SHAPE_N];
+    int64_t model_size;
+    uint64_t model_hash;
+    char model[512], devices[128], dev_kind[128], rules[512], ts[128];
+} dist_shape;
+
+static const char *const shape_names[SHAPE_N] = {
+    "the model's vocabulary size",
+    "the model's n_embd",
+    "the model's layer count",
+    "the model's head count",
+    "the model's KV head count",
+    "the model's expert count",
+    "-c (the context)",
+    "-sm (the split mode)",
+    "-b/-ub (the graph batch)",
+    "-ctk (the K cache type)",
+    "-ctv (the V cache type)",
+    "-ngl (layers on the devices)",
+    "-nkvo (KV cache in host memory)",
+    "-fa (flash attention)",
+    "--devices (devices per rank)",
+    "--swa-full",
+};
+
+static void shape_of(const loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
+                     dist_shape *sh) {
+    const loom_hparams *hp = &loom_session_model(s)->hp;
+    memset(sh, 0, sizeof *sh);
+    const int64_t v[SHAPE_N] = {hp->n_vocab,
+                                hp->n_embd,
+                                hp->n_layer,
+                                hp->n_head,
+                                hp->n_head_kv,
+                                hp->n_expert,
+                                loom_session_n_ctx(s),
+                                loom_session_split_mode(s),
+                                o->sp.n_batch,
+                                o->sp.kv_type,
+                                o->sp.kv_type_v_set ? o->sp.kv_type_v : o->sp.kv_type,
+                                o->sp.n_gpu_layers,
+                                o->sp.no_kv_offload,
+                                o->flash_attn,
+                                cd->n_local,
+                                o->sp.swa_full};
+    memcpy(sh->v, v, sizeof v);
+    snprintf(sh->model, sizeof sh->model, "%s", o->model ? o->model : "(the built-in model)");
+    snprintf(sh->devices, sizeof sh->devices, "%s",
+             o->sp.devices && *o->sp.devices ? o->sp.devices : "cpu");
+    /* the kind of each local device (its backend), not the spec: ranks of one node may
+     * name different GPUs (cuda:0 on rank 0, cuda:1 on rank 1) */
+    for (int i = 0; i < cd->n_local; i++) {
+        loom_reg_t reg = loom_dev_reg(cd->local[i]);
+        size_t l = strlen(sh->dev_kind);
+        snprintf(sh->dev_kind + l, sizeof sh->dev_kind - l, "%s%s", i ? "," : "",
+                 reg ? loom_reg_name(reg) : loom_dev_name(cd->local[i]));
+    }
+    snprintf(sh->rules, sizeof sh->rules, "%s", o->sp.split_rules ? o->sp.split_rules : "");
+    snprintf(sh->ts, sizeof sh->ts, "%s", o->tensor_split ? o->tensor_split : "");
+    sh->model_hash = 0xcbf29ce484222325ull;
+    if (o->synth_data) {
+        sh->model_size = (int64_t)o->synth_size;
+        sh->model_hash = fnv1a(sh->model_hash, o->synth_data, o->synth_size);
+    }
+}
+
+/* Field i's value v as the option would spell it (a split mode, a cache type) */
+static void shape_value(int i, int64_t v, char *buf, size_t size) {
+    if (i == 7)
+        snprintf(buf, size, "%s", loom_split_mode_name((loom_split_mode)v));
+    else if (i == 9 || i == 10)
+        snprintf(buf, size, "%s", loom_type_name((loom_type)v));
+    else
+        snprintf(buf, size, "%lld", (long long)v);
+}
+
+/* Sets the error naming what differs between this rank's shape and rank 0's; false when
+ * nothing does. */
+static bool shape_differs(const dist_shape *mine, const dist_shape *lead) {
+    if (mine->model_size != lead->model_size || mine->model_hash != lead->model_hash) {
+        loom_error(LOOM_ERR_INVALID_ARG,
+                   "its model or options differ from rank 0's: the model file '%s' (%lld bytes, "
+                   "fingerprint %016llx) is not rank 0's '%s' (%lld bytes, fingerprint %016llx): "
+                   "every rank must open the same file",
+                   mine->model, (long long)mine->model_size, (unsigned long long)mine->model_hash,
+                   lead->model, (long long)lead->model_size, (unsigned long long)lead->model_hash);
+        return true;
+    }
+    for (int i = 0; i < SHAPE_N; i++)
+        if (mine->v[i] != lead->v[i]) {
+            char a[64], b[64];
+            shape_value(i, mine->v[i], a, sizeof a);
+            shape_value(i, lead->v[i], b, sizeof b);
+            loom_error(LOOM_ERR_INVALID_ARG,
+                       "its model or options differ from rank 0's: %s is %s here, %s on rank 0: "
+                       "every rank must run the same model with the same options",
+                       shape_names[i], a, b);
+            return true;
+        }
+    if (strcmp(mine->dev_kind, lead->dev_kind)) {
+        loom_error(LOOM_ERR_INVALID_ARG,
+                   "its model or options differ from rank 0's: --devices (the kind of device) is "
+                   "'%s' (%s) here, '%s' (%s) on rank 0: every rank must run the same kind of "
+                   "device",
+                   mine->devices, mine->dev_kind, lead->devices, lead->dev_kind);
+        return true;
+    }
+    const struct {
+        const char *name, *mine, *lead;
+    } str[] = {{"--split-rules", mine->rules, lead->rules},
+               {"-ts (the tensor split)", mine->ts, lead->ts}};
+    for (size_t i = 0; i < sizeof str / sizeof str[0]; i++)
+        if (strcmp(str[i].mine, str[i].lead)) {
+            loom_error(LOOM_ERR_INVALID_ARG,
+                       "its model or options differ from rank 0's: %s is '%s' here, '%s' on rank "
+                       "0: every rank must run the same model with the same options",
+                       str[i].name, str[i].mine, str[i].lead);
+            return true;
+        }
+    return false;
+}
+
 bool loom_cli_dist_same_session(loom_cli_dist *cd, loom_session *s, const loom_model_opts *o,
                                 const char *cmd) {
     if (!cd->d) return true;
-    const loom_hparams *hp = &loom_session_model(s)->hp;
-    int64_t mine[12] = {hp->n_vocab,
-                        hp->n_embd,
-                        hp->n_layer,
-                        hp->n_head,
-                        hp->n_head_kv,
-                        hp->n_expert,
-                        loom_session_n_ctx(s),
-                        loom_session_split_mode(s),
-                        o->sp.n_batch,
-                        o->sp.kv_type,
-                        o->sp.n_gpu_layers * 2 + o->sp.no_kv_offload,
-                        o->flash_attn},
-            lead[12];
-    memcpy(lead, mine, sizeof lead);
-    loom_status st = loom_dist_bcast(cd->d, lead, sizeof lead, 0);
-    if (st == LOOM_OK && memcmp(lead, mine, sizeof lead) != 0)
-        st = loom_error(LOOM_ERR_INVALID_ARG,
-                        "its model or options differ from rank 0's (vocab %lld, n_embd %lld, "
-                        "%lld layers, context %lld here; %lld, %lld, %lld, %lld on rank 0): "
-                        "every rank must run the same model with the same options",
-                        (long long)mine[0], (long long)mine[1], (long long)mine[2],
-                        (long long)mine[6], (long long)lead[0], (long long)lead[1],
-                        (long long)lead[2], (long long)lead[6]);
+    static dist_shape mine, lead; /* one session per process at a time; 1.8 KiB each */
+    shape_of(cd, s, o, &mine);
+    loom_status st = LOOM_OK;
+    if (o->model && !file_fingerprint(o->model, &mine.model_size, &mine.model_hash))
+        st = loom_last_status();
+    /* a rules file is compared by content too (same path, other text on another node) */
+    int64_t rsize = 0;
+    uint64_t rhash = 0;
+    if (st == LOOM_OK && o->sp.split_rules && !file_fingerprint(o->sp.split_rules, &rsize, &rhash))
+        st = loom_last_status();
+    if (st == LOOM_OK && o->sp.split_rules) {
+        size_t l = strlen(mine.rules);
+        snprintf(mine.rules + l, sizeof mine.rules - l, " (%lld bytes, fingerprint %016llx)",
+                 (long long)rsize, (unsigned long long)rhash);
+    }
+    lead = mine;
+    if (loom_dist_bcast(cd->d, &lead, sizeof lead, 0)) st = loom_last_status();
+    if (st == LOOM_OK && shape_differs(&mine, &lead)) st = loom_last_status();
     if (st) fprintf(stderr, "loom %s: rank %d: %s\n", cmd, cd->rank, loom_last_error());
     if (!loom_cli_dist_agree(cd, st == LOOM_OK, cmd)) return false;
     /* every rank is here with the same session: how device memory crosses ranks (NCCL for

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "loom/topo.h"
 
@@ -23,6 +24,63 @@ struct loom_topo {
 };
 
 /* ---------------------------------------------------------------- load / free */
+
+enum { LOOM__TOPO_XML_MAX = 64 << 20, LOOM__TOPO_OS_INDEX_MAX = 1 << 20 };
+
+/* What hwloc is not protected against in an XML file, checked before it reads one: a path
+ * that is not a regular file (a FIFO or /dev/zero would be read for ever), a file over 64
+ * MiB (an lstopo export of the largest machines is a few MB), and an os_index that is not
+ * a number in [0, 2^20] (hwloc sets that bit in a bitmap: 99999999999999999999 keeps it
+ * busy for minutes). Sets the error naming the file and what is wrong; true when fine. */
+static bool loom__topo_xml_sane(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return true; /* hwloc says why (e.g. no such file) */
+    if (!S_ISREG(st.st_mode)) {
+        loom_error(LOOM_ERR_FORMAT,
+                   "topology '%s': not a regular file (%s); use an lstopo .xml export or "
+                   "synthetic:DESC",
+                   path, S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, device or socket");
+        return false;
+    }
+    if (st.st_size > LOOM__TOPO_XML_MAX) {
+        loom_error(LOOM_ERR_FORMAT,
+                   "topology '%s': %lld bytes, more than the %d MiB an lstopo export needs", path,
+                   (long long)st.st_size, LOOM__TOPO_XML_MAX >> 20);
+        return false;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) return true;
+    char *text = loom_malloc((size_t)st.st_size + 1);
+    size_t n = text ? fread(text, 1, (size_t)st.st_size, f) : 0;
+    fclose(f);
+    if (!text) {
+        loom_error(LOOM_ERR_NOMEM, "topology '%s': out of memory reading it", path);
+        return false;
+    }
+    text[n] = '\0';
+    bool ok = true;
+    static const char key[] = "os_index=\"";
+    for (const char *p = strstr(text, key); p && ok; p = strstr(p, key)) {
+        p += sizeof key - 1;
+        const char *q = p;
+        unsigned long long v = 0;
+        while (*q >= '0' && *q <= '9' && v <= LOOM__TOPO_OS_INDEX_MAX)
+            v = v * 10 + (unsigned long long)(*q++ - '0');
+        if (q == p || *q != '"' || v > LOOM__TOPO_OS_INDEX_MAX) {
+            int line = 1;
+            for (const char *c = text; c < p; c++)
+                line += *c == '\n';
+            const char *end = strchr(p, '"');
+            int len = end && end - p < 40 ? (int)(end - p) : 40;
+            loom_error(LOOM_ERR_FORMAT,
+                       "topology '%s': line %d: os_index \"%.*s\" is not a number from 0 to %d",
+                       path, line, len, p, LOOM__TOPO_OS_INDEX_MAX);
+            ok = false;
+        }
+    }
+    loom_free(text);
+    return ok;
+}
 
 loom_status loom_topo_load(const char *source, loom_topo **out) {
     if (!out) return loom_error(LOOM_ERR_INVALID_ARG, "loom_topo_load: NULL out");
@@ -58,6 +116,11 @@ loom_status loom_topo_load(const char *source, loom_topo **out) {
         }
     } else {
         snprintf(t->source, sizeof t->source, "%s", source);
+        if (!loom__topo_xml_sane(source)) {
+            hwloc_topology_destroy(t->h);
+            loom_free(t);
+            return loom_last_status();
+        }
         hwloc_topology_set_io_types_filter(t->h, HWLOC_TYPE_FILTER_KEEP_ALL);
         rc = hwloc_topology_set_xml(t->h, source);
         if (rc != 0) {
@@ -74,8 +137,11 @@ loom_status loom_topo_load(const char *source, loom_topo **out) {
         int e = errno;
         hwloc_topology_destroy(t->h);
         loom_free(t);
-        return loom_error(LOOM_ERR_FORMAT, "topology '%s': hwloc cannot load it (%s)",
-                          source ? source : "this machine", strerror(e));
+        return loom_error(LOOM_ERR_FORMAT,
+                          "topology '%s': hwloc cannot load it (%s; HWLOC_XML_VERBOSE=1 makes "
+                          "hwloc say why on stderr)",
+                          source ? source : "this machine",
+                          e ? strerror(e) : "an inconsistent tree, e.g. no PU or NUMA node");
     }
     t->this_system = hwloc_topology_is_thissystem(t->h) != 0;
     *out = t;
@@ -91,11 +157,30 @@ void loom_topo_free(loom_topo *t) {
 static pthread_mutex_t loom__topo_mu = PTHREAD_MUTEX_INITIALIZER;
 static loom_topo *loom__topo_global;
 
+/* A failed load is remembered: the first call warns once, naming the source and why, and
+ * every call after returns NULL with the same error, without loading again (the CPU
+ * backend asks from each worker thread; a bad 10 MB file would be parsed every time). */
+static bool loom__topo_failed;
+static loom_status loom__topo_fail_status;
+static char loom__topo_fail_msg[768];
+
 loom_topo *loom_topo_get(void) {
     pthread_mutex_lock(&loom__topo_mu);
-    if (!loom__topo_global && loom_topo_load(NULL, &loom__topo_global) != LOOM_OK)
-        loom__topo_global = NULL;
+    if (!loom__topo_global && !loom__topo_failed) {
+        loom_status st = loom_topo_load(NULL, &loom__topo_global);
+        if (st != LOOM_OK) {
+            loom__topo_global = NULL;
+            loom__topo_failed = true;
+            loom__topo_fail_status = st;
+            snprintf(loom__topo_fail_msg, sizeof loom__topo_fail_msg, "%s", loom_last_error());
+            const char *env = getenv("LOOM_TOPOLOGY");
+            LOOM_LOG_WARN("%s%s; running without a topology (no thread or memory binding, plain "
+                          "device order)",
+                          env && env[0] ? "LOOM_TOPOLOGY: " : "", loom__topo_fail_msg);
+        }
+    }
     loom_topo *t = loom__topo_global;
+    if (!t) loom_error(loom__topo_fail_status, "%s", loom__topo_fail_msg);
     pthread_mutex_unlock(&loom__topo_mu);
     return t;
 }
@@ -105,6 +190,7 @@ __attribute__((destructor)) static void loom__topo_global_free(void) {
     pthread_mutex_lock(&loom__topo_mu);
     loom_topo_free(loom__topo_global);
     loom__topo_global = NULL;
+    loom__topo_failed = false;
     pthread_mutex_unlock(&loom__topo_mu);
 }
 

@@ -81,7 +81,10 @@ typedef enum loom_log_level {
 typedef void (*loom_log_fn)(loom_log_level level, const char *msg, void *user_data);
 
 /* Replaces the log sink; NULL restores the default, which writes lines of level
- * >= LOOM_LOG_LEVEL (env: debug|info|warn|error|none, default warn) to stderr. */
+ * >= LOOM_LOG_LEVEL (env: debug|info|warn|error|none, default warn) to stderr. Thread-safe:
+ * it returns once no thread is still inside the sink it replaced, so that sink's user_data
+ * may be freed then (a sink that calls loom_log_set does not wait for itself). A sink may
+ * be called from any thread, concurrently. */
 LOOM_API void loom_log_set(loom_log_fn fn, void *user_data);
 LOOM_API void loom_log_set_level(loom_log_level min_level);
 LOOM_API loom_log_level loom_log_get_level(void);
