@@ -4,15 +4,19 @@
  * kernel launch (or a few cuBLAS calls) per node on the backend's stream.
  *
  * MUL_MAT: few columns (N <= 8), or shapes cuBLAS cannot take, go to the dot-product
- * kernel for every weight type; larger float and quantised products go to cuBLAS in F32
- * (FP32 compute, never TF32). Weights that are not contiguous F32 (F16, BF16, Q8_0, Q4_0,
- * strided) are converted exactly to F32 once per call into the backend's reusable scratch:
- * every batch of the weight at once when it fits the panel budget (64 MiB, or
- * LOOM_CUDA_PANEL_BYTES), else in panels of rows. The batches then go to cuBLAS as one
- * strided batched GEMM per i3 (cublasSgemmStridedBatched; the broadcast weight batch has
- * stride 0), not one call per batch. Activations are never rounded to 16 bits: a
- * cublasGemmEx with F16 inputs would round them (2^-11 relative), which the CPU oracle
- * does not do.
+ * kernel for every weight type (one kernel per type). Larger products go to cuBLAS: weights
+ * of a 16-bit or block type on the tensor cores (BF16 inputs, FP32 accumulation), the
+ * weight converted to BF16 once and cached per weight tensor (wcache_prepare: tensors of
+ * a weights buffer, converted again when its buffer's version moved) or per call into the
+ * scratch, the activations rounded to BF16 per call: |error| <= 2^-8 sum_k |a_k b_k|
+ * against the CPU (backends/cuda/README.md). F32 weights, and the rest
+ * (LOOM_CUDA_LEGACY_KERNELS=1, or a BF16 copy that fits neither the cache nor the panel
+ * budget), in F32 (FP32 compute, never TF32): weights that are not contiguous F32 are
+ * converted exactly to F32 once per call into the backend's reusable scratch: every batch
+ * of the weight at once when it fits the panel budget (64 MiB, or LOOM_CUDA_PANEL_BYTES),
+ * else in panels of rows. The batches then go to cuBLAS as one strided batched GEMM per i3
+ * (cublasSgemmStridedBatched; the broadcast weight batch has stride 0), not one call per
+ * batch.
  *
  * CUDA graphs: a graph is identified by a key holding, per node, the tensor and source
  * pointers, data addresses, types, shapes, strides and op params: everything a launch's

@@ -1,16 +1,17 @@
 /*
  * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
- * weight type, block types dequantised 32 values at a time in registers, any strides, batch
- * broadcasting),
- * MUL_MAT_ID (routed tokens bucketed by expert first, then one warp per weight row and
- * expert over that expert's bucket), the
- * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (tiled:
- * blocks of queries sharing a KV head stage keys and values through shared memory, with an
- * online softmax per query; head sizes above 256 use one warp per output row).
+ * weight type, one kernel per type chosen on the host, block types decoded one value per
+ * lane in registers, any strides, batch broadcasting), MUL_MAT_ID (routed tokens bucketed
+ * by expert first, then one warp per weight row and expert over that expert's bucket), the
+ * conversion of weights to a contiguous F32 panel or to BF16 for cuBLAS, and
+ * FLASH_ATTN_EXT (tiled: blocks of queries sharing a KV head stage keys and values through
+ * shared memory, with an online softmax per query, tiles the mask hides skipped, the KV
+ * split across blocks and combined when the blocks are few; head sizes above 256 use one
+ * warp per output row). The earlier matvec and MUL_MAT_ID kernels stay (legacy != 0).
  *
- * The large float products go to cuBLAS from the host code (cuda-graph.c); these kernels
- * are the simple, always-correct path: the CPU oracle's sums in another order, never a
- * lower precision (b is never rounded to 16 bits or quantised).
+ * The large products go to cuBLAS from the host code (cuda-graph.c); these kernels are the
+ * simple, always-correct path: the CPU oracle's sums in another order, never a lower
+ * precision (b is never rounded to 16 bits or quantised).
  */
 #include "backends/cuda/kernels-common.cuh"
 
