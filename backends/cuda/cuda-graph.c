@@ -5,7 +5,8 @@
  *
  * MUL_MAT: few columns (N <= 8), or shapes cuBLAS cannot take, go to the dot-product
  * kernel for every weight type (one kernel per type). Larger products go to cuBLAS: weights
- * of a 16-bit or block type on the tensor cores (BF16 inputs, FP32 accumulation), the
+ * (tensors of a weights buffer) of a 16-bit or block type on the tensor cores (BF16
+ * inputs, FP32 accumulation), the
  * weight converted to BF16 once and cached per weight tensor (wcache_prepare: tensors of
  * a weights buffer, converted again when its buffer's version moved) or per call into the
  * scratch, the activations rounded to BF16 per call: |error| <= 2^-8 sum_k |a_k b_k|
@@ -151,14 +152,23 @@ typedef struct mm_plan {
     size_t off_a, off_b, off_c, total;
 } mm_plan;
 
-/* Whether a MUL_MAT through cuBLAS takes the tensor-core path: weights of a 16-bit or
- * block type (F32 weights keep the exact F32 SGEMM: nothing to save by converting them),
- * F32 activations, not LOOM_CUDA_LEGACY_KERNELS. */
+/* The buffer holding t's bytes (its view source's for a view). */
+static loom_buffer_t storage_of(const loom_tensor *t) {
+    return t->view_src && t->view_src->buffer ? t->view_src->buffer : t->buffer;
+}
+
+/* Whether a MUL_MAT through cuBLAS takes the tensor-core path: a is a weight (a tensor of a
+ * LOOM_BUFFER_USAGE_WEIGHTS buffer: a KV cache or an activation as a stays exact F32, the
+ * rounding of attention scores to BF16 inputs being another matter than that of a weight
+ * product) of a 16-bit or block type (F32 weights keep the exact F32 SGEMM: nothing to save
+ * by converting them), F32 activations, not LOOM_CUDA_LEGACY_KERNELS. */
 static bool mm_tc_eligible(const loom__cuda_backend *cb, const loom_tensor *node) {
     const loom_tensor *a = node->src[0], *b = node->src[1];
-    return !cb->legacy_kernels && a->type != LOOM_TYPE_F32 && b->type == LOOM_TYPE_F32 &&
-           cu_type_of(a->type) >= 0 && a->type != LOOM_TYPE_I8 && a->type != LOOM_TYPE_I16 &&
-           a->type != LOOM_TYPE_I32 && a->type != LOOM_TYPE_I64;
+    loom_buffer_t abuf = storage_of(a);
+    return !cb->legacy_kernels && abuf &&
+           loom_buffer_get_usage(abuf) == LOOM_BUFFER_USAGE_WEIGHTS && a->type != LOOM_TYPE_F32 &&
+           b->type == LOOM_TYPE_F32 && cu_type_of(a->type) >= 0 && a->type != LOOM_TYPE_I8 &&
+           a->type != LOOM_TYPE_I16 && a->type != LOOM_TYPE_I32 && a->type != LOOM_TYPE_I64;
 }
 
 /* The path of a MUL_MAT and the scratch it needs (graph_compute sizes the scratch from
@@ -232,11 +242,6 @@ static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node,
 }
 
 /* ---------------------------------------------------------------- BF16 weight cache */
-
-/* The buffer holding t's bytes (its view source's for a view). */
-static loom_buffer_t storage_of(const loom_tensor *t) {
-    return t->view_src && t->view_src->buffer ? t->view_src->buffer : t->buffer;
-}
 
 /* The cache entry of weight a (same address, type, shape and strides), or NULL. */
 static loom__cuda_wentry *wcache_find(loom__cuda_backend *cb, const loom_tensor *a) {

@@ -288,6 +288,11 @@ static bool oc_run_one(const char *label, oc_build_fn build, int v, uint64_t see
         loom_ctx_free(c.ctx);
         return false;
     }
+    /* the GPU's leaves count as weights, so MUL_MATs of 16-bit and block weights with more
+     * than 8 columns take the tensor cores (converted per call: the graph writes into that
+     * buffer too, so the weight cache stays out; tensor_core_weight_cache_follows_writes
+     * checks the cache) */
+    if (buft != loom_cpu_buffer_type()) loom_buffer_set_usage(buf, LOOM_BUFFER_USAGE_WEIGHTS);
     uint64_t rng = seed;
     for (int i = 0; i < c.n_leafs; i++) {
         const size_t size = loom_nbytes(c.leafs[i].t);
