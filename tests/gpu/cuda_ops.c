@@ -1379,18 +1379,18 @@ OC_TEST(block_types_dequantize_exact) {
 }
 
 /* The dequantise-once kernel (MUL_MAT's F32 cuBLAS path) against the element decoder, which
- * block_types_dequantize_exact holds to the CPU's reference bit for bit: whole weights (a
- * backend with LOOM_CUDA_LEGACY_KERNELS=1, whose cuBLAS products are all F32), and in
- * panels of rows (a conversion budget of 4 KiB: one row of K = 768 per panel, m0 > 0). On
+ * block_types_dequantize_exact holds to the CPU's reference bit for bit: whole weights and
+ * in panels of rows (a conversion budget of 4 KiB: one row of K = 768 per panel, m0 > 0),
+ * on backends with LOOM_CUDA_LEGACY_KERNELS=1, whose cuBLAS products are all F32. On
  * the default backend the product goes to the tensor cores, whose BF16 inputs hold a
  * rounded to BF16 (and the identity exactly): a x I is then bf16(a) bit for bit, which
  * checks the BF16 conversion and the GEMM's operand layout exactly. */
 OC_TEST(block_types_dequantize_once_exact) {
+    setenv("LOOM_CUDA_LEGACY_KERNELS", "1", 1);
+    loom_backend_t legacy = loom_dev_init(loom_backend_device(env->gpu), NULL);
     setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
     loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
     unsetenv("LOOM_CUDA_PANEL_BYTES");
-    setenv("LOOM_CUDA_LEGACY_KERNELS", "1", 1);
-    loom_backend_t legacy = loom_dev_init(loom_backend_device(env->gpu), NULL);
     unsetenv("LOOM_CUDA_LEGACY_KERNELS");
     LOOM_REQUIRE(small != NULL && legacy != NULL);
     for (int v = 0; v < 3 * N_QTYPES; v++) {
