@@ -179,6 +179,9 @@ static void loom__cuda_backend_destroy(loom__cuda_backend *cb) {
     (void)LOOM_CUDA_CHECK(w, cudaSetDevice(cb->cd->cuda_id));
     if (cb->stream) (void)LOOM_CUDA_CHECK(w, cudaStreamSynchronize(cb->stream));
     loom__cuda_gcache_free(cb->gcache);
+    for (int i = 0; i < cb->wcache_n; i++)
+        (void)LOOM_CUDA_CHECK(w, cudaFree(cb->wcache[i].bf16));
+    loom_free(cb->wcache);
     if (cb->cublas) (void)LOOM_CUBLAS_CHECK(w, cublasDestroy(cb->cublas));
     if (cb->cublas_ws) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->cublas_ws));
     if (cb->scratch) (void)LOOM_CUDA_CHECK(w, cudaFree(cb->scratch));
@@ -273,6 +276,7 @@ static void loom__cuda_set_async(loom_backend_t backend, loom_tensor *t, const v
     loom__cuda_backend *cb = loom__cuda_ctx(backend);
     loom__cuda_check_tensor(cb, t);
     if (!loom__cuda_use(cb) || size == 0) return;
+    loom__cuda_tensor_touch(t);
     char *dst = (char *)t->data + offset;
     if (!loom__cuda_is_pageable(data) || !loom__cuda_stage_ready(cb)) {
         loom__cuda_check_async(
@@ -415,6 +419,7 @@ static bool loom__cuda_cpy_async(loom_backend_t backend_src, loom_backend_t back
     if (loom__cuda_buffer_dev(src->buffer) != bs->cd ||
         loom__cuda_buffer_dev(dst->buffer) != bd->cd)
         return false;
+    loom__cuda_tensor_touch(dst);
     const size_t n = loom_nbytes(src);
     const int sgpu = bs->cd->cuda_id, dgpu = bd->cd->cuda_id;
     if (bs == bd) {
@@ -535,6 +540,11 @@ loom_backend_t loom__cuda_backend_new(loom__cuda_dev *cd, const char *params) {
     /* tests shrink it to reach the panel path with small weights */
     cb->panel_bytes = loom__cuda_env_size("LOOM_CUDA_PANEL_BYTES", LOOM_CUDA_PANEL_BYTES);
     if (cb->panel_bytes < 1024) cb->panel_bytes = 1024;
+    /* a GPU window compares the earlier kernels (and exact F32 GEMMs) with these */
+    const char *lk = getenv("LOOM_CUDA_LEGACY_KERNELS");
+    cb->legacy_kernels = lk && strcmp(lk, "1") == 0;
+    /* BF16 weights kept for the tensor-core GEMM: a quarter of the GPU by default */
+    cb->wcache_budget = loom__cuda_env_size("LOOM_CUDA_WCACHE_BYTES", cd->gpu_total_mem / 4);
     /* cuBLAS recommends 32 MiB of workspace on Hopper, 4 MiB before. */
     cb->cublas_ws_size = cd->cc >= 90 ? ((size_t)32 << 20) : ((size_t)4 << 20);
 

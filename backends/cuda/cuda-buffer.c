@@ -21,7 +21,32 @@
 typedef struct loom__cuda_buffer {
     loom__cuda_dev *cd;
     void *data;
+    uint64_t version; /* see loom__cuda_buffer_version; atomic */
 } loom__cuda_buffer;
+
+/* Versions of every device buffer of the process: each allocation and each write takes the
+ * next, so no two states of any two buffers share one. */
+static uint64_t loom__cuda_version_seq;
+
+static uint64_t loom__cuda_next_version(void) {
+    return __atomic_add_fetch(&loom__cuda_version_seq, 1, __ATOMIC_RELAXED);
+}
+
+void loom__cuda_buffer_touch(loom_buffer_t buf) {
+    if (!loom__cuda_buffer_dev(buf)) return;
+    loom__cuda_buffer *cb = buf->context;
+    __atomic_store_n(&cb->version, loom__cuda_next_version(), __ATOMIC_RELEASE);
+}
+
+void loom__cuda_tensor_touch(const loom_tensor *t) {
+    if (!t) return;
+    loom__cuda_buffer_touch(t->view_src && t->view_src->buffer ? t->view_src->buffer : t->buffer);
+}
+
+uint64_t loom__cuda_buffer_version(loom_buffer_t buf) {
+    if (!loom__cuda_buffer_dev(buf)) return 0;
+    return __atomic_load_n(&((loom__cuda_buffer *)buf->context)->version, __ATOMIC_ACQUIRE);
+}
 
 /* Buffer failures in void hooks: logged, since a synchronous set/get has no status. */
 static void loom__cuda_buffer_fail(void) {
@@ -66,6 +91,7 @@ static loom_status loom__cuda_copy_sync(loom__cuda_dev *cd, void *dst, const voi
 static void loom__cuda_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t value,
                                      size_t offset, size_t size) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
+    loom__cuda_buffer_touch(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
     if (s == LOOM_OK) s = loom__cuda_dev_order(cd, cudaStreamPerThread);
     if (s == LOOM_OK)
@@ -78,6 +104,7 @@ static void loom__cuda_buffer_memset(loom_buffer_t buf, loom_tensor *t, uint8_t 
 static void loom__cuda_buffer_set(loom_buffer_t buf, loom_tensor *t, const void *data,
                                   size_t offset, size_t size) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
+    loom__cuda_buffer_touch(buf);
     if (loom__cuda_copy_sync(cd, (char *)t->data + offset, data, size, cudaMemcpyHostToDevice) !=
         LOOM_OK)
         loom__cuda_buffer_fail();
@@ -98,6 +125,7 @@ static bool loom__cuda_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loo
     const size_t n = loom_nbytes(src);
     loom__cuda_dev *sd = loom__cuda_buffer_dev(src->buffer);
     loom_status s;
+    loom__cuda_buffer_touch(buf);
     if (sd) {
         if (sd->cuda_id == dd->cuda_id) {
             s = LOOM_CUDA_CHECK(dd->name, cudaSetDevice(dd->cuda_id));
@@ -128,6 +156,7 @@ static bool loom__cuda_buffer_cpy(loom_buffer_t buf, const loom_tensor *src, loo
 
 static void loom__cuda_buffer_clear(loom_buffer_t buf, uint8_t value) {
     loom__cuda_dev *cd = loom__cuda_buffer_cd(buf);
+    loom__cuda_buffer_touch(buf);
     loom_status s = LOOM_CUDA_CHECK(cd->name, cudaSetDevice(cd->cuda_id));
     if (s == LOOM_OK) s = loom__cuda_dev_order(cd, cudaStreamPerThread);
     if (s == LOOM_OK)
@@ -192,6 +221,7 @@ static loom_buffer_t loom__cuda_buft_alloc(loom_buft_t buft, size_t size) {
     }
     cb->cd = cd;
     cb->data = data;
+    cb->version = loom__cuda_next_version();
     pthread_mutex_lock(&cd->mu);
     cd->n_buffers++;
     pthread_mutex_unlock(&cd->mu);

@@ -375,6 +375,8 @@ bool loom__cuda_comm_allreduce(void *comm, loom_tensor *const *tensors, size_t n
         LOOM_LOG_DEBUG("CUDA comm: broken by an earlier NCCL error; declining");
         return false;
     }
+    for (size_t i = 0; i < n; i++) /* the tensors are written (weight cache versions) */
+        loom__cuda_tensor_touch(tensors[i]);
     const char *why = comm_check(c, tensors, n);
     if (why) {
         LOOM_LOG_DEBUG("CUDA comm: declining: %s", why);

@@ -4,15 +4,20 @@
  * kernel launch (or a few cuBLAS calls) per node on the backend's stream.
  *
  * MUL_MAT: few columns (N <= 8), or shapes cuBLAS cannot take, go to the dot-product
- * kernel for every weight type; larger float and quantised products go to cuBLAS in F32
- * (FP32 compute, never TF32). Weights that are not contiguous F32 (F16, BF16, Q8_0, Q4_0,
- * strided) are converted exactly to F32 once per call into the backend's reusable scratch:
- * every batch of the weight at once when it fits the panel budget (64 MiB, or
- * LOOM_CUDA_PANEL_BYTES), else in panels of rows. The batches then go to cuBLAS as one
- * strided batched GEMM per i3 (cublasSgemmStridedBatched; the broadcast weight batch has
- * stride 0), not one call per batch. Activations are never rounded to 16 bits: a
- * cublasGemmEx with F16 inputs would round them (2^-11 relative), which the CPU oracle
- * does not do.
+ * kernel for every weight type (one kernel per type). Larger products go to cuBLAS: weights
+ * (tensors of a weights buffer) of a 16-bit or block type on the tensor cores (BF16
+ * inputs, FP32 accumulation), the
+ * weight converted to BF16 once and cached per weight tensor (wcache_prepare: tensors of
+ * a weights buffer, converted again when its buffer's version moved) or per call into the
+ * scratch, the activations rounded to BF16 per call: |error| <= 2^-8 sum_k |a_k b_k|
+ * against the CPU (backends/cuda/README.md). F32 weights, and the rest
+ * (LOOM_CUDA_LEGACY_KERNELS=1, or a BF16 copy that fits neither the cache nor the panel
+ * budget), in F32 (FP32 compute, never TF32): weights that are not contiguous F32 are
+ * converted exactly to F32 once per call into the backend's reusable scratch: every batch
+ * of the weight at once when it fits the panel budget (64 MiB, or LOOM_CUDA_PANEL_BYTES),
+ * else in panels of rows. The batches then go to cuBLAS as one strided batched GEMM per i3
+ * (cublasSgemmStridedBatched; the broadcast weight batch has stride 0), not one call per
+ * batch.
  *
  * CUDA graphs: a graph is identified by a key holding, per node, the tensor and source
  * pointers, data addresses, types, shapes, strides and op params: everything a launch's
@@ -126,8 +131,19 @@ static bool fits_int(int64_t v) {
 
 /* ---------------------------------------------------------------- matmul plan */
 
+static loom_status kernel_status(loom__cuda_backend *cb, const loom_tensor *node, int index,
+                                 cudaError_t e) {
+    if (e == cudaSuccess) return LOOM_OK;
+    char call[128];
+    snprintf(call, sizeof call, "the %s kernel launch (node %d '%s')", loom_op_name(node->op),
+             index, tname(node));
+    return loom__cuda_check(e, call, cb->name, __FILE__, __LINE__);
+}
+
 typedef struct mm_plan {
     bool blas;     /* cuBLAS; otherwise the dot kernel */
+    bool tc;       /* cuBLAS with BF16 inputs and FP32 accumulation (tensor cores) */
+    bool a_cached; /* tc: a's BF16 values from the weight cache */
     bool a_direct; /* a is contiguous F32 rows cuBLAS reads in place */
     bool a_all;    /* a converted whole: every batch, [K, M] each, one after another */
     bool b_direct;
@@ -136,9 +152,29 @@ typedef struct mm_plan {
     size_t off_a, off_b, off_c, total;
 } mm_plan;
 
+/* The buffer holding t's bytes (its view source's for a view). */
+static loom_buffer_t storage_of(const loom_tensor *t) {
+    return t->view_src && t->view_src->buffer ? t->view_src->buffer : t->buffer;
+}
+
+/* Whether a MUL_MAT through cuBLAS takes the tensor-core path: a is a weight (a tensor of a
+ * LOOM_BUFFER_USAGE_WEIGHTS buffer: a KV cache or an activation as a stays exact F32, the
+ * rounding of attention scores to BF16 inputs being another matter than that of a weight
+ * product) of a 16-bit or block type (F32 weights keep the exact F32 SGEMM: nothing to save
+ * by converting them), F32 activations, not LOOM_CUDA_LEGACY_KERNELS. */
+static bool mm_tc_eligible(const loom__cuda_backend *cb, const loom_tensor *node) {
+    const loom_tensor *a = node->src[0], *b = node->src[1];
+    loom_buffer_t abuf = storage_of(a);
+    return !cb->legacy_kernels && abuf &&
+           loom_buffer_get_usage(abuf) == LOOM_BUFFER_USAGE_WEIGHTS && a->type != LOOM_TYPE_F32 &&
+           b->type == LOOM_TYPE_F32 && cu_type_of(a->type) >= 0 && a->type != LOOM_TYPE_I8 &&
+           a->type != LOOM_TYPE_I16 && a->type != LOOM_TYPE_I32 && a->type != LOOM_TYPE_I64;
+}
+
 /* The path of a MUL_MAT and the scratch it needs (graph_compute sizes the scratch from
- * the same function, so the two always agree). */
-static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node) {
+ * the same function, for both values of cached, so the two always agree). cached: a's
+ * BF16 values are in the weight cache. */
+static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node, bool cached) {
     const loom_tensor *a = node->src[0], *b = node->src[1];
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t B2 = b->ne[2], B3 = b->ne[3];
@@ -146,15 +182,37 @@ static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node)
     memset(&p, 0, sizeof p);
     p.blas = N > LOOM_CUDA_MMV_MAX_N && fits_int(K) && fits_int(M) && fits_int(N);
     if (!p.blas) return p;
+    p.c_direct = node->nb[0] == sizeof(float) && node->nb[1] % sizeof(float) == 0 &&
+                 (int64_t)(node->nb[1] / sizeof(float)) >= M &&
+                 fits_int((int64_t)(node->nb[1] / sizeof(float)));
+    const size_t whole_h =
+        (size_t)K * (size_t)M * (size_t)a->ne[2] * (size_t)a->ne[3] * sizeof(uint16_t);
+    if (mm_tc_eligible(cb, node) && (cached || whole_h <= cb->panel_bytes)) {
+        /* BF16: a (cached, or converted whole), b as a contiguous BF16 copy */
+        p.tc = true;
+        p.a_cached = cached;
+        p.a_all = true;
+        p.mc = M;
+        size_t off = 0;
+        if (!cached) {
+            p.off_a = off;
+            off += align_up(whole_h);
+        }
+        p.off_b = off;
+        off += align_up((size_t)(K * N * B2 * B3) * sizeof(uint16_t));
+        if (!p.c_direct) {
+            p.off_c = off;
+            off += align_up((size_t)(M * N * B2 * B3) * sizeof(float));
+        }
+        p.total = off;
+        return p;
+    }
     p.a_direct = a->type == LOOM_TYPE_F32 && a->nb[0] == sizeof(float) &&
                  a->nb[1] % sizeof(float) == 0 && (int64_t)(a->nb[1] / sizeof(float)) >= K &&
                  fits_int((int64_t)(a->nb[1] / sizeof(float)));
     p.b_direct = b->nb[0] == sizeof(float) && b->nb[1] % sizeof(float) == 0 &&
                  (int64_t)(b->nb[1] / sizeof(float)) >= K &&
                  fits_int((int64_t)(b->nb[1] / sizeof(float)));
-    p.c_direct = node->nb[0] == sizeof(float) && node->nb[1] % sizeof(float) == 0 &&
-                 (int64_t)(node->nb[1] / sizeof(float)) >= M &&
-                 fits_int((int64_t)(node->nb[1] / sizeof(float)));
     int64_t mc = M;
     const size_t whole =
         (size_t)K * (size_t)M * (size_t)a->ne[2] * (size_t)a->ne[3] * sizeof(float);
@@ -183,6 +241,93 @@ static mm_plan mm_plan_of(const loom__cuda_backend *cb, const loom_tensor *node)
     return p;
 }
 
+/* ---------------------------------------------------------------- BF16 weight cache */
+
+/* The cache entry of weight a (same address, type, shape and strides), or NULL. */
+static loom__cuda_wentry *wcache_find(loom__cuda_backend *cb, const loom_tensor *a) {
+    for (int i = 0; i < cb->wcache_n; i++) {
+        loom__cuda_wentry *e = &cb->wcache[i];
+        if (e->data == a->data && e->type == (int32_t)a->type &&
+            memcmp(e->ne, a->ne, sizeof e->ne) == 0 && memcmp(e->nb, a->nb, sizeof e->nb) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* a's entry when the matmul being run may read it: the graph writes no weights, and the
+ * entry holds the values of a's buffer as it is now. */
+static const loom__cuda_wentry *wcache_current(loom__cuda_backend *cb, const loom_tensor *a) {
+    if (!cb->wcache_graph_ok) return NULL;
+    const loom__cuda_wentry *e = wcache_find(cb, a);
+    return e && e->version == loom__cuda_buffer_version(storage_of(a)) ? e : NULL;
+}
+
+/* Before g runs (eagerly, captured, or replayed): the BF16 copy of every weight its
+ * tensor-core matmuls read, converted on the stream when it is new or its buffer was
+ * written since (the same memory, so a captured graph reads the new values). Weights are
+ * tensors of a LOOM_BUFFER_USAGE_WEIGHTS buffer; a graph that writes into such a buffer
+ * uses no cached weight (and the buffers it writes move to a new version). A weight that
+ * does not fit the budget, or whose memory cannot be had, is converted per call. */
+static loom_status wcache_prepare(loom__cuda_backend *cb, const loom_graph *g) {
+    cb->wcache_graph_ok = !cb->legacy_kernels && cb->wcache_budget > 0;
+    for (int i = 0; i < g->n_nodes && cb->wcache_graph_ok; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (loom_op_is_view(t->op) || loom_nelements(t) == 0) continue;
+        loom_buffer_t buf = storage_of(t);
+        if (buf && loom_buffer_get_usage(buf) == LOOM_BUFFER_USAGE_WEIGHTS) {
+            loom__cuda_buffer_touch(buf);
+            cb->wcache_graph_ok = false;
+        }
+    }
+    if (!cb->wcache_graph_ok) return LOOM_OK;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (t->op != LOOM_OP_MUL_MAT || loom_nelements(t) == 0) continue;
+        const loom_tensor *a = t->src[0];
+        loom_buffer_t buf = storage_of(a);
+        if (!buf || loom_buffer_get_usage(buf) != LOOM_BUFFER_USAGE_WEIGHTS ||
+            !mm_plan_of(cb, t, true).tc)
+            continue;
+        loom__cuda_wentry *e = wcache_find(cb, a);
+        if (!e) {
+            const size_t bytes = (size_t)loom_nelements(a) * sizeof(uint16_t);
+            if (bytes > cb->wcache_budget - cb->wcache_bytes) continue;
+            if (cb->wcache_n == cb->wcache_cap) {
+                const int cap = cb->wcache_cap ? 2 * cb->wcache_cap : 64;
+                loom__cuda_wentry *grown = loom_realloc(cb->wcache, (size_t)cap * sizeof *grown);
+                if (!grown) continue;
+                cb->wcache = grown;
+                cb->wcache_cap = cap;
+            }
+            void *mem = NULL;
+            if (cudaMalloc(&mem, bytes) != cudaSuccess) {
+                (void)cudaGetLastError();
+                LOOM_LOG_DEBUG("%s: no memory to cache weight '%s' in BF16; converted per call",
+                               cb->name, tname(a));
+                continue;
+            }
+            e = &cb->wcache[cb->wcache_n++];
+            memset(e, 0, sizeof *e);
+            e->data = a->data;
+            e->type = (int32_t)a->type;
+            memcpy(e->ne, a->ne, sizeof e->ne);
+            memcpy(e->nb, a->nb, sizeof e->nb);
+            e->bf16 = mem;
+            e->bytes = bytes;
+            e->version = 0; /* no buffer has version 0: filled below */
+            cb->wcache_bytes += bytes;
+        }
+        const uint64_t v = loom__cuda_buffer_version(buf);
+        if (e->version == v) continue;
+        loom_status s =
+            kernel_status(cb, t, i, loom__cu_weights_to_bf16(loom__cu(a), e->bf16, cb->stream));
+        if (s != LOOM_OK) return s;
+        e->version = v;
+        cb->stats.wcache_fills++;
+    }
+    return LOOM_OK;
+}
+
 /* A contiguous F32 descriptor of shape ne at p. */
 static loom_cu_t contiguous_f32(void *p, const int64_t *ne) {
     loom_cu_t d;
@@ -198,22 +343,83 @@ static loom_cu_t contiguous_f32(void *p, const int64_t *ne) {
     return d;
 }
 
-static loom_status kernel_status(loom__cuda_backend *cb, const loom_tensor *node, int index,
-                                 cudaError_t e) {
-    if (e == cudaSuccess) return LOOM_OK;
-    char call[128];
-    snprintf(call, sizeof call, "the %s kernel launch (node %d '%s')", loom_op_name(node->op),
-             index, tname(node));
-    return loom__cuda_check(e, call, cb->name, __FILE__, __LINE__);
+/* C = A^T B for every batch through the tensor cores: A the BF16 weights ([K, M] per batch,
+ * batches one after another), b converted to contiguous BF16 here, C in place or a
+ * temporary. One strided batched GEMM per i3 (per weight batch when both broadcast). */
+static loom_status mul_mat_tc(loom__cuda_backend *cb, const loom_tensor *node, int index,
+                              const mm_plan *p, const uint16_t *A) {
+    const loom_tensor *a = node->src[0], *b = node->src[1];
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t A2 = a->ne[2], B2 = b->ne[2], B3 = b->ne[3];
+    const int64_t r2 = B2 / A2, r3 = B3 / a->ne[3];
+    char *scratch = cb->scratch;
+    loom_cu_t bh = contiguous_f32(scratch + p->off_b, b->ne);
+    bh.type = LOOM_CU_BF16;
+    for (int i = 0; i < 4; i++)
+        bh.nb[i] /= 2;
+    loom_status s = kernel_status(cb, node, index, loom__cu_cpy(bh, loom__cu(b), cb->stream));
+    if (s != LOOM_OK) return s;
+    char *cbase = node->data;
+    size_t cnb1 = node->nb[1], cnb2 = node->nb[2], cnb3 = node->nb[3];
+    loom_cu_t ctmp;
+    if (!p->c_direct) {
+        ctmp = contiguous_f32(scratch + p->off_c, node->ne);
+        cbase = ctmp.data;
+        cnb1 = (size_t)ctmp.nb[1];
+        cnb2 = (size_t)ctmp.nb[2];
+        cnb3 = (size_t)ctmp.nb[3];
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const int64_t KM = K * M, KN = K * N;
+    const long long sc = (long long)(cnb2 / sizeof(float));
+    const int ldc = (int)(cnb1 / sizeof(float));
+    const uint16_t *Bh = (const uint16_t *)bh.data;
+    for (int64_t i3 = 0; i3 < B3 && s == LOOM_OK; i3++) {
+        const int64_t i3a = i3 / r3;
+        const int64_t groups = (r2 == 1 || A2 == 1) ? 1 : A2;
+        const int64_t per = groups == 1 ? B2 : r2;
+        for (int64_t gi = 0; gi < groups && s == LOOM_OK; gi++) {
+            const uint16_t *Ag = A + (i3a * A2 + gi) * KM;
+            const long long stride_a = (groups == 1 && r2 == 1) ? (long long)KM : 0;
+            const uint16_t *Bg = Bh + (i3 * B2 + gi * per) * KN;
+            float *C = (float *)(cbase + gi * per * (int64_t)cnb2 + i3 * (int64_t)cnb3);
+            s = LOOM_CUBLAS_CHECK(cb->name,
+                                  cublasGemmStridedBatchedEx(
+                                      cb->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)M, (int)N, (int)K,
+                                      &one, Ag, CUDA_R_16BF, (int)K, stride_a, Bg, CUDA_R_16BF,
+                                      (int)K, (long long)KN, &zero, C, CUDA_R_32F, ldc, sc,
+                                      (int)per, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            cb->stats.cublas_calls++;
+            cb->stats.tc_gemms++;
+        }
+    }
+    if (s == LOOM_OK && !p->c_direct)
+        s = kernel_status(cb, node, index, loom__cu_cpy(loom__cu(node), ctmp, cb->stream));
+    return s;
 }
 
 static loom_status mul_mat(loom__cuda_backend *cb, const loom_tensor *node, int index) {
     const loom_tensor *a = node->src[0], *b = node->src[1];
-    const mm_plan p = mm_plan_of(cb, node);
+    const loom__cuda_wentry *we = wcache_current(cb, a);
+    const mm_plan p = mm_plan_of(cb, node, we != NULL);
     if (!p.blas)
-        return kernel_status(
-            cb, node, index,
-            loom__cu_mul_mat_vec(loom__cu(node), loom__cu(a), loom__cu(b), cb->stream));
+        return kernel_status(cb, node, index,
+                             loom__cu_mul_mat_vec(loom__cu(node), loom__cu(a), loom__cu(b),
+                                                  cb->legacy_kernels, cb->stream));
+    if (p.tc) {
+        const uint16_t *A = NULL;
+        if (p.a_cached) {
+            A = we->bf16;
+            cb->stats.wcache_hits++;
+        } else {
+            uint16_t *conv = (uint16_t *)((char *)cb->scratch + p.off_a);
+            loom_status s = kernel_status(cb, node, index,
+                                          loom__cu_weights_to_bf16(loom__cu(a), conv, cb->stream));
+            if (s != LOOM_OK) return s;
+            A = conv;
+        }
+        return mul_mat_tc(cb, node, index, &p, A);
+    }
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3];
     const int64_t r2 = b->ne[2] / A2, r3 = b->ne[3] / A3;
@@ -427,13 +633,17 @@ static loom_status run_node(loom__cuda_backend *cb, loom_tensor *t, int index) {
         return mul_mat(cb, t, index);
     case LOOM_OP_MUL_MAT_ID:
         e = loom__cu_mul_mat_id(loom__cu(t), loom__cu(a), loom__cu(b), loom__cu(c), cb->scratch,
-                                err, index, st);
+                                err, index, cb->legacy_kernels, st);
         break;
-    case LOOM_OP_FLASH_ATTN_EXT:
+    case LOOM_OP_FLASH_ATTN_EXT: {
+        const size_t need = loom__cu_flash_attn_scratch(a->ne, b->ne, c->ne, cb->legacy_kernels);
+        if (need > 0 && need <= cb->scratch_size) cb->stats.fa_split_launches++;
         e = loom__cu_flash_attn(loom_get_op_params_f32(t, 0), loom_get_op_params_f32(t, 1),
                                 loom_get_op_params_f32(t, 2), loom__cu(t), loom__cu(a), loom__cu(b),
-                                loom__cu(c), loom__cu(t->src[3]), loom__cu(t->src[4]), st);
+                                loom__cu(c), loom__cu(t->src[3]), loom__cu(t->src[4]),
+                                (float *)cb->scratch, cb->scratch_size, cb->legacy_kernels, st);
         break;
+    }
     default:
         return LOOM_OK; /* views: nothing to compute */
     }
@@ -655,12 +865,17 @@ static loom_status validate(const loom__cuda_backend *cb, const loom_graph *g, s
         if (s != LOOM_OK) return s;
         (*n_work)++;
         size_t need = 0;
-        if (t->op == LOOM_OP_MUL_MAT)
-            need = mm_plan_of(cb, t).total;
-        else if (t->op == LOOM_OP_MUL_MAT_ID) /* the routing bucketed by expert */
+        if (t->op == LOOM_OP_MUL_MAT) { /* with the weight in the BF16 cache or not */
+            const size_t n0 = mm_plan_of(cb, t, false).total, n1 = mm_plan_of(cb, t, true).total;
+            need = n0 > n1 ? n0 : n1;
+        } else if (t->op == LOOM_OP_FLASH_ATTN_EXT) { /* split partials (flash-decoding) */
+            need = loom__cu_flash_attn_scratch(t->src[0]->ne, t->src[1]->ne, t->src[2]->ne,
+                                               cb->legacy_kernels);
+        } else if (t->op == LOOM_OP_MUL_MAT_ID) { /* the routing bucketed by expert */
             need = loom__cu_mul_mat_id_scratch(t->src[0]->ne[2], t->ne[1] * t->ne[2]);
-        else if (t->op == LOOM_OP_ARGSORT || t->op == LOOM_OP_TOP_K) /* rows beyond a chunk */
+        } else if (t->op == LOOM_OP_ARGSORT || t->op == LOOM_OP_TOP_K) { /* rows beyond a chunk */
             need = loom__cu_argsort_scratch(t->src[0]->ne[0], loom_nrows(t->src[0]));
+        }
         if (need > *scratch) *scratch = need;
     }
     return LOOM_OK;
@@ -779,6 +994,7 @@ loom_status loom__cuda_graph_compute(loom_backend_t backend, loom_graph *g) {
     }
     s = LOOM_CUDA_CHECK(cb->name, cudaSetDevice(cb->cd->cuda_id));
     if (s == LOOM_OK) s = ensure_scratch(cb, need);
+    if (s == LOOM_OK) s = wcache_prepare(cb, g);
     if (s != LOOM_OK) return s;
 
     if (cb->graphs_enabled && n_work >= LOOM_CUDA_GRAPH_MIN_NODES) {

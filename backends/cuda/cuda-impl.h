@@ -46,7 +46,7 @@ typedef struct loom__cuda_dev {
     int cc;       /* compute capability, 10 * major + minor */
     size_t gpu_total_mem;
     char pci_bus_id[32]; /* "0000:65:00.0" (cudaDeviceGetPCIBusId), "" if unknown */
-    char name[32]; /* "CUDA0", "V1-CUDA0" */
+    char name[32];       /* "CUDA0", "V1-CUDA0" */
     char desc[512];
     pthread_mutex_t mu;                  /* guards the counters and the list below */
     int n_buffers;                       /* live device buffers */
@@ -72,6 +72,20 @@ struct loom__cuda_reg {
 #define LOOM_CUDA_STAGE_SLOT ((size_t)4 << 20) /* bytes per slot */
 
 typedef struct loom__cuda_backend loom__cuda_backend;
+
+/* A weight converted once to BF16 for the tensor-core GEMM (cuda-graph.c): the tensor as
+ * MUL_MAT saw it (address, type, shape, strides), the version of its buffer then
+ * (loom__cuda_buffer_version; converted again in place when it moved), and the BF16
+ * values, [K, M] per batch, batches i2 + A2 i3 one after another. */
+typedef struct loom__cuda_wentry {
+    const void *data;
+    int32_t type; /* loom_type */
+    int64_t ne[4];
+    size_t nb[4];
+    uint64_t version;
+    uint16_t *bf16; /* device memory, bytes below */
+    size_t bytes;
+} loom__cuda_wentry;
 
 /* One chunk of an async get from pageable memory: copied out of the slot by a host
  * function on the stream once the device-to-host copy into it is done. */
@@ -113,6 +127,14 @@ struct loom__cuda_backend {
     int stage_next;
     bool stage_failed; /* could not allocate: copy directly (effectively synchronous) */
     bool graphs_enabled;
+    bool legacy_kernels; /* LOOM_CUDA_LEGACY_KERNELS=1: the earlier kernels, F32 SGEMM only */
+    /* BF16 weights for the tensor-core GEMM, converted once (wcache_budget bytes at most,
+     * LOOM_CUDA_WCACHE_BYTES); wcache_graph_ok: the graph being run writes no weights
+     * buffer, so its matmuls may read the cache (set by the prepare pass of each compute) */
+    loom__cuda_wentry *wcache;
+    int wcache_n, wcache_cap;
+    size_t wcache_bytes, wcache_budget;
+    bool wcache_graph_ok;
     bool capturing; /* its stream is being captured; set and read under cd->mu */
     loom__cuda_gcache *gcache;
     loom_cuda_backend_stats stats;
@@ -152,6 +174,15 @@ extern const struct loom_buft_i loom__cuda_buft_i;
 extern const struct loom_buft_i loom__cuda_host_buft_i;
 /* The CUDA device owning buf's device memory, or NULL (host memory or another backend). */
 loom__cuda_dev *loom__cuda_buffer_dev(loom_buffer_t buf);
+/* A device buffer's version: a process-wide unique number, new at its allocation and at
+ * every write through the buffer's or a backend's hooks (memset, set, copies in, clear,
+ * async set and copy, allreduce; loom__cuda_buffer_touch), 0 for any other buffer. The
+ * BF16 weight cache converts a weight again when its buffer's version moved. */
+uint64_t loom__cuda_buffer_version(loom_buffer_t buf);
+/* Gives buf (a device buffer; anything else: nothing) a new version. */
+void loom__cuda_buffer_touch(loom_buffer_t buf);
+/* Touches the buffer holding t (its view source's for a view). */
+void loom__cuda_tensor_touch(const loom_tensor *t);
 
 /* ---------------------------------------------------------------- cuda-backend.c */
 

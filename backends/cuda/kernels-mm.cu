@@ -1,21 +1,26 @@
 /*
  * CUDA kernels for the matrix products and attention: MUL_MAT by warp dot products (any
- * weight type, block types dequantised 32 values at a time in registers, any strides, batch
- * broadcasting),
- * MUL_MAT_ID (routed tokens bucketed by expert first, then one warp per weight row and
- * expert over that expert's bucket), the
- * conversion of weights to a contiguous F32 panel for cuBLAS, and FLASH_ATTN_EXT (tiled:
- * blocks of queries sharing a KV head stage keys and values through shared memory, with an
- * online softmax per query; head sizes above 256 use one warp per output row).
+ * weight type, one kernel per type chosen on the host, block types decoded one value per
+ * lane in registers, any strides, batch broadcasting), MUL_MAT_ID (routed tokens bucketed
+ * by expert first, then one warp per weight row and expert over that expert's bucket), the
+ * conversion of weights to a contiguous F32 panel or to BF16 for cuBLAS, and
+ * FLASH_ATTN_EXT (tiled: blocks of queries sharing a KV head stage keys and values through
+ * shared memory, with an online softmax per query, tiles the mask hides skipped, the KV
+ * split across blocks and combined when the blocks are few; head sizes above 256 use one
+ * warp per output row). The earlier matvec and MUL_MAT_ID kernels stay (legacy != 0).
  *
- * The large float products go to cuBLAS from the host code (cuda-graph.c); these kernels
- * are the simple, always-correct path: the CPU oracle's sums in another order, never a
- * lower precision (b is never rounded to 16 bits or quantised).
+ * The large products go to cuBLAS from the host code (cuda-graph.c); these kernels are the
+ * simple, always-correct path: the CPU oracle's sums in another order, never a lower
+ * precision (b is never rounded to 16 bits or quantised).
  */
 #include "backends/cuda/kernels-common.cuh"
 
-#define MMV_COLS 8  /* columns of b per warp */
-#define MMV_WARPS 4 /* warps per block */
+#define MMV_COLS LOOM_CU_MMV_COLS   /* columns of b per warp */
+#define MMV_WARPS LOOM_CU_MMV_WARPS /* warps per block */
+/* Blocks per SM the per-type kernels are built for: 8 blocks of 4 warps (1024 threads) at
+ * 64 registers each fill an SM's 64 Ki registers, so ptxas keeps them at <= 64 registers
+ * (figures with -Xptxas -v in backends/cuda/README.md). */
+#define MMV_MIN_BLOCKS 8
 #define FA_WARPS 4
 
 static __device__ __forceinline__ float cu_mm_b(const char *bcol, const loom_cu_t &b, int64_t k,
@@ -83,12 +88,139 @@ static __global__ void k_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, in
     }
 }
 
-extern "C" cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b,
+/* ---------------------------------------------------------------- per-type matvec */
+
+/* The weight types as compile-time constants: whether T is a block type, and its values
+ * per block (1 for F32/F16/BF16). */
+template <int T> struct cu_wt {
+    static constexpr bool quant =
+        T == LOOM_CU_Q8_0 || T == LOOM_CU_Q4_0 || (T >= LOOM_CU_Q4_1 && T <= LOOM_CU_IQ4_XS);
+    static constexpr int qk =
+        (T >= LOOM_CU_Q2_K && T <= LOOM_CU_IQ4_XS) ? LOOM_CU_QK_K : (quant ? LOOM_CU_QK : 1);
+};
+
+/* Value k of a weight row of type T starting at row (nb0: bytes per element, or per block
+ * for a block type), decoded as the CPU's reference does (kernels-quant.cuh). */
+template <int T>
+static __device__ __forceinline__ float cu_wval(const char *row, int64_t nb0, int64_t k) {
+    if constexpr (T == LOOM_CU_F32) {
+        return *(const float *)(row + k * nb0);
+    } else if constexpr (T == LOOM_CU_F16) {
+        return cu_fp16_to_f32(*(const uint16_t *)(row + k * nb0));
+    } else if constexpr (T == LOOM_CU_BF16) {
+        return cu_bf16_to_f32(*(const uint16_t *)(row + k * nb0));
+    } else {
+        int64_t blk;
+        int e;
+        loom__cu_mmv_pos(k, cu_wt<T>::qk, &blk, &e);
+        return cu_qval(T, row + blk * nb0, e);
+    }
+}
+
+/* acc[c] += a_row . b column c for c < nc (nc <= NC), where column c's element k is at
+ * cols[c] + k bnb0. Lane l takes k = l, l + 32, ...: a warp reads 32 consecutive values of
+ * the row (one 32-value block, or a 32-value slice of a super-block: contiguous bytes) and
+ * of each column per step; the weights are decoded one value per lane, so nothing but the
+ * accumulators and the column pointers stays live across steps. NC == 1 (one column, the
+ * decode of a token) unrolls four steps to keep more loads in flight; NC == MMV_COLS keeps
+ * one step's loads (eight columns already give eight). */
+template <int T, int NC>
+static __device__ __forceinline__ void cu_mmv_dot(const char *arow, int64_t anb0, int64_t K,
+                                                  const char *const *cols, int64_t bnb0, int nc,
+                                                  float *acc) {
+    if constexpr (NC == 1) {
+        (void)nc;
+        const char *col = cols[0];
+#pragma unroll 4
+        for (int64_t k = threadIdx.x & 31; k < K; k += 32)
+            acc[0] += cu_wval<T>(arow, anb0, k) * *(const float *)(col + k * bnb0);
+    } else {
+#pragma unroll 1
+        for (int64_t k = threadIdx.x & 31; k < K; k += 32) {
+            const float w = cu_wval<T>(arow, anb0, k);
+            const int64_t off = k * bnb0;
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                if (c < nc) acc[c] += w * *(const float *)(cols[c] + off);
+        }
+    }
+}
+
+/* k_mul_mat_vec for weights of type T (one instantiation per type, chosen on the host) and
+ * up to NC columns per warp (1: b has one column; else MMV_COLS): the same work items and
+ * the same per-lane order of the products as the legacy kernel's float path. */
+template <int T, int NC>
+static __global__ void __launch_bounds__(32 * MMV_WARPS, MMV_MIN_BLOCKS)
+    k_mmv(loom_cu_t dst, loom_cu_t a, loom_cu_t b, int64_t n_items) {
+    const int lane = threadIdx.x & 31;
+    const int64_t M = a.ne[1], N = b.ne[1], B2 = b.ne[2];
+    const int64_t r2 = b.ne[2] / a.ne[2], r3 = b.ne[3] / a.ne[3];
+    const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
+    for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
+         w += nwarps) {
+        const loom__cu_mmv_item it = loom__cu_mmv_item_of(w, M, N, B2);
+        const char *bcol = cu_at(b, 0, it.n0, it.i2, it.i3);
+        const char *cols[NC];
+        float acc[NC];
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            acc[c] = 0.0f;
+            cols[c] = bcol + c * b.nb[1];
+        }
+        cu_mmv_dot<T, NC>(cu_at(a, 0, it.m, it.i2 / r2, it.i3 / r3), a.nb[0], a.ne[0], cols,
+                          b.nb[0], it.nc, acc);
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            acc[c] = cu_warp_sum(acc[c]);
+        if (lane == 0) {
+#pragma unroll
+            for (int c = 0; c < NC; c++) /* unrolled: acc stays in registers */
+                if (c < it.nc) *(float *)cu_at(dst, it.m, it.n0 + c, it.i2, it.i3) = acc[c];
+        }
+    }
+}
+
+/* Every weight type the matmul kernels take, for the host's switch. */
+#define CU_MM_TYPES(X)                                                                             \
+    X(LOOM_CU_F32)                                                                                 \
+    X(LOOM_CU_F16)                                                                                 \
+    X(LOOM_CU_BF16)                                                                                \
+    X(LOOM_CU_Q8_0)                                                                                \
+    X(LOOM_CU_Q4_0)                                                                                \
+    X(LOOM_CU_Q4_1)                                                                                \
+    X(LOOM_CU_Q5_0)                                                                                \
+    X(LOOM_CU_Q5_1)                                                                                \
+    X(LOOM_CU_IQ4_NL)                                                                              \
+    X(LOOM_CU_MXFP4)                                                                               \
+    X(LOOM_CU_Q2_K)                                                                                \
+    X(LOOM_CU_Q3_K)                                                                                \
+    X(LOOM_CU_Q4_K)                                                                                \
+    X(LOOM_CU_Q5_K)                                                                                \
+    X(LOOM_CU_Q6_K)                                                                                \
+    X(LOOM_CU_IQ4_XS)
+
+extern "C" cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, int legacy,
                                             cudaStream_t s) {
     const int64_t M = a.ne[1], N = b.ne[1];
     const int64_t n_items = M * ((N + MMV_COLS - 1) / MMV_COLS) * b.ne[2] * b.ne[3];
     if (n_items == 0) return cudaSuccess;
-    k_mul_mat_vec<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, a, b, n_items);
+    const unsigned grid = cu_blocks(n_items, MMV_WARPS);
+    if (!legacy) {
+        switch (a.type) {
+#define CU_MMV_CASE(T)                                                                             \
+    case T:                                                                                        \
+        if (N == 1)                                                                                \
+            k_mmv<T, 1><<<grid, 32 * MMV_WARPS, 0, s>>>(dst, a, b, n_items);                       \
+        else                                                                                       \
+            k_mmv<T, MMV_COLS><<<grid, 32 * MMV_WARPS, 0, s>>>(dst, a, b, n_items);                \
+        return cu_launched();
+            CU_MM_TYPES(CU_MMV_CASE)
+#undef CU_MMV_CASE
+        default:
+            break; /* any other type: the legacy kernel's rules */
+        }
+    }
+    k_mul_mat_vec<<<grid, 32 * MMV_WARPS, 0, s>>>(dst, a, b, n_items);
     return cu_launched();
 }
 
@@ -218,9 +350,53 @@ static __global__ void k_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, co
     }
 }
 
+/* k_mul_mat_id for experts of type T (one instantiation per type, chosen on the host): the
+ * same work items and bucket passes, the dot product of cu_mmv_dot. */
+template <int T>
+static __global__ void __launch_bounds__(32 * MMV_WARPS, MMV_MIN_BLOCKS)
+    k_mmid(loom_cu_t dst, loom_cu_t as, loom_cu_t b, const int32_t *ws, int64_t n_items) {
+    const int lane = threadIdx.x & 31;
+    const int64_t M = as.ne[1], E = as.ne[2], U = dst.ne[1], P = dst.ne[1] * dst.ne[2];
+    const int32_t *first = ws, *n_act = ws + 2 * E + 1, *act = n_act + 1;
+    const int32_t *pairs = act + (E < P ? E : P);
+    const int64_t nwarps = (int64_t)gridDim.x * MMV_WARPS;
+    for (int64_t w = (int64_t)blockIdx.x * MMV_WARPS + (threadIdx.x >> 5); w < n_items;
+         w += nwarps) {
+        const int64_t m = w % M, k = w / M;
+        if (k >= *n_act) continue; /* warp-uniform */
+        const int32_t e = act[k];
+        const char *arow = cu_at(as, 0, m, e, 0);
+        const int32_t p1 = first[e + 1];
+        for (int32_t p0 = first[e]; p0 < p1; p0 += MMV_COLS) {
+            const int np = p1 - p0 < MMV_COLS ? p1 - p0 : MMV_COLS;
+            const char *cols[MMV_COLS];
+            float acc[MMV_COLS];
+#pragma unroll
+            for (int c = 0; c < MMV_COLS; c++) {
+                const int64_t p = pairs[p0 + (c < np ? c : 0)];
+                acc[c] = 0.0f;
+                cols[c] = cu_at(b, 0, (p % U) % b.ne[1], p / U, 0);
+            }
+            cu_mmv_dot<T, MMV_COLS>(arow, as.nb[0], as.ne[0], cols, b.nb[0], np, acc);
+#pragma unroll
+            for (int c = 0; c < MMV_COLS; c++)
+                acc[c] = cu_warp_sum(acc[c]);
+            if (lane == 0) {
+#pragma unroll
+                for (int c = 0; c < MMV_COLS; c++) {
+                    if (c < np) {
+                        const int64_t p = pairs[p0 + c];
+                        *(float *)cu_at(dst, m, p % U, p / U, 0) = acc[c];
+                    }
+                }
+            }
+        }
+    }
+}
+
 extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
                                            int32_t *ws, loom_cu_err *err, long long node,
-                                           cudaStream_t s) {
+                                           int legacy, cudaStream_t s) {
     const int64_t M = as.ne[1], E = as.ne[2], P = dst.ne[1] * dst.ne[2];
     if (P == 0 || E == 0) return cudaSuccess;
     k_mul_mat_id_bucket<<<1, 1024, 0, s>>>(dst, ids, E, ws, err, node);
@@ -228,7 +404,20 @@ extern "C" cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_
     /* (weight row, expert with pairs): at most min(E, P) experts have any */
     const int64_t n_items = M * (E < P ? E : P);
     if (e != cudaSuccess || n_items == 0) return e;
-    k_mul_mat_id<<<cu_blocks(n_items, MMV_WARPS), 32 * MMV_WARPS, 0, s>>>(dst, as, b, ws, n_items);
+    const unsigned grid = cu_blocks(n_items, MMV_WARPS);
+    if (!legacy) {
+        switch (as.type) {
+#define CU_MMID_CASE(T)                                                                            \
+    case T:                                                                                        \
+        k_mmid<T><<<grid, 32 * MMV_WARPS, 0, s>>>(dst, as, b, ws, n_items);                        \
+        return cu_launched();
+            CU_MM_TYPES(CU_MMID_CASE)
+#undef CU_MMID_CASE
+        default:
+            break;
+        }
+    }
+    k_mul_mat_id<<<grid, 32 * MMV_WARPS, 0, s>>>(dst, as, b, ws, n_items);
     return cu_launched();
 }
 
@@ -249,6 +438,31 @@ extern "C" cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t 
     if (cu_is_quant(a.type)) return loom__cu_dequantize_f32(a, i2, i3, m0, mc, out, s);
     k_weights_to_f32<<<cu_blocks(n), CU_BLOCK, 0, s>>>(a, i2, i3, m0, mc, out);
     return cu_launched();
+}
+
+/* out[k + K m + K M b] = a[k, m, batch b] rounded to BF16 (nearest even), b = i2 + A2 i3
+ * over every batch: the tensor-core GEMM's A operand, decoded per type as cu_wval. */
+template <int T> static __global__ void k_weights_to_bf16(loom_cu_t a, uint16_t *out) {
+    const int64_t K = a.ne[0], M = a.ne[1], A2 = a.ne[2];
+    CU_FOR(e, K * M * A2 * a.ne[3]) {
+        const int64_t k = e % K, r = e / K, m = r % M, b = r / M;
+        out[e] = cu_f32_to_bf16(cu_wval<T>(cu_at(a, 0, m, b % A2, b / A2), a.nb[0], k));
+    }
+}
+
+extern "C" cudaError_t loom__cu_weights_to_bf16(loom_cu_t a, uint16_t *out, cudaStream_t s) {
+    const int64_t n = a.ne[0] * a.ne[1] * a.ne[2] * a.ne[3];
+    if (n == 0) return cudaSuccess;
+    switch (a.type) {
+#define CU_BF16_CASE(T)                                                                            \
+    case T:                                                                                        \
+        k_weights_to_bf16<T><<<cu_blocks(n), CU_BLOCK, 0, s>>>(a, out);                            \
+        return cu_launched();
+        CU_MM_TYPES(CU_BF16_CASE)
+#undef CU_BF16_CASE
+    default:
+        return cudaErrorInvalidValue;
+    }
 }
 
 /* ---------------------------------------------------------------- flash attention */
@@ -332,9 +546,9 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
     }
 }
 
-#define FA_TQ 8  /* query rows per block of the tiled kernel (one warp each) */
-#define FA_TK 32 /* keys per shared-memory tile (one lane each for the scores) */
-#define FA_TILED_MAX_D 256
+#define FA_TQ LOOM_CU_FA_TQ /* query rows per block of the tiled kernel (one warp each) */
+#define FA_TK LOOM_CU_FA_TK /* keys per shared-memory tile (one lane each for the scores) */
+#define FA_TILED_MAX_D LOOM_CU_FA_TILED_MAX_D
 
 /* The tiled kernel: a block takes FA_TQ query rows that share one KV head and sequence
  * (the heads of a GQA group and consecutive queries), stages FA_TK keys and values at a
@@ -343,10 +557,18 @@ static __global__ void k_flash_attn(float scale, float max_bias, float softcap, 
  * folds the tile into its online softmax (running max M, sum S, accumulator rescaled by
  * exp(M_old - M_new)), each lane owning the output dimensions d = lane + 32 t.
  * Shared memory: K [FA_TK][ldk] (ldk odd: no bank conflicts), V [FA_TK][Dv], the queries
- * [FA_TQ][D] and the tile's weights [FA_TQ][FA_TK]. D, Dv <= FA_TILED_MAX_D. */
+ * [FA_TQ][D] and the tile's weights [FA_TQ][FA_TK]. D, Dv <= FA_TILED_MAX_D.
+ *
+ * Flash-decoding (splits > 1): block bi also takes split bi % splits of the keys
+ * (kernels-math.h: whole tiles per split) and writes its partial softmax (M, S, a NaN flag,
+ * the unnormalised accumulator) to part instead of dst; k_flash_attn_combine merges them.
+ * skip: a tile whose mask values are -inf for every query row of the block is not staged
+ * nor scored (causal prefill: the tiles past the diagonal); its keys would add nothing
+ * (their weights are 0). skip = 0 and splits = 1 is the earlier kernel, step for step. */
 static __global__ void k_flash_attn_tiled(float scale, float max_bias, float softcap, loom_cu_t dst,
                                           loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
-                                          loom_cu_t sinks, int64_t n_blocks) {
+                                          loom_cu_t sinks, int64_t n_blocks, int splits, int skip,
+                                          float *part) {
     extern __shared__ float fa_sh[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t D = q.ne[0], Nq = q.ne[1], H = q.ne[2];
@@ -360,11 +582,15 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
     float *ps = qs + FA_TQ * D;
     float *myq = qs + wid * D, *myp = ps + wid * FA_TK;
     for (int64_t bi = blockIdx.x; bi < n_blocks; bi += gridDim.x) {
-        const int64_t qb = bi % qblocks, hk = (bi / qblocks) % Hk, s = bi / (qblocks * Hk);
+        const int sp = (int)(bi % splits);
+        const int64_t bq = bi / splits;
+        const int64_t qb = bq % qblocks, hk = (bq / qblocks) % Hk, s = bq / (qblocks * Hk);
         const int64_t qi = qb * FA_TQ + wid;
         const bool active = qi < rows; /* warp-uniform */
         const int64_t h = hk * group + (active ? qi % group : 0), j = active ? qi / group : 0;
         const float slope = cu_alibi_slope(max_bias, H, h);
+        int64_t lo, hi;
+        loom__cu_fa_split_range(Nkv, splits, sp, &lo, &hi);
         __syncthreads(); /* the previous rows are done with shared memory */
         if (active) {
             const char *qrow = cu_at(q, 0, j, h, s);
@@ -379,9 +605,22 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
             acc[t] = 0.0f;
         float M = -INFINITY, S = 0.0f;
         bool nan = false;
-        for (int64_t i0 = 0; i0 < Nkv; i0 += FA_TK) {
-            const int nk = Nkv - i0 < FA_TK ? (int)(Nkv - i0) : FA_TK;
-            __syncthreads(); /* every warp is done with the previous tile */
+        for (int64_t i0 = lo; i0 < hi; i0 += FA_TK) {
+            const int nk = hi - i0 < FA_TK ? (int)(hi - i0) : FA_TK;
+            /* this lane's key against its warp's query: masked out (-inf) or not */
+            float mv = 0.0f;
+            bool live = false;
+            if (active && lane < nk) {
+                mv = mrow ? cu_load_f_ptr(mrow + (i0 + lane) * mask.nb[0], mask.type) : 0.0f;
+                live = mv != -INFINITY;
+            }
+            /* every warp is done with the previous tile; a tile hidden from every row of
+             * the block is skipped by all its threads alike */
+            if (skip) {
+                if (!__syncthreads_or(live)) continue;
+            } else {
+                __syncthreads();
+            }
             for (int64_t e = threadIdx.x; e < nk * D; e += blockDim.x) {
                 const int64_t kk = e / D, d = e % D;
                 Ks[kk * ldk + d] = cu_load_f_ptr(cu_at(k, 0, i0 + kk, hk, s) + d * k.nb[0], k.type);
@@ -393,24 +632,20 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
             __syncthreads();
             if (!active) continue;
             float z = -INFINITY;
-            if (lane < nk) {
-                const float mv =
-                    mrow ? cu_load_f_ptr(mrow + (i0 + lane) * mask.nb[0], mask.type) : 0.0f;
-                if (mv != -INFINITY) {
-                    float dot = 0.0f;
-                    const float *kr = Ks + lane * ldk;
-                    for (int64_t d = 0; d < D; d++)
-                        dot += myq[d] * kr[d];
-                    z = __fmul_rn(dot, scale);
-                    if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
-                    z = __fadd_rn(z, __fmul_rn(slope, mv));
-                }
+            if (live) {
+                float dot = 0.0f;
+                const float *kr = Ks + lane * ldk;
+                for (int64_t d = 0; d < D; d++)
+                    dot += myq[d] * kr[d];
+                z = __fmul_rn(dot, scale);
+                if (softcap > 0.0f) z = softcap * tanhf(z / softcap);
+                z = __fadd_rn(z, __fmul_rn(slope, mv));
             }
             if (__any_sync(CU_FULL_MASK, z != z)) nan = true;
-            const float Mn = fmaxf(M, cu_warp_max(z != z ? -INFINITY : z));
-            if (Mn == -INFINITY) continue; /* every key so far masked */
-            const float ms = expf(M - Mn); /* 0 on the first unmasked tile */
-            const float pz = (z == -INFINITY || z != z) ? 0.0f : expf(z - Mn);
+            float ms;
+            if (!loom__cu_fa_tile_max(&M, cu_warp_max(z != z ? -INFINITY : z), &ms))
+                continue; /* every key so far masked */
+            const float pz = (z == -INFINITY || z != z) ? 0.0f : expf(z - M);
             myp[lane] = pz;
             __syncwarp();
             S = S * ms + cu_warp_sum(pz);
@@ -424,10 +659,23 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
                     acc[t] = a;
                 }
             }
-            M = Mn;
             __syncwarp(); /* myp is read before the next tile overwrites it */
         }
         if (!active) continue;
+        if (part) { /* this split's partial: M, S, NaN flag, then the accumulator */
+            float *pr = part + ((h + H * (j + Nq * s)) * splits + sp) * (3 + Dv);
+            if (lane == 0) {
+                pr[0] = M;
+                pr[1] = S;
+                pr[2] = nan ? 1.0f : 0.0f;
+            }
+#pragma unroll
+            for (int t = 0; t < FA_TILED_MAX_D / 32; t++) {
+                const int64_t d = lane + 32 * t;
+                if (d < Dv) pr[3 + d] = acc[t];
+            }
+            continue;
+        }
         if (sinks.data) {
             const float sk = *(const float *)(sinks.data + h * sinks.nb[0]);
             if (sk > M) {
@@ -450,6 +698,26 @@ static __global__ void k_flash_attn_tiled(float scale, float max_bias, float sof
             if (d < Dv)
                 *(float *)(y + d * dst.nb[0]) = nan ? __int_as_float(0x7fc00000) : acc[t] * inv;
         }
+    }
+}
+
+/* The second step of flash-decoding: one warp per output row r = (h, j, s) merges the
+ * row's `splits` partials (kernels-math.h: each rescaled by exp(M_i - max M)), then adds
+ * the sink and normalises exactly as the tiled kernel does for a whole row. */
+static __global__ void k_flash_attn_combine(loom_cu_t dst, loom_cu_t sinks, const float *part,
+                                            int splits, int64_t nrows) {
+    const int lane = threadIdx.x & 31;
+    const int64_t Dv = dst.ne[0], H = dst.ne[1], Nq = dst.ne[2];
+    const int64_t stride = 3 + Dv;
+    for (int64_t r = (int64_t)blockIdx.x * FA_WARPS + (threadIdx.x >> 5); r < nrows;
+         r += (int64_t)gridDim.x * FA_WARPS) {
+        const int64_t h = r % H, j = (r / H) % Nq, s = r / (H * Nq);
+        const float *pr = part + r * splits * stride;
+        const float *sink = sinks.data ? (const float *)(sinks.data + h * sinks.nb[0]) : NULL;
+        const loom__cu_fa_merged mg = loom__cu_fa_merge(pr, splits, stride, sink);
+        char *y = cu_at(dst, 0, h, j, s);
+        for (int64_t d = lane; d < Dv; d += 32)
+            *(float *)(y + d * dst.nb[0]) = loom__cu_fa_merged_value(pr, splits, stride, d, &mg);
     }
 }
 
@@ -481,7 +749,8 @@ static cudaError_t fa_tiled_smem_opt_in(int smem) {
 
 extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap,
                                            loom_cu_t dst, loom_cu_t q, loom_cu_t k, loom_cu_t v,
-                                           loom_cu_t mask, loom_cu_t sinks, cudaStream_t s) {
+                                           loom_cu_t mask, loom_cu_t sinks, float *ws,
+                                           size_t ws_bytes, int legacy, cudaStream_t s) {
     const int64_t nrows = dst.ne[1] * dst.ne[2] * dst.ne[3];
     if (nrows == 0 || dst.ne[0] == 0) return cudaSuccess;
     const int64_t D = q.ne[0], Dv = v.ne[0];
@@ -495,8 +764,16 @@ extern "C" cudaError_t loom__cu_flash_attn(float scale, float max_bias, float so
         }
         const int64_t rows = (q.ne[2] / k.ne[2]) * q.ne[1];
         const int64_t n_blocks = (rows + FA_TQ - 1) / FA_TQ * k.ne[2] * q.ne[3];
-        k_flash_attn_tiled<<<cu_blocks(n_blocks, 1), 32 * FA_TQ, smem, s>>>(
-            scale, max_bias, softcap, dst, q, k, v, mask, sinks, n_blocks);
+        const size_t need = loom__cu_flash_attn_scratch(q.ne, k.ne, v.ne, legacy);
+        const int splits =
+            need > 0 && ws && ws_bytes >= need ? loom__cu_fa_splits(n_blocks, k.ne[1]) : 1;
+        k_flash_attn_tiled<<<cu_blocks(n_blocks * splits, 1), 32 * FA_TQ, smem, s>>>(
+            scale, max_bias, softcap, dst, q, k, v, mask, sinks, n_blocks * splits, splits, !legacy,
+            splits > 1 ? ws : (float *)NULL);
+        cudaError_t e = cu_launched();
+        if (e != cudaSuccess || splits == 1) return e;
+        k_flash_attn_combine<<<cu_blocks(nrows, FA_WARPS), 32 * FA_WARPS, 0, s>>>(dst, sinks, ws,
+                                                                                  splits, nrows);
         return cu_launched();
     }
     const size_t smem = (size_t)FA_WARPS * (size_t)(q.ne[0] + v.ne[0]) * sizeof(float);

@@ -21,6 +21,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/kernels-math.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -175,16 +177,22 @@ cudaError_t loom__cu_sum_peers(float *dst, loom_cu_ptrs src, int n_src, int64_t 
 /* ---------------------------------------------------------------- kernels-mm.cu */
 
 /* MUL_MAT by dot products: one warp per weight row and up to 8 columns of b, any weight
- * type (F32/F16/BF16 and every block type: each lane dequantises 32 weights at a time in
- * registers and multiplies them with the F32 activations, b is never quantised), any strides,
- * batch broadcasting of a over b. The backend's path for few columns and for layouts
- * cuBLAS cannot take. */
-cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, cudaStream_t s);
+ * type (F32/F16/BF16 and every block type, decoded in registers as the CPU's reference
+ * dequantisers do and multiplied with the F32 activations: b is never quantised), any
+ * strides, batch broadcasting of a over b. The backend's path for few columns and for
+ * layouts cuBLAS cannot take. One kernel per weight type (lane l of a warp takes values l,
+ * l + 32, ... of the row); legacy != 0 (LOOM_CUDA_LEGACY_KERNELS=1) launches the earlier
+ * kernel for every type instead (32 values per lane, the type switch in the kernel), so a
+ * GPU run can compare the two. */
+cudaError_t loom__cu_mul_mat_vec(loom_cu_t dst, loom_cu_t a, loom_cu_t b, int legacy,
+                                 cudaStream_t s);
 /* MUL_MAT_ID: the routed (u, t) pairs bucketed by expert into ws (device scratch of
  * loom__cu_mul_mat_id_scratch(E, U * T) bytes), then one warp per (weight row, expert with
- * pairs) over its bucket, up to 8 routed tokens per pass over the row. */
+ * pairs) over its bucket, up to 8 routed tokens per pass over the row; one kernel per
+ * weight type unless legacy (as loom__cu_mul_mat_vec). */
 cudaError_t loom__cu_mul_mat_id(loom_cu_t dst, loom_cu_t as, loom_cu_t b, loom_cu_t ids,
-                                int32_t *ws, loom_cu_err *err, long long node, cudaStream_t s);
+                                int32_t *ws, loom_cu_err *err, long long node, int legacy,
+                                cudaStream_t s);
 static inline size_t loom__cu_mul_mat_id_scratch(int64_t E, int64_t pairs) {
     return sizeof(int32_t) * (size_t)(2 * E + 2 + (E < pairs ? E : pairs) + pairs);
 }
@@ -192,6 +200,10 @@ static inline size_t loom__cu_mul_mat_id_scratch(int64_t E, int64_t pairs) {
  * matrix at out (cuBLAS's A operand; any weight type and layout). */
 cudaError_t loom__cu_weights_to_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t m0, int64_t mc,
                                     float *out, cudaStream_t s);
+/* Every batch of weight a (F32, F16, BF16 or a block type; any strides) as contiguous BF16
+ * [K, M] matrices one after another (batch i2 + A2 i3), each value decoded as the CPU's
+ * reference does, then rounded to nearest even: the tensor-core GEMM's A operand. */
+cudaError_t loom__cu_weights_to_bf16(loom_cu_t a, uint16_t *out, cudaStream_t s);
 /* ---------------------------------------------------------------- kernels-quant.cu */
 
 /* The M-rows [m0, m0 + mc) of weight batch (i2, i3) of a block-quantised a (any
@@ -201,11 +213,31 @@ cudaError_t loom__cu_dequantize_f32(loom_cu_t a, int64_t i2, int64_t i3, int64_t
                                     float *out, cudaStream_t s);
 
 /* FLASH_ATTN_EXT: D, Dv <= 256: blocks of 8 queries sharing a KV head, keys and values
- * staged through shared memory in tiles of 32; larger heads (<= 1024): one warp per output
- * row. A NaN score or a NaN sink makes its output row NaN (as the CPU). */
+ * staged through shared memory in tiles of 32, tiles the mask hides from every query of a
+ * block skipped; when those blocks are too few for the GPU (decode) and the KV is long, the
+ * keys are split across blocks (flash-decoding, kernels-math.h) whose partial softmaxes
+ * go to ws (device scratch of loom__cu_flash_attn_scratch bytes; less, or NULL: no split)
+ * and are merged by a second kernel. Larger heads (<= 1024): one warp per output row. A
+ * NaN score or a NaN sink makes its output row NaN (as the CPU). legacy != 0
+ * (LOOM_CUDA_LEGACY_KERNELS=1): no split and no skip, the earlier kernels. */
 cudaError_t loom__cu_flash_attn(float scale, float max_bias, float softcap, loom_cu_t dst,
                                 loom_cu_t q, loom_cu_t k, loom_cu_t v, loom_cu_t mask,
-                                loom_cu_t sinks, cudaStream_t s);
+                                loom_cu_t sinks, float *ws, size_t ws_bytes, int legacy,
+                                cudaStream_t s);
+/* The scratch bytes of a split FLASH_ATTN_EXT with q [D, Nq, H, S], k [D, Nkv, Hk, S], v
+ * [Dv, Nkv, Hk, S] (0: it does not split). */
+static inline size_t loom__cu_flash_attn_scratch(const int64_t *qne, const int64_t *kne,
+                                                 const int64_t *vne, int legacy) {
+    if (legacy || qne[0] > LOOM_CU_FA_TILED_MAX_D || vne[0] > LOOM_CU_FA_TILED_MAX_D ||
+        kne[1] <= 0 || kne[2] <= 0)
+        return 0;
+    const int64_t rows = (qne[2] / kne[2]) * qne[1];
+    const int64_t n_blocks = (rows + LOOM_CU_FA_TQ - 1) / LOOM_CU_FA_TQ * kne[2] * qne[3];
+    const int splits = loom__cu_fa_splits(n_blocks, kne[1]);
+    if (splits < 2) return 0;
+    return sizeof(float) *
+           (size_t)loom__cu_fa_part_floats(qne[1] * qne[2] * qne[3], splits, vne[0]);
+}
 
 #define LOOM_CU_FA_MAX_D 1024
 

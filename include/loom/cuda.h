@@ -68,6 +68,10 @@ typedef struct loom_cuda_backend_stats {
     uint64_t staged_copies;      /* device copies staged through pinned host memory */
     uint64_t peer_copies;        /* device copies between GPUs over peer-to-peer */
     uint64_t staged_host_copies; /* async set/get chunks staged through pinned memory */
+    uint64_t tc_gemms;           /* of cublas_calls: BF16 inputs, FP32 accumulation */
+    uint64_t wcache_fills;       /* weights converted to BF16 into the weight cache */
+    uint64_t wcache_hits;        /* tensor-core matmuls that read a cached weight */
+    uint64_t fa_split_launches;  /* FLASH_ATTN_EXT launches split across the KV length */
 } loom_cuda_backend_stats;
 
 /* Counters of a CUDA backend (zeros for any other backend). */

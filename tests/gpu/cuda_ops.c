@@ -33,6 +33,8 @@ typedef enum { L_CONTIG, L_PADDED, L_TRANSPOSED, L_PERM12 } oc_layout;
 /* F_EYE: element (i0, i1) is 1 when i0 == i1, else 0 (an identity matrix). */
 /* F_NAN_AT1: uniform, with a NaN at flat element 1. F_STEPS_NANS: F_STEPS with about one
  * element in 8 NaN (ties and NaN together). */
+/* F_CAUSAL: a causal attention mask [Nkv, Nq]: key i0 is visible (0) to query i1 when
+ * i0 <= i1 + hi (hi: the keys before the first query), else -INF. */
 typedef enum {
     F_UNIFORM,
     F_INT,
@@ -42,7 +44,8 @@ typedef enum {
     F_STEPS,
     F_EYE,
     F_NAN_AT1,
-    F_STEPS_NANS
+    F_STEPS_NANS,
+    F_CAUSAL
 } oc_fill_kind;
 
 typedef struct oc_leaf {
@@ -165,6 +168,9 @@ static void oc_leaf_bytes(const oc_leaf *l, uint64_t *rng, void *out) {
     if (l->kind == F_EYE)
         for (int64_t i = 0; i < n; i++)
             f[i] = i % t->ne[0] == (i / t->ne[0]) % t->ne[1] ? 1.0f : 0.0f;
+    if (l->kind == F_CAUSAL)
+        for (int64_t i = 0; i < n; i++)
+            f[i] = i % t->ne[0] <= (i / t->ne[0]) % t->ne[1] + (int64_t)l->hi ? 0.0f : -INFINITY;
     const loom_type_traits *tr = loom_type_traits_get((int)t->type);
     if (t->type == LOOM_TYPE_F32)
         memcpy(out, f, sizeof(float) * (size_t)n);
@@ -282,6 +288,11 @@ static bool oc_run_one(const char *label, oc_build_fn build, int v, uint64_t see
         loom_ctx_free(c.ctx);
         return false;
     }
+    /* the GPU's leaves count as weights, so MUL_MATs of 16-bit and block weights with more
+     * than 8 columns take the tensor cores (converted per call: the graph writes into that
+     * buffer too, so the weight cache stays out; tensor_core_weight_cache_follows_writes
+     * checks the cache) */
+    if (buft != loom_cpu_buffer_type()) loom_buffer_set_usage(buf, LOOM_BUFFER_USAGE_WEIGHTS);
     uint64_t rng = seed;
     for (int i = 0; i < c.n_leafs; i++) {
         const size_t size = loom_nbytes(c.leafs[i].t);
@@ -797,6 +808,65 @@ OC_TEST(attention) {
         oc_check(env, "flash_attn_ext (NaN sink)", build_flash_nan_sink, v, (oc_tol){1e-4, 1e-5});
 }
 
+/* Flash-decoding and the causal tile skip (issue 25): decode rows over long KV caches,
+ * whose few blocks (one per KV head) the kernel splits across the KV length and combines,
+ * and causal prefill, whose blocks skip the key tiles past their last query. v: 0 decode,
+ * D 64, 32 heads over 8 KV heads, 2048 keys, F32; 1 D 128, 1500 keys (a partial last tile),
+ * F16 with a random mask and sinks; 2 D 256 (beyond 48 KiB of shared memory), 2 queries of 4
+ * heads over 1 KV head, 700 keys, causal after 698, softcap and ALiBi; 3 D 80, Dv 64, 4096
+ * keys, 2 sequences, F16 and a random mask; 4 causal prefill of 200 queries over their 200
+ * keys (no split: short KV); 5 64 queries after 960 cached keys, causal (split and
+ * skipped tiles together), sinks. */
+static void build_flash_split(oc_case *c, int v) {
+    static const int64_t shp[6][8] = {
+        /* D, Dv, Nkv, Nq, H, Hk, S, mask: 0 none, 1 random, 2 causal */
+        {64, 64, 2048, 1, 32, 8, 1, 0}, {128, 128, 1500, 1, 8, 8, 1, 1},
+        {256, 256, 700, 2, 4, 1, 1, 2}, {80, 64, 4096, 1, 16, 2, 2, 1},
+        {64, 64, 200, 200, 4, 2, 1, 2}, {64, 64, 1024, 64, 8, 8, 1, 2},
+    };
+    const int64_t *p = shp[v];
+    const int64_t D = p[0], Dv = p[1], Nkv = p[2], Nq = p[3], H = p[4], Hk = p[5], S = p[6];
+    const loom_type kv = v == 1 || v == 3 ? LOOM_TYPE_F16 : LOOM_TYPE_F32;
+    loom_tensor *q = oc_src(c, LOOM_TYPE_F32, D, Nq, H, S, L_CONTIG);
+    loom_tensor *k = oc_src(c, kv, D, Nkv, Hk, S, v == 3 ? L_PADDED : L_CONTIG);
+    loom_tensor *vv = oc_src(c, kv, Dv, Nkv, Hk, S, L_CONTIG);
+    loom_tensor *mask = NULL, *sinks = NULL;
+    if (p[7]) {
+        mask =
+            oc_src(c, kv == LOOM_TYPE_F16 ? LOOM_TYPE_F16 : LOOM_TYPE_F32, Nkv, Nq, 1, 1, L_CONTIG);
+        if (p[7] == 1)
+            oc_fill(c, mask, F_MASK, -1, 0.5);
+        else
+            oc_fill(c, mask, F_CAUSAL, 0, (double)(Nkv - Nq));
+    }
+    if (v == 1 || v == 5) {
+        sinks = oc_src(c, LOOM_TYPE_F32, H, 1, 1, 1, L_CONTIG);
+        oc_fill(c, sinks, F_UNIFORM, -1, 2);
+    }
+    oc_out(c, loom_flash_attn_ext(c->ctx, q, k, vv, mask, sinks, 1.0f / sqrtf((float)D),
+                                  v == 2 ? 4.0f : 0.0f, v == 2 ? 20.0f : 0.0f));
+}
+
+/* Which cases of build_flash_split the launcher splits (kernels-math.h). */
+static bool flash_split_expected(int v) {
+    return v != 4;
+}
+
+OC_TEST(flash_decoding_and_causal_skip) {
+    loom_cuda_backend_stats st0, st1;
+    loom_cuda_backend_get_stats(env->gpu, &st0);
+    int splits = 0;
+    for (int v = 0; v < 6; v++) {
+        oc_check(env, "flash_attn_ext (split KV / causal skip)", build_flash_split, v,
+                 (oc_tol){1e-4, 1e-5});
+        splits += flash_split_expected(v);
+    }
+    loom_cuda_backend_get_stats(env->gpu, &st1);
+    LOOM_CHECK_MSG(st1.fa_split_launches - st0.fa_split_launches == (uint64_t)splits,
+                   "%llu split launches, expected %d",
+                   (unsigned long long)(st1.fa_split_launches - st0.fa_split_launches), splits);
+}
+
 /* ---------------------------------------------------------------- rows, concat */
 
 static const loom_type k_row_types[] = {LOOM_TYPE_F32,  LOOM_TYPE_F16,  LOOM_TYPE_BF16,
@@ -949,12 +1019,31 @@ static void build_mul_mat_strided(oc_case *c, int v) {
     oc_out(c, r);
 }
 
+/* Products through the tensor cores (issue 25: cuBLAS with BF16 inputs and FP32
+ * accumulation, for weights of a 16-bit or block type and more than 8 columns of b): each
+ * product carries the rounding of both inputs to BF16 (at most 2^-9 of each, relative), so
+ * |gpu - exact| <= 2^-8 sum_k |a_k b_k| plus the FP32 sums. rtol 4e-3 (> 2^-8) holds that
+ * bound whenever the products share a sign (sum |a b| = |sum a b|); for products of mixed
+ * signs the error is a sum of independent roundings, about 5e-4 of the output's largest
+ * |value| (one standard deviation, uniform inputs), so atol 4e-3 of it is 8 deviations.
+ * Block types keep their 2e-2 (the CPU's Q8_0 activations, larger than the BF16 error). */
+static const oc_tol TOL_TC = {4e-3, 4e-3};
+static const oc_tol TOL_TC_QUANT = {4e-3, 2e-2};
+
+/* The tolerance of a MUL_MAT of weights t with N columns of b on the default path. */
+static oc_tol mm_tol(loom_type t, int64_t N) {
+    const bool tc = N > 8 && t != LOOM_TYPE_F32;
+    if (is_quant(t)) return tc ? TOL_TC_QUANT : (oc_tol){1e-3, 2e-2};
+    return tc ? TOL_TC : (oc_tol){1e-5, 1e-5};
+}
+
 OC_TEST(matmul) {
     for (int v = 0; v < 5 * N_MM_SHAPES; v++) {
         const loom_type t = k_mm_types[v / N_MM_SHAPES];
         /* float: K products summed in another order (~u sqrt(K) of the output scale);
-         * quantised: the CPU's Q8_0 activations (up to 1/254 of each |b| block maximum) */
-        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+         * quantised: the CPU's Q8_0 activations (up to 1/254 of each |b| block maximum);
+         * more than 8 columns of 16-bit or block weights: the tensor cores (TOL_TC) */
+        const oc_tol tol = mm_tol(t, k_mm_shapes[v % N_MM_SHAPES].N);
         char label[64];
         snprintf(label, sizeof label, "mul_mat %s", loom_type_name(t));
         oc_check(env, label, build_mul_mat, v, tol);
@@ -971,7 +1060,7 @@ OC_TEST(matmul) {
                  v == 1 ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5});
     for (int v = 0; v < 5 * 4; v++) {
         const loom_type t = k_mm_types[v / 4];
-        const oc_tol tol = is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5};
+        const oc_tol tol = mm_tol(t, 12);
         char label[64];
         snprintf(label, sizeof label, "mul_mat %s, strided result", loom_type_name(t));
         oc_check(env, label, build_mul_mat_strided, v, tol);
@@ -979,7 +1068,8 @@ OC_TEST(matmul) {
 }
 
 /* Weights converted in panels of rows (m0 > 0, a last partial panel): a backend whose
- * conversion budget (LOOM_CUDA_PANEL_BYTES) holds 16 rows of K = 64, against the CPU. */
+ * conversion budget (LOOM_CUDA_PANEL_BYTES) holds 16 rows of K = 64, against the CPU. The
+ * weights' BF16 copy does not fit that budget either, so these stay exact F32 SGEMMs. */
 OC_TEST(matmul_panels) {
     setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
     loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
@@ -1002,6 +1092,137 @@ OC_TEST(matmul_panels) {
                    (unsigned long long)st.cublas_calls);
     env->gpu = keep;
     loom_backend_free(small);
+}
+
+/* LOOM_CUDA_LEGACY_KERNELS=1 (issue 25): the earlier kernels (one matvec and one
+ * MUL_MAT_ID kernel for every type, no KV split, no tile skip, F32 SGEMM only) stay
+ * selectable for a GPU window to compare, and still match the CPU as before. */
+OC_TEST(legacy_kernels_selectable) {
+    setenv("LOOM_CUDA_LEGACY_KERNELS", "1", 1);
+    loom_backend_t legacy = loom_dev_init(loom_backend_device(env->gpu), NULL);
+    unsetenv("LOOM_CUDA_LEGACY_KERNELS");
+    LOOM_REQUIRE(legacy != NULL);
+    loom_backend_t keep = env->gpu;
+    env->gpu = legacy;
+    char label[64];
+    for (int v = 0; v < 5 * N_MM_SHAPES; v++) {
+        const loom_type t = k_mm_types[v / N_MM_SHAPES];
+        snprintf(label, sizeof label, "legacy mul_mat %s", loom_type_name(t));
+        oc_check(env, label, build_mul_mat, v,
+                 is_quant(t) ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5});
+    }
+    for (int v = 0; v < 6; v++)
+        oc_check(env, "legacy mul_mat_id", build_mul_mat_id_routed, v,
+                 v == 1 ? (oc_tol){1e-3, 2e-2} : (oc_tol){1e-5, 1e-5});
+    for (int v = 0; v < 6; v++)
+        oc_check(env, "legacy flash_attn_ext", build_flash_split, v, (oc_tol){1e-4, 1e-5});
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(legacy, &st);
+    LOOM_CHECK_EQ_INT((int64_t)st.tc_gemms, 0);
+    LOOM_CHECK_EQ_INT((int64_t)st.fa_split_launches, 0);
+    env->gpu = keep;
+    loom_backend_free(legacy);
+}
+
+/* The BF16 weight cache of the tensor-core path (issue 25): W [K, M] in its own buffer
+ * marked LOOM_BUFFER_USAGE_WEIGHTS, x [K, N], and a graph of 4 nodes (y = W x twice, 2 y +
+ * y), so the CUDA backend runs it eagerly, captures it, then replays it. W is converted to
+ * BF16 once; rewriting W (loom_tensor_set) must reach the next compute, a replay, whose
+ * captured GEMMs read the cache: the results follow the CPU before and after. */
+#define WC_RUNS 5
+static bool wc_run(loom_backend_t be, loom_buft_t buft, loom_type t, double out[WC_RUNS][4]) {
+    const int64_t K = 256, M = 40, N = 24;
+    loom_ctx_params p = {.mem_size = 16 * loom_tensor_overhead() + loom_graph_overhead(16),
+                         .no_alloc = true};
+    loom_ctx *cw = loom_ctx_new(p), *cx = loom_ctx_new(p);
+    LOOM_ASSERT(cw && cx);
+    loom_tensor *w = loom_new_tensor_2d(cw, t, K, M);
+    loom_tensor *x = loom_new_tensor_2d(cx, LOOM_TYPE_F32, K, N);
+    loom_tensor *y1 = loom_mul_mat(cx, w, x), *y2 = loom_mul_mat(cx, w, x);
+    loom_tensor *r = loom_add(cx, loom_scale(cx, y1, 2.0f), y2);
+    loom_graph *g = loom_graph_new(cx, 16);
+    LOOM_ASSERT(r && g && loom_graph_build_forward(g, r) == LOOM_OK);
+    loom_buffer_t bw = loom_alloc_ctx_tensors(cw, buft), bx = loom_alloc_ctx_tensors(cx, buft);
+    LOOM_ASSERT(bw && bx);
+    loom_buffer_set_usage(bw, LOOM_BUFFER_USAGE_WEIGHTS);
+    const loom_type_traits *tr = loom_type_traits_get((int)t);
+    float *f = malloc(sizeof(float) * (size_t)(K * M));
+    char *bytes = malloc(loom_nbytes(w));
+    float *y = malloc(sizeof(float) * (size_t)(M * N));
+    LOOM_ASSERT(f && bytes && y);
+    uint64_t rng = 0x5eedull;
+    bool ok = true;
+    for (int run = 0; run < WC_RUNS && ok; run++) {
+        if (run == 0 || run == 3) { /* new weights before the first and the fourth compute */
+            for (int64_t i = 0; i < K * M; i++)
+                f[i] = (float)gpu_randf(&rng, -1, 1);
+            if (t == LOOM_TYPE_F32)
+                memcpy(bytes, f, sizeof(float) * (size_t)(K * M));
+            else
+                tr->from_float(f, bytes, K * M);
+            loom_tensor_set(w, bytes, 0, loom_nbytes(w));
+        }
+        if (run == 0 || run == 4) { /* new activations: the first and the last compute */
+            for (int64_t i = 0; i < K * N; i++)
+                f[i] = (float)gpu_randf(&rng, -1, 1);
+            loom_tensor_set(x, f, 0, sizeof(float) * (size_t)(K * N));
+        }
+        ok = loom_backend_graph_compute(be, g) == LOOM_OK;
+        LOOM_CHECK_MSG(ok, "%s compute %d: %s", loom_backend_name(be), run, loom_last_error());
+        if (!ok) break;
+        loom_tensor_get(r, y, 0, sizeof(float) * (size_t)(M * N));
+        for (int k = 0; k < 3; k++) /* three outputs spread over the result, and the sum */
+            out[run][k] = y[(k * 997) % (M * N)];
+        double sum = 0;
+        for (int64_t i = 0; i < M * N; i++)
+            sum += y[i];
+        out[run][3] = sum;
+    }
+    free(f);
+    free(bytes);
+    free(y);
+    loom_buffer_free(bw);
+    loom_buffer_free(bx);
+    loom_ctx_free(cw);
+    loom_ctx_free(cx);
+    return ok;
+}
+
+OC_TEST(tensor_core_weight_cache_follows_writes) {
+    static const loom_type types[] = {LOOM_TYPE_F16,  LOOM_TYPE_BF16, LOOM_TYPE_Q8_0,
+                                      LOOM_TYPE_Q4_0, LOOM_TYPE_Q4_K, LOOM_TYPE_Q6_K};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const loom_type t = types[i];
+        loom_cuda_backend_stats s0, s1;
+        loom_cuda_backend_get_stats(env->gpu, &s0);
+        double want[WC_RUNS][4], got[WC_RUNS][4];
+        if (!wc_run(env->cpu, loom_cpu_buffer_type(), t, want)) continue;
+        if (!wc_run(env->gpu, env->gpu_buft, t, got)) continue;
+        loom_cuda_backend_get_stats(env->gpu, &s1);
+        const oc_tol tol = mm_tol(t, 24);
+        for (int run = 0; run < WC_RUNS; run++) {
+            for (int k = 0; k < 4; k++) {
+                /* an output of 3 W x is about 16 (one standard deviation), so 50 is about
+                 * the largest (the scale oc_check takes); the sum of the 960 outputs adds
+                 * their independent errors: sqrt(960) times that scale */
+                const double scale = k == 3 ? 50.0 * 31.0 : 50.0;
+                LOOM_CHECK_MSG(fabs(got[run][k] - want[run][k]) <=
+                                   tol.atol * scale + tol.rtol * fabs(want[run][k]),
+                               "%s, compute %d, value %d: cuda %.9g, cpu %.9g", loom_type_name(t),
+                               run, k, got[run][k], want[run][k]);
+            }
+        }
+        /* converted at the first compute and again after the rewrite; read by every
+         * matmul launched (eagerly or into the capture) */
+        LOOM_CHECK_MSG(s1.wcache_fills - s0.wcache_fills == 2, "%s: %llu conversions",
+                       loom_type_name(t), (unsigned long long)(s1.wcache_fills - s0.wcache_fills));
+        LOOM_CHECK(s1.wcache_hits - s0.wcache_hits >= 2);
+        LOOM_CHECK(s1.tc_gemms > s0.tc_gemms);
+        const char *graphs = getenv("LOOM_CUDA_GRAPHS");
+        if (!(graphs && strcmp(graphs, "0") == 0)) /* computes 2-5 launched the capture */
+            LOOM_CHECK_MSG(s1.graph_launches - s0.graph_launches >= 3, "%llu replays",
+                           (unsigned long long)(s1.graph_launches - s0.graph_launches));
+    }
 }
 
 /* ---------------------------------------------------------------- issue 10: block types */
@@ -1157,41 +1378,62 @@ OC_TEST(block_types_dequantize_exact) {
     }
 }
 
-/* The dequantise-once kernel (MUL_MAT's cuBLAS path) against the element decoder, which
- * block_types_dequantize_exact holds to the CPU's reference bit for bit: whole weights, and
- * in panels of rows (a conversion budget of 4 KiB: one row of K = 768 per panel, m0 > 0). */
+/* The dequantise-once kernel (MUL_MAT's F32 cuBLAS path) against the element decoder, which
+ * block_types_dequantize_exact holds to the CPU's reference bit for bit: whole weights and
+ * in panels of rows (a conversion budget of 4 KiB: one row of K = 768 per panel, m0 > 0),
+ * on backends with LOOM_CUDA_LEGACY_KERNELS=1, whose cuBLAS products are all F32. On
+ * the default backend the product goes to the tensor cores, whose BF16 inputs hold a
+ * rounded to BF16 (and the identity exactly): a x I is then bf16(a) bit for bit, which
+ * checks the BF16 conversion and the GEMM's operand layout exactly. */
 OC_TEST(block_types_dequantize_once_exact) {
+    setenv("LOOM_CUDA_LEGACY_KERNELS", "1", 1);
+    loom_backend_t legacy = loom_dev_init(loom_backend_device(env->gpu), NULL);
     setenv("LOOM_CUDA_PANEL_BYTES", "4096", 1);
     loom_backend_t small = loom_dev_init(loom_backend_device(env->gpu), NULL);
     unsetenv("LOOM_CUDA_PANEL_BYTES");
-    LOOM_REQUIRE(small != NULL);
-    for (int v = 0; v < 2 * N_QTYPES; v++) {
+    unsetenv("LOOM_CUDA_LEGACY_KERNELS");
+    LOOM_REQUIRE(small != NULL && legacy != NULL);
+    for (int v = 0; v < 3 * N_QTYPES; v++) {
         const loom_type t = k_qtypes[v % N_QTYPES];
+        const int path = v / N_QTYPES; /* 0 whole F32, 1 F32 panels, 2 tensor cores */
+        loom_backend_t be = path == 0 ? legacy : path == 1 ? small : env->gpu;
         oc_result r;
         if (!oc_run_one("dequantize once", build_qdequant_once, v % N_QTYPES, 0x51ull + (uint64_t)v,
-                        v < N_QTYPES ? env->gpu : small, env->gpu_buft, &r))
+                        be, env->gpu_buft, &r))
             continue;
         const int64_t K = q_k3(t), M = 13;
         int64_t bad = 0;
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t k = 0; k < K; k++)
-                if (r.v[1][m + M * k] != r.v[0][k + K * m] && bad++ == 0)
+        for (int64_t m = 0; m < M; m++) {
+            for (int64_t k = 0; k < K; k++) {
+                double want = r.v[0][k + K * m];
+                if (path == 2) want = loom_bf16_to_fp32(loom_fp32_to_bf16((float)want));
+                if (r.v[1][m + M * k] != want && bad++ == 0)
                     loom_test_fail(__FILE__, __LINE__,
-                                   "%s: a x I at (%lld, %lld) is %.9g, a is %.9g",
-                                   loom_type_name(t), (long long)m, (long long)k, r.v[1][m + M * k],
-                                   r.v[0][k + K * m]);
+                                   "%s (path %d): a x I at (%lld, %lld) is %.9g, want %.9g",
+                                   loom_type_name(t), path, (long long)m, (long long)k,
+                                   r.v[1][m + M * k], want);
+            }
+        }
         env->cases++;
         env->compared += (int)(K * M);
         oc_result_free(&r);
     }
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(env->gpu, &st);
+    LOOM_CHECK_MSG(st.tc_gemms >= (uint64_t)N_QTYPES, "%llu tensor-core GEMMs",
+                   (unsigned long long)st.tc_gemms);
+    loom_cuda_backend_get_stats(legacy, &st);
+    LOOM_CHECK_EQ_INT((int64_t)st.tc_gemms, 0);
     loom_backend_free(small);
+    loom_backend_free(legacy);
 }
 
 OC_TEST(block_types_matmul) {
     char label[64];
     for (int v = 0; v < N_QTYPES * N_QMM_SHAPES; v++) {
         snprintf(label, sizeof label, "mul_mat %s", loom_type_name(k_qtypes[v / N_QMM_SHAPES]));
-        oc_check(env, label, build_qmul_mat, v, TOL_QMM);
+        oc_check(env, label, build_qmul_mat, v,
+                 mm_tol(k_qtypes[v / N_QMM_SHAPES], k_qmm_shapes[v % N_QMM_SHAPES].N));
     }
     for (int v = 0; v < N_QTYPES * 2; v++) {
         snprintf(label, sizeof label, "mul_mat_id %s", loom_type_name(k_qtypes[v / 2]));

@@ -1189,6 +1189,56 @@ LOOM_TEST(cuda, meta_model_q4_0_on_virtual_devices) {
     check_model(dev, &p, 5e-2);
 }
 
+/* Issue 25: a prefill of 40 tokens, whose weight products (more than 8 columns) run on the
+ * tensor cores over weights converted to BF16 once (the model's weights buffer), then two
+ * decode steps, against the CPU. tol: F16 weights 2e-2 of the logit scale (each product's
+ * inputs rounded to BF16, 2^-9 relative each, through every layer: several times the 4e-3
+ * of one product in cuda_ops' TOL_TC); Q4_0 5e-2 as the other block-type models. */
+static void check_prefill_tc(loom_dev_t dev, loom_type wtype, double tol) {
+    loom_synth_params sp = small_model();
+    sp.wtype = wtype;
+    loom_gguf_writer *w = NULL;
+    LOOM_REQUIRE(loom_model_synth(&sp, &w) == LOOM_OK);
+    void *data;
+    size_t size;
+    LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+    loom_gguf *g = NULL;
+    LOOM_REQUIRE(loom_gguf_open_memory(data, size, &g) == LOOM_OK);
+    int32_t ids[42];
+    for (int i = 0; i < 42; i++)
+        ids[i] = (int32_t)((i * 37 + 11) % 320);
+    loom_backend_t cpu = loom_cpu_backend_new(2), be = loom_dev_init(dev, NULL);
+    LOOM_REQUIRE(cpu && be);
+    int64_t V = 0;
+    float *want = run_ids(g, NULL, cpu, ids, 40, 2, &V);
+    float *got = want ? run_ids(g, loom_dev_buffer_type(dev), be, ids, 40, 2, &V) : NULL;
+    char what[96];
+    snprintf(what, sizeof what, "%s prefill of 40 tokens on the tensor cores",
+             loom_type_name(wtype));
+    if (got) compare_logits(want, got, 3 * V, tol, what);
+    loom_cuda_backend_stats st;
+    loom_cuda_backend_get_stats(be, &st);
+    fprintf(stderr, "%s: %llu tensor-core GEMMs, %llu weights cached, %llu cache reads\n", what,
+            (unsigned long long)st.tc_gemms, (unsigned long long)st.wcache_fills,
+            (unsigned long long)st.wcache_hits);
+    LOOM_CHECK(st.tc_gemms > 0);
+    LOOM_CHECK(st.wcache_fills > 0);
+    LOOM_CHECK(st.wcache_hits >= st.wcache_fills);
+    free(want);
+    free(got);
+    loom_backend_free(be);
+    loom_backend_free(cpu);
+    loom_gguf_free(g);
+    loom_free(data);
+    loom_gguf_writer_free(w);
+}
+
+LOOM_TEST(cuda, model_prefill_tensor_cores_vs_cpu) {
+    GPU_DEVICE_OR_SKIP(dev);
+    check_prefill_tc(dev, LOOM_TYPE_F16, 2e-2);
+    check_prefill_tc(dev, LOOM_TYPE_Q4_0, 5e-2);
+}
+
 /* Issue 10: block-granular splits. n_embd 256 is one Q4_K block and n_ff 512 two, so the
  * row-parallel (split-K) ffn_down splits in whole 256-blocks: evenly over 2 loom devices,
  * unevenly over 3, and over 4 some devices hold empty slices (K = 0); attn_output's single

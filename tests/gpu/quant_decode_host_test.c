@@ -159,3 +159,28 @@ LOOM_TEST(cuda_quant_host, kv_quantisers_bit_identical_to_reference) {
                        loom_type_name(kv[i]), bad, N_VALS / 32);
     }
 }
+
+/* The per-type matvec kernels (kernels-mm.cu, issue 25) read value k of a weight row as
+ * cu_qval(T, row + blk * nb0, e) with (blk, e) = loom__cu_mmv_pos(k, qk): that walk, value
+ * by value over a row of every block type, is the reference's dequantised row. */
+LOOM_TEST(cuda_quant_host, matvec_walk_reads_every_value_as_reference) {
+    static char blocks[N_VALS / 32 * 64];
+    static float x[N_VALS], want[N_VALS], got[N_VALS];
+    for (int i = 0; i < N_TYPES; i++) {
+        const loom_type_traits *tr = loom_type_traits_get((int)k_types[i].t);
+        values(x, 0x51ed27ull + (uint64_t)i);
+        tr->from_float(x, blocks, N_VALS);
+        tr->to_float(blocks, want, N_VALS);
+        const int qk = cu_qk(k_types[i].cu);
+        for (int64_t k = 0; k < N_VALS; k++) {
+            int64_t blk;
+            int e;
+            loom__cu_mmv_pos(k, qk, &blk, &e);
+            LOOM_REQUIRE(blk * qk + e == k && e >= 0 && e < qk);
+            got[k] = cu_qval(k_types[i].cu, blocks + blk * (int64_t)tr->type_size, e);
+        }
+        const int bad = count_diff(got, want, N_VALS);
+        LOOM_CHECK_MSG(bad == 0, "%s: the matvec walk differs from the reference in %d of %d",
+                       loom_type_name(k_types[i].t), bad, N_VALS);
+    }
+}

@@ -378,10 +378,11 @@ fi
 # (every kernel of the test is instrumented), in this order of priority:
 san_targets=(
     cuda_ops.attention            # k_flash_attn, k_flash_attn_tiled, k_soft_max
+    cuda_ops.flash_decoding_and_causal_skip # k_flash_attn_tiled split + skip, k_flash_attn_combine
     cuda_ops.rows_and_sorting     # k_argsort_chunk, k_argsort_merge(_nan), k_norm, k_reduce_rows, k_argmax
-    cuda_ops.block_types_matmul   # k_mul_mat_vec over the block types
+    cuda_ops.block_types_matmul   # k_mmv<T> over the block types, k_weights_to_bf16<T>
     cuda_ops.rows_set_rows_concat # k_set_rows (quantising), k_get_rows, k_concat
-    cuda_ops.matmul               # k_mul_mat_vec, k_mul_mat_id(_bucket), k_weights_to_f32
+    cuda_ops.matmul               # k_mmv<T>, k_mmid<T>, k_mul_mat_id_bucket, k_weights_to_f32
 )
 san=""
 if [ "$have_gpu" = 1 ] && [ "${NO_SANITIZER:-0}" != 1 ]; then
