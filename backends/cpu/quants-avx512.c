@@ -16,6 +16,7 @@
  * float scaling per block is the same, summed in another order.
  */
 #include "backends/cpu/quants-dot.h"
+#include "backends/cpu/repack.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -427,6 +428,110 @@ LG_DEF(q5_1, LG_Q5_1)
 LG_DEF(iq4_nl, LG_IQ4_NL)
 LG_DEF(mxfp4, LG_MXFP4)
 
+/* ---------------------------------------------------------------- repacked rows (repack.h) */
+
+/* The 16 floats of v summed per 128-bit lane: lane l's four -> out[l] */
+I512 void sum_lanes4(__m512 v, float *out) {
+    float t[16];
+    _mm512_storeu_ps(t, v);
+    for (int l = 0; l < 4; l++)
+        out[l] = (t[4 * l] + t[4 * l + 1]) + (t[4 * l + 2] + t[4 * l + 3]);
+}
+
+/* IQ4_NL, 4 rows: per block 8 bytes of fp16 d, then 4 x 16 nibble bytes, one zmm (128-bit
+ * lane l: row l); low nibbles are elements 0-15 against the activations' first 16 bytes
+ * (broadcast to every lane), high nibbles 16-31 against the next 16. Grid + 128 unsigned
+ * with vpdpbusd, minus 128 x the activations' sum (the same for all rows, one pair of
+ * vpdpbusd per block for the 4 rows). */
+T512 static void dot4_iq4_nl(int64_t n, const void *vx, const void *vy, float *out) {
+    const uint8_t *x = vx;
+    const loom_block_q8_0 *y = vy;
+    const __m512i tab =
+        _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)loom_iq4nl_values)),
+                        _mm512_set1_epi8((char)0x80));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), c128 = _mm512_set1_epi8((char)0x80);
+    const __m512i sidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const int64_t nblk = n / 32;
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *xb = x + b * 72;
+        loom__cpu_prefetch_ahead(xb, 72);
+        const __m512i q = _mm512_loadu_si512(xb + 8);
+        const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, m4));
+        const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[b].qs));
+        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].qs + 16)));
+        const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo),
+                                               hi, yhi);
+        const __m512i cr = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, ylo),
+                                               c128, yhi);
+        const __m128 dx = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb));
+        const __m512 sc = _mm512_permutexvar_ps(
+            sidx, _mm512_castps128_ps512(_mm_mul_ps(dx, _mm_set1_ps(H(y[b].d)))));
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(dp, cr));
+        if (b & 1)
+            acc1 = _mm512_fmadd_ps(v, sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(v, sc, acc0);
+    }
+    sum_lanes4(_mm512_add_ps(acc0, acc1), out);
+}
+
+/* Q4_K, 4 rows: the 4 rows' 144-byte blocks of each super-block one after another; the
+ * activations' 4 zmm and bsums loaded once per super-block for the 4 rows, each row as
+ * k45_dot. */
+T512 static void dot4_q4_K(int64_t n, const void *vx, const void *vy, float *out) {
+    const loom_block_q4_K *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i base = _mm512_loadu_si512(k_sub32);
+    __m512i idx[4];
+    for (int c = 0; c < 4; c++)
+        idx[c] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
+    __m512 acc[4];
+    __m128 accm[4];
+    for (int l = 0; l < 4; l++) {
+        acc[l] = _mm512_setzero_ps();
+        accm[l] = _mm_setzero_ps();
+    }
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const loom_block_q4_K *xb = x + 4 * b;
+        loom__cpu_prefetch_ahead(xb, 4 * (int)sizeof *xb);
+        __m512i yv[4];
+        for (int c = 0; c < 4; c++)
+            yv[c] = _mm512_loadu_si512(y[b].qs + 64 * c);
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[b].bsums),
+                                          _mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
+        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {
+            const __m128i scm = k4_scales(xb + l);
+            const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
+            __m512i sumi = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+                const __m512i u =
+                    _mm512_and_si512(_mm512_srlv_epi64(bcast256(xb[l].qs + 32 * c), nsh), m4);
+                const __m512i p = _mm512_maddubs_epi16(u, yv[c]);
+                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[c], scz));
+            }
+            const __m128i mins = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
+            acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(xb[l].d)), _mm512_cvtepi32_ps(sumi),
+                                     acc[l]);
+            accm[l] = _mm_fmadd_ps(_mm_set1_ps(y[b].d * H(xb[l].dmin)), _mm_cvtepi32_ps(mins),
+                                   accm[l]);
+        }
+    }
+    for (int l = 0; l < 4; l++) {
+        __m128 m = _mm_add_ps(accm[l], _mm_movehl_ps(accm[l], accm[l]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[l] = _mm512_reduce_add_ps(acc[l]) - _mm_cvtss_f32(m);
+    }
+}
+
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K) {
+    *iq4_nl = dot4_iq4_nl;
+    *q4_K = dot4_q4_K;
+}
+
 void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     lg_tail[LG_Q4_1] = s->q4_1;
     lg_tail[LG_Q5_0] = s->q5_0;
@@ -448,5 +553,10 @@ void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
 #else
 void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     (void)s;
+}
+
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K) {
+    *iq4_nl = NULL;
+    *q4_K = NULL;
 }
 #endif

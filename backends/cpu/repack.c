@@ -1,0 +1,196 @@
+/*
+ * Repacked matmul weights (repack.h): the copies, their registry and the readers of the
+ * layout. One process-wide list under a mutex; it is walked only before a run (once per
+ * MUL_MAT of a repackable type) and by the buffer hooks, never by the kernels, which read
+ * the record the pre-pass stored in src0->extra.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backends/cpu/repack.h"
+
+static pthread_mutex_t rp_mu = PTHREAD_MUTEX_INITIALIZER;
+static loom__cpu_repack *rp_list;
+
+static bool rp_type(loom_type t) {
+    return t == LOOM_TYPE_IQ4_NL || t == LOOM_TYPE_Q4_K;
+}
+
+static bool rp_enabled(void) {
+    const char *e = getenv("LOOM_CPU_REPACK");
+    return !(e && e[0] == '0');
+}
+
+static size_t rp_bytes(const loom__cpu_repack *rp) {
+    return (size_t)rp->rows * rp->row_bytes;
+}
+
+/* a can be repacked on this table (the copy itself may already exist). */
+static bool rp_eligible(const loom_tensor *a, const loom__cpu_simd *simd) {
+    return rp_type(a->type) && loom__cpu_qdot4_get(a->type, simd) && a->buffer && a->data &&
+           !a->view_src && loom__cpu_buffer_is_caller(a->buffer) &&
+           loom_buffer_get_usage(a->buffer) == LOOM_BUFFER_USAGE_WEIGHTS && a->ne[2] == 1 &&
+           a->ne[3] == 1 && a->ne[1] >= LOOM__RP_ROWS && loom_is_contiguous(a) &&
+           a->ne[0] % loom_blck_size(a->type) == 0;
+}
+
+static bool rp_matches(const loom__cpu_repack *rp, const loom_tensor *a) {
+    return rp->orig == a->data && rp->buffer == a->buffer && rp->type == a->type &&
+           rp->K == a->ne[0] && rp->rows == a->ne[1];
+}
+
+/* Block b of group row l (0..3) of group g in the copy, from the original block `src`. */
+static void rp_put(loom__cpu_repack *rp, int64_t g, int64_t b, int l, const char *src) {
+    char *gb = rp->data + (size_t)g * LOOM__RP_ROWS * rp->row_bytes +
+               (size_t)b * LOOM__RP_ROWS * rp->blk_bytes;
+    if (rp->type == LOOM_TYPE_IQ4_NL) {
+        memcpy(gb + 2 * l, src, 2);
+        memcpy(gb + 2 * LOOM__RP_ROWS + 16 * l, src + 2, 16);
+    } else {
+        memcpy(gb + (size_t)l * rp->blk_bytes, src, rp->blk_bytes);
+    }
+}
+
+void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
+                           void *out) {
+    char *o = out;
+    if (r >= rp->groups * LOOM__RP_ROWS) {
+        memcpy(o, rp->data + (size_t)r * rp->row_bytes + (size_t)b0 * rp->blk_bytes,
+               (size_t)nb * rp->blk_bytes);
+        return;
+    }
+    const int l = (int)(r % LOOM__RP_ROWS);
+    const char *g = loom__cpu_repack_group(rp, r / LOOM__RP_ROWS);
+    for (int64_t b = b0; b < b0 + nb; b++, o += rp->blk_bytes) {
+        const char *gb = g + (size_t)b * LOOM__RP_ROWS * rp->blk_bytes;
+        if (rp->type == LOOM_TYPE_IQ4_NL) {
+            memcpy(o, gb + 2 * l, 2);
+            memcpy(o + 2, gb + 2 * LOOM__RP_ROWS + 16 * l, 16);
+        } else {
+            memcpy(o, gb + (size_t)l * rp->blk_bytes, rp->blk_bytes);
+        }
+    }
+}
+
+/* The pages wholly inside the original are advised out: it is read again only by the
+ * readers that do not use the copy. */
+static void rp_release(const void *p, size_t n) {
+#ifdef MADV_PAGEOUT
+    long ps = sysconf(_SC_PAGESIZE);
+    const size_t pg = ps > 0 ? (size_t)ps : 4096;
+    uintptr_t lo = ((uintptr_t)p + pg - 1) & ~(uintptr_t)(pg - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(uintptr_t)(pg - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_PAGEOUT);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+static loom__cpu_repack *rp_make(const loom_tensor *a) {
+    loom__cpu_repack *rp = loom_calloc(1, sizeof *rp);
+    if (!rp) return NULL;
+    rp->orig = a->data;
+    rp->buffer = a->buffer;
+    rp->type = a->type;
+    rp->K = a->ne[0];
+    rp->rows = a->ne[1];
+    rp->groups = a->ne[1] / LOOM__RP_ROWS;
+    rp->row_bytes = a->nb[1];
+    rp->blk_bytes = loom_type_size(a->type);
+    rp->data = loom_aligned_alloc(64, (rp_bytes(rp) + 63) & ~(size_t)63);
+    if (!rp->data) {
+        loom_free(rp);
+        return NULL;
+    }
+    const int64_t nblk = rp->K / loom_blck_size(rp->type);
+    const char *src = a->data;
+    for (int64_t g = 0; g < rp->groups; g++)
+        for (int l = 0; l < LOOM__RP_ROWS; l++) {
+            const char *row = src + (size_t)(g * LOOM__RP_ROWS + l) * rp->row_bytes;
+            for (int64_t b = 0; b < nblk; b++)
+                rp_put(rp, g, b, l, row + (size_t)b * rp->blk_bytes);
+        }
+    const size_t tail = (size_t)rp->groups * LOOM__RP_ROWS * rp->row_bytes;
+    memcpy(rp->data + tail, src + tail, rp_bytes(rp) - tail);
+    rp_release(a->data, rp_bytes(rp));
+    return rp;
+}
+
+void loom__cpu_repack_graph(const loom_graph *g, const loom__cpu_simd *simd) {
+    bool locked = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const loom_tensor *t = g->nodes[i];
+        if (t->op != LOOM_OP_MUL_MAT || !t->src[0] || !rp_type(t->src[0]->type)) continue;
+        loom_tensor *a = t->src[0];
+        if (!a->buffer || !loom__cpu_buffer_is_caller(a->buffer)) continue; /* extra not ours */
+        if (!locked) {
+            pthread_mutex_lock(&rp_mu);
+            locked = true;
+        }
+        loom__cpu_repack *found = NULL;
+        if (rp_eligible(a, simd) && rp_enabled()) {
+            for (loom__cpu_repack *rp = rp_list; rp && !found; rp = rp->next)
+                if (rp_matches(rp, a)) found = rp;
+            if (!found && (found = rp_make(a))) {
+                found->next = rp_list;
+                rp_list = found;
+            }
+        }
+        __atomic_store_n(&a->extra, (void *)found, __ATOMIC_RELEASE);
+    }
+    if (locked) pthread_mutex_unlock(&rp_mu);
+}
+
+const loom__cpu_repack *loom__cpu_repack_of(const loom_tensor *a, const loom__cpu_simd *simd) {
+    if (!rp_type(a->type) || !loom__cpu_qdot4_get(a->type, simd) || !a->buffer ||
+        !loom__cpu_buffer_is_caller(a->buffer))
+        return NULL;
+    const loom__cpu_repack *rp = __atomic_load_n(&a->extra, __ATOMIC_ACQUIRE);
+    return rp && rp->orig == a->data && rp->type == a->type && rp->rows == a->ne[1] ? rp : NULL;
+}
+
+void loom__cpu_repack_drop(loom_buffer_t buf, const void *p, size_t n) {
+    pthread_mutex_lock(&rp_mu);
+    for (loom__cpu_repack **pp = &rp_list; *pp;) {
+        loom__cpu_repack *rp = *pp;
+        const uintptr_t lo = (uintptr_t)rp->orig, hi = lo + rp_bytes(rp);
+        const bool hit = rp->buffer == buf &&
+                         (n == SIZE_MAX || ((uintptr_t)p < hi && (uintptr_t)p + n > lo));
+        if (hit) {
+            *pp = rp->next;
+            loom_aligned_free(rp->data);
+            loom_free(rp);
+        } else {
+            pp = &rp->next;
+        }
+    }
+    pthread_mutex_unlock(&rp_mu);
+}
+
+size_t loom__cpu_repack_count(size_t *bytes) {
+    size_t n = 0, b = 0;
+    pthread_mutex_lock(&rp_mu);
+    for (const loom__cpu_repack *rp = rp_list; rp; rp = rp->next) {
+        n++;
+        b += rp_bytes(rp);
+    }
+    pthread_mutex_unlock(&rp_mu);
+    if (bytes) *bytes = b;
+    return n;
+}
+
+static loom__cpu_qdot4_fn qdot4_iq4_nl, qdot4_q4_K;
+static pthread_once_t qdot4_once = PTHREAD_ONCE_INIT;
+
+static void qdot4_init(void) {
+    loom__cpu_qdot4_avx512(&qdot4_iq4_nl, &qdot4_q4_K);
+}
+
+loom__cpu_qdot4_fn loom__cpu_qdot4_get(loom_type t, const loom__cpu_simd *simd) {
+    if (simd != &loom__cpu_simd_avx512) return NULL;
+    pthread_once(&qdot4_once, qdot4_init);
+    return t == LOOM_TYPE_IQ4_NL ? qdot4_iq4_nl : t == LOOM_TYPE_Q4_K ? qdot4_q4_K : NULL;
+}

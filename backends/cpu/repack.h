@@ -1,0 +1,76 @@
+/*
+ * Repacked matmul weights: IQ4_NL and Q4_K weights of a mapped model file, rows
+ * interleaved in groups of LOOM__RP_ROWS so one pass of the AVX-512 dot computes that many
+ * output rows against one activation row (its loads, sums and reductions shared).
+ *
+ * Which weights: a MUL_MAT's src0 of those types, 2-D, contiguous, not a view, with at
+ * least LOOM__RP_ROWS rows, in a CPU buffer over caller memory (loom_cpu_buffer_from_ptr:
+ * the model's mapping of its file) marked LOOM_BUFFER_USAGE_WEIGHTS, when the AVX-512
+ * table runs and LOOM_CPU_REPACK is not "0". The copy is made once, the first time a graph
+ * using the weight is computed (single-threaded, before the run), and the original's pages
+ * are then advised out (MADV_PAGEOUT: a file page is dropped and read back if touched; an
+ * anonymous one keeps its content), so the memory figure stays that of the file.
+ *
+ * The original stays valid and every other reader uses it: GET_ROWS of a tied embedding,
+ * the DOT/GEMM paths, another SIMD table (LOOM_CPU_SIMD), views. Only the QDOT dots and
+ * the int8 GEMM's A packer read the copy (loom__cpu_repack_of). A write into the buffer
+ * (set/memset/copy/clear) drops the copies it overlaps; freeing the buffer frees them.
+ *
+ * Layout of the copy (same size as the original): rows [0, 4G) in G groups of 4, group g at
+ * byte g * 4 * row_bytes, its k-block b at + b * 4 * block_bytes:
+ *   IQ4_NL: the 4 rows' fp16 d (8 bytes), then their 16 nibble bytes each (64 bytes);
+ *   Q4_K:   the 4 rows' 144-byte blocks one after another.
+ * The last rows % 4 rows keep the original layout at their original offsets.
+ */
+#ifndef LOOM_CPU_REPACK_H
+#define LOOM_CPU_REPACK_H
+
+#include "backends/cpu/cpu-impl.h"
+
+enum { LOOM__RP_ROWS = 4 };
+
+typedef struct loom__cpu_repack {
+    const void *orig;  /* the weight's data */
+    loom_buffer_t buffer;
+    loom_type type;
+    int64_t K, rows, groups; /* groups = rows / LOOM__RP_ROWS */
+    size_t row_bytes, blk_bytes;
+    char *data; /* rows * row_bytes, 64-byte aligned */
+    struct loom__cpu_repack *next;
+} loom__cpu_repack;
+
+/* Before a run: every MUL_MAT whose weight can be repacked gets its copy (made now if
+ * missing); a stale or foreign src0->extra of those types is cleared. A copy that cannot be
+ * allocated is skipped (the original is used). */
+void loom__cpu_repack_graph(const loom_graph *g, const loom__cpu_simd *simd);
+
+/* The copy of a's data the dots may read in this run (set by loom__cpu_repack_graph), or
+ * NULL. */
+const loom__cpu_repack *loom__cpu_repack_of(const loom_tensor *a, const loom__cpu_simd *simd);
+
+/* Row r's type blocks [b0, b0 + nb) in the original layout, into out. */
+void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
+                           void *out);
+
+/* Group g (rows 4g .. 4g + 3) of the copy. */
+static inline const char *loom__cpu_repack_group(const loom__cpu_repack *rp, int64_t g) {
+    return rp->data + (size_t)g * LOOM__RP_ROWS * rp->row_bytes;
+}
+
+/* Buffer hooks (cpu-backend.c, caller-memory buffers): drop the copies of `buf` whose
+ * original overlaps [p, p + n) (n == SIZE_MAX: all of them). */
+void loom__cpu_repack_drop(loom_buffer_t buf, const void *p, size_t n);
+
+/* buf is a CPU buffer over caller memory (cpu-backend.c). */
+bool loom__cpu_buffer_is_caller(loom_buffer_t buf);
+
+/* Copies held now, and their bytes (tests, logs). */
+size_t loom__cpu_repack_count(size_t *bytes);
+
+/* Out of the copy of a repackable weight: 4 dot products of the group's rows with one
+ * activation row (the type's vec_dot_type); NULL if the table has none for the type. */
+typedef void (*loom__cpu_qdot4_fn)(int64_t K, const void *group, const void *y, float *out);
+loom__cpu_qdot4_fn loom__cpu_qdot4_get(loom_type t, const loom__cpu_simd *simd);
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K);
+
+#endif /* LOOM_CPU_REPACK_H */
