@@ -41,16 +41,32 @@ static bool rp_matches(const loom__cpu_repack *rp, const loom_tensor *a) {
            rp->K == a->ne[0] && rp->rows == a->ne[1];
 }
 
-/* Block b of group row l (0..3) of group g in the copy, from the original block `src`. */
-static void rp_put(loom__cpu_repack *rp, int64_t g, int64_t b, int l, const char *src) {
-    char *gb = rp->data + (size_t)g * LOOM__RP_ROWS * rp->row_bytes +
-               (size_t)b * LOOM__RP_ROWS * rp->blk_bytes;
-    if (rp->type == LOOM_TYPE_IQ4_NL) {
+/* Block b of row l (0..3) of the group at gdst, from the original block `src`. */
+static void rp_put(loom_type type, size_t row_bytes, size_t blk_bytes, char *gdst, int64_t b,
+                   int l, const char *src) {
+    char *gb = gdst + (size_t)b * LOOM__RP_ROWS * blk_bytes;
+    (void)row_bytes;
+    if (type == LOOM_TYPE_IQ4_NL) {
         memcpy(gb + 2 * l, src, 2);
         memcpy(gb + 2 * LOOM__RP_ROWS + 16 * l, src + 2, 16);
     } else {
-        memcpy(gb + (size_t)l * rp->blk_bytes, src, rp->blk_bytes);
+        memcpy(gb + (size_t)l * blk_bytes, src, blk_bytes);
     }
+}
+
+void loom__cpu_repack_rows(loom_type type, int64_t K, int64_t rows, const void *src, void *dst) {
+    const size_t rb = loom_row_size(type, K), bb = loom_type_size(type);
+    const int64_t nblk = K / loom_blck_size(type), groups = rows / LOOM__RP_ROWS;
+    for (int64_t g = 0; g < groups; g++) {
+        char *gdst = (char *)dst + (size_t)g * LOOM__RP_ROWS * rb;
+        for (int l = 0; l < LOOM__RP_ROWS; l++) {
+            const char *row = (const char *)src + (size_t)(g * LOOM__RP_ROWS + l) * rb;
+            for (int64_t b = 0; b < nblk; b++)
+                rp_put(type, rb, bb, gdst, b, l, row + (size_t)b * bb);
+        }
+    }
+    const size_t tail = (size_t)groups * LOOM__RP_ROWS * rb;
+    memcpy((char *)dst + tail, (const char *)src + tail, (size_t)rows * rb - tail);
 }
 
 void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
@@ -105,16 +121,7 @@ static loom__cpu_repack *rp_make(const loom_tensor *a) {
         loom_free(rp);
         return NULL;
     }
-    const int64_t nblk = rp->K / loom_blck_size(rp->type);
-    const char *src = a->data;
-    for (int64_t g = 0; g < rp->groups; g++)
-        for (int l = 0; l < LOOM__RP_ROWS; l++) {
-            const char *row = src + (size_t)(g * LOOM__RP_ROWS + l) * rp->row_bytes;
-            for (int64_t b = 0; b < nblk; b++)
-                rp_put(rp, g, b, l, row + (size_t)b * rp->blk_bytes);
-        }
-    const size_t tail = (size_t)rp->groups * LOOM__RP_ROWS * rp->row_bytes;
-    memcpy(rp->data + tail, src + tail, rp_bytes(rp) - tail);
+    loom__cpu_repack_rows(rp->type, rp->K, rp->rows, a->data, rp->data);
     rp_release(a->data, rp_bytes(rp));
     return rp;
 }

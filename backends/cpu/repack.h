@@ -48,6 +48,9 @@ void loom__cpu_repack_graph(const loom_graph *g, const loom__cpu_simd *simd);
  * NULL. */
 const loom__cpu_repack *loom__cpu_repack_of(const loom_tensor *a, const loom__cpu_simd *simd);
 
+/* rows x K weights of a repackable type at src, in the layout above, into dst (as large). */
+void loom__cpu_repack_rows(loom_type type, int64_t K, int64_t rows, const void *src, void *dst);
+
 /* Row r's type blocks [b0, b0 + nb) in the original layout, into out. */
 void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
                            void *out);
