@@ -133,12 +133,13 @@ int main(int argc, char **argv) {
         /* the 4-row dots over repacked rows (backends/cpu/repack.h), where the table has one */
         const loom__cpu_qdot4_fn dot4 = loom__cpu_qdot4_get(types[t], &loom__cpu_simd_avx512);
         if (dot4 && loom__cpu_has_avx512()) {
-            char *wr = malloc(rb * rows);
+            char *wr = malloc(loom__cpu_repack_bytes(types[t], K, rows));
+            const size_t gb = (size_t)nblk * loom__cpu_repack_gblk_bytes(types[t]);
             loom__cpu_repack_rows(types[t], K, rows, w, wr);
             bool ok = true;
             for (int g = 0; g < rows / LOOM__RP_ROWS; g++) {
                 float out[LOOM__RP_ROWS];
-                dot4(K, wr + (size_t)g * LOOM__RP_ROWS * rb, y, out);
+                dot4(K, wr + (size_t)g * gb, y, out);
                 for (int l = 0; l < LOOM__RP_ROWS; l++) {
                     const float r1 = dot_one(types[t], &loom__cpu_simd_scalar, K,
                                              w + (size_t)(g * LOOM__RP_ROWS + l) * rb, y);
@@ -154,7 +155,7 @@ int main(int argc, char **argv) {
                 float acc = 0, out[LOOM__RP_ROWS];
                 for (int it = 0; it < 8; it++)
                     for (int g = 0; g < rows / LOOM__RP_ROWS; g++) {
-                        dot4(K, wr + (size_t)g * LOOM__RP_ROWS * rb, y, out);
+                        dot4(K, wr + (size_t)g * gb, y, out);
                         acc += out[0];
                     }
                 sink += acc;

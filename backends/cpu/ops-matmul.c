@@ -461,7 +461,7 @@ static void mm_qdot_repacked(const loom__cpu_params *p, loom_tensor *dst, const 
             }
         } else {
             const int64_t m = G * LOOM__RP_ROWS + (u - G);
-            const char *row = rp->data + (size_t)m * rp->row_bytes;
+            const char *row = loom__cpu_repack_row(rp, m);
             for (int64_t n = 0; n < s->N; n++)
                 *dst_at(dst, m, n, 0, 0) = dot1(s->K, row, qb + (size_t)n * rb);
         }

@@ -477,54 +477,72 @@ T512 static void dot4_iq4_nl(int64_t n, const void *vx, const void *vy, float *o
     sum_lanes4(_mm512_add_ps(acc0, acc1), out);
 }
 
-/* Q4_K, 4 rows: the 4 rows' 144-byte blocks of each super-block one after another; the
- * activations' 4 zmm and bsums loaded once per super-block for the 4 rows, each row as
- * k45_dot. */
+/* Q4_K, 4 rows (592-byte group blocks, repack.h): per chunk c, two zmm of nibbles (128-bit
+ * lane l: row l's 16 bytes of half h), low nibbles sub-block 2c, high ones 2c + 1; vpdpbusd
+ * (nibbles unsigned) against the activations' 16-byte pieces broadcast to every lane gives
+ * each row's sub-block sums, times the row's scale (unpacked bytes, spread by vpermd) in
+ * int32; the mins times the activations' sub-block sums (bsums) the same way, 4 rows at
+ * once. The integers are those of the one-row kernel. */
 T512 static void dot4_q4_K(int64_t n, const void *vx, const void *vy, float *out) {
-    const loom_block_q4_K *x = vx;
+    const uint8_t *x = vx;
     const loom_block_q8_K *y = vy;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-    const __m512i base = _mm512_loadu_si512(k_sub32);
-    __m512i idx[4];
-    for (int c = 0; c < 4; c++)
-        idx[c] = _mm512_add_epi16(base, _mm512_set1_epi16((short)(2 * c)));
-    __m512 acc[4];
-    __m128 accm[4];
-    for (int l = 0; l < 4; l++) {
-        acc[l] = _mm512_setzero_ps();
-        accm[l] = _mm_setzero_ps();
-    }
+    /* lane 4 r + i -> r (a row's value in its four lanes), and + 4 */
+    const __m512i quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i quad4 = _mm512_add_epi32(quad, _mm512_set1_epi32(4));
+    /* lane 4 r + i -> 4 t + r: sub-block t (of four) of row r in [sub-block][row] int32 lanes */
+    __m512i sidx[4];
+    for (int t = 0; t < 4; t++)
+        sidx[t] = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * t));
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
     for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
-        const loom_block_q4_K *xb = x + 4 * b;
-        loom__cpu_prefetch_ahead(xb, 4 * (int)sizeof *xb);
-        __m512i yv[4];
-        for (int c = 0; c < 4; c++)
-            yv[c] = _mm512_loadu_si512(y[b].qs + 64 * c);
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[b].bsums),
-                                          _mm_loadu_si128((const __m128i *)(y[b].bsums + 8)));
-        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++) {
-            const __m128i scm = k4_scales(xb + l);
-            const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
-            __m512i sumi = _mm512_setzero_si512();
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
-                const __m512i u =
-                    _mm512_and_si512(_mm512_srlv_epi64(bcast256(xb[l].qs + 32 * c), nsh), m4);
-                const __m512i p = _mm512_maddubs_epi16(u, yv[c]);
-                sumi = _mm512_dpwssd_epi32(sumi, p, _mm512_permutexvar_epi16(idx[c], scz));
-            }
-            const __m128i mins = _mm_madd_epi16(bs, _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8)));
-            acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(y[b].d * H(xb[l].d)), _mm512_cvtepi32_ps(sumi),
-                                     acc[l]);
-            accm[l] = _mm_fmadd_ps(_mm_set1_ps(y[b].d * H(xb[l].dmin)), _mm_cvtepi32_ps(mins),
-                                   accm[l]);
+        const uint8_t *xb = x + b * LOOM__RP_Q4K_GBLK;
+        loom__cpu_prefetch_ahead(xb, LOOM__RP_Q4K_GBLK);
+        const __m512i sc[2] = {_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 16))),
+                               _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 32)))};
+        const int8_t *yq = y[b].qs;
+        __m512i sumi = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            const __m512i q0 = _mm512_loadu_si512(xb + 80 + 128 * c);
+            const __m512i q1 = _mm512_loadu_si512(xb + 80 + 128 * c + 64);
+            const int8_t *yc = yq + 64 * c;
+#define Y16(o) _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yc + (o))))
+            const __m512i lo = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q0, m4), Y16(0)),
+                _mm512_and_si512(q1, m4), Y16(16));
+            const __m512i hi = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                    _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), Y16(32)),
+                _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), Y16(48));
+#undef Y16
+            const int s0 = 2 * c, s1 = 2 * c + 1;
+            sumi = _mm512_add_epi32(
+                sumi, _mm512_mullo_epi32(lo, _mm512_permutexvar_epi32(sidx[s0 % 4], sc[s0 / 4])));
+            sumi = _mm512_add_epi32(
+                sumi, _mm512_mullo_epi32(hi, _mm512_permutexvar_epi32(sidx[s1 % 4], sc[s1 / 4])));
         }
+        /* sum over sub-blocks s of mn[s][r] * (bsums[2 s] + bsums[2 s + 1]) */
+        const __m512i ys = _mm512_castsi256_si512(
+            _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(1)));
+        const __m512i mp = _mm512_add_epi32(
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 48))),
+                               _mm512_permutexvar_epi32(quad, ys)),
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 64))),
+                               _mm512_permutexvar_epi32(quad4, ys)));
+        const __m256i m8 = _mm256_add_epi32(_mm512_castsi512_si256(mp), _mm512_extracti64x4_epi64(mp, 1));
+        const __m128i mr = _mm_add_epi32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xb)),
+                                        _mm256_set1_ps(y[b].d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),
+                              _mm512_permutexvar_ps(quad, _mm512_castps256_ps512(dd)), acc);
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mr), _mm256_extractf128_ps(dd, 1), accm);
     }
-    for (int l = 0; l < 4; l++) {
-        __m128 m = _mm_add_ps(accm[l], _mm_movehl_ps(accm[l], accm[l]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[l] = _mm512_reduce_add_ps(acc[l]) - _mm_cvtss_f32(m);
-    }
+    sum_lanes4(acc, out);
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    for (int l = 0; l < 4; l++)
+        out[l] -= m[l];
 }
 
 void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K) {

@@ -23,8 +23,24 @@ static bool rp_enabled(void) {
     return !(e && e[0] == '0');
 }
 
+/* Bytes of the copy: the groups, then the tail rows as they are. */
 static size_t rp_bytes(const loom__cpu_repack *rp) {
+    return loom__cpu_repack_bytes(rp->type, rp->K, rp->rows);
+}
+
+/* Bytes of the original. */
+static size_t rp_orig_bytes(const loom__cpu_repack *rp) {
     return (size_t)rp->rows * rp->row_bytes;
+}
+
+size_t loom__cpu_repack_gblk_bytes(loom_type t) {
+    return t == LOOM_TYPE_Q4_K ? LOOM__RP_Q4K_GBLK : LOOM__RP_ROWS * loom_type_size(t);
+}
+
+size_t loom__cpu_repack_bytes(loom_type t, int64_t K, int64_t rows) {
+    const int64_t nblk = K / loom_blck_size(t), groups = rows / LOOM__RP_ROWS;
+    return (size_t)(groups * nblk) * loom__cpu_repack_gblk_bytes(t) +
+           (size_t)(rows - groups * LOOM__RP_ROWS) * loom_row_size(t, K);
 }
 
 /* a can be repacked on this table (the copy itself may already exist). */
@@ -41,53 +57,96 @@ static bool rp_matches(const loom__cpu_repack *rp, const loom_tensor *a) {
            rp->K == a->ne[0] && rp->rows == a->ne[1];
 }
 
-/* Block b of row l (0..3) of the group at gdst, from the original block `src`. */
-static void rp_put(loom_type type, size_t row_bytes, size_t blk_bytes, char *gdst, int64_t b,
-                   int l, const char *src) {
-    char *gb = gdst + (size_t)b * LOOM__RP_ROWS * blk_bytes;
-    (void)row_bytes;
+/* Q4_K's 6-bit scales and mins of a block's 12 bytes q (as its to_float reads them) */
+static void q4k_unpack_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((q[j + 8] & 0x0f) | ((q[j] >> 6) << 4));
+        mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+/* ... and back (the inverse: every 6-bit pair gives the same 12 bytes) */
+static void q4k_pack_scales(const uint8_t *sc, const uint8_t *mn, uint8_t *q) {
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)(mn[j] | ((mn[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4));
+    }
+}
+
+/* Block b of row l (0..3) of the group at g, from (put) or to (get) an original block. */
+static void rp_put(loom_type type, char *g, int64_t b, int l, const char *src) {
+    char *gb = g + (size_t)b * loom__cpu_repack_gblk_bytes(type);
     if (type == LOOM_TYPE_IQ4_NL) {
         memcpy(gb + 2 * l, src, 2);
         memcpy(gb + 2 * LOOM__RP_ROWS + 16 * l, src + 2, 16);
-    } else {
-        memcpy(gb + (size_t)l * blk_bytes, src, blk_bytes);
+        return;
     }
+    const loom_block_q4_K *x = (const loom_block_q4_K *)src;
+    uint8_t sc[8], mn[8];
+    q4k_unpack_scales(x->scales, sc, mn);
+    memcpy(gb + 2 * l, &x->d, 2);
+    memcpy(gb + 8 + 2 * l, &x->dmin, 2);
+    for (int s = 0; s < 8; s++) {
+        gb[16 + 4 * s + l] = (char)sc[s];
+        gb[48 + 4 * s + l] = (char)mn[s];
+    }
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++)
+            memcpy(gb + 80 + 128 * c + 64 * h + 16 * l, x->qs + 32 * c + 16 * h, 16);
+}
+
+static void rp_get(loom_type type, const char *g, int64_t b, int l, char *dst) {
+    const char *gb = g + (size_t)b * loom__cpu_repack_gblk_bytes(type);
+    if (type == LOOM_TYPE_IQ4_NL) {
+        memcpy(dst, gb + 2 * l, 2);
+        memcpy(dst + 2, gb + 2 * LOOM__RP_ROWS + 16 * l, 16);
+        return;
+    }
+    loom_block_q4_K *x = (loom_block_q4_K *)dst;
+    uint8_t sc[8], mn[8];
+    for (int s = 0; s < 8; s++) {
+        sc[s] = (uint8_t)gb[16 + 4 * s + l];
+        mn[s] = (uint8_t)gb[48 + 4 * s + l];
+    }
+    memcpy(&x->d, gb + 2 * l, 2);
+    memcpy(&x->dmin, gb + 8 + 2 * l, 2);
+    q4k_pack_scales(sc, mn, x->scales);
+    for (int c = 0; c < 4; c++)
+        for (int h = 0; h < 2; h++)
+            memcpy(x->qs + 32 * c + 16 * h, gb + 80 + 128 * c + 64 * h + 16 * l, 16);
 }
 
 void loom__cpu_repack_rows(loom_type type, int64_t K, int64_t rows, const void *src, void *dst) {
     const size_t rb = loom_row_size(type, K), bb = loom_type_size(type);
     const int64_t nblk = K / loom_blck_size(type), groups = rows / LOOM__RP_ROWS;
+    const size_t gbytes = (size_t)nblk * loom__cpu_repack_gblk_bytes(type);
     for (int64_t g = 0; g < groups; g++) {
-        char *gdst = (char *)dst + (size_t)g * LOOM__RP_ROWS * rb;
+        char *gdst = (char *)dst + (size_t)g * gbytes;
         for (int l = 0; l < LOOM__RP_ROWS; l++) {
             const char *row = (const char *)src + (size_t)(g * LOOM__RP_ROWS + l) * rb;
             for (int64_t b = 0; b < nblk; b++)
-                rp_put(type, rb, bb, gdst, b, l, row + (size_t)b * bb);
+                rp_put(type, gdst, b, l, row + (size_t)b * bb);
         }
     }
-    const size_t tail = (size_t)groups * LOOM__RP_ROWS * rb;
-    memcpy((char *)dst + tail, (const char *)src + tail, (size_t)rows * rb - tail);
+    memcpy((char *)dst + (size_t)groups * gbytes,
+           (const char *)src + (size_t)groups * LOOM__RP_ROWS * rb,
+           (size_t)(rows - groups * LOOM__RP_ROWS) * rb);
 }
 
 void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
                            void *out) {
     char *o = out;
     if (r >= rp->groups * LOOM__RP_ROWS) {
-        memcpy(o, rp->data + (size_t)r * rp->row_bytes + (size_t)b0 * rp->blk_bytes,
+        memcpy(o, loom__cpu_repack_row(rp, r) + (size_t)b0 * rp->blk_bytes,
                (size_t)nb * rp->blk_bytes);
         return;
     }
-    const int l = (int)(r % LOOM__RP_ROWS);
     const char *g = loom__cpu_repack_group(rp, r / LOOM__RP_ROWS);
-    for (int64_t b = b0; b < b0 + nb; b++, o += rp->blk_bytes) {
-        const char *gb = g + (size_t)b * LOOM__RP_ROWS * rp->blk_bytes;
-        if (rp->type == LOOM_TYPE_IQ4_NL) {
-            memcpy(o, gb + 2 * l, 2);
-            memcpy(o + 2, gb + 2 * LOOM__RP_ROWS + 16 * l, 16);
-        } else {
-            memcpy(o, gb + (size_t)l * rp->blk_bytes, rp->blk_bytes);
-        }
-    }
+    for (int64_t b = b0; b < b0 + nb; b++, o += rp->blk_bytes)
+        rp_get(rp->type, g, b, (int)(r % LOOM__RP_ROWS), o);
 }
 
 /* The pages wholly inside the original are advised out: it is read again only by the
@@ -116,13 +175,14 @@ static loom__cpu_repack *rp_make(const loom_tensor *a) {
     rp->groups = a->ne[1] / LOOM__RP_ROWS;
     rp->row_bytes = a->nb[1];
     rp->blk_bytes = loom_type_size(a->type);
+    rp->group_bytes = (size_t)(rp->K / loom_blck_size(rp->type)) * loom__cpu_repack_gblk_bytes(rp->type);
     rp->data = loom_aligned_alloc(64, (rp_bytes(rp) + 63) & ~(size_t)63);
     if (!rp->data) {
         loom_free(rp);
         return NULL;
     }
     loom__cpu_repack_rows(rp->type, rp->K, rp->rows, a->data, rp->data);
-    rp_release(a->data, rp_bytes(rp));
+    rp_release(a->data, rp_orig_bytes(rp));
     return rp;
 }
 
@@ -163,7 +223,7 @@ void loom__cpu_repack_drop(loom_buffer_t buf, const void *p, size_t n) {
     pthread_mutex_lock(&rp_mu);
     for (loom__cpu_repack **pp = &rp_list; *pp;) {
         loom__cpu_repack *rp = *pp;
-        const uintptr_t lo = (uintptr_t)rp->orig, hi = lo + rp_bytes(rp);
+        const uintptr_t lo = (uintptr_t)rp->orig, hi = lo + rp_orig_bytes(rp);
         const bool hit = rp->buffer == buf &&
                          (n == SIZE_MAX || ((uintptr_t)p < hi && (uintptr_t)p + n > lo));
         if (hit) {

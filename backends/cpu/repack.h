@@ -16,25 +16,28 @@
  * the int8 GEMM's A packer read the copy (loom__cpu_repack_of). A write into the buffer
  * (set/memset/copy/clear) drops the copies it overlaps; freeing the buffer frees them.
  *
- * Layout of the copy (same size as the original): rows [0, 4G) in G groups of 4, group g at
- * byte g * 4 * row_bytes, its k-block b at + b * 4 * block_bytes:
- *   IQ4_NL: the 4 rows' fp16 d (8 bytes), then their 16 nibble bytes each (64 bytes);
- *   Q4_K:   the 4 rows' 144-byte blocks one after another.
- * The last rows % 4 rows keep the original layout at their original offsets.
+ * Layout of the copy: rows [0, 4G) in G groups of 4, group g at byte g * group_bytes, its
+ * k-block b at + b * gblk bytes, then the last rows % 4 rows in the original layout:
+ *   IQ4_NL (gblk 72, as the original): the 4 rows' fp16 d (8 bytes), then their 16 nibble
+ *     bytes each (64 bytes: one zmm, 128-bit lane l = row l);
+ *   Q4_K (gblk 592, the original 576 + 2.8%): fp16 d[4], dmin[4] (16 bytes), the 6-bit
+ *     scales and mins unpacked to bytes sc[8][4], mn[8][4] (sub-block, row: 64 bytes), then
+ *     per 64-element chunk c and half h the 4 rows' nibble bytes qs[32 c + 16 h ..] (16
+ *     each, 8 x 64 bytes): sub-block 2c in the low nibbles, 2c + 1 in the high ones.
  */
 #ifndef LOOM_CPU_REPACK_H
 #define LOOM_CPU_REPACK_H
 
 #include "backends/cpu/cpu-impl.h"
 
-enum { LOOM__RP_ROWS = 4 };
+enum { LOOM__RP_ROWS = 4, LOOM__RP_Q4K_GBLK = 592 };
 
 typedef struct loom__cpu_repack {
     const void *orig;  /* the weight's data */
     loom_buffer_t buffer;
     loom_type type;
     int64_t K, rows, groups; /* groups = rows / LOOM__RP_ROWS */
-    size_t row_bytes, blk_bytes;
+    size_t row_bytes, blk_bytes, group_bytes;
     char *data; /* rows * row_bytes, 64-byte aligned */
     struct loom__cpu_repack *next;
 } loom__cpu_repack;
@@ -48,16 +51,27 @@ void loom__cpu_repack_graph(const loom_graph *g, const loom__cpu_simd *simd);
  * NULL. */
 const loom__cpu_repack *loom__cpu_repack_of(const loom_tensor *a, const loom__cpu_simd *simd);
 
-/* rows x K weights of a repackable type at src, in the layout above, into dst (as large). */
+/* rows x K weights of a repackable type at src, in the layout above, into dst
+ * (loom__cpu_repack_bytes). */
 void loom__cpu_repack_rows(loom_type type, int64_t K, int64_t rows, const void *src, void *dst);
 
 /* Row r's type blocks [b0, b0 + nb) in the original layout, into out. */
 void loom__cpu_repack_read(const loom__cpu_repack *rp, int64_t r, int64_t b0, int64_t nb,
                            void *out);
 
+/* Bytes of a group's k-block, and of the copy of rows x K weights of type t. */
+size_t loom__cpu_repack_gblk_bytes(loom_type t);
+size_t loom__cpu_repack_bytes(loom_type t, int64_t K, int64_t rows);
+
 /* Group g (rows 4g .. 4g + 3) of the copy. */
 static inline const char *loom__cpu_repack_group(const loom__cpu_repack *rp, int64_t g) {
-    return rp->data + (size_t)g * LOOM__RP_ROWS * rp->row_bytes;
+    return rp->data + (size_t)g * rp->group_bytes;
+}
+
+/* Tail row r (r >= 4 groups) of the copy, in the original layout. */
+static inline const char *loom__cpu_repack_row(const loom__cpu_repack *rp, int64_t r) {
+    return rp->data + (size_t)rp->groups * rp->group_bytes +
+           (size_t)(r - rp->groups * LOOM__RP_ROWS) * rp->row_bytes;
 }
 
 /* Buffer hooks (cpu-backend.c, caller-memory buffers): drop the copies of `buf` whose
