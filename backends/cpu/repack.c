@@ -4,12 +4,16 @@
  * MUL_MAT of a repackable type) and by the buffer hooks, never by the kernels, which read
  * the record the pre-pass stored in src0->extra.
  */
+#define _GNU_SOURCE /* MADV_PAGEOUT */
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "backends/cpu/repack.h"
+
+/* bytes of the original repacked between two advice calls */
+#define RP_PIECE ((size_t)1 << 20)
 
 static pthread_mutex_t rp_mu = PTHREAD_MUTEX_INITIALIZER;
 static loom__cpu_repack *rp_list;
@@ -181,7 +185,21 @@ static loom__cpu_repack *rp_make(const loom_tensor *a) {
         loom_free(rp);
         return NULL;
     }
-    loom__cpu_repack_rows(rp->type, rp->K, rp->rows, a->data, rp->data);
+    /* in pieces of about RP_PIECE bytes, each piece's original advised out once copied, so
+     * the peak is the copy plus one piece, not plus the whole weight */
+    const int64_t step = LOOM__RP_ROWS * (int64_t)(RP_PIECE / (LOOM__RP_ROWS * rp->row_bytes) + 1);
+    for (int64_t r0 = 0; r0 < rp->groups * LOOM__RP_ROWS; r0 += step) {
+        const int64_t n = rp->groups * LOOM__RP_ROWS - r0 < step ? rp->groups * LOOM__RP_ROWS - r0
+                                                                 : step;
+        const char *src = (const char *)a->data + (size_t)r0 * rp->row_bytes;
+        loom__cpu_repack_rows(rp->type, rp->K, n, src,
+                              rp->data + (size_t)(r0 / LOOM__RP_ROWS) * rp->group_bytes);
+        rp_release(src, (size_t)n * rp->row_bytes);
+    }
+    const int64_t tail = rp->rows - rp->groups * LOOM__RP_ROWS;
+    memcpy((char *)loom__cpu_repack_row(rp, rp->groups * LOOM__RP_ROWS),
+           (const char *)a->data + (size_t)(rp->groups * LOOM__RP_ROWS) * rp->row_bytes,
+           (size_t)tail * rp->row_bytes);
     rp_release(a->data, rp_orig_bytes(rp));
     return rp;
 }

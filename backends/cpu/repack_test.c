@@ -259,3 +259,20 @@ LOOM_TEST(cpu_repack, only_caller_memory_weights_are_copied) {
     LOOM_CHECK_EQ_INT(loom__cpu_repack_count(NULL), n0);
     teardown(&f);
 }
+
+/* A weight of more than one 1 MiB piece (the copy is made and advised out piece by piece):
+ * 917 rows of 2048 IQ4_NL (1152 bytes each): pieces of 912 rows, then 4, then 1 tail row. */
+LOOM_TEST(cpu_repack, a_weight_of_several_pieces) {
+    if (!loom__cpu_has_avx512()) LOOM_SKIP("no AVX-512 table on this CPU");
+    const int64_t Ns[] = {1, 5};
+    for (int i = 0; i < 2; i++) {
+        rp_fixture f;
+        setup(&f, LOOM_TYPE_IQ4_NL, 2048, 917, Ns[i]);
+        setenv("LOOM_CPU_SIMD", "avx512", 1);
+        LOOM_REQUIRE(compute_both(&f, 2) == LOOM_OK);
+        LOOM_CHECK(loom__cpu_repack_of(f.a, loom__cpu_simd_get()) != NULL);
+        LOOM_CHECK_EQ_INT(check_outputs(&f, "several pieces"), 0);
+        unsetenv("LOOM_CPU_SIMD");
+        teardown(&f);
+    }
+}
