@@ -423,24 +423,7 @@ static const char *quantize_b(const loom__cpu_params *p, const loom_tensor *b, c
     return qb;
 }
 
-static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
-    const loom_tensor *a = dst->src[0], *b = dst->src[1];
-    const int64_t nblk = s->K / LOOM_QK8_0;
-    const char *qb = quantize_b(p, b, s, p->simd->quantize_q8a, loom__q8a_row_bytes(nblk));
-    mm_dot_args x = {
-        .a = a,
-        .atype = a->type,
-        .K = s->K,
-        .ldb = loom__q8a_row_bytes(nblk),
-        .b_row_bytes = loom__q8a_row_bytes(nblk),
-        .simd = p->simd,
-    };
-    const size_t rb = loom__q8a_row_bytes(nblk);
-    mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
-                rb * (size_t)(s->N * s->B2));
-}
-
-/* QDOT over a repacked weight (repack.h), one batch: units are the groups of 4 rows, then
+/* QDOT (QUANT for Q4_0) over a repacked weight (repack.h), one batch: units are the groups of 4 rows, then
  * the tail rows, split across threads; each group's 4 rows against every activation row
  * (the group stays in L1 across them). */
 static void mm_qdot_repacked(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s,
@@ -462,10 +445,39 @@ static void mm_qdot_repacked(const loom__cpu_params *p, loom_tensor *dst, const 
         } else {
             const int64_t m = G * LOOM__RP_ROWS + (u - G);
             const char *row = loom__cpu_repack_row(rp, m);
-            for (int64_t n = 0; n < s->N; n++)
-                *dst_at(dst, m, n, 0, 0) = dot1(s->K, row, qb + (size_t)n * rb);
+            for (int64_t n = 0; n < s->N; n++) {
+                float o;
+                if (rp->type == LOOM_TYPE_Q4_0)
+                    p->simd->dot_q4_0(s->K / LOOM_QK4_0, (const loom_block_q4_0 *)row,
+                                      qb + (size_t)n * rb, 0, 1, &o);
+                else
+                    o = dot1(s->K, row, qb + (size_t)n * rb);
+                *dst_at(dst, m, n, 0, 0) = o;
+            }
         }
     }
+}
+
+static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
+    const loom_tensor *a = dst->src[0], *b = dst->src[1];
+    const int64_t nblk = s->K / LOOM_QK8_0;
+    const char *qb = quantize_b(p, b, s, p->simd->quantize_q8a, loom__q8a_row_bytes(nblk));
+    mm_dot_args x = {
+        .a = a,
+        .atype = a->type,
+        .K = s->K,
+        .ldb = loom__q8a_row_bytes(nblk),
+        .b_row_bytes = loom__q8a_row_bytes(nblk),
+        .simd = p->simd,
+    };
+    const size_t rb = loom__q8a_row_bytes(nblk);
+    const loom__cpu_repack *rp = loom__cpu_repack_of(a, p->simd);
+    if (rp && s->B2 * s->B3 == 1) {
+        mm_qdot_repacked(p, dst, s, rp, qb, rb);
+        return;
+    }
+    mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
+                rb * (size_t)(s->N * s->B2));
 }
 
 /* Other block types: b quantised once to a's vec_dot_type rows (shared), then the type's

@@ -545,9 +545,49 @@ T512 static void dot4_q4_K(int64_t n, const void *vx, const void *vy, float *out
         out[l] -= m[l];
 }
 
-void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K) {
+/* Q4_0, 4 rows (IQ4_NL's layout) against a Q8 activation row (cpu-impl.h: d[], s[] =
+ * d x sum q, then the integers): nibbles unsigned with vpdpbusd, the - 8 of every weight as
+ * 8 x dx x s per block, for the 4 rows in one xmm. */
+T512 static void dot4_q4_0(int64_t n, const void *vx, const void *vy, float *out) {
+    const uint8_t *x = vx;
+    const int64_t nblk = n / 32;
+    const float *yd = loom__q8a_d((void *)vy), *ys = loom__q8a_s((void *)vy, nblk);
+    const int8_t *yq = loom__q8a_qs((void *)vy, nblk);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i sidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *xb = x + b * 72;
+        loom__cpu_prefetch_ahead(xb, 72);
+        const __m512i q = _mm512_loadu_si512(xb + 8);
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yq + 32 * b)));
+        const __m512i yhi =
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yq + 32 * b + 16)));
+        const __m512i dp = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q, m4), ylo),
+            _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), yhi);
+        const __m128 dx = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb));
+        const __m512 sc =
+            _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_mul_ps(dx, _mm_set1_ps(yd[b]))));
+        accm = _mm_fmadd_ps(dx, _mm_set1_ps(ys[b]), accm);
+        if (b & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), sc, acc0);
+    }
+    sum_lanes4(_mm512_add_ps(acc0, acc1), out);
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    for (int l = 0; l < 4; l++)
+        out[l] -= 8.0f * m[l];
+}
+
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K,
+                            loom__cpu_qdot4_fn *q4_0) {
     *iq4_nl = dot4_iq4_nl;
     *q4_K = dot4_q4_K;
+    *q4_0 = dot4_q4_0;
 }
 
 void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
@@ -573,8 +613,10 @@ void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     (void)s;
 }
 
-void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K) {
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K,
+                            loom__cpu_qdot4_fn *q4_0) {
     *iq4_nl = NULL;
     *q4_K = NULL;
+    *q4_0 = NULL;
 }
 #endif

@@ -19,7 +19,7 @@ static pthread_mutex_t rp_mu = PTHREAD_MUTEX_INITIALIZER;
 static loom__cpu_repack *rp_list;
 
 static bool rp_type(loom_type t) {
-    return t == LOOM_TYPE_IQ4_NL || t == LOOM_TYPE_Q4_K;
+    return t == LOOM_TYPE_IQ4_NL || t == LOOM_TYPE_Q4_K || t == LOOM_TYPE_Q4_0;
 }
 
 static bool rp_enabled(void) {
@@ -83,7 +83,7 @@ static void q4k_pack_scales(const uint8_t *sc, const uint8_t *mn, uint8_t *q) {
 /* Block b of row l (0..3) of the group at g, from (put) or to (get) an original block. */
 static void rp_put(loom_type type, char *g, int64_t b, int l, const char *src) {
     char *gb = g + (size_t)b * loom__cpu_repack_gblk_bytes(type);
-    if (type == LOOM_TYPE_IQ4_NL) {
+    if (type == LOOM_TYPE_IQ4_NL || type == LOOM_TYPE_Q4_0) { /* both: fp16 d, 16 nibble bytes */
         memcpy(gb + 2 * l, src, 2);
         memcpy(gb + 2 * LOOM__RP_ROWS + 16 * l, src + 2, 16);
         return;
@@ -104,7 +104,7 @@ static void rp_put(loom_type type, char *g, int64_t b, int l, const char *src) {
 
 static void rp_get(loom_type type, const char *g, int64_t b, int l, char *dst) {
     const char *gb = g + (size_t)b * loom__cpu_repack_gblk_bytes(type);
-    if (type == LOOM_TYPE_IQ4_NL) {
+    if (type == LOOM_TYPE_IQ4_NL || type == LOOM_TYPE_Q4_0) { /* both: fp16 d, 16 nibble bytes */
         memcpy(dst, gb + 2 * l, 2);
         memcpy(dst + 2, gb + 2 * LOOM__RP_ROWS + 16 * l, 16);
         return;
@@ -267,15 +267,24 @@ size_t loom__cpu_repack_count(size_t *bytes) {
     return n;
 }
 
-static loom__cpu_qdot4_fn qdot4_iq4_nl, qdot4_q4_K;
+static loom__cpu_qdot4_fn qdot4_iq4_nl, qdot4_q4_K, qdot4_q4_0;
 static pthread_once_t qdot4_once = PTHREAD_ONCE_INIT;
 
 static void qdot4_init(void) {
-    loom__cpu_qdot4_avx512(&qdot4_iq4_nl, &qdot4_q4_K);
+    loom__cpu_qdot4_avx512(&qdot4_iq4_nl, &qdot4_q4_K, &qdot4_q4_0);
 }
 
 loom__cpu_qdot4_fn loom__cpu_qdot4_get(loom_type t, const loom__cpu_simd *simd) {
     if (simd != &loom__cpu_simd_avx512) return NULL;
     pthread_once(&qdot4_once, qdot4_init);
-    return t == LOOM_TYPE_IQ4_NL ? qdot4_iq4_nl : t == LOOM_TYPE_Q4_K ? qdot4_q4_K : NULL;
+    switch (t) {
+    case LOOM_TYPE_IQ4_NL:
+        return qdot4_iq4_nl;
+    case LOOM_TYPE_Q4_K:
+        return qdot4_q4_K;
+    case LOOM_TYPE_Q4_0:
+        return qdot4_q4_0;
+    default:
+        return NULL;
+    }
 }

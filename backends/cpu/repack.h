@@ -1,5 +1,5 @@
 /*
- * Repacked matmul weights: IQ4_NL and Q4_K weights of a mapped model file, rows
+ * Repacked matmul weights: IQ4_NL, Q4_K and Q4_0 weights of a mapped model file, rows
  * interleaved in groups of LOOM__RP_ROWS so one pass of the AVX-512 dot computes that many
  * output rows against one activation row (its loads, sums and reductions shared).
  *
@@ -12,14 +12,14 @@
  * anonymous one keeps its content), so the memory figure stays that of the file.
  *
  * The original stays valid and every other reader uses it: GET_ROWS of a tied embedding,
- * the DOT/GEMM paths, another SIMD table (LOOM_CPU_SIMD), views. Only the QDOT dots and
- * the int8 GEMM's A packer read the copy (loom__cpu_repack_of). A write into the buffer
+ * the DOT/GEMM paths, another SIMD table (LOOM_CPU_SIMD), views. Only the QDOT (QUANT for
+ * Q4_0) dots and the int8 GEMM's A packer read the copy (loom__cpu_repack_of). A write into the buffer
  * (set/memset/copy/clear) drops the copies it overlaps; freeing the buffer frees them.
  *
  * Layout of the copy: rows [0, 4G) in G groups of 4, group g at byte g * group_bytes, its
  * k-block b at + b * gblk bytes, then the last rows % 4 rows in the original layout:
- *   IQ4_NL (gblk 72, as the original): the 4 rows' fp16 d (8 bytes), then their 16 nibble
- *     bytes each (64 bytes: one zmm, 128-bit lane l = row l);
+ *   IQ4_NL, Q4_0 (gblk 72, as the original): the 4 rows' fp16 d (8 bytes), then their 16
+ *     nibble bytes each (64 bytes: one zmm, 128-bit lane l = row l);
  *   Q4_K (gblk 592, the original 576 + 2.8%): fp16 d[4], dmin[4] (16 bytes), the 6-bit
  *     scales and mins unpacked to bytes sc[8][4], mn[8][4] (sub-block, row: 64 bytes), then
  *     per 64-element chunk c and half h the 4 rows' nibble bytes qs[32 c + 16 h ..] (16
@@ -85,9 +85,11 @@ bool loom__cpu_buffer_is_caller(loom_buffer_t buf);
 size_t loom__cpu_repack_count(size_t *bytes);
 
 /* Out of the copy of a repackable weight: 4 dot products of the group's rows with one
- * activation row (the type's vec_dot_type); NULL if the table has none for the type. */
+ * activation row (the type's vec_dot_type; for Q4_0 a Q8 activation row of cpu-impl.h);
+ * NULL if the table has none for the type. */
 typedef void (*loom__cpu_qdot4_fn)(int64_t K, const void *group, const void *y, float *out);
 loom__cpu_qdot4_fn loom__cpu_qdot4_get(loom_type t, const loom__cpu_simd *simd);
-void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K);
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K,
+                            loom__cpu_qdot4_fn *q4_0);
 
 #endif /* LOOM_CPU_REPACK_H */

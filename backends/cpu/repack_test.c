@@ -1,7 +1,8 @@
 /*
- * Repacked weights (repack.h): IQ4_NL and Q4_K matmul weights in a caller-memory weights
- * buffer (as a mapped model file's) are copied once into rows interleaved by 4 and read
- * from there by the AVX-512 QDOT dots (N < 16) and the int8 GEMM's A packer (N >= 16).
+ * Repacked weights (repack.h): IQ4_NL, Q4_K and Q4_0 matmul weights in a caller-memory
+ * weights buffer (as a mapped model file's) are copied once into rows interleaved by 4 and
+ * read from there by the AVX-512 QDOT/QUANT dots (N < 16, Q4_0 < 24) and the int8 GEMM's
+ * A packer (beyond).
  *
  * Oracle: a double dot of the dequantised weights (core's to_float) with b, whose columns
  * are exact in Q8 (every 32-block q * 2^-e with integer |q| <= 127, one of them 127, e the
@@ -208,6 +209,11 @@ LOOM_TEST(cpu_repack, iq4_nl_every_path_matches_the_double_dot) {
     check_type(LOOM_TYPE_IQ4_NL, 512);
 }
 
+LOOM_TEST(cpu_repack, q4_0_every_path_matches_the_double_dot) {
+    check_type(LOOM_TYPE_Q4_0, 96);
+    check_type(LOOM_TYPE_Q4_0, 512);
+}
+
 LOOM_TEST(cpu_repack, q4_K_every_path_matches_the_double_dot) {
     check_type(LOOM_TYPE_Q4_K, 256);
     check_type(LOOM_TYPE_Q4_K, 512);
@@ -216,8 +222,8 @@ LOOM_TEST(cpu_repack, q4_K_every_path_matches_the_double_dot) {
 /* A write into the weights buffer drops the copy: the next run reads the new weights. */
 LOOM_TEST(cpu_repack, a_write_drops_the_copy) {
     if (!loom__cpu_has_avx512()) LOOM_SKIP("no AVX-512 table on this CPU");
-    for (int t = 0; t < 2; t++) {
-        const loom_type type = t ? LOOM_TYPE_Q4_K : LOOM_TYPE_IQ4_NL;
+    for (int t = 0; t < 3; t++) {
+        const loom_type type = t == 2 ? LOOM_TYPE_Q4_0 : t ? LOOM_TYPE_Q4_K : LOOM_TYPE_IQ4_NL;
         rp_fixture f;
         setup(&f, type, 256, 9, 1);
         LOOM_REQUIRE(compute_both(&f, 2) == LOOM_OK);
