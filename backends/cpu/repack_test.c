@@ -48,8 +48,24 @@ typedef struct rp_fixture {
     void *mem;
     loom_tensor *a, *b, *ids, *mm, *gr;
     float *ad, *bd;
+    double *ref, *mag; /* the double dot and sum |a_k b_k| of each output, [n][m] */
     int64_t K, M, N;
 } rp_fixture;
+
+/* The reference of every output, from the dequantised weights ad. */
+static void reference(rp_fixture *f) {
+    for (int64_t n = 0; n < f->N; n++)
+        for (int64_t m = 0; m < f->M; m++) {
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < f->K; k++) {
+                const double p = (double)f->ad[m * f->K + k] * f->bd[n * f->K + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            f->ref[n * f->M + m] = ref;
+            f->mag[n * f->M + m] = mag;
+        }
+}
 
 /* Weights quantised from random floats into the caller buffer; ad gets them dequantised. */
 static void write_weights(rp_fixture *f, loom_type type) {
@@ -67,6 +83,7 @@ static void write_weights(rp_fixture *f, loom_type type) {
     loom_tensor_set(f->a, q, 0, rb * (size_t)f->M);
     free(q);
     free(x);
+    if (f->ref) reference(f);
 }
 
 static void setup(rp_fixture *f, loom_type type, int64_t K, int64_t M, int64_t N) {
@@ -86,10 +103,13 @@ static void setup(rp_fixture *f, loom_type type, int64_t K, int64_t M, int64_t N
     f->ad = malloc(sizeof(float) * (size_t)(K * M));
     f->bd = malloc(sizeof(float) * (size_t)(K * N));
     LOOM_REQUIRE(f->ad && f->bd);
-    write_weights(f, type);
     f->b = loom_new_tensor_2d(f->ctx, LOOM_TYPE_F32, K, N);
     for (int64_t n = 0; n < N; n++)
         fill_exact(f->bd + n * K, K);
+    f->ref = malloc(sizeof(double) * (size_t)(M * N));
+    f->mag = malloc(sizeof(double) * (size_t)(M * N));
+    LOOM_REQUIRE(f->ref && f->mag);
+    write_weights(f, type);
     memcpy(f->b->data, f->bd, sizeof(float) * (size_t)(K * N));
     /* rows to gather: the first, the last (a tail row when M % 4) and one inside a group */
     f->ids = loom_new_tensor_1d(f->ctx, LOOM_TYPE_I32, 3);
@@ -106,6 +126,8 @@ static void teardown(rp_fixture *f) {
     loom_ctx_free(f->ctx);
     free(f->ad);
     free(f->bd);
+    free(f->ref);
+    free(f->mag);
 }
 
 /* MUL_MAT and GET_ROWS of the weight in one graph on `threads` threads. */
@@ -129,12 +151,7 @@ static int check_outputs(const rp_fixture *f, const char *what) {
     const float *out = f->mm->data;
     for (int64_t n = 0; n < f->N; n++)
         for (int64_t m = 0; m < f->M; m++) {
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < f->K; k++) {
-                const double p = (double)f->ad[m * f->K + k] * f->bd[n * f->K + k];
-                ref += p;
-                mag += fabs(p);
-            }
+            const double ref = f->ref[n * f->M + m], mag = f->mag[n * f->M + m];
             const double got = out[n * (f->mm->nb[1] / sizeof(float)) + m];
             if (fabs(got - ref) > 1e-5 * mag + 1e-30 && bad++ < 3)
                 loom_test_fail(__FILE__, __LINE__, "%s: K %lld M %lld N %lld: out[%lld, %lld] = %.9g, reference %.9g "
