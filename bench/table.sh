@@ -3,7 +3,9 @@
 # layer count, a TinyLlama-shaped file from bench/synth_model, then
 #   loom bench  pp512, tg128 and tg128 at depth 512 (t/s; -t THREADS, -r REPS, F16 K/V),
 #               its peak RSS (GNU time, the whole run),
-#   gen_bench   context switches and cores held per generated token (medians of 3 x 128),
+#   gen_bench   context switches, cores held and CPU milliseconds (cores held / t/s) per
+#               generated token (medians of 3 x 128; CPU time per token is the figure a
+#               loaded machine disturbs least),
 #   llama-bench (with --llama ROOT, a root from scripts/ggml-sandbox.sh, entered) the same
 #               pp512/tg128/tg128@d512 on the same file, and loom / llama.cpp ratios.
 # Figures only (nothing is asserted); prints a markdown table with the date, the machine
@@ -57,8 +59,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-hdr='| layers | type | env | size MiB | pp512 t/s | tg128 t/s | tg128@d512 t/s | csw/token | cores held | peak RSS MiB | load |'
-sep='|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|'
+hdr='| layers | type | env | size MiB | pp512 t/s | tg128 t/s | tg128@d512 t/s | csw/token | cores held | CPU ms/token | peak RSS MiB | load |'
+sep='|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|'
 if [ -n "$llama" ]; then
     hdr="$hdr llama.cpp pp / tg / tg@d512 | loom/llama.cpp pp / tg / tg@d512 |"
     sep="$sep---|---|"
@@ -91,9 +93,9 @@ for L in ${layers//,/ }; do
                 -t "$threads" -p $pp -n $tg -d 0,$depth -r "$reps" -ctk f16 -ctv f16 -o csv 2>/dev/null | tps)
             peak=$(awk '{ printf "%.0f", $1 / 1024 }' "$rss")
             rm -f "$rss"
-            read -r csw cores < <(env "${envv[@]}" "$bin/bench/gen_bench" -m "$f" -t "$threads" -n $gen -r 3 2>/dev/null |
-                awk '/^median:/ { print $4, $7 }')
-            row="| $L | $T | $e | $size | $bpp | $btg | $btgd | ${csw:--} | ${cores:--} | $peak | $(cut -d' ' -f1 /proc/loadavg) |"
+            read -r csw cores cpums < <(env "${envv[@]}" "$bin/bench/gen_bench" -m "$f" -t "$threads" -n $gen -r 3 2>/dev/null |
+                awk '/^median:/ { printf "%s %s %.2f\n", $4, $7, ($2 > 0 ? 1000 * $7 / $2 : 0) }')
+            row="| $L | $T | $e | $size | $bpp | $btg | $btgd | ${csw:--} | ${cores:--} | ${cpums:--} | $peak | $(cut -d' ' -f1 /proc/loadavg) |"
             if [ -n "$llama" ]; then
                 row="$row $lpp / $ltg / $ltgd | $(ratio "$bpp" "$lpp") / $(ratio "$btg" "$ltg") / $(ratio "$btgd" "$ltgd") |"
             fi
