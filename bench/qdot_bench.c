@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backends/cpu/quants-dot.h"
+#include "backends/cpu/repack.h"
 #include "bench/bench_rng.h"
 #include "loom/loom.h"
 
@@ -128,6 +129,46 @@ int main(int argc, char **argv) {
             printf("%-7s %-7s %9.0f %9.2f %10.1f %12s\n", loom_type_name(types[t]), isas[s].name,
                    (double)rb / (double)nblk, best * 1e9 / (double)nblk, (double)rb / best * 1e-9,
                    ok ? "same" : "DIFFERS");
+        }
+        /* the 4-row dots over repacked rows (backends/cpu/repack.h), where the table has one */
+        const loom__cpu_qdot4_fn dot4 = loom__cpu_qdot4_get(types[t], &loom__cpu_simd_avx512);
+        if (dot4 && loom__cpu_has_avx512()) {
+            char *wr = malloc(loom__cpu_repack_bytes(types[t], K, rows));
+            const size_t gb = (size_t)nblk * loom__cpu_repack_gblk_bytes(types[t]);
+            loom__cpu_repack_rows(types[t], K, rows, w, wr);
+            bool ok = true;
+            for (int g = 0; g < rows / LOOM__RP_ROWS; g++) {
+                float out[LOOM__RP_ROWS];
+                dot4(K, wr + (size_t)g * gb, y, out);
+                for (int l = 0; l < LOOM__RP_ROWS; l++) {
+                    const float r1 = dot_one(types[t], &loom__cpu_simd_scalar, K,
+                                             w + (size_t)(g * LOOM__RP_ROWS + l) * rb, y);
+                    ok = ok && fabsf(out[l] - r1) <= 1e-4f * (fabsf(r1) + 1.0f);
+                }
+            }
+            failed += !ok;
+            double best = INFINITY, spent = 0;
+            volatile float sink = 0;
+            int reps = 0;
+            while (fixed_reps > 0 ? reps < fixed_reps : spent < min_s || reps < 3) {
+                int64_t t0 = loom_time_ns();
+                float acc = 0, out[LOOM__RP_ROWS];
+                for (int it = 0; it < 8; it++)
+                    for (int g = 0; g < rows / LOOM__RP_ROWS; g++) {
+                        dot4(K, wr + (size_t)g * gb, y, out);
+                        acc += out[0];
+                    }
+                sink += acc;
+                double dt = (double)(loom_time_ns() - t0) * 1e-9 / (8.0 * rows);
+                spent += dt * 8 * rows;
+                if (dt < best) best = dt;
+                reps++;
+            }
+            (void)sink;
+            printf("%-7s %-7s %9.0f %9.2f %10.1f %12s\n", loom_type_name(types[t]), "avx512x4",
+                   (double)rb / (double)nblk, best * 1e9 / (double)nblk, (double)rb / best * 1e-9,
+                   ok ? "same" : "DIFFERS");
+            free(wr);
         }
         free(w);
         free(y);

@@ -14,6 +14,7 @@
 
 #include "backends/cpu/cpu-impl.h"
 #include "backends/cpu/cpu-numa.h"
+#include "backends/cpu/repack.h"
 
 #define CPU_NAME "CPU"
 #define CPU_ALIGNMENT 64
@@ -68,16 +69,49 @@ static const struct loom_buffer_i cpu_buffer_i = {
     .clear = cpu_buffer_clear,
 };
 
-/* Caller memory: the same, but nothing to free. */
+/* Caller memory: the same, but nothing to free except the repacked copies of its weights
+ * (repack.h), which every write into the buffer drops where it overlaps them. */
+static void cpu_ptr_buffer_free(loom_buffer_t buf) {
+    loom__cpu_repack_drop(buf, NULL, SIZE_MAX);
+}
+
+static void cpu_ptr_buffer_memset_tensor(loom_buffer_t buf, loom_tensor *t, uint8_t value,
+                                         size_t offset, size_t size) {
+    loom__cpu_repack_drop(buf, (char *)t->data + offset, size);
+    cpu_buffer_memset_tensor(buf, t, value, offset, size);
+}
+
+static void cpu_ptr_buffer_set_tensor(loom_buffer_t buf, loom_tensor *t, const void *data,
+                                      size_t offset, size_t size) {
+    loom__cpu_repack_drop(buf, (char *)t->data + offset, size);
+    cpu_buffer_set_tensor(buf, t, data, offset, size);
+}
+
+static bool cpu_ptr_buffer_cpy_tensor(loom_buffer_t buf, const loom_tensor *src,
+                                      loom_tensor *dst) {
+    if (!src->buffer || !loom_buffer_is_host(src->buffer)) return false;
+    loom__cpu_repack_drop(buf, dst->data, loom_nbytes(src));
+    return cpu_buffer_cpy_tensor(buf, src, dst);
+}
+
+static void cpu_ptr_buffer_clear(loom_buffer_t buf, uint8_t value) {
+    loom__cpu_repack_drop(buf, NULL, SIZE_MAX);
+    cpu_buffer_clear(buf, value);
+}
+
 static const struct loom_buffer_i cpu_buffer_from_ptr_i = {
-    .free_buffer = NULL,
+    .free_buffer = cpu_ptr_buffer_free,
     .get_base = cpu_buffer_get_base,
-    .memset_tensor = cpu_buffer_memset_tensor,
-    .set_tensor = cpu_buffer_set_tensor,
+    .memset_tensor = cpu_ptr_buffer_memset_tensor,
+    .set_tensor = cpu_ptr_buffer_set_tensor,
     .get_tensor = cpu_buffer_get_tensor,
-    .cpy_tensor = cpu_buffer_cpy_tensor,
-    .clear = cpu_buffer_clear,
+    .cpy_tensor = cpu_ptr_buffer_cpy_tensor,
+    .clear = cpu_ptr_buffer_clear,
 };
+
+bool loom__cpu_buffer_is_caller(loom_buffer_t buf) {
+    return buf && buf->iface == &cpu_buffer_from_ptr_i;
+}
 
 /* ---------------------------------------------------------------- buffer type */
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "backends/cpu/cpu-impl.h"
+#include "backends/cpu/repack.h"
 
 /* ---------------------------------------------------------------- errors, barrier */
 
@@ -573,6 +574,7 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         all_solo = all_solo && node_solo(t);
     }
     if (all_solo) nth = 1;
+    loom__cpu_repack_graph(g, simd);
 
     size_t shared = 0, per_thread = 0;
     for (int i = 0; i < g->n_nodes; i++) {

@@ -31,6 +31,7 @@
 
 #include "backends/cpu/qgemm.h"
 #include "backends/cpu/quants-dot.h"
+#include "backends/cpu/repack.h"
 
 enum {
     MM_GEMM_MIN_N = 8,      /* columns (rows of b) from which the tiled GEMM pays */
@@ -191,17 +192,24 @@ static mm_shape shape_of(const loom_tensor *dst) {
 /* Per-thread scratch of the int8 GEMM: A panels of one MM_MC x MM_KC block, the unpack
  * buffer of one row's k-block, one Q8 activation row and one f32 row of b. */
 typedef struct qg_thread_layout {
-    size_t off_tmp, off_q8, off_f32, total;
+    size_t off_tmp, off_q8, off_f32, off_stage, total;
 } qg_thread_layout;
 
-static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t K) {
+/* Bytes of MR rows of one MM_KC k-block in a's own layout: where the A packer reads the
+ * rows of a repacked weight (repack.h) once they are put back in file order. */
+static size_t qg_stage_bytes(const loom__cpu_simd *simd, loom_type t) {
+    return (size_t)simd->qgemm_mr * loom_row_size(t, MM_KC);
+}
+
+static qg_thread_layout qg_thread_layout_of(const loom__cpu_simd *simd, int64_t K, loom_type t) {
     const int mr = simd->qgemm_mr;
     const size_t ablk = loom__qg_ablk_bytes(mr, 2); /* the larger, two-halves block */
     qg_thread_layout l;
     l.off_tmp = align64_size((size_t)ceil_div(MM_MC, mr) * (MM_KC / LOOM_QG_BLK) * ablk);
     l.off_q8 = l.off_tmp + align64_size(loom__qg_tmp_bytes(mr, MM_KC / LOOM_QG_BLK));
     l.off_f32 = l.off_q8 + align64_size(loom__q8a_row_bytes(K / LOOM_QG_BLK));
-    l.total = l.off_f32 + align64_size((size_t)K * sizeof(float));
+    l.off_stage = l.off_f32 + align64_size((size_t)K * sizeof(float));
+    l.total = l.off_stage + align64_size(qg_stage_bytes(simd, t));
     return l;
 }
 
@@ -264,7 +272,7 @@ loom__cpu_work loom__cpu_mul_mat_work(const loom_tensor *dst, int nth, const loo
         const int64_t npan = ceil_div(s.N, simd->qgemm_nr);
         w.shared = (size_t)(npan * s.B2 * s.B3) * (size_t)(s.K / LOOM_QG_BLK) *
                    loom__qg_bblk_bytes(simd->qgemm_nr);
-        w.per_thread = qg_thread_layout_of(simd, s.K).total;
+        w.per_thread = qg_thread_layout_of(simd, s.K, a->type).total;
         break;
     }
     }
@@ -415,6 +423,41 @@ static const char *quantize_b(const loom__cpu_params *p, const loom_tensor *b, c
     return qb;
 }
 
+/* QDOT (QUANT for Q4_0) over a repacked weight (repack.h), one batch: units are the groups of 4 rows, then
+ * the tail rows, split across threads; each group's 4 rows against every activation row
+ * (the group stays in L1 across them). */
+static void mm_qdot_repacked(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s,
+                             const loom__cpu_repack *rp, const char *qb, size_t rb) {
+    const loom__cpu_qdot4_fn dot4 = loom__cpu_qdot4_get(rp->type, p->simd);
+    const loom__cpu_qdot_fn dot1 = loom__cpu_qdot_get(rp->type, p->simd);
+    const int64_t G = rp->groups, units = G + (s->M - G * LOOM__RP_ROWS);
+    int64_t u0, u1;
+    loom__range(units, p->ith, p->nth, &u0, &u1);
+    float out[LOOM__RP_ROWS];
+    for (int64_t u = u0; u < u1; u++) {
+        if (u < G) {
+            const char *grp = loom__cpu_repack_group(rp, u);
+            for (int64_t n = 0; n < s->N; n++) {
+                dot4(s->K, grp, qb + (size_t)n * rb, out);
+                for (int l = 0; l < LOOM__RP_ROWS; l++)
+                    *dst_at(dst, u * LOOM__RP_ROWS + l, n, 0, 0) = out[l];
+            }
+        } else {
+            const int64_t m = G * LOOM__RP_ROWS + (u - G);
+            const char *row = loom__cpu_repack_row(rp, m);
+            for (int64_t n = 0; n < s->N; n++) {
+                float o;
+                if (rp->type == LOOM_TYPE_Q4_0)
+                    p->simd->dot_q4_0(s->K / LOOM_QK4_0, (const loom_block_q4_0 *)row,
+                                      qb + (size_t)n * rb, 0, 1, &o);
+                else
+                    o = dot1(s->K, row, qb + (size_t)n * rb);
+                *dst_at(dst, m, n, 0, 0) = o;
+            }
+        }
+    }
+}
+
 static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_shape *s) {
     const loom_tensor *a = dst->src[0], *b = dst->src[1];
     const int64_t nblk = s->K / LOOM_QK8_0;
@@ -428,6 +471,11 @@ static void mm_path_quant(const loom__cpu_params *p, loom_tensor *dst, const mm_
         .simd = p->simd,
     };
     const size_t rb = loom__q8a_row_bytes(nblk);
+    const loom__cpu_repack *rp = loom__cpu_repack_of(a, p->simd);
+    if (rp && s->B2 * s->B3 == 1) {
+        mm_qdot_repacked(p, dst, s, rp, qb, rb);
+        return;
+    }
     mm_dot_loop(p, dst, s, &x, (const char *)qb, rb, rb * (size_t)s->N,
                 rb * (size_t)(s->N * s->B2));
 }
@@ -440,6 +488,11 @@ static void mm_path_qdot(const loom__cpu_params *p, loom_tensor *dst, const mm_s
         loom__cpu_qact_get(loom_type_traits_get((int)a->type)->vec_dot_type, p->simd);
     const size_t rb = qdot_row_bytes(a->type, s->K);
     const char *qb = quantize_b(p, b, s, quant, rb);
+    const loom__cpu_repack *rp = loom__cpu_repack_of(a, p->simd);
+    if (rp && s->B2 * s->B3 == 1) {
+        mm_qdot_repacked(p, dst, s, rp, qb, rb);
+        return;
+    }
     mm_dot_args x = {
         .a = a,
         .atype = a->type,
@@ -573,8 +626,10 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
     const int64_t batches = s->B2 * s->B3;
     const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
     const size_t panel_bytes = (size_t)nblk * bblk;
-    const qg_thread_layout tl = qg_thread_layout_of(p->simd, s->K);
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, s->K, a->type);
+    const loom__cpu_repack *rp = s->B2 * s->B3 == 1 ? loom__cpu_repack_of(a, p->simd) : NULL;
     char *bp = p->wshared, *wt = p->wthread;
+    char *stage = wt + tl.off_stage;
     char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
     float *f32 = (float *)(wt + tl.off_f32);
 
@@ -616,6 +671,16 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
             const int64_t kb = (s->K - k0 < MM_KC ? s->K - k0 : MM_KC) / LOOM_QG_BLK;
             for (int64_t mp = 0; mp < mpan; mp++) {
                 const int rows = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
+                if (rp) { /* the rows back in file order, this k-block only */
+                    const int64_t bs = loom_blck_size(a->type);
+                    const size_t srb = loom_row_size(a->type, kb * LOOM_QG_BLK);
+                    for (int i = 0; i < rows; i++)
+                        loom__cpu_repack_read(rp, mc0 + mp * mr + i, k0 / bs, kb * LOOM_QG_BLK / bs,
+                                              stage + (size_t)i * srb);
+                    loom__qg_pack_a(qt, stage, srb, rows, mr, 0, kb, ap + (size_t)(mp * kb) * ablk,
+                                    tmp, p->simd->qgemm_scatter);
+                    continue;
+                }
                 loom__qg_pack_a(qt, loom__at(a, 0, mc0 + mp * mr, i2 / s->r2, i3 / s->r3), a->nb[1],
                                 rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
                                 p->simd->qgemm_scatter);
@@ -754,7 +819,7 @@ loom__cpu_work loom__cpu_mul_mat_id_work(const loom_tensor *dst, int nth,
     loom__cpu_work w = {l.total, (size_t)dst->src[0]->ne[0] * sizeof(float)};
     if (l.gemm) {
         const int64_t slots = dst->src[2]->ne[0] * dst->src[2]->ne[1];
-        const size_t off = l.qgemm ? align64(qg_thread_layout_of(simd, dst->src[0]->ne[0]).total)
+        const size_t off = l.qgemm ? align64(qg_thread_layout_of(simd, dst->src[0]->ne[0], dst->src[0]->type).total)
                                    : mmid_gemm_cbuf_off(simd);
         const size_t g = off + (size_t)MM_MC * (size_t)slots * sizeof(float);
         if (g > w.per_thread) w.per_thread = g;
@@ -883,7 +948,7 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
     const int64_t nblk = K / LOOM_QG_BLK;
     const size_t ablk = loom__qg_ablk_bytes(mr, qt->halves), bblk = loom__qg_bblk_bytes(nr);
     const size_t panel_bytes = (size_t)nblk * bblk;
-    const qg_thread_layout tl = qg_thread_layout_of(p->simd, K);
+    const qg_thread_layout tl = qg_thread_layout_of(p->simd, K, dst->src[0]->type);
     char *bp = (char *)p->wshared + l->off_panels, *wt = p->wthread;
     char *ap = wt, *tmp = wt + tl.off_tmp, *q8 = wt + tl.off_q8;
     float *cbuf = (float *)(wt + align64(tl.total));

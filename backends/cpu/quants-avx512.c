@@ -16,6 +16,7 @@
  * float scaling per block is the same, summed in another order.
  */
 #include "backends/cpu/quants-dot.h"
+#include "backends/cpu/repack.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -427,6 +428,168 @@ LG_DEF(q5_1, LG_Q5_1)
 LG_DEF(iq4_nl, LG_IQ4_NL)
 LG_DEF(mxfp4, LG_MXFP4)
 
+/* ---------------------------------------------------------------- repacked rows (repack.h) */
+
+/* The 16 floats of v summed per 128-bit lane: lane l's four -> out[l] */
+I512 void sum_lanes4(__m512 v, float *out) {
+    float t[16];
+    _mm512_storeu_ps(t, v);
+    for (int l = 0; l < 4; l++)
+        out[l] = (t[4 * l] + t[4 * l + 1]) + (t[4 * l + 2] + t[4 * l + 3]);
+}
+
+/* IQ4_NL, 4 rows: per block 8 bytes of fp16 d, then 4 x 16 nibble bytes, one zmm (128-bit
+ * lane l: row l); low nibbles are elements 0-15 against the activations' first 16 bytes
+ * (broadcast to every lane), high nibbles 16-31 against the next 16. Grid + 128 unsigned
+ * with vpdpbusd, minus 128 x the activations' sum (the same for all rows, one pair of
+ * vpdpbusd per block for the 4 rows). */
+T512 static void dot4_iq4_nl(int64_t n, const void *vx, const void *vy, float *out) {
+    const uint8_t *x = vx;
+    const loom_block_q8_0 *y = vy;
+    const __m512i tab =
+        _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)loom_iq4nl_values)),
+                        _mm512_set1_epi8((char)0x80));
+    const __m512i m4 = _mm512_set1_epi8(0x0f), c128 = _mm512_set1_epi8((char)0x80);
+    const __m512i sidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    const int64_t nblk = n / 32;
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *xb = x + b * 72;
+        loom__cpu_prefetch_ahead(xb, 72);
+        const __m512i q = _mm512_loadu_si512(xb + 8);
+        const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(q, m4));
+        const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)y[b].qs));
+        const __m512i yhi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(y[b].qs + 16)));
+        const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, ylo),
+                                               hi, yhi);
+        const __m512i cr = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, ylo),
+                                               c128, yhi);
+        const __m128 dx = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb));
+        const __m512 sc = _mm512_permutexvar_ps(
+            sidx, _mm512_castps128_ps512(_mm_mul_ps(dx, _mm_set1_ps(H(y[b].d)))));
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(dp, cr));
+        if (b & 1)
+            acc1 = _mm512_fmadd_ps(v, sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(v, sc, acc0);
+    }
+    sum_lanes4(_mm512_add_ps(acc0, acc1), out);
+}
+
+/* Q4_K, 4 rows (592-byte group blocks, repack.h): per chunk c, two zmm of nibbles (128-bit
+ * lane l: row l's 16 bytes of half h), low nibbles sub-block 2c, high ones 2c + 1; vpdpbusd
+ * (nibbles unsigned) against the activations' 16-byte pieces broadcast to every lane gives
+ * each row's sub-block sums, times the row's scale (unpacked bytes, spread by vpermd) in
+ * int32; the mins times the activations' sub-block sums (bsums) the same way, 4 rows at
+ * once. The integers are those of the one-row kernel. */
+T512 static void dot4_q4_K(int64_t n, const void *vx, const void *vy, float *out) {
+    const uint8_t *x = vx;
+    const loom_block_q8_K *y = vy;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    /* lane 4 r + i -> r (a row's value in its four lanes), and + 4 */
+    const __m512i quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i quad4 = _mm512_add_epi32(quad, _mm512_set1_epi32(4));
+    /* lane 4 r + i -> 4 t + r: sub-block t (of four) of row r in [sub-block][row] int32 lanes */
+    __m512i sidx[4];
+    for (int t = 0; t < 4; t++)
+        sidx[t] = _mm512_add_epi32(quad, _mm512_set1_epi32(4 * t));
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / LOOM_QK_K; b++) {
+        const uint8_t *xb = x + b * LOOM__RP_Q4K_GBLK;
+        loom__cpu_prefetch_ahead(xb, LOOM__RP_Q4K_GBLK);
+        const __m512i sc[2] = {_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 16))),
+                               _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 32)))};
+        const int8_t *yq = y[b].qs;
+        __m512i sumi = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+            const __m512i q0 = _mm512_loadu_si512(xb + 80 + 128 * c);
+            const __m512i q1 = _mm512_loadu_si512(xb + 80 + 128 * c + 64);
+            const int8_t *yc = yq + 64 * c;
+#define Y16(o) _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yc + (o))))
+            const __m512i lo = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q0, m4), Y16(0)),
+                _mm512_and_si512(q1, m4), Y16(16));
+            const __m512i hi = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                    _mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), Y16(32)),
+                _mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), Y16(48));
+#undef Y16
+            const int s0 = 2 * c, s1 = 2 * c + 1;
+            sumi = _mm512_add_epi32(
+                sumi, _mm512_mullo_epi32(lo, _mm512_permutexvar_epi32(sidx[s0 % 4], sc[s0 / 4])));
+            sumi = _mm512_add_epi32(
+                sumi, _mm512_mullo_epi32(hi, _mm512_permutexvar_epi32(sidx[s1 % 4], sc[s1 / 4])));
+        }
+        /* sum over sub-blocks s of mn[s][r] * (bsums[2 s] + bsums[2 s + 1]) */
+        const __m512i ys = _mm512_castsi256_si512(
+            _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[b].bsums), _mm256_set1_epi16(1)));
+        const __m512i mp = _mm512_add_epi32(
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 48))),
+                               _mm512_permutexvar_epi32(quad, ys)),
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(xb + 64))),
+                               _mm512_permutexvar_epi32(quad4, ys)));
+        const __m256i m8 = _mm256_add_epi32(_mm512_castsi512_si256(mp), _mm512_extracti64x4_epi64(mp, 1));
+        const __m128i mr = _mm_add_epi32(_mm256_castsi256_si128(m8), _mm256_extracti128_si256(m8, 1));
+        const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xb)),
+                                        _mm256_set1_ps(y[b].d));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),
+                              _mm512_permutexvar_ps(quad, _mm512_castps256_ps512(dd)), acc);
+        accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mr), _mm256_extractf128_ps(dd, 1), accm);
+    }
+    sum_lanes4(acc, out);
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    for (int l = 0; l < 4; l++)
+        out[l] -= m[l];
+}
+
+/* Q4_0, 4 rows (IQ4_NL's layout) against a Q8 activation row (cpu-impl.h: d[], s[] =
+ * d x sum q, then the integers): nibbles unsigned with vpdpbusd, the - 8 of every weight as
+ * 8 x dx x s per block, for the 4 rows in one xmm. */
+T512 static void dot4_q4_0(int64_t n, const void *vx, const void *vy, float *out) {
+    const uint8_t *x = vx;
+    const int64_t nblk = n / 32;
+    const float *yd = loom__q8a_d((void *)vy), *ys = loom__q8a_s((void *)vy, nblk);
+    const int8_t *yq = loom__q8a_qs((void *)vy, nblk);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i sidx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *xb = x + b * 72;
+        loom__cpu_prefetch_ahead(xb, 72);
+        const __m512i q = _mm512_loadu_si512(xb + 8);
+        const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yq + 32 * b)));
+        const __m512i yhi =
+            _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(yq + 32 * b + 16)));
+        const __m512i dp = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_and_si512(q, m4), ylo),
+            _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), yhi);
+        const __m128 dx = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)xb));
+        const __m512 sc =
+            _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_mul_ps(dx, _mm_set1_ps(yd[b]))));
+        accm = _mm_fmadd_ps(dx, _mm_set1_ps(ys[b]), accm);
+        if (b & 1)
+            acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), sc, acc1);
+        else
+            acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), sc, acc0);
+    }
+    sum_lanes4(_mm512_add_ps(acc0, acc1), out);
+    float m[4];
+    _mm_storeu_ps(m, accm);
+    for (int l = 0; l < 4; l++)
+        out[l] -= 8.0f * m[l];
+}
+
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K,
+                            loom__cpu_qdot4_fn *q4_0) {
+    *iq4_nl = dot4_iq4_nl;
+    *q4_K = dot4_q4_K;
+    *q4_0 = dot4_q4_0;
+}
+
 void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     lg_tail[LG_Q4_1] = s->q4_1;
     lg_tail[LG_Q5_0] = s->q5_0;
@@ -448,5 +611,12 @@ void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
 #else
 void loom__cpu_qdot_avx512(loom__cpu_qdot_set *s) {
     (void)s;
+}
+
+void loom__cpu_qdot4_avx512(loom__cpu_qdot4_fn *iq4_nl, loom__cpu_qdot4_fn *q4_K,
+                            loom__cpu_qdot4_fn *q4_0) {
+    *iq4_nl = NULL;
+    *q4_K = NULL;
+    *q4_0 = NULL;
 }
 #endif
