@@ -5,6 +5,7 @@
  * of a bare "no sim backend" (issue 26). Built with linkstatic, so the registry's code lies
  * in this executable.
  */
+#define _POSIX_C_SOURCE 200809L /* unsetenv */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rank that leaves early (peer_left_mpi.c: MPI_Finalize and exit 0, which MPI does not
-# report) while the others wait for it: with LOOM_DIST_TIMEOUT=2 every waiting rank gets an
+# report) while the others wait for it: with LOOM_DIST_TIMEOUT=2 a waiting rank gets an
 # error naming the call and itself within a few seconds, and the job ends (loom_dist_abort),
 # on 2 and 3 local ranks, in a broadcast and in loom_dist_agree. Skips without mpirun or with
 # a loom built without MPI.
@@ -26,9 +26,11 @@ for np in 2 3; do
         ! grep -q "^FAIL" "$out" || fail "$mode on $np ranks: $(grep '^FAIL' "$out")"
         grep -q "^PASS rank $((np - 1)) left" "$out" || fail "$mode on $np ranks: the last rank did not leave: $(cat "$out")"
         n=$(grep -c "^PASS rank [0-9]* $mode: " "$out" || true)
-        [ "$n" -eq $((np - 1)) ] || fail "$mode on $np ranks: $n of $((np - 1)) waiting ranks saw the error: $(cat "$out")"
+        # the first waiting rank to time out aborts the job (loom_dist_abort), which may kill
+        # the other waiting ranks before their own deadline: one report is the proof
+        [ "$n" -ge 1 ] || fail "$mode on $np ranks: no waiting rank saw the error: $(cat "$out")"
         [ "$rc" -ne 0 ] || fail "$mode on $np ranks: mpirun exit 0 although the job was aborted"
-        echo "ok: $mode on $np ranks: $(grep -m1 "^PASS rank 0" "$out" | cut -d' ' -f4-) (mpirun exit $rc, $((SECONDS - t0)) s)"
+        echo "ok: $mode on $np ranks: $(grep -m1 "^PASS rank [0-9]* $mode: " "$out" | cut -d' ' -f4-) (mpirun exit $rc, $((SECONDS - t0)) s)"
     done
 done
 echo "PASS"
