@@ -41,6 +41,11 @@ static void min_max(const float *x, int n, float *mn, float *mx) {
 void loom__quantize_row_q4_1(const float *x, loom_block_q4_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK4_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK4_1; b++, x += LOOM_QK4_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].m = 0x7e00;
+            continue;
+        }
         float mn, mx;
         min_max(x, LOOM_QK4_1, &mn, &mx);
         const float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
@@ -87,6 +92,11 @@ static void get_q5(const uint8_t qs[16], const uint8_t qh[4], int q[32]) {
 void loom__quantize_row_q5_1(const float *x, loom_block_q5_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK5_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK5_1; b++, x += LOOM_QK5_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].m = 0x7e00;
+            continue;
+        }
         float mn, mx;
         min_max(x, LOOM_QK5_1, &mn, &mx);
         const float d = (mx - mn) / 31.0f, id = d ? 1.0f / d : 0.0f;
@@ -127,6 +137,11 @@ static float signed_absmax(const float *x, int n) {
 void loom__quantize_row_q5_0(const float *x, loom_block_q5_0 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK5_0 == 0);
     for (int64_t b = 0; b < n / LOOM_QK5_0; b++, x += LOOM_QK5_0) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = 0x7e00;
+            continue;
+        }
         const float d = signed_absmax(x, 32) / -16.0f, id = d ? 1.0f / d : 0.0f;
         y[b].d = loom__fp32_to_fp16(d);
         int q[32];
@@ -152,6 +167,11 @@ void loom__dequantize_row_q5_0(const loom_block_q5_0 *x, float *y, int64_t n) {
 void loom__quantize_row_q8_1(const float *x, loom_block_q8_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK8_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK8_1; b++, x += LOOM_QK8_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale and sum: every dot reading it is NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].s = 0x7e00;
+            continue;
+        }
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(x[j]));
