@@ -12,12 +12,14 @@
  * from the mapping (whose pages are dropped once copied) or, when the file cannot be
  * mapped or no_mmap is set, read through one staging buffer of that size.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/cpu.h"
@@ -511,6 +513,7 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
     *out = NULL;
     int64_t t0 = loom_time_us();
     loom_model *m = loom_calloc(1, sizeof *m);
+    if (m) m->map_fd = -1;
     if (!m) return loom_error(LOOM_ERR_NOMEM, "model: out of memory");
     m->hp = *hparams;
     loom_status st;
@@ -785,6 +788,12 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
         m->map = NULL;
         m->map_size = 0;
     }
+    if (m->map) { /* weights are read from the file's pages: remember which file it was */
+        struct stat sb;
+        m->map_fd = loom_gguf_dup_fd(g);
+        if (m->map_fd >= 0 && fstat(m->map_fd, &sb) == 0)
+            m->map_mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    }
     m->n_bytes = total;
     loom_free(list);
     m->load_us = loom_time_us() - t0;
@@ -815,7 +824,32 @@ void loom_model_free(loom_model *m) {
     loom_free(m->buffers);
     loom_ctx_free(m->ctx);
     if (m->map) munmap(m->map, m->map_size);
+    if (m->map_fd >= 0) close(m->map_fd);
     loom_free(m);
+}
+
+loom_status loom_model_check_file(const loom_model *m) {
+    if (!m || !m->map || m->map_fd < 0) return LOOM_OK;
+    struct stat sb;
+    if (fstat(m->map_fd, &sb) != 0)
+        return loom_error(LOOM_ERR_IO, "model: cannot stat the mapped model file: %s",
+                          strerror(errno));
+    if ((uint64_t)sb.st_size < (uint64_t)m->map_size)
+        return loom_error(LOOM_ERR_IO,
+                          "model: the model file was truncated from %zu to %lld bytes after it "
+                          "was loaded (its weights are read from the file's pages in place); "
+                          "restore the file and load the model again",
+                          m->map_size, (long long)sb.st_size);
+    const int64_t mt = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    if (mt != m->map_mtime_ns)
+        return loom_error(LOOM_ERR_IO,
+                          "model: the model file was modified after it was loaded (modification "
+                          "time %lld.%09lld s, was %lld.%09lld s); its weights are read from the "
+                          "file's pages in place and may have changed: load the model again",
+                          (long long)(mt / 1000000000), (long long)(mt % 1000000000),
+                          (long long)(m->map_mtime_ns / 1000000000),
+                          (long long)(m->map_mtime_ns % 1000000000));
+    return LOOM_OK;
 }
 
 void loom_model_foreach_weight(loom_model *m, void (*fn)(loom_tensor *t, int layer, void *ud),
