@@ -96,7 +96,7 @@ static void tokenize_all(const char *what, const loom_tokenizer *t, const char *
 
 /* The hostile texts: invalid UTF-8 (lone continuation, truncated sequence, overlong, surrogate,
  * past U+10FFFF), NULs, fragments of the special tokens, specials glued to each other, and
- * long runs (256 KiB without a space, 64 KiB of specials). */
+ * long runs (128 KiB without a space, 32 KiB of specials). */
 #define N_TEXTS 12
 static void hostile_texts(const char *texts[N_TEXTS], size_t lens[N_TEXTS], char **owned) {
     static const char *const fixed[] = {
@@ -115,7 +115,7 @@ static void hostile_texts(const char *texts[N_TEXTS], size_t lens[N_TEXTS], char
         texts[i] = fixed[i];
         lens[i] = i == 4 ? 10 : strlen(fixed[i]);
     }
-    const size_t big = 1 << 18;
+    const size_t big = 1 << 17;
     char *run = malloc(big), *specials = malloc(big / 4), *mixed = malloc(big / 4);
     for (size_t k = 0; k < big; k++)
         run[k] = (char)('a' + k % 7);
