@@ -298,3 +298,46 @@ LOOM_TEST(hostile_hparams, huge_training_context_refused_at_session) {
         loom_free(data);
     }
 }
+
+/* A block-type weight whose row length is not a multiple of its block (the header patched
+ * after writing, as a hostile file would have it) is refused at open, naming the tensor, the
+ * type and the block size, for every block type. */
+LOOM_TEST(hostile_hparams, block_type_row_not_multiple_refused_at_open) {
+    static const loom_type types[] = {
+        LOOM_TYPE_Q4_0,   LOOM_TYPE_Q4_1,   LOOM_TYPE_Q5_0, LOOM_TYPE_Q5_1, LOOM_TYPE_Q8_0,
+        LOOM_TYPE_Q2_K,   LOOM_TYPE_Q3_K,   LOOM_TYPE_Q4_K, LOOM_TYPE_Q5_K, LOOM_TYPE_Q6_K,
+        LOOM_TYPE_IQ4_NL, LOOM_TYPE_IQ4_XS, LOOM_TYPE_MXFP4};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const int64_t blk = loom_blck_size(types[i]);
+        const int64_t ne[2] = {2 * blk, 2};
+        void *bytes = calloc(1, loom_row_size(types[i], 2 * blk) * 2);
+        loom_gguf_writer *w = loom_gguf_writer_new();
+        LOOM_REQUIRE(w && bytes);
+        LOOM_REQUIRE(loom_gguf_add_tensor(w, "blk.0.attn_q.weight", types[i], 2, ne, bytes) ==
+                     LOOM_OK);
+        void *data = NULL;
+        size_t size = 0;
+        LOOM_REQUIRE(loom_gguf_write_memory(w, &data, &size) == LOOM_OK);
+        /* ne[0] follows the name and the dimension count: make it one element short */
+        const char *name = "blk.0.attn_q.weight";
+        uint8_t *p = NULL;
+        for (size_t k = 0; k + strlen(name) <= size && !p; k++)
+            if (memcmp((uint8_t *)data + k, name, strlen(name)) == 0)
+                p = (uint8_t *)data + k + strlen(name) + 4;
+        LOOM_REQUIRE(p != NULL);
+        const uint64_t odd = (uint64_t)(2 * blk - 1);
+        memcpy(p, &odd, 8);
+        loom_gguf *g = NULL;
+        LOOM_CHECK_EQ_INT(loom_gguf_open_memory(data, size, &g), LOOM_ERR_FORMAT);
+        char want[160];
+        snprintf(want, sizeof want,
+                 "gguf: tensor 'blk.0.attn_q.weight': ne[0] = %lld is not a multiple of the %s "
+                 "block size %lld",
+                 (long long)odd, loom_type_name(types[i]), (long long)blk);
+        LOOM_CHECK_STR_CONTAINS(loom_last_error(), want);
+        loom_gguf_free(g);
+        loom_free(data);
+        loom_gguf_writer_free(w);
+        free(bytes);
+    }
+}
