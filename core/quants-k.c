@@ -59,7 +59,7 @@ void loom__quantize_row_q8_K(const float *x, loom_block_q8_K *y, int64_t n) {
             continue;
         }
         const float m = signed_absmax(x, LOOM_QK_K);
-        if (m == 0.0f) {
+        if (m == 0.0f || !isfinite(127.0f / m)) { /* zero, or 1 / scale overflows: zero */
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }

@@ -90,8 +90,9 @@ void loom__quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) {
         }
         float d = amax / 127.0f;
         y[b].d = loom__fp32_to_fp16(d);
+        /* saturated as the SIMD packs do: a subnormal d is inexact, and x / d may pass 127 */
         for (int j = 0; j < LOOM_QK8_0; j++)
-            y[b].qs[j] = d == 0.0f ? 0 : (int8_t)roundf(xb[j] / d);
+            y[b].qs[j] = d == 0.0f ? 0 : (int8_t)fmaxf(-128.0f, fminf(127.0f, roundf(xb[j] / d)));
     }
 }
 

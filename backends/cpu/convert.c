@@ -19,7 +19,7 @@ void loom__cpu_quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) 
         float d = amax / 127.0f;
         y[i].d = loom__fp32_to_fp16(d);
         for (int l = 0; l < LOOM_QK8_0; l++)
-            y[i].qs[l] = (int8_t)(d != 0.0f ? roundf(v[l] / d) : 0.0f);
+            y[i].qs[l] = (int8_t)(d != 0.0f ? fmaxf(-128.0f, fminf(127.0f, roundf(v[l] / d))) : 0.0f);
     }
 }
 

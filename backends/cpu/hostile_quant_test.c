@@ -25,6 +25,7 @@
 
 #include "backends/cpu/cpu-impl.h"
 #include "backends/cpu/cpu_test_util.h"
+#include "backends/cpu/quants-dot.h"
 #include "loom/cpu.h"
 #include "tests/shim/loom_test.h"
 
@@ -358,5 +359,48 @@ LOOM_TEST(hostile_quant, nan_copied_into_block_type_reads_back_nan) {
                        loom_type_name(ty), back[blk + 5]);
         free(back);
         loom_ctx_free(ctx);
+    }
+}
+
+/* An activation block of tiny subnormals (1 / scale overflows to Inf) quantises to zero
+ * quants on every table, byte for byte the same (was: x * inf = NaN into an integer
+ * conversion, -128 on AVX2 and 0 portable; found by tests/fuzz/quant_fuzz.c). */
+LOOM_TEST(hostile_quant, subnormal_activation_blocks_quantise_to_zero_on_every_table) {
+    static const loom_type acts[] = {LOOM_TYPE_Q8_0, LOOM_TYPE_Q8_1, LOOM_TYPE_Q8_K};
+    const loom__cpu_simd *tabs[3] = {&loom__cpu_simd_scalar, &loom__cpu_simd_avx2,
+                                     &loom__cpu_simd_avx512};
+    float x[256];
+    for (int k = 0; k < 256; k++)
+        x[k] = k % 3 == 0 ? 0.0f : (k % 2 ? 2.7e-41f : -1e-44f);
+    for (size_t a = 0; a < 3; a++) {
+        const size_t bytes = loom_row_size(acts[a], 256);
+        uint8_t *y[3];
+        for (int p = 0; p < 3; p++) {
+            y[p] = calloc(1, bytes);
+            if (!path_available(p)) continue;
+            loom__cpu_qact_get(acts[a], tabs[p])(x, y[p], 256);
+            if (p)
+                LOOM_CHECK_MSG(memcmp(y[p], y[0], bytes) == 0,
+                               "%s: the %s bytes differ from the portable ones",
+                               loom_type_name(acts[a]), k_paths[p]);
+        }
+        /* every quant is zero: the values read back are 0 */
+        float back[256];
+        loom_type_traits_get(acts[a])->to_float(y[0], back, 256);
+        for (int k = 0; k < 256; k++)
+            LOOM_CHECK_MSG(back[k] == 0.0f, "%s: element %d reads back %g", loom_type_name(acts[a]),
+                           k, back[k]);
+        if (acts[a] == LOOM_TYPE_Q8_1) {
+            const loom_block_q8_1 *b = (const loom_block_q8_1 *)y[0];
+            for (int j = 0; j < 32; j++)
+                LOOM_CHECK_EQ_INT(b[0].qs[j], 0);
+        }
+        if (acts[a] == LOOM_TYPE_Q8_K) {
+            const loom_block_q8_K *b = (const loom_block_q8_K *)y[0];
+            for (int j = 0; j < 256; j++)
+                LOOM_CHECK_EQ_INT(b[0].qs[j], 0);
+        }
+        for (int p = 0; p < 3; p++)
+            free(y[p]);
     }
 }

@@ -455,7 +455,8 @@ AVX2 static void quantize_q8_1(const float *x, void *vy, int64_t n) {
             continue;
         }
         const float amax = hmax8(absmax32(x, sign));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, id1 = d ? 1.0f / d : 0.0f;
+        const float id = isfinite(id1) ? id1 : 0.0f; /* as the portable one */
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
         for (int j = 0; j < 4; j++)
@@ -481,7 +482,7 @@ AVX2 static void quantize_q8_K(const float *x, void *vy, int64_t n) {
         for (int j = 0; j < LOOM_QK_K; j += 32)
             mv = _mm256_max_ps(mv, absmax32(x + j, sign));
         const float amax = hmax8(mv);
-        if (amax == 0.0f) {
+        if (amax == 0.0f || !isfinite(127.0f / amax)) { /* as the portable one */
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }

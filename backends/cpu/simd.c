@@ -103,6 +103,7 @@ static void scalar_quantize_q8a(const float *x, void *row, int64_t k) {
         for (int l = 0; l < LOOM_QK8_0; l++) {
             /* nearest-even, as the SIMD paths (cvtps2dq) round */
             int q = d != 0.0f ? (int)lrintf(v[l] / d) : 0;
+            q = q > 127 ? 127 : q < -128 ? -128 : q; /* saturated as the SIMD packs (d subnormal) */
             yq[32 * i + l] = (int8_t)q;
             sum += q;
         }

@@ -214,6 +214,11 @@ LOOM_TEST(hostile_hparams, counts_refused_naming_what_is_wrong) {
         {"gemma3",
          {I("gemma3.attention.sliding_window_pattern", 0)},
          "gemma3.attention.sliding_window_pattern 0"},
+        /* attention sinks of 2 heads where the (consistently rewritten) heads are 4 */
+        {"gpt-oss",
+         {U("gpt-oss.attention.head_count", 4), U("gpt-oss.attention.head_count_kv", 2),
+          U("gpt-oss.attention.key_length", 8), U("gpt-oss.attention.value_length", 8)},
+         "blk.0.attn_sinks.weight"},
         /* longrope factors whose length is not n_rot / 2 (4 here, the file holds 8) */
         {"phi3", {U("phi3.rope.dimension_count", 8)}, "rope_factors_long.weight"},
     };
