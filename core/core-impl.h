@@ -89,6 +89,17 @@ static inline uint16_t loom__fp32_to_bf16(float f) {
     return (uint16_t)(x >> 16);
 }
 
+/* True when one of the n floats is NaN or infinite. An activation block (Q8_0, Q8_1, Q8_K,
+ * the CPU's Q8 rows) holding one quantises to a NaN scale with zero quants, so every dot
+ * that reads it is NaN: a max that skips NaN would leave a silently finite result, and
+ * converting NaN or Inf to an integer is undefined. (x * 0 is NaN exactly for NaN and Inf.) */
+static inline bool loom__any_nonfinite(const float *x, int64_t n) {
+    float z = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        z += x[i] * 0.0f;
+    return z != z;
+}
+
 /* All 65536 fp16 values as floats (256 KiB, built once, thread-safe). */
 const float *loom__fp16_table(void);
 

@@ -53,8 +53,13 @@ static void range_scale_min(const float *x, int n, int qmax, float *scale, float
 void loom__quantize_row_q8_K(const float *x, loom_block_q8_K *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK_K == 0);
     for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
+        if (loom__any_nonfinite(x, LOOM_QK_K)) { /* NaN scale: every dot reading it is NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = NAN;
+            continue;
+        }
         const float m = signed_absmax(x, LOOM_QK_K);
-        if (m == 0.0f) {
+        if (m == 0.0f || !isfinite(127.0f / m)) { /* zero, or 1 / scale overflows: zero */
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }

@@ -16,6 +16,14 @@ static int nearest_int(float x) {
     return (int)lrintf(x);
 }
 
+/* 1 / d, or 0 when d is 0 or so small (below 2^-126 / 127) that 1 / d overflows: such a
+ * block is zero as stored (its fp16 scale is 0), and x * inf would put NaN or Inf into an
+ * integer conversion (garbage quants, different on every SIMD path). */
+static float inv_or_zero(float d) {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isfinite(id) ? id : 0.0f;
+}
+
 static int clampi(int v, int lo, int hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
@@ -41,9 +49,14 @@ static void min_max(const float *x, int n, float *mn, float *mx) {
 void loom__quantize_row_q4_1(const float *x, loom_block_q4_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK4_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK4_1; b++, x += LOOM_QK4_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].m = 0x7e00;
+            continue;
+        }
         float mn, mx;
         min_max(x, LOOM_QK4_1, &mn, &mx);
-        const float d = (mx - mn) / 15.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = (mx - mn) / 15.0f, id = inv_or_zero(d);
         y[b].d = loom__fp32_to_fp16(d);
         y[b].m = loom__fp32_to_fp16(mn);
         int q[32];
@@ -87,9 +100,14 @@ static void get_q5(const uint8_t qs[16], const uint8_t qh[4], int q[32]) {
 void loom__quantize_row_q5_1(const float *x, loom_block_q5_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK5_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK5_1; b++, x += LOOM_QK5_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].m = 0x7e00;
+            continue;
+        }
         float mn, mx;
         min_max(x, LOOM_QK5_1, &mn, &mx);
-        const float d = (mx - mn) / 31.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = (mx - mn) / 31.0f, id = inv_or_zero(d);
         y[b].d = loom__fp32_to_fp16(d);
         y[b].m = loom__fp32_to_fp16(mn);
         int q[32];
@@ -127,7 +145,12 @@ static float signed_absmax(const float *x, int n) {
 void loom__quantize_row_q5_0(const float *x, loom_block_q5_0 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK5_0 == 0);
     for (int64_t b = 0; b < n / LOOM_QK5_0; b++, x += LOOM_QK5_0) {
-        const float d = signed_absmax(x, 32) / -16.0f, id = d ? 1.0f / d : 0.0f;
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale: the block reads back NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = 0x7e00;
+            continue;
+        }
+        const float d = signed_absmax(x, 32) / -16.0f, id = inv_or_zero(d);
         y[b].d = loom__fp32_to_fp16(d);
         int q[32];
         for (int j = 0; j < 32; j++)
@@ -152,13 +175,18 @@ void loom__dequantize_row_q5_0(const loom_block_q5_0 *x, float *y, int64_t n) {
 void loom__quantize_row_q8_1(const float *x, loom_block_q8_1 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK8_1 == 0);
     for (int64_t b = 0; b < n / LOOM_QK8_1; b++, x += LOOM_QK8_1) {
+        if (loom__any_nonfinite(x, 32)) { /* NaN scale and sum: every dot reading it is NaN */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].s = 0x7e00;
+            continue;
+        }
         float amax = 0.0f;
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(x[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, id = inv_or_zero(d);
         int sum = 0;
         for (int j = 0; j < 32; j++) {
-            y[b].qs[j] = (int8_t)nearest_int(x[j] * id);
+            y[b].qs[j] = (int8_t)clampi(nearest_int(x[j] * id), -128, 127); /* as SIMD packs */
             sum += y[b].qs[j];
         }
         y[b].d = loom__fp32_to_fp16(d);

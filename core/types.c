@@ -72,11 +72,17 @@ static void loom__bf16_from_float(const float *x, void *y, int64_t n) {
         h[i] = loom__fp32_to_bf16(x[i]);
 }
 
-/* Q8_0: d = max|x| / 127, q = round(x / d) (d = 0 -> q = 0); d stored as fp16. */
+/* Q8_0: d = max|x| / 127, q = round(x / d) (d = 0 -> q = 0); d stored as fp16. A block with
+ * a NaN or an Inf gets d = NaN and q = 0. */
 void loom__quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) {
     LOOM_ASSERT(n % LOOM_QK8_0 == 0);
     for (int64_t b = 0; b < n / LOOM_QK8_0; b++) {
         const float *xb = x + b * LOOM_QK8_0;
+        if (loom__any_nonfinite(xb, LOOM_QK8_0)) {
+            y[b].d = 0x7e00; /* NaN */
+            memset(y[b].qs, 0, sizeof y[b].qs);
+            continue;
+        }
         float amax = 0.0f;
         for (int j = 0; j < LOOM_QK8_0; j++) {
             float v = fabsf(xb[j]);
@@ -84,8 +90,9 @@ void loom__quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) {
         }
         float d = amax / 127.0f;
         y[b].d = loom__fp32_to_fp16(d);
+        /* saturated as the SIMD packs do: a subnormal d is inexact, and x / d may pass 127 */
         for (int j = 0; j < LOOM_QK8_0; j++)
-            y[b].qs[j] = d == 0.0f ? 0 : (int8_t)roundf(xb[j] / d);
+            y[b].qs[j] = d == 0.0f ? 0 : (int8_t)fmaxf(-128.0f, fminf(127.0f, roundf(xb[j] / d)));
     }
 }
 
@@ -105,6 +112,11 @@ void loom__quantize_row_q4_0(const float *x, loom_block_q4_0 *y, int64_t n) {
     const int half = LOOM_QK4_0 / 2;
     for (int64_t b = 0; b < n / LOOM_QK4_0; b++) {
         const float *xb = x + b * LOOM_QK4_0;
+        if (loom__any_nonfinite(xb, LOOM_QK4_0)) { /* NaN scale: the block reads back NaN */
+            y[b].d = 0x7e00;
+            memset(y[b].qs, 0x88, sizeof y[b].qs);
+            continue;
+        }
         float amax = 0.0f, m = 0.0f;
         for (int j = 0; j < LOOM_QK4_0; j++) {
             if (fabsf(xb[j]) > amax) {

@@ -445,6 +445,10 @@ loom_status loom_gguf_map_file(const loom_gguf *g, void **base, size_t *size) {
     return LOOM_OK;
 }
 
+int loom_gguf_dup_fd(const loom_gguf *g) {
+    return g && g->fd >= 0 ? fcntl(g->fd, F_DUPFD_CLOEXEC, 0) : -1;
+}
+
 loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst, size_t size) {
     if (!g || (size && !dst)) return loom_error(LOOM_ERR_INVALID_ARG, "gguf: NULL argument");
     if (offset > g->size || size > g->size - offset)

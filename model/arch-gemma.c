@@ -46,13 +46,25 @@ static loom_status common(const loom_gguf *g, loom_hparams *hp, int64_t pattern,
     return LOOM_OK;
 }
 
+static loom_status check_softcap(const char *arch, const char *key, double f) {
+    if (f >= 0 && f <= 3.4e38) return LOOM_OK;
+    return loom_error(LOOM_ERR_FORMAT, "model: %s.%s = %g (must be finite and >= 0, 0: none)", arch,
+                      key, f);
+}
+
 static loom_status read_gemma2(const loom_gguf *g, loom_hparams *hp) {
     loom_status st;
     double f;
     if ((st = common(g, hp, 2, 46, false))) return st;
-    if ((st = loom__key_float(g, hp->arch, "attention.logit_softcapping", 50.0, &f))) return st;
+    /* a cap of 0 means none (the graph caps only when > 0); NaN, a negative cap and Inf
+     * would be dropped the same way without a word, so they are refused */
+    if ((st = loom__key_float(g, hp->arch, "attention.logit_softcapping", 50.0, &f)) ||
+        (st = check_softcap(hp->arch, "attention.logit_softcapping", f)))
+        return st;
     hp->attn_softcap = (float)f;
-    if ((st = loom__key_float(g, hp->arch, "final_logit_softcapping", 30.0, &f))) return st;
+    if ((st = loom__key_float(g, hp->arch, "final_logit_softcapping", 30.0, &f)) ||
+        (st = check_softcap(hp->arch, "final_logit_softcapping", f)))
+        return st;
     hp->final_softcap = (float)f;
     hp->rope_freq_base_swa = hp->rope_freq_base;
     hp->rope_freq_scale_swa = hp->rope_freq_scale;

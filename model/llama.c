@@ -12,12 +12,14 @@
  * from the mapping (whose pages are dropped once copied) or, when the file cannot be
  * mapped or no_mmap is set, read through one staging buffer of that size.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "loom/cpu.h"
@@ -72,8 +74,7 @@ loom_status loom__key_int(const loom_gguf *g, const char *arch, const char *suff
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (loom_gguf_find_kv(g, key) < 0) {
-        if (required)
-            return loom_error(LOOM_ERR_FORMAT, "model: missing metadata key '%s'", key);
+        if (required) return loom_error(LOOM_ERR_FORMAT, "model: missing metadata key '%s'", key);
         *out = dflt;
         return LOOM_OK;
     }
@@ -157,8 +158,8 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
     /* finite and in range (NaN compares false); 0 means no scaling, as llama.cpp reads it */
     if (!(f >= 0 && f <= 1e6))
         return loom_error(LOOM_ERR_FORMAT,
-                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)",
-                          hp->arch, f);
+                          "model: %s.rope.scaling.factor = %g (must be finite, 0 or > 0)", hp->arch,
+                          f);
     if (strcmp(type, "none") == 0 || (strcmp(type, "llama3") == 0 && has_freqs)) {
         hp->rope_freq_scale = 1.0f;
     } else if (strcmp(type, "linear") == 0) {
@@ -182,8 +183,25 @@ static loom_status read_rope_scaling(const loom_gguf *g, loom_hparams *hp) {
             return st;
         if (hp->n_ctx_orig <= 0)
             return loom_error(LOOM_ERR_FORMAT,
-                              "model: %s.rope.scaling.original_context_length %lld", hp->arch,
-                              (long long)hp->n_ctx_orig);
+                              "model: %s.rope.scaling.original_context_length %lld (must be > 0)",
+                              hp->arch, (long long)hp->n_ctx_orig);
+        /* finite, and in range (each test fails for NaN): ext_factor 0 turns the ramp off,
+         * a negative one would extrapolate backwards; a beta <= 0 puts a log of a negative
+         * number (or of infinity) into the correction dims, an attn_factor <= 0 zeroes or
+         * flips q.k */
+        const struct {
+            const char *name;
+            double v;
+            bool zero_ok;
+        } yk[] = {{"yarn_ext_factor", ext, true},
+                  {"yarn_attn_factor", attn, false},
+                  {"yarn_beta_fast", fast, false},
+                  {"yarn_beta_slow", slow, false}};
+        for (size_t i = 0; i < sizeof yk / sizeof yk[0]; i++)
+            if (!(yk[i].v <= 3.4e38 && (yk[i].zero_ok ? yk[i].v >= 0 : yk[i].v > 0)))
+                return loom_error(LOOM_ERR_FORMAT,
+                                  "model: %s.rope.scaling.%s = %g (must be finite and %s 0)",
+                                  hp->arch, yk[i].name, yk[i].v, yk[i].zero_ok ? ">=" : ">");
         hp->yarn_ext_factor = (float)ext;
         hp->yarn_attn_factor = (float)attn;
         hp->yarn_beta_fast = (float)fast;
@@ -242,7 +260,8 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
                           "%lld, n_head_kv %lld (n_head must be a multiple)",
                           (long long)hp->n_embd, (long long)hp->n_layer, LOOM_MODEL_MAX_LAYERS,
                           (long long)hp->n_head, (long long)hp->n_head_kv);
-    if ((st = key_int(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head, &hp->head_dim)))
+    if ((st = key_int(g, arch, "attention.key_length", false, hp->n_embd / hp->n_head,
+                      &hp->head_dim)))
         return st;
     if ((st = check_sizes(hp))) return st;
     if ((st = key_int(g, arch, "rope.dimension_count", false, hp->head_dim, &hp->n_rot))) return st;
@@ -320,6 +339,10 @@ loom_status loom_hparams_from_gguf(const loom_gguf *g, loom_hparams *hp) {
                           (long long)hp->n_vocab, INT32_MAX);
     if (A->read && (st = A->read(g, hp))) return st;
     if ((st = key_float(g, arch, "rope.scaling.attn_factor", 1.0, &f))) return st;
+    if (!(f > 0 && f <= 3.4e38)) /* 0 would make attention uniform, NaN every logit NaN */
+        return loom_error(LOOM_ERR_FORMAT,
+                          "model: %s.rope.scaling.attn_factor = %g (must be finite and > 0)", arch,
+                          f);
     hp->rope_attn_factor = (float)f;
     if (!hp->rope_yarn && (st = key_int(g, arch, "rope.scaling.original_context_length", false,
                                         hp->n_ctx_train, &hp->n_ctx_orig)))
@@ -460,10 +483,13 @@ static loom_status add_weight(loom_model *m, const loom_gguf *g, const loom_mode
                               "[%lld, %lld, %lld] from the hyperparameters",
                               name, (long long)fne[0], (long long)fne[1], (long long)fne[2],
                               (long long)fne[3], (long long)ne[0],
-                              (long long)(n_dims > 1 ? ne[1] : 1), (long long)(n_dims > 2 ? ne[2] : 1));
+                              (long long)(n_dims > 1 ? ne[1] : 1),
+                              (long long)(n_dims > 2 ? ne[2] : 1));
     }
     loom_tensor *t = loom_new_tensor(m->ctx, loom_gguf_tensor_type(g, gi), 4, fne);
-    if (!t) return loom_error(LOOM_ERR_NOMEM, "model: cannot create tensor '%s': %s", name, loom_last_error());
+    if (!t)
+        return loom_error(LOOM_ERR_NOMEM, "model: cannot create tensor '%s': %s", name,
+                          loom_last_error());
     loom_set_name(t, name);
     loom_set_param(t);
     *slot = t;
@@ -487,6 +513,7 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
     *out = NULL;
     int64_t t0 = loom_time_us();
     loom_model *m = loom_calloc(1, sizeof *m);
+    if (m) m->map_fd = -1;
     if (!m) return loom_error(LOOM_ERR_NOMEM, "model: out of memory");
     m->hp = *hparams;
     loom_status st;
@@ -657,7 +684,8 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
     for (int i = 0; i < n_list; i++) {
         if (list[i].alias) continue;
         int k = 0;
-        while (k < n_bufts && bufts[k] != list[i].buft) k++;
+        while (k < n_bufts && bufts[k] != list[i].buft)
+            k++;
         if (k == n_bufts) {
             if (n_bufts == 64) {
                 st = loom_error(LOOM_ERR_INVALID_ARG, "model: more than 64 buffer types");
@@ -681,7 +709,8 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
         if (!buf) {
             st = loom_error(loom_last_status() ? loom_last_status() : LOOM_ERR_DEVICE_OOM,
                             "model: cannot allocate %.1f MiB of weights on %s: %s",
-                            (double)total / (1024.0 * 1024.0), loom_buft_name(bufts[k]), loom_last_error());
+                            (double)total / (1024.0 * 1024.0), loom_buft_name(bufts[k]),
+                            loom_last_error());
             goto fail;
         }
         loom_buffer_set_usage(buf, LOOM_BUFFER_USAGE_WEIGHTS);
@@ -759,6 +788,12 @@ loom_status loom__model_load_hp(const loom_gguf *g, const loom_hparams *hparams,
         m->map = NULL;
         m->map_size = 0;
     }
+    if (m->map) { /* weights are read from the file's pages: remember which file it was */
+        struct stat sb;
+        m->map_fd = loom_gguf_dup_fd(g);
+        if (m->map_fd >= 0 && fstat(m->map_fd, &sb) == 0)
+            m->map_mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    }
     m->n_bytes = total;
     loom_free(list);
     m->load_us = loom_time_us() - t0;
@@ -784,11 +819,37 @@ fail:
 
 void loom_model_free(loom_model *m) {
     if (!m) return;
-    for (int i = 0; i < m->n_buffers; i++) loom_buffer_free(m->buffers[i]);
+    for (int i = 0; i < m->n_buffers; i++)
+        loom_buffer_free(m->buffers[i]);
     loom_free(m->buffers);
     loom_ctx_free(m->ctx);
     if (m->map) munmap(m->map, m->map_size);
+    if (m->map_fd >= 0) close(m->map_fd);
     loom_free(m);
+}
+
+loom_status loom_model_check_file(const loom_model *m) {
+    if (!m || !m->map || m->map_fd < 0) return LOOM_OK;
+    struct stat sb;
+    if (fstat(m->map_fd, &sb) != 0)
+        return loom_error(LOOM_ERR_IO, "model: cannot stat the mapped model file: %s",
+                          strerror(errno));
+    if ((uint64_t)sb.st_size < (uint64_t)m->map_size)
+        return loom_error(LOOM_ERR_IO,
+                          "model: the model file was truncated from %zu to %lld bytes after it "
+                          "was loaded (its weights are read from the file's pages in place); "
+                          "restore the file and load the model again",
+                          m->map_size, (long long)sb.st_size);
+    const int64_t mt = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    if (mt != m->map_mtime_ns)
+        return loom_error(LOOM_ERR_IO,
+                          "model: the model file was modified after it was loaded (modification "
+                          "time %lld.%09lld s, was %lld.%09lld s); its weights are read from the "
+                          "file's pages in place and may have changed: load the model again",
+                          (long long)(mt / 1000000000), (long long)(mt % 1000000000),
+                          (long long)(m->map_mtime_ns / 1000000000),
+                          (long long)(m->map_mtime_ns % 1000000000));
+    return LOOM_OK;
 }
 
 void loom_model_foreach_weight(loom_model *m, void (*fn)(loom_tensor *t, int layer, void *ud),

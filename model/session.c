@@ -628,6 +628,8 @@ loom_status loom_session_eval(loom_session *s, const int32_t *tokens, int64_t n,
     loom_status st = LOOM_OK;
     s->stats.last_copy_mask = 0;
     for (int64_t i0 = 0; i0 < n && st == LOOM_OK; i0 += batch) {
+        /* weights read in place from the file: a truncated file would raise SIGBUS */
+        if ((st = loom_model_check_file(s->model))) break;
         int64_t nb = n - i0 < batch ? n - i0 : batch;
         bool last = i0 + nb == n;
         /* with pipeline copies, a batch whose logits nobody reads is queued without waiting:

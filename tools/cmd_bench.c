@@ -41,7 +41,9 @@ static void usage(FILE *f) {
         "                  [-p LIST] [-n LIST] [-pg PP,TG]... [-d LIST] [-r N]\n"
         "                  [-o md|csv|json|jsonl|sql] [options]\n\n"
         "Measures prompt processing and generation speed as llama-bench does. Every LIST\n"
-        "takes commas and ranges: 128,512 | 1-4 | 128-512+128 | 64-512*2.\n\n"
+        "takes commas and ranges: 128,512 | 1-4 | 128-512+128 | 64-512*2, at most 32 values;\n"
+        "all the lists together (models x specs x modes x splits x combinations x tests x\n"
+        "repetitions) at most 100000 runs.\n\n"
         "  -m, --model FILE[,FILE]   models (repeatable; default: the built-in one)\n"
         "  -dev, --devices SPECS     ';'-separated device specs (default cpu)\n"
         "  -sm, --split-mode LIST    none,layer,tensor (default: the default per spec)\n"
@@ -146,12 +148,16 @@ static bool parse_list(const char *opt, const char *v, long min, long max, long 
         if (e == t || *e || errno || a < min || b > max || b < a ||
             (kind == '+' ? step < 1 : step < 2) || (kind == '*' && a < 1))
             goto bad;
-        for (long x = a; x <= b; x = kind == '+' ? x + step : x * step) {
+        for (long x = a;;) {
             if (*n >= MAX_LIST) {
                 fprintf(stderr, "loom bench: %s '%s': more than %d values\n", opt, v, MAX_LIST);
                 return false;
             }
             out[(*n)++] = x;
+            /* the next value, unless it passes b (tested without overflowing: a step near
+             * LONG_MAX used to wrap around into values the range does not hold) */
+            if (kind == '+' ? step > b - x : x > b / step) break;
+            x = kind == '+' ? x + step : x * step;
         }
         continue;
     bad:
@@ -1168,6 +1174,22 @@ int loom_cli_bench(int argc, char **argv) {
     }
     if (n_tests == 0) {
         fprintf(stderr, "loom bench: no test (every -p, -n and -pg is 0)\n");
+        goto done;
+    }
+    /* every configuration runs every test reps times: bounded before anything is loaded, so
+     * lists that multiply out (-p 1-32 -n 1-32 -d 1-32 -t 1-32 ...) are refused, not run for
+     * days (each factor is at most MAX_LIST or max_vars: the product fits int64) */
+    const int64_t max_runs = 100000;
+    const int64_t n_runs = (int64_t)n_models * n_specs * n_modes * (n_ts ? n_ts : 1) * n_vars *
+                           n_tests * reps;
+    if (n_runs > max_runs) {
+        fprintf(stderr,
+                "loom bench: %d models x %d device specs (--devices) x %d split modes (-sm) x %d "
+                "splits (-ts) x %d combinations (-t, -ngl, -b, -ub, -ctk, -ctv, -nkvo, -fa, "
+                "-mmp) x %d tests (-p, -n, -pg at each -d) x %d repetitions (-r) = %lld runs, "
+                "more than %lld: shorten the lists\n",
+                n_models, n_specs, n_modes, n_ts ? n_ts : 1, n_vars, n_tests, reps,
+                (long long)n_runs, (long long)max_runs);
         goto done;
     }
     int64_t need = 0;

@@ -554,6 +554,15 @@ int loom_cli_plan(int argc, char **argv) {
         return 1;
     }
     int64_t ctx = loom_session_ctx_for(&hp, n_ctx);
+    /* -c 0 takes the file's training context, which no option bounds: the same limit as -c */
+    if (ctx > (1 << 24)) {
+        fprintf(stderr,
+                "loom plan: -c 0: the model's training context (%s.context_length) is %lld, "
+                "more than the %d positions a plan takes; give -c N\n",
+                hp.arch, (long long)ctx, 1 << 24);
+        loom_gguf_free(g);
+        return 2;
+    }
 
     /* candidates: 1 device; tensor over 2, 4, 8 and N; layer over the same */
     loom_plan_candidate c[13];

@@ -8,19 +8,29 @@
 void loom__cpu_quantize_row_q8_0(const float *x, loom_block_q8_0 *y, int64_t n) {
     for (int64_t i = 0; i < n / LOOM_QK8_0; i++) {
         const float *v = x + i * LOOM_QK8_0;
+        if (loom__any_nonfinite(v, LOOM_QK8_0)) { /* NaN scale: every read is NaN */
+            y[i].d = 0x7e00;
+            memset(y[i].qs, 0, sizeof y[i].qs);
+            continue;
+        }
         float amax = 0.0f;
         for (int l = 0; l < LOOM_QK8_0; l++)
             amax = fmaxf(amax, fabsf(v[l]));
         float d = amax / 127.0f;
         y[i].d = loom__fp32_to_fp16(d);
         for (int l = 0; l < LOOM_QK8_0; l++)
-            y[i].qs[l] = (int8_t)(d != 0.0f ? roundf(v[l] / d) : 0.0f);
+            y[i].qs[l] = (int8_t)(d != 0.0f ? fmaxf(-128.0f, fminf(127.0f, roundf(v[l] / d))) : 0.0f);
     }
 }
 
 void loom__cpu_quantize_row_q4_0(const float *x, loom_block_q4_0 *y, int64_t n) {
     for (int64_t i = 0; i < n / LOOM_QK4_0; i++) {
         const float *v = x + i * LOOM_QK4_0;
+        if (loom__any_nonfinite(v, LOOM_QK4_0)) { /* NaN scale: the block reads back NaN */
+            y[i].d = 0x7e00;
+            memset(y[i].qs, 0x88, sizeof y[i].qs);
+            continue;
+        }
         float amax = 0.0f, max = 0.0f;
         for (int l = 0; l < LOOM_QK4_0; l++) {
             if (fabsf(v[l]) > amax) {

@@ -340,6 +340,15 @@ static inline uint32_t loom__f32_bits(float f) {
     return u;
 }
 
+/* True when one of the n floats is NaN or infinite (as core-impl.h's): the CPU's activation
+ * quantisers give such a block a NaN scale and zero quants, so every dot reading it is NaN. */
+static inline bool loom__any_nonfinite(const float *x, int64_t n) {
+    float z = 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        z += x[i] * 0.0f;
+    return z != z;
+}
+
 /* IEEE half -> float, exact (denormals, infinities and NaNs included). */
 static inline float loom__fp16_to_fp32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;

@@ -425,6 +425,11 @@ AVX2 static void quantize_q8_0(const float *x, void *vy, int64_t n) {
     loom_block_q8_0 *y = vy;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        if (loom__any_nonfinite(x, 32)) { /* as the portable one: NaN scale, zero quants */
+            y[b].d = 0x7e00;
+            memset(y[b].qs, 0, 32);
+            continue;
+        }
         const float amax = hmax8(absmax32(x, sign));
         const float d = amax / 127.0f;
         y[b].d = loom__fp32_to_fp16(d);
@@ -444,8 +449,14 @@ AVX2 static void quantize_q8_1(const float *x, void *vy, int64_t n) {
     loom_block_q8_1 *y = vy;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        if (loom__any_nonfinite(x, 32)) { /* as the portable one: NaN scale and sum */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = y[b].s = 0x7e00;
+            continue;
+        }
         const float amax = hmax8(absmax32(x, sign));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, id1 = d ? 1.0f / d : 0.0f;
+        const float id = isfinite(id1) ? id1 : 0.0f; /* as the portable one */
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
         for (int j = 0; j < 4; j++)
@@ -462,11 +473,16 @@ AVX2 static void quantize_q8_K(const float *x, void *vy, int64_t n) {
     loom_block_q8_K *y = vy;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t b = 0; b < n / LOOM_QK_K; b++, x += LOOM_QK_K) {
+        if (loom__any_nonfinite(x, LOOM_QK_K)) { /* as the portable one: NaN scale */
+            memset(&y[b], 0, sizeof y[b]);
+            y[b].d = NAN;
+            continue;
+        }
         __m256 mv = _mm256_setzero_ps();
         for (int j = 0; j < LOOM_QK_K; j += 32)
             mv = _mm256_max_ps(mv, absmax32(x + j, sign));
         const float amax = hmax8(mv);
-        if (amax == 0.0f) {
+        if (amax == 0.0f || !isfinite(127.0f / amax)) { /* as the portable one */
             memset(&y[b], 0, sizeof y[b]);
             continue;
         }

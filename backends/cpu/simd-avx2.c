@@ -302,6 +302,11 @@ static T256 void avx2_quantize_q8a(const float *x, void *row, int64_t k) {
     int8_t *yq = loom__q8a_qs(row, nblk);
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < nblk; i++) {
+        if (loom__any_nonfinite(x + i * 32, 32)) { /* NaN scale: every dot reading it is NaN */
+            memset(yq + 32 * i, 0, 32);
+            yd[i] = ys[i] = NAN;
+            continue;
+        }
         __m256 v[4];
         __m256 m = _mm256_setzero_ps();
         for (int l = 0; l < 4; l++) {

@@ -418,6 +418,11 @@ static T512 void avx512_quantize_q8a(const float *x, void *row, int64_t k) {
     float *yd = loom__q8a_d(row), *ys = loom__q8a_s(row, nblk);
     int8_t *yq = loom__q8a_qs(row, nblk);
     for (int64_t i = 0; i < nblk; i++) {
+        if (loom__any_nonfinite(x + i * 32, 32)) { /* NaN scale: every dot reading it is NaN */
+            memset(yq + 32 * i, 0, 32);
+            yd[i] = ys[i] = NAN;
+            continue;
+        }
         __m512 v0 = _mm512_loadu_ps(x + i * 32), v1 = _mm512_loadu_ps(x + i * 32 + 16);
         float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
         float d = amax / 127.0f;

@@ -90,6 +90,11 @@ static void scalar_quantize_q8a(const float *x, void *row, int64_t k) {
     int8_t *yq = loom__q8a_qs(row, nblk);
     for (int64_t i = 0; i < nblk; i++) {
         const float *v = x + i * LOOM_QK8_0;
+        if (loom__any_nonfinite(v, LOOM_QK8_0)) { /* NaN scale: every dot reading it is NaN */
+            memset(yq + 32 * i, 0, 32);
+            yd[i] = ys[i] = NAN;
+            continue;
+        }
         float amax = 0.0f;
         for (int l = 0; l < LOOM_QK8_0; l++)
             amax = fmaxf(amax, fabsf(v[l]));
@@ -98,6 +103,7 @@ static void scalar_quantize_q8a(const float *x, void *row, int64_t k) {
         for (int l = 0; l < LOOM_QK8_0; l++) {
             /* nearest-even, as the SIMD paths (cvtps2dq) round */
             int q = d != 0.0f ? (int)lrintf(v[l] / d) : 0;
+            q = q > 127 ? 127 : q < -128 ? -128 : q; /* saturated as the SIMD packs (d subnormal) */
             yq[32 * i + l] = (int8_t)q;
             sum += q;
         }

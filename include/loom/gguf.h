@@ -56,6 +56,11 @@ LOOM_API bool loom_gguf_is_mapped(const loom_gguf *g);
  * g's lifetime: munmap(*base, *size) when done. Pages are shared with the page cache until
  * written. LOOM_ERR_UNSUPPORTED for a gguf opened from memory, LOOM_ERR_IO if mmap fails. */
 LOOM_API loom_status loom_gguf_map_file(const loom_gguf *g, void **base, size_t *size);
+/* A new descriptor (close-on-exec) of the file g was opened from, independent of g's lifetime,
+ * so that the owner of a mapping can fstat the file later (a file truncated under a mapping
+ * raises SIGBUS on the next read of a page past its new end); -1 for a gguf opened from
+ * memory or when dup fails. */
+LOOM_API int loom_gguf_dup_fd(const loom_gguf *g);
 /* Copies `size` bytes at file offset `offset` into dst (from memory, or read from the file:
  * the tensor data of a header-only open). */
 LOOM_API loom_status loom_gguf_read_at(const loom_gguf *g, uint64_t offset, void *dst, size_t size);

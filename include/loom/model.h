@@ -136,6 +136,10 @@ typedef struct loom_model {
     size_t map_size;
     size_t n_mapped_bytes; /* weight bytes used in place from `map` */
     size_t staging_bytes;  /* the load's staging buffer (0: none was needed) */
+    /* While `map` is set: a descriptor of the mapped file and its modification time at load
+     * (ns), which loom_model_check_file compares with the file's (-1: none). */
+    int map_fd;
+    int64_t map_mtime_ns;
 } loom_model;
 
 /* Creates the weight tensors of g's model (checking every shape against the
@@ -144,6 +148,12 @@ typedef struct loom_model {
 LOOM_API loom_status loom_model_load(const loom_gguf *g, const loom_model_params *params,
                                      loom_model **out);
 LOOM_API void loom_model_free(loom_model *m);
+/* Whether the file the model reads weights from in place (its mapping) is still the one it
+ * mapped: LOOM_ERR_IO naming the sizes when it has been truncated (reading a weight past the
+ * new end would raise SIGBUS), or naming both times when it has been written since the load
+ * (the weights would silently change). LOOM_OK when no weight is read in place. A session
+ * calls it before every batch; a file truncated during a computation still raises SIGBUS. */
+LOOM_API loom_status loom_model_check_file(const loom_model *m);
 /* Calls fn for every weight tensor (layer -1 for globals). */
 LOOM_API void loom_model_foreach_weight(loom_model *m,
                                         void (*fn)(loom_tensor *t, int layer, void *ud),

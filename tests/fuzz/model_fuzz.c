@@ -6,7 +6,9 @@
  * crash, an overflow, a hang or a leak.
  *
  * Structured input: 8 bytes of shape (arch, vocab, embd, layers, heads, ff, experts,
- * weight type), then records of 10 bytes: key index, value type, 8 value bytes.
+ * weight type), then records of 10 bytes: key index, value type, 8 value bytes. The
+ * architectures include the sliding-window (gemma2/3, phi3 with longrope, gpt-oss with sinks)
+ * and qk-norm ones; the keys their windows, softcaps, YaRN and rope attention factors.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +46,16 @@ static const char *const KEYS[] = {
     "rope.scaling.factor",
     "attention.layer_norm_rms_epsilon",
     "expert_feed_forward_length",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.scaling.original_context_length",
+    "rope.scaling.yarn_ext_factor",
+    "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.attn_factor",
+    "attention.logit_softcapping",
+    "final_logit_softcapping",
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -56,6 +68,12 @@ static void set_key(loom_gguf_writer *w, const char *arch, const uint8_t *r) {
         snprintf(key, sizeof key, "general.architecture");
         const char *archs[] = {"llama", "qwen2", "mixtral", "qwen2moe", "mistral", "gptj", ""};
         loom_gguf_set_str(w, key, archs[u % 7]);
+        return;
+    }
+    if (k % 20 == 19) { /* the rope scaling type, so the YaRN keys take effect */
+        const char *types[] = {"yarn", "linear", "none", "llama3", "longrope", ""};
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        loom_gguf_set_str(w, key, types[u % 6]);
         return;
     }
     if (k % 20 == 18) {
@@ -124,11 +142,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     if (size < 8 || size > 8 + 10 * 32) return 0;
-    static const char *const archs[] = {"llama", "qwen2", "mixtral", "qwen2moe"};
+    static const char *const archs[] = {"llama",  "qwen2",  "mixtral", "qwen2moe", "gemma2",
+                                        "gemma3", "phi3",   "gpt-oss", "qwen3"};
     static const loom_type wtypes[] = {LOOM_TYPE_F32, LOOM_TYPE_F16, LOOM_TYPE_Q8_0,
                                        LOOM_TYPE_Q4_0};
     loom_synth_params p = loom_synth_params_default();
-    p.arch = archs[data[0] % 4];
+    p.arch = archs[data[0] % 9];
     p.n_vocab = 300 + data[1] % 40;
     p.n_embd = 32 * (1 + data[2] % 2);
     p.n_layer = 1 + data[3] % 2;
@@ -142,6 +161,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.wtype = wtypes[data[7] % 4];
     p.biases = data[7] & 0x10;
     p.fused_qkv = data[7] & 0x20;
+    if (!strcmp(p.arch, "gemma2") || !strcmp(p.arch, "gemma3") || !strcmp(p.arch, "phi3") ||
+        !strcmp(p.arch, "gpt-oss"))
+        p.n_swa = data[5] % 8;
+    if (!strcmp(p.arch, "gemma3") || !strcmp(p.arch, "qwen3")) p.qk_norm = true;
+    if (!strcmp(p.arch, "phi3")) {
+        p.fused_gate_up = true;
+        p.longrope = data[7] & 0x40;
+        p.n_expert = p.n_expert_used = 0;
+    }
+    if (!strcmp(p.arch, "gpt-oss") && !p.n_expert) {
+        p.n_expert = 2;
+        p.n_expert_used = 1;
+    }
     p.seed = data[0];
     loom_gguf_writer *w = NULL;
     if (loom_model_synth(&p, &w) != LOOM_OK) return 0;

@@ -5,12 +5,13 @@
 #   rules      the split-rules parser + split-state computation over llama-shaped weights
 #   tokenizer  arbitrary bytes through the SentencePiece (llama) and BPE (gpt-2) vocabs
 #   model      hyperparameter validation through one CPU forward pass on a tiny model
+#   quant      the block types' integer dots on every SIMD table: hostile scales, NaN/Inf
 # FUZZ_TARGETS (space-separated) picks a subset. The vocab-based target is skipped when the
 # shared models are missing. Exit 0 if no target crashed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 secs=${FUZZ_SECONDS:-60}
-targets=${FUZZ_TARGETS:-gguf rules tokenizer model}
+targets=${FUZZ_TARGETS:-gguf rules tokenizer model quant}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 CC=${CC_FUZZ:-clang}
@@ -67,6 +68,13 @@ for t in $targets; do
             "$root/tests/fuzz/model_fuzz.c" -lpcre2-8 -lhwloc -ldl -lpthread -lm -o "$out/$t"
         printf '\000\000\000\000\000\000\000\000' > "$corpus/dense"
         printf '\002\001\001\001\021\001\001\003\013\004\000\000\000\000\000\000\200\177' > "$corpus/moe_inf_base"
+        ;;
+    quant)
+        # shellcheck disable=SC2046
+        "$CC" "${flags[@]}" '-D__builtin_cpu_supports(x)=0' $(srcs core backends backends/cpu topo) \
+            "$root/tests/fuzz/quant_fuzz.c" -lhwloc -ldl -lpthread -lm -o "$out/$t"
+        printf '\000\001' > "$corpus/q4_1_zero"
+        printf '\011\002\000\176\000\174' > "$corpus/q6_K_nan_scale"
         ;;
     *) echo "fuzz: unknown target '$t'"; rc=1; continue ;;
     esac
