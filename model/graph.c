@@ -235,6 +235,12 @@ static loom_tensor *attention(const loom_model *m, const loom_kv_cache *kv, loom
         q = add_bias(ctx, loom_mul_mat(ctx, L->wq, hq), L->bq); /* [D*H, Tq] */
         k = add_bias(ctx, loom_mul_mat(ctx, L->wk, h), L->bk);  /* [D*Hk, T] */
         v = add_bias(ctx, loom_mul_mat(ctx, L->wv, h), L->bv);  /* [D*Hk, T] */
+        /* the three projections first, so each gets its own buffer and the CPU runs them
+         * in one phase (one barrier, not three: the allocator would give k the bytes q's
+         * RoPE has just read) */
+        if (!q || !k || !v || loom_graph_build_forward(gf, q) || loom_graph_build_forward(gf, k) ||
+            loom_graph_build_forward(gf, v))
+            return NULL;
         q = loom_reshape_3d(ctx, q, D, H, Tq);
         k = loom_reshape_3d(ctx, k, D, Hk, T);
     }
