@@ -106,10 +106,12 @@ grep -q "loom bench: rank 0 stops: rank 1: session: .* on MPI0, which has 0.1 Mi
     fail "bench, rank 1 out of memory: rank 0 does not name it: $(cat "$tmp/bench.err")"
 echo "ok: bench: a session only rank 1 cannot make stops every rank (mpirun exit $rc)"
 
-# a rank killed in the middle of the generation: mpirun ends the job within seconds
+# a rank killed in the middle of the generation: mpirun ends the job within seconds (a
+# generation that lasts well past the kill: 2000 tokens to the end of text took under 3 s)
+long=(-c 32768 -n 30000 --ignore-eos)
 rc=0 t0=$SECONDS
-mpi -np 1 "$loom" "${base[@]}" -m "$model" --temp 0 -n 2000 --dist mpi : \
-    -np 1 timeout -s KILL 3 "$loom" "${base[@]}" -m "$model" --temp 0 -n 2000 --dist mpi \
+mpi -np 1 "$loom" "${base[@]}" -m "$model" --temp 0 "${long[@]}" --dist mpi : \
+    -np 1 timeout -s KILL 3 "$loom" "${base[@]}" -m "$model" --temp 0 "${long[@]}" --dist mpi \
     >"$tmp/kill.out" 2>"$tmp/kill.err" || rc=$?
 [ "$rc" -ne 124 ] || fail "killed rank: the other rank hung"
 [ "$rc" -ne 0 ] || fail "killed rank: mpirun exit 0"
