@@ -194,6 +194,7 @@ typedef struct cpu_backend_ctx {
     int node;             /* NUMA node the threads are placed in, -1: the whole machine */
     loom_affinity policy; /* how the workers are pinned (resolved, never DEFAULT) */
     bool all_bound;       /* the caller only waits: every working thread is pinned */
+    loom__cpu_adapt adapt;
 } cpu_backend_ctx;
 
 /* ---------------------------------------------------------------- affinity */
@@ -247,7 +248,7 @@ static loom_status cpu_backend_graph_compute(loom_backend_t backend, loom_graph 
             return loom_error(LOOM_ERR_NOMEM, "CPU backend: cannot start a pool of %d threads",
                               ctx->n_threads);
     }
-    return loom__cpu_graph_compute(g, ctx->tp, &ctx->work, &ctx->work_size);
+    return loom__cpu_graph_compute(g, ctx->tp, &ctx->work, &ctx->work_size, &ctx->adapt);
 }
 
 static const struct loom_backend_i cpu_backend_i = {

@@ -178,6 +178,9 @@ typedef struct loom__cpu_params {
     const loom__cpu_simd *simd;
     loom__cpu_state *state;
     int *epoch; /* barriers this thread has passed in this run (loom__cpu_barrier counts) */
+    /* This node's chunk counter (loom__cpu_chunks_next): set by the executor for a node
+     * that runs on several threads, zero when the run starts; NULL elsewhere. */
+    _Atomic int64_t *claim;
 } loom__cpu_params;
 
 /* Scratch bytes a node needs: shared by all threads, and private per thread. */
@@ -198,11 +201,22 @@ static inline bool loom__cpu_failed(const loom__cpu_params *p) {
     return f != LOOM__CPU_NO_FAIL && (p->nth == 1 || f < *p->epoch);
 }
 
+/* A backend's judgement of its threads across graph runs (graph.c, Contention): when its
+ * threads together hold no more than about one core (another process takes the rest),
+ * graphs run on the caller's thread alone for a stretch of runs, then the threads are
+ * tried again. Zero-initialised; LOOM_CPU_ADAPT=0 turns it off. */
+typedef struct loom__cpu_adapt {
+    int contended; /* threaded runs in a row that held under LOOM__CPU_ADAPT_MIN_CORES */
+    int solo_left; /* runs left on one thread */
+    int stretch;   /* the next solo stretch, in runs (doubles while the contention lasts) */
+    unsigned long long solo_runs, stretches; /* counts, for tests and benchmarks */
+} loom__cpu_adapt;
+
 /* Runs a graph with a caller-provided work buffer cache (*work, *work_size grow with
  * loom_malloc/loom_free); the backend keeps one per backend, loom_cpu_graph_compute one
- * per call. */
+ * per call. adapt: the backend's contention state (NULL: always all threads). */
 loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **work,
-                                    size_t *work_size);
+                                    size_t *work_size, loom__cpu_adapt *adapt);
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -284,6 +298,55 @@ static inline void loom__range(int64_t n, int ith, int nth, int64_t *i0, int64_t
     int64_t b = a + per;
     *i0 = a < n ? a : n;
     *i1 = b < n ? b : n;
+}
+
+/* Work that threads claim in chunks as they go (loom__cpu_chunks_next), rather than each
+ * taking a fixed share: a thread that loses its core (another process on a busy machine)
+ * holds the others up at the next barrier by at most the chunk it is in, and the one that
+ * kept its core does the rest. With a counter (p->claim) each chunk is a relaxed
+ * fetch-add; without one (one thread, a serial step, a kernel called outside the
+ * executor) each thread takes its static share (loom__range) once. A node claims from
+ * one such loop only (one counter per node and run). */
+#define LOOM__CPU_CHUNKS_PER_THREAD 4
+
+typedef struct loom__cpu_chunks {
+    int64_t n, size;
+    int64_t cur, end; /* loom__cpu_chunks_item: the chunk being walked */
+    bool done;        /* static share: taken */
+} loom__cpu_chunks;
+
+/* n items in chunks of at least min_size (about LOOM__CPU_CHUNKS_PER_THREAD per thread). */
+static inline loom__cpu_chunks loom__cpu_chunks_of(const loom__cpu_params *p, int64_t n,
+                                                   int64_t min_size) {
+    const int64_t want = (int64_t)p->nth * LOOM__CPU_CHUNKS_PER_THREAD;
+    int64_t size = (n + want - 1) / want;
+    if (size < min_size) size = min_size;
+    if (size < 1) size = 1;
+    return (loom__cpu_chunks){.n = n, .size = size};
+}
+
+/* The next chunk [i0, i1) for this thread; false when none is left. */
+static inline bool loom__cpu_chunks_next(const loom__cpu_params *p, loom__cpu_chunks *c,
+                                         int64_t *i0, int64_t *i1) {
+    if (!p->claim || p->nth == 1) {
+        if (c->done) return false;
+        c->done = true;
+        loom__range(c->n, p->ith, p->nth, i0, i1);
+        return *i0 < *i1;
+    }
+    const int64_t i = atomic_fetch_add_explicit(p->claim, c->size, memory_order_relaxed);
+    if (i >= c->n) return false;
+    *i0 = i;
+    *i1 = i + c->size < c->n ? i + c->size : c->n;
+    return true;
+}
+
+/* The next item for this thread, chunk after chunk: for (int64_t i; loom__cpu_chunks_item(..., &i);) */
+static inline bool loom__cpu_chunks_item(const loom__cpu_params *p, loom__cpu_chunks *c,
+                                         int64_t *i) {
+    if (c->cur >= c->end && !loom__cpu_chunks_next(p, c, &c->cur, &c->end)) return false;
+    *i = c->cur++;
+    return true;
 }
 
 /* The GEMM paths' work units (F32, int8 and BF16 GEMM): (batch, row block, chunk of B

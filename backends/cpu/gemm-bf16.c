@@ -196,9 +196,8 @@ void loom__cpu_op_mul_mat_bgemm(const loom__cpu_params *p, loom_tensor *dst) {
 
     /* Work units as the F32 GEMM's. */
     const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, M, npan, BG_MC, BG_MR, p->nth);
-    int64_t u0, u1;
-    loom__range(g.count, p->ith, p->nth, &u0, &u1);
-    for (int64_t u = u0; u < u1; u++) {
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, g.count, 1);
+    for (int64_t u; loom__cpu_chunks_item(p, &ch, &u);) {
         const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, M);
         const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % B2, i3 = batch / B2;

@@ -11,7 +11,10 @@
  * All scratch is sized up front from every node's needs and allocated once (loom_malloc),
  * so an allocation failure is reported before anything runs and kernels never allocate.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include "backends/cpu/cpu-impl.h"
 #include "backends/cpu/repack.h"
@@ -312,7 +315,11 @@ typedef struct exec_ctx {
     size_t shared_size;     /* aligned */
     size_t per_thread_size; /* aligned */
     const loom__cpu_simd *simd;
+    char *claims; /* [n_steps] chunk counters, EXEC_CLAIM_STRIDE apart, zeroed before the run */
 } exec_ctx;
+
+/* One cache line per step's chunk counter: the nodes of a phase claim at once. */
+#define EXEC_CLAIM_STRIDE 64
 
 /* Nodes cheaper than this (about a few microseconds of one core: multiply-adds of a matmul
  * or attention, elements of anything else) run on one thread alone when the pool has more
@@ -532,6 +539,7 @@ static void exec_worker(int ith, int nth, void *user_data) {
             if (ith == 0 && !loom__cpu_failed(&solo)) kernel_for(t)(&solo, t);
             continue;
         }
+        p.claim = (_Atomic int64_t *)(x->claims + (size_t)i * EXEC_CLAIM_STRIDE);
         kernel_for(t)(&p, t);
     }
     /* the caller reads results after loom_threadpool_run returns: no barrier needed here */
@@ -555,8 +563,52 @@ static loom_status check_node(const loom_tensor *t) {
     return check_shapes(t);
 }
 
+/* ---------------------------------------------------------------- contention */
+
+/* A threaded run is judged when it took at least this long (shorter ones are noise), and
+ * counts as contended when the process held fewer cores than this over it; this many
+ * contended runs in a row start a solo stretch of LOOM__CPU_ADAPT_STRETCH runs, doubled
+ * (up to LOOM__CPU_ADAPT_STRETCH_MAX) each time the threaded run after one is contended
+ * again. So a quiet machine never leaves its threads (its runs hold ~nth cores), and with
+ * one busy process on a 2-core machine a token's graph runs on one thread: its two threads
+ * got one core between them and paid a context switch at most barriers for it. */
+#define LOOM__CPU_ADAPT_MIN_NS 500000LL
+#define LOOM__CPU_ADAPT_MIN_CORES 1.25
+#define LOOM__CPU_ADAPT_RUNS 3
+#define LOOM__CPU_ADAPT_STRETCH 16
+#define LOOM__CPU_ADAPT_STRETCH_MAX 256
+
+static bool adapt_enabled(void) {
+    const char *e = getenv("LOOM_CPU_ADAPT");
+    return !(e && e[0] == '0' && e[1] == 0);
+}
+
+static int64_t process_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* After a threaded run of wall_ns holding cpu_ns of the process's CPU time. */
+static void adapt_judge(loom__cpu_adapt *a, int64_t wall_ns, int64_t cpu_ns) {
+    if (wall_ns < LOOM__CPU_ADAPT_MIN_NS || cpu_ns < 0) return;
+    if ((double)cpu_ns >= LOOM__CPU_ADAPT_MIN_CORES * (double)wall_ns) {
+        a->contended = 0;
+        a->stretch = LOOM__CPU_ADAPT_STRETCH;
+        return;
+    }
+    if (++a->contended < LOOM__CPU_ADAPT_RUNS) return;
+    if (a->stretch < LOOM__CPU_ADAPT_STRETCH) a->stretch = LOOM__CPU_ADAPT_STRETCH;
+    a->solo_left = a->stretch;
+    a->stretches++;
+    a->stretch = a->stretch * 2 < LOOM__CPU_ADAPT_STRETCH_MAX ? a->stretch * 2
+                                                               : LOOM__CPU_ADAPT_STRETCH_MAX;
+    /* the probe after this stretch decides alone: one more contended run, a longer one */
+    a->contended = LOOM__CPU_ADAPT_RUNS - 1;
+}
+
 loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **work,
-                                    size_t *work_size) {
+                                    size_t *work_size, loom__cpu_adapt *adapt) {
     if (!g) return loom_error(LOOM_ERR_INVALID_ARG, "CPU backend: graph is NULL");
     int nth = tp ? loom_threadpool_size(tp) : 1;
     if (nth < 1) nth = 1;
@@ -574,6 +626,14 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         all_solo = all_solo && node_solo(t);
     }
     if (all_solo) nth = 1;
+    if (adapt && nth > 1 && !adapt_enabled()) adapt = NULL;
+    if (adapt && nth > 1 && adapt->solo_left > 0) {
+        adapt->solo_left--;
+        adapt->solo_runs++;
+        nth = 1;
+        adapt = NULL; /* nothing to judge */
+    }
+    if (nth == 1) adapt = NULL;
     loom__cpu_repack_graph(g, simd);
 
     size_t shared = 0, per_thread = 0;
@@ -592,7 +652,9 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
     uint8_t stack_flags[EXEC_STACK_NODES];
     const bool plan_in_work = nth > 1 && g->n_nodes > EXEC_STACK_NODES;
     const size_t order_size = align64((size_t)g->n_nodes * sizeof(int32_t));
-    const size_t plan_size = plan_in_work ? order_size + align64((size_t)g->n_nodes) : 0;
+    const size_t claims_size = nth > 1 ? (size_t)g->n_nodes * EXEC_CLAIM_STRIDE : 0;
+    const size_t plan_size =
+        (plan_in_work ? order_size + align64((size_t)g->n_nodes) : 0) + claims_size;
     size_t need = plan_size + shared + per_thread * (size_t)nth;
     if (need > *work_size) {
         void *p = loom_malloc(need + 64);
@@ -613,6 +675,7 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         order = plan_in_work ? (int32_t *)base : stack_order;
         flags = plan_in_work ? (uint8_t *)base + order_size : stack_flags;
         n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
+        memset(scratch - claims_size, 0, (size_t)n_steps * EXEC_CLAIM_STRIDE);
     }
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
@@ -627,11 +690,15 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         .shared_size = shared,
         .per_thread_size = per_thread,
         .simd = simd,
+        .claims = nth > 1 ? scratch - claims_size : NULL,
     };
-    if (nth > 1)
+    if (nth > 1) {
+        const int64_t w0 = adapt ? loom_time_ns() : 0, c0 = adapt ? process_cpu_ns() : 0;
         loom_threadpool_run(tp, exec_worker, &x);
-    else
+        if (adapt) adapt_judge(adapt, loom_time_ns() - w0, c0 < 0 ? -1 : process_cpu_ns() - c0);
+    } else {
         exec_worker(0, 1, &x);
+    }
     if (atomic_load(&state.fail_epoch) != LOOM__CPU_NO_FAIL)
         return loom_error(state.status, "%s", state.message);
     return LOOM_OK;
@@ -640,7 +707,7 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
 loom_status loom_cpu_graph_compute(loom_graph *g, loom_threadpool *tp) {
     void *work = NULL;
     size_t work_size = 0;
-    loom_status s = loom__cpu_graph_compute(g, tp, &work, &work_size);
+    loom_status s = loom__cpu_graph_compute(g, tp, &work, &work_size, NULL);
     loom_free(work);
     return s;
 }

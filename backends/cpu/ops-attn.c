@@ -189,9 +189,8 @@ void loom__cpu_op_flash_attn(const loom__cpu_params *p, loom_tensor *dst) {
     float *zraw = pw + FA_RB * FA_KT; /* FA_RB * FA_KT raw dots (softcap only) */
     static const float zero_slope[FA_RB];
 
-    int64_t r0, r1;
-    loom__range(nblk * Hk * S4, p->ith, p->nth, &r0, &r1);
-    for (int64_t r = r0; r < r1; r++) {
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, nblk * Hk * S4, 1);
+    for (int64_t r; loom__cpu_chunks_item(p, &ch, &r);) {
         const int64_t b = r % nblk, hk = (r / nblk) % Hk, s = r / (nblk * Hk);
         const int64_t g0 = b * rb;
         const int nr = grows - g0 < rb ? (int)(grows - g0) : (int)rb;

@@ -289,11 +289,16 @@ static void mm_dot_loop(const loom__cpu_params *p, loom_tensor *dst, const mm_sh
                         size_t bstride3) {
     const loom_tensor *a = dst->src[0];
     const int64_t items = s->B2 * s->B3 * s->M;
-    int64_t t0, t1;
-    loom__range(items, p->ith, p->nth, &t0, &t1);
     const int64_t nblk = nblk_rows(x->b_row_bytes, s->N);
+    /* b in one block (a token's matmul): the items in claimed chunks, n0 staying 0 while
+     * each pass takes the next; else each thread its share of every block */
+    const bool one_block = nblk >= s->N;
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, items, 16);
+    int64_t t0 = 0, t1 = 0;
+    if (!one_block) loom__range(items, p->ith, p->nth, &t0, &t1);
     float out[4];
-    for (int64_t n0 = 0; n0 < s->N; n0 += nblk) {
+    for (int64_t n0 = 0; n0 < s->N; n0 += one_block ? 0 : nblk) {
+        if (one_block && !loom__cpu_chunks_next(p, &ch, &t0, &t1)) break;
         const int64_t n1 = n0 + nblk < s->N ? n0 + nblk : s->N;
         /* (batch, m) walked incrementally: the divisions only when the batch changes */
         int64_t m = t0 % s->M, batch = t0 / s->M;
@@ -431,10 +436,9 @@ static void mm_qdot_repacked(const loom__cpu_params *p, loom_tensor *dst, const 
     const loom__cpu_qdot4_fn dot4 = loom__cpu_qdot4_get(rp->type, p->simd);
     const loom__cpu_qdot_fn dot1 = loom__cpu_qdot_get(rp->type, p->simd);
     const int64_t G = rp->groups, units = G + (s->M - G * LOOM__RP_ROWS);
-    int64_t u0, u1;
-    loom__range(units, p->ith, p->nth, &u0, &u1);
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, units, 4);
     float out[LOOM__RP_ROWS];
-    for (int64_t u = u0; u < u1; u++) {
+    for (int64_t u; loom__cpu_chunks_item(p, &ch, &u);) {
         if (u < G) {
             const char *grp = loom__cpu_repack_group(rp, u);
             for (int64_t n = 0; n < s->N; n++) {
@@ -586,9 +590,8 @@ static void mm_path_gemm(const loom__cpu_params *p, loom_tensor *dst, const mm_s
     const size_t ldc = dst->nb[1] / sizeof(float);
 
     const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, s->M, npan, MM_MC, mr, p->nth);
-    int64_t u0, u1;
-    loom__range(g.count, p->ith, p->nth, &u0, &u1);
-    for (int64_t u = u0; u < u1; u++) {
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, g.count, 1);
+    for (int64_t u; loom__cpu_chunks_item(p, &ch, &u);) {
         const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, s->M);
         const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
@@ -658,9 +661,8 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
 
     const size_t ldc = dst->nb[1] / sizeof(float);
     const loom__cpu_gemm_units g = loom__cpu_gemm_units_of(batches, s->M, npan, MM_MC, mr, p->nth);
-    int64_t u0, u1;
-    loom__range(g.count, p->ith, p->nth, &u0, &u1);
-    for (int64_t u = u0; u < u1; u++) {
+    loom__cpu_chunks ch = loom__cpu_chunks_of(p, g.count, 1);
+    for (int64_t u; loom__cpu_chunks_item(p, &ch, &u);) {
         const loom__cpu_gemm_unit w = loom__cpu_gemm_unit_at(&g, u, s->M);
         const int64_t batch = w.batch, mc0 = w.mc0, mlen = w.mlen, pn0 = w.pn0, pn1 = w.pn1;
         const int64_t i2 = batch % s->B2, i3 = batch / s->B2;
