@@ -8,11 +8,13 @@
  *   nothing;
  * - graphs with a worker that starts late give the one-thread values bit for bit;
  * - a backend whose threads share one core runs its graphs on one thread for a stretch,
- *   then tries its threads again; LOOM_CPU_ADAPT=0 keeps them.
+ *   then tries its threads again; LOOM_CPU_ADAPT=0 keeps them;
+ * - a large CPU buffer is backed by transparent huge pages once written.
  */
 #define _GNU_SOURCE /* sched_setaffinity, setenv */
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -340,4 +342,48 @@ LOOM_TEST(cpu_backend, threads_sharing_one_core_give_way_to_one_thread) {
     loom_cpu_set_affinity(LOOM_AFFINITY_DEFAULT);
     loom_ctx_free(ctx);
     LOOM_CHECK(sched_setaffinity(0, sizeof saved, &saved) == 0);
+}
+
+/* ---------------------------------------------------------------- huge pages */
+
+/* The AnonHugePages of /proc/self/smaps over the mapping holding p, in KiB (-1: unknown). */
+static long anon_huge_kib_at(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    bool in = false;
+    long kib = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (in && sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) break;
+    }
+    fclose(f);
+    return kib;
+}
+
+/* A large CPU buffer (weights read from a file, a KV cache) asks for transparent huge pages
+ * before its pages are touched: where THP is in madvise mode (or always), the buffer is
+ * backed by 2 MiB pages once written. */
+LOOM_TEST(cpu_backend, large_buffers_get_huge_pages) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char mode[128] = "";
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        fclose(f);
+    }
+    if (!strstr(mode, "[madvise]") && !strstr(mode, "[always]"))
+        LOOM_SKIP("transparent huge pages are off here (or no sysfs to say)");
+    const size_t size = (size_t)64 << 20;
+    loom_buffer_t buf = loom_buft_alloc_buffer(loom_cpu_buffer_type(), size);
+    LOOM_REQUIRE(buf);
+    char *base = loom_buffer_base(buf);
+    memset(base, 1, size);
+    const long kib = anon_huge_kib_at(base + size / 2);
+    /* the kernel may have no huge page free; it has, on an idle test machine, most of them */
+    LOOM_CHECK_MSG(kib > 0, "no huge pages behind a 64 MiB CPU buffer (AnonHugePages %ld kB)", kib);
+    loom_buffer_free(buf);
 }
