@@ -146,9 +146,6 @@ static void loom__ww_wait(loom_threadpool *tp, loom__waitword *w, unsigned seen)
                                   memory_order_relaxed);
         return;
     }
-    atomic_store_explicit(&w->spin_ns,
-                          budget / 2 > LOOM__SPIN_MIN_NS ? budget / 2 : LOOM__SPIN_MIN_NS,
-                          memory_order_relaxed);
     atomic_fetch_add(&w->sleepers, 1);
     while (atomic_load(&w->word) == seen) {
         atomic_fetch_add_explicit(&loom__tp_sleeps, 1, memory_order_relaxed);
@@ -156,6 +153,14 @@ static void loom__ww_wait(loom_threadpool *tp, loom__waitword *w, unsigned seen)
         loom__futex_wait(&w->word, seen);
     }
     atomic_fetch_sub(&w->sleepers, 1);
+    /* a wait that slept but ended within LOOM__SPIN_MAX_NS would have been cheaper spun
+     * (long phases on a quiet machine: f32 weights): spin twice as long next time; one
+     * that lasted longer (a descheduled peer, an idle pool) halves the budget */
+    const long long waited = (long long)(loom_time_ns() - t0);
+    long long next = budget / 2 > LOOM__SPIN_MIN_NS ? budget / 2 : LOOM__SPIN_MIN_NS;
+    if (waited < LOOM__SPIN_MAX_NS) next = 2 * waited > budget ? 2 * waited : budget;
+    if (next > LOOM__SPIN_MAX_NS) next = LOOM__SPIN_MAX_NS;
+    atomic_store_explicit(&w->spin_ns, next, memory_order_relaxed);
 }
 
 static void *loom__worker_main(void *arg) {
