@@ -316,6 +316,8 @@ typedef struct exec_ctx {
     size_t per_thread_size; /* aligned */
     const loom__cpu_simd *simd;
     char *claims; /* [n_steps] chunk counters, EXEC_CLAIM_STRIDE apart, zeroed before the run */
+    bool timed;              /* each thread adds the CPU time it spent in the run to cpu_ns */
+    _Atomic int64_t cpu_ns;
 } exec_ctx;
 
 /* One cache line per step's chunk counter: the nodes of a phase claim at once. */
@@ -495,8 +497,28 @@ static void run_serial(void *arg) {
     }
 }
 
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void exec_steps(int ith, int nth, exec_ctx *x);
+
+/* A thread's part of the run; when timed, the CPU time it got for it (its own clock: exact,
+ * where the process clock sees another running thread's time only at its next tick). */
 static void exec_worker(int ith, int nth, void *user_data) {
     exec_ctx *x = user_data;
+    if (!x->timed) {
+        exec_steps(ith, nth, x);
+        return;
+    }
+    const int64_t c0 = thread_cpu_ns();
+    exec_steps(ith, nth, x);
+    atomic_fetch_add_explicit(&x->cpu_ns, thread_cpu_ns() - c0, memory_order_relaxed);
+}
+
+static void exec_steps(int ith, int nth, exec_ctx *x) {
     int epoch = 0;
     loom__cpu_params p = {
         .ith = ith,
@@ -566,7 +588,9 @@ static loom_status check_node(const loom_tensor *t) {
 /* ---------------------------------------------------------------- contention */
 
 /* A threaded run is judged when it took at least this long (shorter ones are noise), and
- * counts as contended when the process held fewer cores than this over it; this many
+ * counts as contended when its threads together got fewer cores than this over it (each
+ * thread's own CPU clock: the process clock sees another running thread's time only at its
+ * next tick, which made 2 ms runs on a quiet machine look like one core); this many
  * contended runs in a row start a solo stretch of LOOM__CPU_ADAPT_STRETCH runs, doubled
  * (up to LOOM__CPU_ADAPT_STRETCH_MAX) each time the threaded run after one is contended
  * again. So a quiet machine never leaves its threads (its runs hold ~nth cores), and with
@@ -583,13 +607,7 @@ static bool adapt_enabled(void) {
     return !(e && e[0] == '0' && e[1] == 0);
 }
 
-static int64_t process_cpu_ns(void) {
-    struct timespec ts;
-    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return -1;
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* After a threaded run of wall_ns holding cpu_ns of the process's CPU time. */
+/* After a threaded run of wall_ns in which its threads got cpu_ns of CPU time. */
 static void adapt_judge(loom__cpu_adapt *a, int64_t wall_ns, int64_t cpu_ns) {
     if (wall_ns < LOOM__CPU_ADAPT_MIN_NS || cpu_ns < 0) return;
     if ((double)cpu_ns >= LOOM__CPU_ADAPT_MIN_CORES * (double)wall_ns) {
@@ -692,10 +710,12 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         .simd = simd,
         .claims = nth > 1 ? scratch - claims_size : NULL,
     };
+    x.timed = adapt != NULL;
+    atomic_init(&x.cpu_ns, 0);
     if (nth > 1) {
-        const int64_t w0 = adapt ? loom_time_ns() : 0, c0 = adapt ? process_cpu_ns() : 0;
+        const int64_t w0 = adapt ? loom_time_ns() : 0;
         loom_threadpool_run(tp, exec_worker, &x);
-        if (adapt) adapt_judge(adapt, loom_time_ns() - w0, c0 < 0 ? -1 : process_cpu_ns() - c0);
+        if (adapt) adapt_judge(adapt, loom_time_ns() - w0, atomic_load(&x.cpu_ns));
     } else {
         exec_worker(0, 1, &x);
     }
