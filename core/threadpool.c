@@ -56,9 +56,6 @@ struct loom_threadpool {
 
     atomic_int barrier_count;
     loom__waitword barrier; /* word: the barrier's phase */
-
-    /* this pool's counts (relaxed; loom_threadpool_get_pool_stats) */
-    atomic_ullong n_runs, n_barriers, n_sleeps, n_wakes;
 };
 
 /* Process-wide counters (relaxed; loom_threadpool_get_stats). */
@@ -111,16 +108,15 @@ static void loom__ww_init(loom__waitword *w) {
 }
 
 /* After changing w->word: wakes its sleepers, if any (the only system call of a wake-up). */
-static void loom__ww_wake(loom_threadpool *tp, loom__waitword *w) {
+static void loom__ww_wake(loom__waitword *w) {
     if (atomic_load(&w->sleepers) > 0) {
         atomic_fetch_add_explicit(&loom__tp_wakes, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->n_wakes, 1, memory_order_relaxed);
         loom__futex_wake(&w->word);
     }
 }
 
 /* Returns once w->word differs from seen (acquire). */
-static void loom__ww_wait(loom_threadpool *tp, loom__waitword *w, unsigned seen) {
+static void loom__ww_wait(const loom_threadpool *tp, loom__waitword *w, unsigned seen) {
     if (atomic_load_explicit(&w->word, memory_order_acquire) != seen) return;
     long long budget = atomic_load_explicit(&w->spin_ns, memory_order_relaxed);
     if (atomic_load_explicit(&loom__tp_live_threads, memory_order_relaxed) > tp->n_cpus)
@@ -149,7 +145,6 @@ static void loom__ww_wait(loom_threadpool *tp, loom__waitword *w, unsigned seen)
     atomic_fetch_add(&w->sleepers, 1);
     while (atomic_load(&w->word) == seen) {
         atomic_fetch_add_explicit(&loom__tp_sleeps, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->n_sleeps, 1, memory_order_relaxed);
         loom__futex_wait(&w->word, seen);
     }
     atomic_fetch_sub(&w->sleepers, 1);
@@ -174,14 +169,14 @@ static void *loom__worker_main(void *arg) {
         if (atomic_load(&tp->stop)) return NULL;
         tp->fn(w->ith, tp->n_threads, tp->user_data);
         if ((int)atomic_fetch_add(&tp->done.word, 1u) + 1 == tp->n_workers)
-            loom__ww_wake(tp, &tp->done);
+            loom__ww_wake(&tp->done);
     }
 }
 
 static void loom__threadpool_stop(loom_threadpool *tp) {
     atomic_store(&tp->stop, true);
     atomic_fetch_add(&tp->gen.word, 1u);
-    loom__ww_wake(tp, &tp->gen);
+    loom__ww_wake(&tp->gen);
     for (int i = 0; i < tp->n_started; i++)
         pthread_join(tp->threads[i], NULL);
     tp->n_started = 0;
@@ -270,7 +265,6 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
     bool was_running = atomic_exchange(&tp->running, true);
     LOOM_ASSERT(!was_running && "threadpool_run is not reentrant");
     atomic_fetch_add_explicit(&loom__tp_runs, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&tp->n_runs, 1, memory_order_relaxed);
     if (tp->n_workers == 0) {
         fn(0, 1, user_data);
         atomic_store(&tp->running, false);
@@ -281,7 +275,7 @@ void loom_threadpool_run(loom_threadpool *tp, loom_task_fn fn, void *user_data) 
     tp->fn = fn;
     tp->user_data = user_data;
     atomic_fetch_add(&tp->gen.word, 1u); /* publishes fn, user_data and done = 0 */
-    loom__ww_wake(tp, &tp->gen);
+    loom__ww_wake(&tp->gen);
 
     if (tp->n_workers < tp->n_threads) fn(0, tp->n_threads, user_data);
 
@@ -312,9 +306,8 @@ void loom_threadpool_barrier_last(loom_threadpool *tp, void (*last)(void *arg), 
         atomic_store(&tp->barrier_count, 0);
         if (last) last(arg);
         atomic_fetch_add_explicit(&loom__tp_barriers, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->n_barriers, 1, memory_order_relaxed);
         atomic_fetch_add(&tp->barrier.word, 1u);
-        loom__ww_wake(tp, &tp->barrier);
+        loom__ww_wake(&tp->barrier);
         return;
     }
     loom__ww_wait(tp, &tp->barrier, phase);
@@ -325,17 +318,6 @@ void loom_threadpool_get_stats(loom_threadpool_stats *out) {
     out->barriers = atomic_load_explicit(&loom__tp_barriers, memory_order_relaxed);
     out->sleeps = atomic_load_explicit(&loom__tp_sleeps, memory_order_relaxed);
     out->wakes = atomic_load_explicit(&loom__tp_wakes, memory_order_relaxed);
-}
-
-void loom_threadpool_get_pool_stats(const loom_threadpool *tp, loom_threadpool_stats *out) {
-    if (!tp) {
-        *out = (loom_threadpool_stats){0, 0, 0, 0};
-        return;
-    }
-    out->runs = atomic_load_explicit(&tp->n_runs, memory_order_relaxed);
-    out->barriers = atomic_load_explicit(&tp->n_barriers, memory_order_relaxed);
-    out->sleeps = atomic_load_explicit(&tp->n_sleeps, memory_order_relaxed);
-    out->wakes = atomic_load_explicit(&tp->n_wakes, memory_order_relaxed);
 }
 
 int loom_n_cpus(void) {

@@ -209,7 +209,6 @@ typedef struct loom__cpu_adapt {
     int contended; /* threaded runs in a row that held under LOOM__CPU_ADAPT_MIN_CORES */
     int solo_left; /* runs left on one thread */
     int stretch;   /* the next solo stretch, in runs (doubles while the contention lasts) */
-    unsigned long long solo_runs, stretches; /* counts, for tests and benchmarks */
 } loom__cpu_adapt;
 
 /* Runs a graph with a caller-provided work buffer cache (*work, *work_size grow with

@@ -618,7 +618,6 @@ static void adapt_judge(loom__cpu_adapt *a, int64_t wall_ns, int64_t cpu_ns) {
     if (++a->contended < LOOM__CPU_ADAPT_RUNS) return;
     if (a->stretch < LOOM__CPU_ADAPT_STRETCH) a->stretch = LOOM__CPU_ADAPT_STRETCH;
     a->solo_left = a->stretch;
-    a->stretches++;
     a->stretch = a->stretch * 2 < LOOM__CPU_ADAPT_STRETCH_MAX ? a->stretch * 2
                                                                : LOOM__CPU_ADAPT_STRETCH_MAX;
     /* the probe after this stretch decides alone: one more contended run, a longer one */
@@ -644,14 +643,12 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         all_solo = all_solo && node_solo(t);
     }
     if (all_solo) nth = 1;
-    if (adapt && nth > 1 && !adapt_enabled()) adapt = NULL;
-    if (adapt && nth > 1 && adapt->solo_left > 0) {
+    if (nth == 1 || (adapt && !adapt_enabled())) adapt = NULL;
+    if (adapt && adapt->solo_left > 0) { /* a solo stretch: nothing to judge */
         adapt->solo_left--;
-        adapt->solo_runs++;
         nth = 1;
-        adapt = NULL; /* nothing to judge */
+        adapt = NULL;
     }
-    if (nth == 1) adapt = NULL;
     loom__cpu_repack_graph(g, simd);
 
     size_t shared = 0, per_thread = 0;
@@ -693,8 +690,9 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         order = plan_in_work ? (int32_t *)base : stack_order;
         flags = plan_in_work ? (uint8_t *)base + order_size : stack_flags;
         n_steps = plan_phases(g, nth, simd, scratch, shared, order, flags);
-        memset(scratch - claims_size, 0, (size_t)n_steps * EXEC_CLAIM_STRIDE);
     }
+    char *claims = nth > 1 ? scratch - claims_size : NULL; /* just before the scratch */
+    if (claims) memset(claims, 0, (size_t)n_steps * EXEC_CLAIM_STRIDE);
 
     loom__cpu_state state = {.tp = tp, .nth = nth};
     atomic_init(&state.fail_epoch, LOOM__CPU_NO_FAIL);
@@ -708,7 +706,7 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         .shared_size = shared,
         .per_thread_size = per_thread,
         .simd = simd,
-        .claims = nth > 1 ? scratch - claims_size : NULL,
+        .claims = claims,
     };
     x.timed = adapt != NULL;
     atomic_init(&x.cpu_ns, 0);

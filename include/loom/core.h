@@ -685,8 +685,6 @@ typedef struct loom_threadpool_stats {
     unsigned long long runs, barriers, sleeps, wakes;
 } loom_threadpool_stats;
 LOOM_API void loom_threadpool_get_stats(loom_threadpool_stats *out);
-/* The same counts for one pool since it was made (a backend judging its own threads). */
-LOOM_API void loom_threadpool_get_pool_stats(const loom_threadpool *tp, loom_threadpool_stats *out);
 /* Number of hardware threads available to this process (>= 1). */
 LOOM_API int loom_n_cpus(void);
 
