@@ -33,19 +33,6 @@ static void use_path(int i) {
     setenv("LOOM_CPU_SIMD", k_paths[i], 1);
 }
 
-static void fill_f32(float *x, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = loom_test_randf(lo, hi);
-}
-
-/* A tensor of `type` holding the given f32 values (quantised through core's traits). */
-static void set_from_f32(loom_tensor *t, const float *x) {
-    const loom_type_traits *tr = loom_type_traits_get(t->type);
-    const int64_t n0 = t->ne[0], rows = loom_nrows(t);
-    for (int64_t r = 0; r < rows; r++)
-        tr->from_float(x + r * n0, (char *)t->data + r * loom_row_size(t->type, n0), n0);
-}
-
 /* Row r of a contiguous tensor as f32, through core's traits. */
 static void get_row_f32(const loom_tensor *t, int64_t r, float *y) {
     const loom_type_traits *tr = loom_type_traits_get(t->type);
@@ -86,12 +73,12 @@ static void check_mul_mat(loom_type type, mm_case c, bool transpose_b) {
     }
     LOOM_REQUIRE(a && b);
     float *av = malloc(sizeof(float) * (size_t)(c.K * c.M * c.A2));
-    fill_f32(av, c.K * c.M * c.A2, -1.0f, 1.0f);
-    set_from_f32(a, av);
+    loom_cpu_test_fill_f32(av, c.K * c.M * c.A2, -1.0f, 1.0f);
+    loom_cpu_test_set_from_f32(a, av);
     if (bsrc)
-        fill_f32(bsrc->data, loom_nelements(bsrc), -1.0f, 1.0f);
+        loom_cpu_test_fill_f32(bsrc->data, loom_nelements(bsrc), -1.0f, 1.0f);
     else
-        fill_f32(b->data, loom_nelements(b), -1.0f, 1.0f);
+        loom_cpu_test_fill_f32(b->data, loom_nelements(b), -1.0f, 1.0f);
     loom_tensor *d = loom_mul_mat(ctx, a, b);
     LOOM_REQUIRE(d);
 
@@ -231,8 +218,8 @@ LOOM_TEST(cpu_matmul, transposed_weights) {
     loom_tensor *at = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, M, K); /* stored [M, K] */
     loom_tensor *a = loom_transpose(ctx, at);                       /* view [K, M] */
     loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, K, N);
-    fill_f32(at->data, M * K, -1, 1);
-    fill_f32(b->data, K * N, -1, 1);
+    loom_cpu_test_fill_f32(at->data, M * K, -1, 1);
+    loom_cpu_test_fill_f32(b->data, K * N, -1, 1);
     loom_tensor *d = loom_mul_mat(ctx, a, b);
     LOOM_REQUIRE(d);
     for (int path = 0; path < 3; path++) {
@@ -259,9 +246,9 @@ static void check_mul_mat_id(loom_type type, int64_t B1) {
     loom_tensor *b = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, K, B1, T);
     loom_tensor *ids = loom_new_tensor_2d(ctx, LOOM_TYPE_I32, U, T);
     float *av = malloc(sizeof(float) * (size_t)(K * M * E));
-    fill_f32(av, K * M * E, -1, 1);
-    set_from_f32(as, av);
-    fill_f32(b->data, loom_nelements(b), -1, 1);
+    loom_cpu_test_fill_f32(av, K * M * E, -1, 1);
+    loom_cpu_test_set_from_f32(as, av);
+    loom_cpu_test_fill_f32(b->data, loom_nelements(b), -1, 1);
     for (int64_t i = 0; i < U * T; i++)
         ((int32_t *)ids->data)[i] = (int32_t)((i * 7 + 1) % 3);
     loom_tensor *d = loom_mul_mat_id(ctx, as, b, ids);
@@ -317,8 +304,8 @@ LOOM_TEST(cpu_vec, elementwise_paths_agree) {
     loom_ctx *ctx = loom_cpu_test_ctx(8);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
     loom_tensor *y = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, 1);
-    fill_f32(x->data, n * rows, -30.0f, 30.0f);
-    fill_f32(y->data, n, -2.0f, 2.0f);
+    loom_cpu_test_fill_f32(x->data, n * rows, -30.0f, 30.0f);
+    loom_cpu_test_fill_f32(y->data, n, -2.0f, 2.0f);
     loom_tensor *sum = loom_add(ctx, x, y);
     loom_tensor *prod = loom_mul(ctx, x, y);
     loom_tensor *sc = loom_scale_bias(ctx, x, 0.75f, -0.5f);
@@ -354,7 +341,7 @@ LOOM_TEST(cpu_vec, soft_max_paths_agree) {
     loom_ctx *ctx = loom_cpu_test_ctx(8);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
     loom_tensor *mask = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, rows);
-    fill_f32(x->data, n * rows, -8.0f, 8.0f);
+    loom_cpu_test_fill_f32(x->data, n * rows, -8.0f, 8.0f);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < n; i++)
             loom_set_f32_nd(mask, i, r, 0, 0,
@@ -391,11 +378,11 @@ static void check_flash_attn(int64_t Nq, bool permuted_q) {
     loom_tensor *q;
     if (permuted_q) {
         loom_tensor *qs = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, H, Nq);
-        fill_f32(qs->data, loom_nelements(qs), -1, 1);
+        loom_cpu_test_fill_f32(qs->data, loom_nelements(qs), -1, 1);
         q = loom_permute(ctx, qs, 0, 2, 1, 3); /* [D, Nq, H], heads innermost in memory */
     } else {
         q = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nq, H);
-        fill_f32(q->data, loom_nelements(q), -1, 1);
+        loom_cpu_test_fill_f32(q->data, loom_nelements(q), -1, 1);
     }
     loom_tensor *k = loom_new_tensor_3d(ctx, LOOM_TYPE_F16, D, Nkv, Hk);
     loom_tensor *v = loom_new_tensor_3d(ctx, LOOM_TYPE_F16, D, Nkv, Hk);
@@ -408,7 +395,7 @@ static void check_flash_attn(int64_t Nq, bool permuted_q) {
     for (int64_t j = 0; j < Nq; j++)
         for (int64_t i = 0; i < Nkv; i++)
             loom_set_f32_nd(mask, i, j, 0, 0, i > Nkv - Nq + j ? -INFINITY : 0.0f);
-    fill_f32(sinks->data, H, -1, 1);
+    loom_cpu_test_fill_f32(sinks->data, H, -1, 1);
     const float scale = 0.3f;
     loom_tensor *o = loom_flash_attn_ext(ctx, q, k, v, mask, sinks, scale, 0.0f, 0.0f);
     LOOM_REQUIRE(o);
@@ -460,9 +447,9 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
         loom_tensor *k = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, 1);
         loom_tensor *v = loom_new_tensor_3d(ctx, LOOM_TYPE_F32, D, Nkv, 1);
         loom_tensor *sinks = loom_new_tensor_1d(ctx, LOOM_TYPE_F32, 1);
-        fill_f32(q->data, loom_nelements(q), -1, 1);
-        fill_f32(k->data, loom_nelements(k), -1, 1);
-        fill_f32(v->data, loom_nelements(v), -1, 1);
+        loom_cpu_test_fill_f32(q->data, loom_nelements(q), -1, 1);
+        loom_cpu_test_fill_f32(k->data, loom_nelements(k), -1, 1);
+        loom_cpu_test_fill_f32(v->data, loom_nelements(v), -1, 1);
         ((float *)sinks->data)[0] = 0.5f;
         if (which == 0) loom_set_f32_nd(q, 3, 1, 0, 0, NAN); /* query 1 only */
         if (which == 1) loom_set_f32_nd(v, 2, 4, 0, 0, NAN); /* every query reads key 4 */
@@ -488,7 +475,7 @@ LOOM_TEST(cpu_vec, flash_attn_and_soft_max_propagate_nan) {
     /* softmax: row 0 has one NaN logit, row 1 is finite, row 2 is all NaN */
     const int64_t n = 7;
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, n, 3);
-    fill_f32(x->data, 3 * n, -2, 2);
+    loom_cpu_test_fill_f32(x->data, 3 * n, -2, 2);
     loom_set_f32_nd(x, 4, 0, 0, 0, NAN);
     for (int64_t i = 0; i < n; i++)
         loom_set_f32_nd(x, i, 2, 0, 0, NAN);
@@ -535,7 +522,7 @@ LOOM_TEST(cpu_errors, get_rows_index_out_of_range) {
     loom_ctx *ctx = loom_cpu_test_ctx(4);
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 8, 5);
     loom_tensor *ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
-    fill_f32(a->data, 40, -1, 1);
+    loom_cpu_test_fill_f32(a->data, 40, -1, 1);
     ((int32_t *)ids->data)[0] = 1;
     ((int32_t *)ids->data)[1] = 5; /* R = 5: out of range */
     ((int32_t *)ids->data)[2] = 0;
@@ -561,9 +548,9 @@ LOOM_TEST(cpu_threads, tiny_nodes_run_solo_between_split_nodes) {
     loom_tensor *ids = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 3);
     loom_tensor *w1 = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 1024);
     loom_tensor *w2 = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 512);
-    fill_f32(emb->data, 64 * 50, -1, 1);
-    fill_f32(w1->data, 64 * 1024, -0.2f, 0.2f);
-    fill_f32(w2->data, 1024 * 512, -0.05f, 0.05f);
+    loom_cpu_test_fill_f32(emb->data, 64 * 50, -1, 1);
+    loom_cpu_test_fill_f32(w1->data, 64 * 1024, -0.2f, 0.2f);
+    loom_cpu_test_fill_f32(w2->data, 1024 * 512, -0.05f, 0.05f);
     int32_t *id = ids->data;
     id[0] = 3, id[1] = 49, id[2] = 0;
     loom_tensor *x = loom_get_rows(ctx, emb, ids);                    /* tiny */
@@ -623,10 +610,10 @@ LOOM_TEST(cpu_threads, independent_nodes_share_a_phase) {
     static float buf[2 * 256 * 256];
     loom_tensor *ws[] = {wq, wk, wv, wo};
     for (int i = 0; i < 4; i++) {
-        fill_f32(buf, loom_nelements(ws[i]), -0.1f, 0.1f);
-        set_from_f32(ws[i], buf);
+        loom_cpu_test_fill_f32(buf, loom_nelements(ws[i]), -0.1f, 0.1f);
+        loom_cpu_test_set_from_f32(ws[i], buf);
     }
-    fill_f32(x->data, E, -1, 1);
+    loom_cpu_test_fill_f32(x->data, E, -1, 1);
     loom_tensor *q = loom_mul_mat(ctx, wq, x), *k = loom_mul_mat(ctx, wk, x);
     loom_tensor *v = loom_mul_mat(ctx, wv, x);
     loom_tensor *sum = loom_add(ctx, k, v);
@@ -684,15 +671,15 @@ LOOM_TEST(cpu_threads, error_inside_a_shared_phase) {
     loom_tensor *eb = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
     loom_tensor *ia = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 40);
     loom_tensor *ib = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 40);
-    fill_f32(ea->data, 1024 * 64, -1, 1);
-    fill_f32(eb->data, 1024 * 64, -1, 1);
+    loom_cpu_test_fill_f32(ea->data, 1024 * 64, -1, 1);
+    loom_cpu_test_fill_f32(eb->data, 1024 * 64, -1, 1);
     loom_tensor *ra = loom_get_rows(ctx, ea, ia), *rb = loom_get_rows(ctx, eb, ib);
     loom_tensor *mid = loom_scale(ctx, loom_add(ctx, ra, rb), 0.5f);
     /* then a tiny node (run inside the next barrier by the last thread to arrive) and a
      * split matmul over its result */
     loom_tensor *ic = loom_new_tensor_1d(ctx, LOOM_TYPE_I32, 2);
     loom_tensor *w = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 1024, 64);
-    fill_f32(w->data, 1024 * 64, -0.1f, 0.1f);
+    loom_cpu_test_fill_f32(w->data, 1024 * 64, -0.1f, 0.1f);
     loom_tensor *rc = loom_get_rows(ctx, mid, ic);
     loom_tensor *out = loom_mul_mat(ctx, w, rc);
     LOOM_REQUIRE(out);
@@ -754,9 +741,9 @@ LOOM_TEST(cpu_errors, scratch_out_of_memory) {
     loom_tensor *a = loom_new_tensor_2d(ctx, LOOM_TYPE_Q8_0, 64, 8);
     loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 64, 3);
     float av[64 * 8];
-    fill_f32(av, 64 * 8, -1, 1);
-    set_from_f32(a, av);
-    fill_f32(b->data, 64 * 3, -1, 1);
+    loom_cpu_test_fill_f32(av, 64 * 8, -1, 1);
+    loom_cpu_test_set_from_f32(a, av);
+    loom_cpu_test_fill_f32(b->data, 64 * 3, -1, 1);
     loom_tensor *d = loom_mul_mat(ctx, a, b);
     loom_graph *g = loom_graph_new(ctx, 8);
     LOOM_REQUIRE(d && g && loom_graph_build_forward(g, d) == LOOM_OK);
@@ -853,8 +840,8 @@ LOOM_TEST(cpu_backend, computes_graph_in_buffers) {
     loom_buffer_t buf = loom_alloc_ctx_tensors(ctx, loom_cpu_buffer_type());
     LOOM_REQUIRE(buf);
     float av[19 * 6], bv[19 * 6];
-    fill_f32(av, 19 * 6, -3, 3);
-    fill_f32(bv, 19 * 6, -3, 3);
+    loom_cpu_test_fill_f32(av, 19 * 6, -3, 3);
+    loom_cpu_test_fill_f32(bv, 19 * 6, -3, 3);
     loom_tensor_set(a, av, 0, sizeof av);
     loom_tensor_set(b, bv, 0, sizeof bv);
     loom_graph *g = loom_graph_new(ctx, 16);

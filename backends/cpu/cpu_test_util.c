@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "tests/shim/loom_test.h"
+
 loom_ctx *loom_cpu_test_ctx(size_t mb) {
     loom_ctx_params p = {.mem_size = mb << 20, .mem_buffer = NULL, .no_alloc = false};
     return loom_ctx_new(p);
@@ -36,4 +38,16 @@ loom_tensor *loom_cpu_test_b(loom_ctx *ctx, int64_t K, int64_t N, int64_t B2, b_
     memset(bsrc->data, 0x7f, loom_nbytes(bsrc));
     if (src) *src = bsrc;
     return b;
+}
+
+void loom_cpu_test_fill_f32(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = loom_test_randf(lo, hi);
+}
+
+void loom_cpu_test_set_from_f32(loom_tensor *t, const float *x) {
+    const loom_type_traits *tr = loom_type_traits_get(t->type);
+    const int64_t n0 = t->ne[0], rows = loom_nrows(t);
+    for (int64_t r = 0; r < rows; r++)
+        tr->from_float(x + r * n0, (char *)t->data + r * loom_row_size(t->type, n0), n0);
 }

@@ -23,6 +23,13 @@ typedef enum b_layout { B_CONTIG, B_TRANSPOSED, B_PADDED } b_layout;
 loom_tensor *loom_cpu_test_b(loom_ctx *ctx, int64_t K, int64_t N, int64_t B2, b_layout lb,
                              int64_t pad, loom_tensor **src);
 
+/* x[0..n) uniform in [lo, hi) from the test shim's seeded generator. */
+void loom_cpu_test_fill_f32(float *x, int64_t n, float lo, float hi);
+
+/* A contiguous tensor of t's type holding the given f32 values (quantised through core's
+ * traits, row by row). */
+void loom_cpu_test_set_from_f32(loom_tensor *t, const float *x);
+
 /* Builds the graph of out and computes it on the CPU backend with `threads` threads
  * (1: no pool). */
 loom_status loom_cpu_test_compute(loom_tensor *out, int threads);

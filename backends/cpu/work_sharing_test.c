@@ -24,18 +24,6 @@
 #include "loom/cpu.h"
 #include "tests/shim/loom_test.h"
 
-static void fill_f32(float *x, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = loom_test_randf(lo, hi);
-}
-
-static void set_from_f32(loom_tensor *t, const float *x) {
-    const loom_type_traits *tr = loom_type_traits_get(t->type);
-    const int64_t n0 = t->ne[0], rows = loom_nrows(t);
-    for (int64_t r = 0; r < rows; r++)
-        tr->from_float(x + r * n0, (char *)t->data + r * loom_row_size(t->type, n0), n0);
-}
-
 /* params of thread ith of nth with the counter claim (NULL: static shares) */
 static loom__cpu_params params_of(int ith, int nth, _Atomic int64_t *claim, loom__cpu_state *st,
                                   int *epoch, void *wshared, size_t ws, void *wthread, size_t wt) {
@@ -176,9 +164,9 @@ LOOM_TEST(cpu_chunks, token_matmuls_leave_nothing_to_a_late_thread) {
             LOOM_REQUIRE(ctx);
             loom_tensor *a = loom_new_tensor_2d(ctx, types[ti], 256, 500);
             loom_tensor *b = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, N);
-            fill_f32(buf, 256 * 500, -1, 1);
-            set_from_f32(a, buf);
-            fill_f32(b->data, 256 * N, -1, 1);
+            loom_cpu_test_fill_f32(buf, 256 * 500, -1, 1);
+            loom_cpu_test_set_from_f32(a, buf);
+            loom_cpu_test_fill_f32(b->data, 256 * N, -1, 1);
             loom_tensor *dst = loom_mul_mat(ctx, a, b);
             LOOM_REQUIRE(dst);
             loom_format_name(dst, "%s N=%lld", loom_type_name(types[ti]), (long long)N);
@@ -196,11 +184,11 @@ LOOM_TEST(cpu_chunks, flash_attention_leaves_nothing_to_a_late_thread) {
     loom_tensor *k = loom_new_tensor_3d(ctx, LOOM_TYPE_F16, D, n_kv, Hk);
     loom_tensor *v = loom_new_tensor_3d(ctx, LOOM_TYPE_F16, D, n_kv, Hk);
     static float buf[64 * 96 * 2];
-    fill_f32(q->data, D * H, -1, 1);
-    fill_f32(buf, D * n_kv * Hk, -1, 1);
-    set_from_f32(k, buf);
-    fill_f32(buf, D * n_kv * Hk, -1, 1);
-    set_from_f32(v, buf);
+    loom_cpu_test_fill_f32(q->data, D * H, -1, 1);
+    loom_cpu_test_fill_f32(buf, D * n_kv * Hk, -1, 1);
+    loom_cpu_test_set_from_f32(k, buf);
+    loom_cpu_test_fill_f32(buf, D * n_kv * Hk, -1, 1);
+    loom_cpu_test_set_from_f32(v, buf);
     loom_tensor *dst = loom_flash_attn_ext(ctx, q, k, v, NULL, NULL, 0.125f, 0.0f, 0.0f);
     LOOM_REQUIRE(dst);
     loom_format_name(dst, "flash_attn");
@@ -234,10 +222,10 @@ LOOM_TEST(cpu_chunks, graphs_with_late_workers_match_one_thread) {
         loom_tensor *wu = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 256, 768);
         loom_tensor *ws[] = {wq, wk, wv, wu};
         for (int i = 0; i < 4; i++) {
-            fill_f32(buf, loom_nelements(ws[i]), -0.2f, 0.2f);
-            set_from_f32(ws[i], buf);
+            loom_cpu_test_fill_f32(buf, loom_nelements(ws[i]), -0.2f, 0.2f);
+            loom_cpu_test_set_from_f32(ws[i], buf);
         }
-        fill_f32(x->data, 256 * N, -1, 1);
+        loom_cpu_test_fill_f32(x->data, 256 * N, -1, 1);
         loom_tensor *q = loom_reshape_3d(ctx, loom_mul_mat(ctx, wq, x), 64, 4, N);
         loom_tensor *k = loom_reshape_3d(ctx, loom_mul_mat(ctx, wk, x), 64, 2, N);
         loom_tensor *v = loom_reshape_3d(ctx, loom_mul_mat(ctx, wv, x), 64, 2, N);
@@ -296,8 +284,8 @@ LOOM_TEST(cpu_backend, threads_sharing_one_core_give_way_to_one_thread) {
     /* 32 MiB of weights per run: well over the half millisecond a judged run needs */
     loom_tensor *w = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 4096, 2048);
     loom_tensor *x = loom_new_tensor_2d(ctx, LOOM_TYPE_F32, 4096, 1);
-    fill_f32(w->data, 4096 * 2048, -1, 1);
-    fill_f32(x->data, 4096, -1, 1);
+    loom_cpu_test_fill_f32(w->data, 4096 * 2048, -1, 1);
+    loom_cpu_test_fill_f32(x->data, 4096, -1, 1);
     loom_tensor *out = loom_mul_mat(ctx, w, x);
     loom_graph *g = loom_graph_new(ctx, 8);
     LOOM_REQUIRE(out && g && loom_graph_build_forward(g, out) == LOOM_OK);
