@@ -71,6 +71,10 @@ typedef void (*loom__gemm_pack_fn)(const float *a, size_t lda, int64_t kc, int r
  * one canonical A panel of nblk blocks with H = halves scales per block (qgemm.h). */
 typedef void (*loom__qgemm_scatter_fn)(const int8_t *q, const float *d, const float *mn, int mr,
                                        int halves, int64_t nblk, void *panel);
+/* n blocks of 16 packed nibble bytes, block i at qs + i * stride, through the 16-entry
+ * table lut: q[32 i + l] = lut[qs[l] & 15], q[32 i + 16 + l] = lut[qs[l] >> 4] (l < 16). */
+typedef void (*loom__qgemm_lut16_fn)(const uint8_t *qs, size_t stride, int64_t n,
+                                     const int8_t *lut, int8_t *q);
 /* Register tile of the int8 GEMM of quantised weights (qgemm.h: canonical A and B panels
  * of nblk 32-element blocks): c[j * ldc + i] (+)= the tile, i < mvalid, j < nvalid;
  * has_min adds the weights' min terms; halves (1 or 2) is the A blocks' scales per block. */
@@ -98,10 +102,11 @@ typedef struct loom__cpu_simd {
     loom__gemm_tile_fn gemm_tile;
     loom__gemm_pack_fn gemm_pack_a;
     int gemm_mr, gemm_nr;
-    /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM) and its
-     * A-panel scatter (NULL: the portable one). */
+    /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM), its
+     * A-panel scatter and the table unpack of the 16-value types (NULL: the portable ones). */
     loom__qgemm_tile_fn qgemm_tile;
     loom__qgemm_scatter_fn qgemm_scatter;
+    loom__qgemm_lut16_fn qgemm_lut16;
     int qgemm_qmax;  /* largest |weight integer| the kernel takes (AVX2: 64, no saturation) */
     int qgemm_min_n; /* columns from which the int8 GEMM beats the integer dots */
     int qgemm_mr, qgemm_nr;
@@ -147,6 +152,8 @@ void loom__qgemm_tile_avx2(int64_t nblk, const void *ap, const void *bp, float *
                            int first, int has_min, int halves, int mvalid, int nvalid);
 void loom__qgemm_scatter_avx512(const int8_t *q, const float *d, const float *mn, int mr,
                                 int halves, int64_t nblk, void *panel);
+void loom__qgemm_lut16_avx2(const uint8_t *qs, size_t stride, int64_t n, const int8_t *lut,
+                            int8_t *q);
 /* The best table this processor runs, capped by LOOM_CPU_SIMD (re-read on every call, so
  * a test can switch paths with setenv between graph computes). */
 const loom__cpu_simd *loom__cpu_simd_get(void);

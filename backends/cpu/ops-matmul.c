@@ -680,12 +680,12 @@ static void mm_path_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mm_
                         loom__cpu_repack_read(rp, mc0 + mp * mr + i, k0 / bs, kb * LOOM_QG_BLK / bs,
                                               stage + (size_t)i * srb);
                     loom__qg_pack_a(qt, stage, srb, rows, mr, 0, kb, ap + (size_t)(mp * kb) * ablk,
-                                    tmp, p->simd->qgemm_scatter);
+                                    tmp, p->simd);
                     continue;
                 }
                 loom__qg_pack_a(qt, loom__at(a, 0, mc0 + mp * mr, i2 / s->r2, i3 / s->r3), a->nb[1],
                                 rows, mr, k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
-                                p->simd->qgemm_scatter);
+                                p->simd);
             }
             for (int64_t pn = pn0; pn < pn1; pn++) {
                 const char *bpk =
@@ -986,7 +986,7 @@ static void mmid_qgemm(const loom__cpu_params *p, loom_tensor *dst, const mmid_l
                 const int rws = mlen - mp * mr < mr ? (int)(mlen - mp * mr) : mr;
                 loom__qg_pack_a(qt, loom__at(as, 0, mc0 + mp * mr, e, 0), as->nb[1], rws, mr,
                                 k0 / LOOM_QG_BLK, kb, ap + (size_t)(mp * kb) * ablk, tmp,
-                                p->simd->qgemm_scatter);
+                                p->simd);
             }
             for (int64_t pn = 0; pn < np; pn++) {
                 const char *bpk =

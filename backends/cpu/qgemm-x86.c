@@ -210,4 +210,18 @@ T256 void loom__qgemm_tile_avx2(int64_t nblk, const void *ap, const void *bp, fl
     }
 }
 
+/* The table unpack of IQ4_NL, IQ4_XS and MXFP4 (loom__qgemm_lut16_fn): per block one
+ * 16-byte load, the nibbles split with a mask and a shift, and two pshufb through the
+ * table. */
+T256 void loom__qgemm_lut16_avx2(const uint8_t *qs, size_t stride, int64_t n, const int8_t *lut,
+                                 int8_t *q) {
+    const __m128i tab = _mm_loadu_si128((const __m128i *)lut), m4 = _mm_set1_epi8(0x0f);
+    for (int64_t i = 0; i < n; i++, qs += stride, q += 32) {
+        const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+        _mm_storeu_si128((__m128i *)q, _mm_shuffle_epi8(tab, _mm_and_si128(x, m4)));
+        _mm_storeu_si128((__m128i *)(q + 16),
+                         _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(x, 4), m4)));
+    }
+}
+
 #endif

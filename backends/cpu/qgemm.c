@@ -43,11 +43,14 @@ static inline void nibbles(const uint8_t *qs, int off, int8_t *q) {
     }
 }
 
-static inline void nibbles_lut(const uint8_t *qs, const int8_t *lut, int8_t *q) {
-    for (int j = 0; j < 16; j++) {
-        q[j] = lut[qs[j] & 0x0f];
-        q[j + 16] = lut[qs[j] >> 4];
-    }
+/* The portable loom__qgemm_lut16_fn. */
+static void lut16_portable(const uint8_t *qs, size_t stride, int64_t n, const int8_t *lut,
+                           int8_t *q) {
+    for (int64_t i = 0; i < n; i++, qs += stride, q += 32)
+        for (int j = 0; j < 16; j++) {
+            q[j] = lut[qs[j] & 0x0f];
+            q[j + 16] = lut[qs[j] >> 4];
+        }
 }
 
 /* adds bit j of the 32-bit qh as 16 to element j, then subtracts off */
@@ -61,7 +64,8 @@ static inline void fifth_bit(const uint8_t *qhb, int off, int8_t *q) {
 }
 
 static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q8_0 *x = (const loom_block_q8_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -71,7 +75,8 @@ static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q4_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q4_0 *x = (const loom_block_q4_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -81,7 +86,8 @@ static void unpack_q4_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q4_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q4_1 *x = (const loom_block_q4_1 *)row + blk0;
     for (int64_t b = 0; b < nblk; b++) {
         nibbles(x[b].qs, 0, q + 32 * b);
@@ -91,7 +97,8 @@ static void unpack_q4_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q5_0 *x = (const loom_block_q5_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -102,7 +109,8 @@ static void unpack_q5_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q5_1 *x = (const loom_block_q5_1 *)row + blk0;
     for (int64_t b = 0; b < nblk; b++) {
         nibbles(x[b].qs, 0, q + 32 * b);
@@ -113,13 +121,12 @@ static void unpack_q5_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_iq4_nl(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                          float *mn) {
+                          float *mn, loom__qgemm_lut16_fn lut16) {
     const loom_block_iq4_nl *x = (const loom_block_iq4_nl *)row + blk0;
     (void)mn;
-    for (int64_t b = 0; b < nblk; b++) {
-        nibbles_lut(x[b].qs, loom_iq4nl_values, q + 32 * b);
+    lut16(x->qs, sizeof *x, nblk, loom_iq4nl_values, q);
+    for (int64_t b = 0; b < nblk; b++)
         d[b] = h2f(x[b].d);
-    }
 }
 
 /* 2^(e - 128): the scale of MXFP4's doubled e2m1 table */
@@ -129,13 +136,12 @@ static inline float e8m0_half(uint8_t e) {
 }
 
 static void unpack_mxfp4(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                         float *mn) {
+                         float *mn, loom__qgemm_lut16_fn lut16) {
     const loom_block_mxfp4 *x = (const loom_block_mxfp4 *)row + blk0;
     (void)mn;
-    for (int64_t b = 0; b < nblk; b++) {
-        nibbles_lut(x[b].qs, loom_mxfp4_values, q + 32 * b);
+    lut16(x->qs, sizeof *x, nblk, loom_mxfp4_values, q);
+    for (int64_t b = 0; b < nblk; b++)
         d[b] = e8m0_half(x[b].e);
-    }
 }
 
 /* scale and min of sub-block j (0..7) of Q4_K/Q5_K from the 12 packed bytes */
@@ -158,7 +164,8 @@ static inline void k4_sub(const uint8_t *qs, int j, int8_t *q) {
 }
 
 static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q4_K *x = (const loom_block_q4_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
@@ -173,7 +180,8 @@ static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q5_K *x = (const loom_block_q5_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
@@ -191,16 +199,16 @@ static void unpack_q5_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_iq4_xs(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                          float *mn) {
+                          float *mn, loom__qgemm_lut16_fn lut16) {
     const loom_block_iq4_xs *x = (const loom_block_iq4_xs *)row + blk0 / 8;
     (void)mn;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         const float D = h2f(x[sb].d);
+        lut16(x[sb].qs, 16, 8, loom_iq4nl_values, q + 256 * sb);
         for (int j = 0; j < 8; j++) {
             const int ls = (((x[sb].scales_l[j / 2] >> (4 * (j % 2))) & 0x0f) |
                             (((x[sb].scales_h >> (2 * j)) & 3) << 4)) -
                            32;
-            nibbles_lut(x[sb].qs + 16 * j, loom_iq4nl_values, q + 32 * (8 * sb + j));
             d[8 * sb + j] = D * (float)ls;
         }
     }
@@ -208,7 +216,8 @@ static void unpack_iq4_xs(const void *row, int64_t blk0, int64_t nblk, int8_t *q
 
 /* Q6_K: element 128 h + 32 g + l from ql/qh as the GGUF layout; 16-element scales */
 static void unpack_q6_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q6_K *x = (const loom_block_q6_K *)row + blk0 / 8;
     (void)mn;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
@@ -242,7 +251,8 @@ static inline void k2_fields(const uint8_t *qs, int8_t *q) {
 }
 
 static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q3_K *x = (const loom_block_q3_K *)row + blk0 / 8;
     (void)mn;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
@@ -264,7 +274,8 @@ static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q2_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn) {
+                        float *mn, loom__qgemm_lut16_fn lut16) {
+    (void)lut16;
     const loom_block_q2_K *x = (const loom_block_q2_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         k2_fields(x[sb].qs, q + 256 * sb);
@@ -348,7 +359,8 @@ void loom__qg_scatter_portable(const int8_t *q, const float *d, const float *mn,
 
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
                      int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp,
-                     loom__qgemm_scatter_fn scatter) {
+                     const loom__cpu_simd *simd) {
+    const loom__qgemm_lut16_fn lut16 = simd->qgemm_lut16 ? simd->qgemm_lut16 : lut16_portable;
     const int H = qt->halves;
     const size_t qrow = (size_t)(32 * nblk), frow = (size_t)(2 * nblk);
     int8_t *q = tmp;
@@ -357,7 +369,7 @@ void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_
         int8_t *qi = q + (size_t)i * qrow;
         float *di = d + (size_t)i * frow, *mi = mn + (size_t)i * frow;
         if (i < rows) {
-            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, qi, di, mi);
+            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, qi, di, mi, lut16);
             if (!qt->has_min)
                 for (int64_t b = 0; b < H * nblk; b++)
                     mi[b] = 0.0f;
@@ -367,7 +379,8 @@ void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_
                 di[b] = mi[b] = 0.0f;
         }
     }
-    (scatter ? scatter : loom__qg_scatter_portable)(q, d, mn, mr, H, nblk, panel);
+    (simd->qgemm_scatter ? simd->qgemm_scatter : loom__qg_scatter_portable)(q, d, mn, mr, H, nblk,
+                                                                         panel);
 }
 
 void loom__qg_pack_b_col(const void *q8a_row, int64_t nblk, int nr, int j, void *panel) {

@@ -60,9 +60,10 @@ static inline size_t loom__qg_b_shalf(int nr, int h) {
 
 /* Blocks [blk0, blk0 + nblk) (32-element units) of one weight row -> q[32 * nblk],
  * d[nblk * H] and mn[nblk * H] (block b, half h at b * H + h; mn untouched for types
- * without a min). For the 256-element super-block types blk0 and nblk are multiples of 8. */
+ * without a min). For the 256-element super-block types blk0 and nblk are multiples of 8.
+ * The 16-value types (IQ4_NL, IQ4_XS, MXFP4) look their nibbles up with lut16. */
 typedef void (*loom__qg_unpack_fn)(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                                   float *mn);
+                                   float *mn, loom__qgemm_lut16_fn lut16);
 
 typedef struct loom__qg_type {
     loom__qg_unpack_fn unpack;
@@ -77,14 +78,14 @@ const loom__qg_type *loom__qg_type_get(loom_type t);
 /* Rows [0, rows) (rows <= mr) of weight type t, row i at rows_base + i * row_stride,
  * blocks [blk0, blk0 + nblk) -> one A panel at panel (64-byte aligned): every row is
  * unpacked into tmp (loom__qg_tmp_bytes(mr, nblk), 64-byte aligned: q[mr][32 nblk], then
- * d[mr][2 nblk], mn[mr][2 nblk]), then the table's scatter (or the portable one) lays the
- * rows out as the panel. */
+ * d[mr][2 nblk], mn[mr][2 nblk]) with simd's lut16, then simd's scatter (either NULL: the
+ * portable one) lays the rows out as the panel. */
 static inline size_t loom__qg_tmp_bytes(int mr, int64_t nblk) {
     return (size_t)mr * (size_t)nblk * (LOOM_QG_BLK + 4 * sizeof(float));
 }
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
                      int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp,
-                     loom__qgemm_scatter_fn scatter);
+                     const loom__cpu_simd *simd);
 /* The portable scatter (loom__qgemm_scatter_fn of cpu-impl.h). */
 void loom__qg_scatter_portable(const int8_t *q, const float *d, const float *mn, int mr, int halves,
                                int64_t nblk, void *panel);

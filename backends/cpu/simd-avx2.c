@@ -718,6 +718,7 @@ const loom__cpu_simd loom__cpu_simd_avx2 = {
     .gemm_mr = MR,
     .gemm_nr = NR,
     .qgemm_tile = loom__qgemm_tile_avx2,
+    .qgemm_lut16 = loom__qgemm_lut16_avx2,
     .qgemm_mr = 8,
     .qgemm_nr = 4,
     .qgemm_min_n = 32,

@@ -887,6 +887,7 @@ const loom__cpu_simd loom__cpu_simd_avx512 = {
     .gemm_nr = NR,
     .qgemm_tile = loom__qgemm_tile_avx512,
     .qgemm_scatter = loom__qgemm_scatter_avx512,
+    .qgemm_lut16 = loom__qgemm_lut16_avx2,
     .qgemm_min_n = 16,
     .qgemm_qmax = 128,
     .qgemm_mr = 16,
