@@ -100,7 +100,11 @@ for L in ${layers//,/ }; do
         lcols=
         busy_start
         if [ -n "$llama" ]; then
-            mkdir -p "$llama/tmp/loom-table" && cp "$f" "$llama/tmp/loom-table/" &&
+            # a hard link where the root is on the same file system: both engines then read
+            # the same page cache (a fresh copy's cache is made of the small folios the
+            # writes left; a file read cold gets large ones, mapped with 2 MiB pages)
+            mkdir -p "$llama/tmp/loom-table" &&
+                { ln -f "$f" "$llama/tmp/loom-table/" 2>/dev/null || cp "$f" "$llama/tmp/loom-table/"; } &&
                 read -r lpp ltg ltgd < <(chroot "$llama" llama-bench -m "/tmp/loom-table/$(basename "$f")" \
                     -t "$threads" -p $pp -n $tg -d 0,$depth -r "$reps" -o csv 2>/dev/null | tps)
             rm -f "$llama/tmp/loom-table/$(basename "$f")"
