@@ -103,7 +103,8 @@ typedef struct loom__cpu_simd {
     loom__gemm_pack_fn gemm_pack_a;
     int gemm_mr, gemm_nr;
     /* int8 GEMM micro-kernel of quantised weights (NULL: they take the F32 GEMM), its
-     * A-panel scatter and the table unpack of the 16-value types (NULL: the portable ones). */
+     * A-panel scatter (NULL: the portable one) and the table unpack of the 16-value types
+     * (set wherever qgemm_tile is). */
     loom__qgemm_tile_fn qgemm_tile;
     loom__qgemm_scatter_fn qgemm_scatter;
     loom__qgemm_lut16_fn qgemm_lut16;

@@ -43,16 +43,6 @@ static inline void nibbles(const uint8_t *qs, int off, int8_t *q) {
     }
 }
 
-/* The portable loom__qgemm_lut16_fn. */
-static void lut16_portable(const uint8_t *qs, size_t stride, int64_t n, const int8_t *lut,
-                           int8_t *q) {
-    for (int64_t i = 0; i < n; i++, qs += stride, q += 32)
-        for (int j = 0; j < 16; j++) {
-            q[j] = lut[qs[j] & 0x0f];
-            q[j + 16] = lut[qs[j] >> 4];
-        }
-}
-
 /* adds bit j of the 32-bit qh as 16 to element j, then subtracts off */
 static inline void fifth_bit(const uint8_t *qhb, int off, int8_t *q) {
     uint32_t qh;
@@ -64,8 +54,7 @@ static inline void fifth_bit(const uint8_t *qhb, int off, int8_t *q) {
 }
 
 static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q8_0 *x = (const loom_block_q8_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -75,8 +64,7 @@ static void unpack_q8_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q4_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q4_0 *x = (const loom_block_q4_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -86,8 +74,7 @@ static void unpack_q4_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q4_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q4_1 *x = (const loom_block_q4_1 *)row + blk0;
     for (int64_t b = 0; b < nblk; b++) {
         nibbles(x[b].qs, 0, q + 32 * b);
@@ -97,8 +84,7 @@ static void unpack_q4_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q5_0 *x = (const loom_block_q5_0 *)row + blk0;
     (void)mn;
     for (int64_t b = 0; b < nblk; b++) {
@@ -109,8 +95,7 @@ static void unpack_q5_0(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_1(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q5_1 *x = (const loom_block_q5_1 *)row + blk0;
     for (int64_t b = 0; b < nblk; b++) {
         nibbles(x[b].qs, 0, q + 32 * b);
@@ -164,8 +149,7 @@ static inline void k4_sub(const uint8_t *qs, int j, int8_t *q) {
 }
 
 static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q4_K *x = (const loom_block_q4_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
@@ -180,8 +164,7 @@ static void unpack_q4_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q5_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q5_K *x = (const loom_block_q5_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         const float D = h2f(x[sb].d), M = h2f(x[sb].dmin);
@@ -216,8 +199,7 @@ static void unpack_iq4_xs(const void *row, int64_t blk0, int64_t nblk, int8_t *q
 
 /* Q6_K: element 128 h + 32 g + l from ql/qh as the GGUF layout; 16-element scales */
 static void unpack_q6_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q6_K *x = (const loom_block_q6_K *)row + blk0 / 8;
     (void)mn;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
@@ -251,8 +233,7 @@ static inline void k2_fields(const uint8_t *qs, int8_t *q) {
 }
 
 static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q3_K *x = (const loom_block_q3_K *)row + blk0 / 8;
     (void)mn;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
@@ -274,8 +255,7 @@ static void unpack_q3_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
 }
 
 static void unpack_q2_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                        float *mn, loom__qgemm_lut16_fn lut16) {
-    (void)lut16;
+                        float *mn) {
     const loom_block_q2_K *x = (const loom_block_q2_K *)row + blk0 / 8;
     for (int64_t sb = 0; sb < nblk / 8; sb++) {
         k2_fields(x[sb].qs, q + 256 * sb);
@@ -287,16 +267,19 @@ static void unpack_q2_K(const void *row, int64_t blk0, int64_t nblk, int8_t *q, 
     }
 }
 
-static const loom__qg_type k_q8_0 = {unpack_q8_0, false, 1, 128},
-                           k_q4_0 = {unpack_q4_0, false, 1, 8}, k_q4_1 = {unpack_q4_1, true, 1, 15},
-                           k_q5_0 = {unpack_q5_0, false, 1, 16},
-                           k_q5_1 = {unpack_q5_1, true, 1, 31},
-                           k_iq4_nl = {unpack_iq4_nl, false, 1, 127},
-                           k_mxfp4 = {unpack_mxfp4, false, 1, 12},
-                           k_q4_K = {unpack_q4_K, true, 1, 15}, k_q5_K = {unpack_q5_K, true, 1, 31},
-                           k_iq4_xs = {unpack_iq4_xs, false, 1, 127},
-                           k_q6_K = {unpack_q6_K, false, 2, 32},
-                           k_q3_K = {unpack_q3_K, false, 2, 4}, k_q2_K = {unpack_q2_K, true, 2, 3};
+static const loom__qg_type k_q8_0 = {unpack_q8_0, NULL, false, 1, 128},
+                           k_q4_0 = {unpack_q4_0, NULL, false, 1, 8},
+                           k_q4_1 = {unpack_q4_1, NULL, true, 1, 15},
+                           k_q5_0 = {unpack_q5_0, NULL, false, 1, 16},
+                           k_q5_1 = {unpack_q5_1, NULL, true, 1, 31},
+                           k_iq4_nl = {NULL, unpack_iq4_nl, false, 1, 127},
+                           k_mxfp4 = {NULL, unpack_mxfp4, false, 1, 12},
+                           k_q4_K = {unpack_q4_K, NULL, true, 1, 15},
+                           k_q5_K = {unpack_q5_K, NULL, true, 1, 31},
+                           k_iq4_xs = {NULL, unpack_iq4_xs, false, 1, 127},
+                           k_q6_K = {unpack_q6_K, NULL, false, 2, 32},
+                           k_q3_K = {unpack_q3_K, NULL, false, 2, 4},
+                           k_q2_K = {unpack_q2_K, NULL, true, 2, 3};
 
 const loom__qg_type *loom__qg_type_get(loom_type t) {
     switch (t) {
@@ -360,7 +343,6 @@ void loom__qg_scatter_portable(const int8_t *q, const float *d, const float *mn,
 void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_stride, int rows,
                      int mr, int64_t blk0, int64_t nblk, void *panel, void *tmp,
                      const loom__cpu_simd *simd) {
-    const loom__qgemm_lut16_fn lut16 = simd->qgemm_lut16 ? simd->qgemm_lut16 : lut16_portable;
     const int H = qt->halves;
     const size_t qrow = (size_t)(32 * nblk), frow = (size_t)(2 * nblk);
     int8_t *q = tmp;
@@ -369,7 +351,11 @@ void loom__qg_pack_a(const loom__qg_type *qt, const char *rows_base, size_t row_
         int8_t *qi = q + (size_t)i * qrow;
         float *di = d + (size_t)i * frow, *mi = mn + (size_t)i * frow;
         if (i < rows) {
-            qt->unpack(rows_base + (size_t)i * row_stride, blk0, nblk, qi, di, mi, lut16);
+            const char *row = rows_base + (size_t)i * row_stride;
+            if (qt->unpack_lut)
+                qt->unpack_lut(row, blk0, nblk, qi, di, mi, simd->qgemm_lut16);
+            else
+                qt->unpack(row, blk0, nblk, qi, di, mi);
             if (!qt->has_min)
                 for (int64_t b = 0; b < H * nblk; b++)
                     mi[b] = 0.0f;

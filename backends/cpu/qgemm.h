@@ -60,13 +60,17 @@ static inline size_t loom__qg_b_shalf(int nr, int h) {
 
 /* Blocks [blk0, blk0 + nblk) (32-element units) of one weight row -> q[32 * nblk],
  * d[nblk * H] and mn[nblk * H] (block b, half h at b * H + h; mn untouched for types
- * without a min). For the 256-element super-block types blk0 and nblk are multiples of 8.
- * The 16-value types (IQ4_NL, IQ4_XS, MXFP4) look their nibbles up with lut16. */
+ * without a min). For the 256-element super-block types blk0 and nblk are multiples of 8. */
 typedef void (*loom__qg_unpack_fn)(const void *row, int64_t blk0, int64_t nblk, int8_t *q, float *d,
-                                   float *mn, loom__qgemm_lut16_fn lut16);
+                                   float *mn);
+/* The same for the 16-value types (IQ4_NL, IQ4_XS, MXFP4), whose nibbles go through their
+ * table with the SIMD table's lut16. */
+typedef void (*loom__qg_unpack_lut_fn)(const void *row, int64_t blk0, int64_t nblk, int8_t *q,
+                                       float *d, float *mn, loom__qgemm_lut16_fn lut16);
 
 typedef struct loom__qg_type {
-    loom__qg_unpack_fn unpack;
+    loom__qg_unpack_fn unpack;         /* exactly one of the two is set */
+    loom__qg_unpack_lut_fn unpack_lut;
     bool has_min;
     int halves; /* H: scales per 32-block (1, or 2 for 16-element sub-blocks) */
     int qmax;   /* largest |q| the unpacked integers take */
