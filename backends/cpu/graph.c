@@ -318,6 +318,7 @@ typedef struct exec_ctx {
     char *claims; /* [n_steps] chunk counters, EXEC_CLAIM_STRIDE apart, zeroed before the run */
     bool timed;              /* each thread adds the CPU time it spent in the run to cpu_ns */
     _Atomic int64_t cpu_ns;
+    _Atomic bool untimed; /* a thread's clock could not be read: the run is not judged */
 } exec_ctx;
 
 /* One cache line per step's chunk counter: the nodes of a phase claim at once. */
@@ -499,7 +500,7 @@ static void run_serial(void *arg) {
 
 static int64_t thread_cpu_ns(void) {
     struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
@@ -515,7 +516,11 @@ static void exec_worker(int ith, int nth, void *user_data) {
     }
     const int64_t c0 = thread_cpu_ns();
     exec_steps(ith, nth, x);
-    atomic_fetch_add_explicit(&x->cpu_ns, thread_cpu_ns() - c0, memory_order_relaxed);
+    const int64_t c1 = thread_cpu_ns();
+    if (c0 < 0 || c1 < 0)
+        atomic_store_explicit(&x->untimed, true, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&x->cpu_ns, c1 - c0, memory_order_relaxed);
 }
 
 static void exec_steps(int ith, int nth, exec_ctx *x) {
@@ -607,7 +612,8 @@ static bool adapt_enabled(void) {
     return !(e && e[0] == '0' && e[1] == 0);
 }
 
-/* After a threaded run of wall_ns in which its threads got cpu_ns of CPU time. */
+/* After a threaded run of wall_ns in which its threads got cpu_ns of CPU time (< 0: not
+ * known, no judgement). */
 static void adapt_judge(loom__cpu_adapt *a, int64_t wall_ns, int64_t cpu_ns) {
     if (wall_ns < LOOM__CPU_ADAPT_MIN_NS || cpu_ns < 0) return;
     if ((double)cpu_ns >= LOOM__CPU_ADAPT_MIN_CORES * (double)wall_ns) {
@@ -707,13 +713,16 @@ loom_status loom__cpu_graph_compute(loom_graph *g, loom_threadpool *tp, void **w
         .per_thread_size = per_thread,
         .simd = simd,
         .claims = claims,
+        .timed = adapt != NULL,
     };
-    x.timed = adapt != NULL;
     atomic_init(&x.cpu_ns, 0);
+    atomic_init(&x.untimed, false);
     if (nth > 1) {
         const int64_t w0 = adapt ? loom_time_ns() : 0;
         loom_threadpool_run(tp, exec_worker, &x);
-        if (adapt) adapt_judge(adapt, loom_time_ns() - w0, atomic_load(&x.cpu_ns));
+        if (adapt)
+            adapt_judge(adapt, loom_time_ns() - w0,
+                        atomic_load(&x.untimed) ? -1 : atomic_load(&x.cpu_ns));
     } else {
         exec_worker(0, 1, &x);
     }
